@@ -1,0 +1,32 @@
+/// The one error type that crosses the pipe. Its codes are the pipe protocol's (DESIGN §3),
+/// so every failure, from a bad thread id to a model refusal, reaches the caller as a code
+/// the shim can map and a message a person can act on.
+public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
+    public enum Code: String, Sendable, Codable, CaseIterable {
+        case invalidArgument = "invalid_argument"
+        case contextOverflow = "context_overflow"
+        case modelUnavailable = "model_unavailable"
+        case generationFailed = "generation_failed"
+        case cancelled
+        case timeout
+        case busy
+        case `internal`
+    }
+
+    public var code: Code
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(code.rawValue): \(message)" }
+
+    /// Any error, as a WispError: Swift cancellation becomes `cancelled`, anything foreign `internal`.
+    public static func from(_ error: any Error) -> WispError {
+        if let e = error as? WispError { return e }
+        if error is CancellationError { return WispError(.cancelled, "The call was cancelled.") }
+        return WispError(.internal, String(describing: error))
+    }
+}

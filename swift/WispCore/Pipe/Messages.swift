@@ -1,0 +1,235 @@
+/// The pipe protocol, version 1 (DESIGN §3): one type per message. The Python side
+/// (`python/wisp_shim/protocol.py`) declares the same types under the same names; keep them in step.
+///
+/// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, each tagged by `op`.
+/// Core → shim: `Ready` (first frame), `Progress` (event), `Reply` (one per request, ok or not).
+
+public let pipeProtocolVersion = 1
+
+// MARK: shim → core
+
+public struct RespondOptions: Codable, Sendable, Equatable {
+    public var temperature: Double?
+    public var max_output_tokens: Int?
+    /// The core's own time limit for this call; on expiry the call ends with `timeout`.
+    public var timeout_s: Double?
+
+    public init(temperature: Double? = nil, max_output_tokens: Int? = nil, timeout_s: Double? = nil) {
+        self.temperature = temperature
+        self.max_output_tokens = max_output_tokens
+        self.timeout_s = timeout_s
+    }
+}
+
+public struct Respond: Codable, Sendable, Equatable {
+    public var id: Int
+    public var prompt: String
+    public var thread_id: String?
+    public var instructions: String?
+    public var tools: [String]?
+    public var options: RespondOptions?
+    /// Send `Progress` events while generating.
+    public var progress: Bool?
+
+    public init(id: Int, prompt: String, thread_id: String? = nil, instructions: String? = nil,
+                tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil) {
+        self.id = id
+        self.prompt = prompt
+        self.thread_id = thread_id
+        self.instructions = instructions
+        self.tools = tools
+        self.options = options
+        self.progress = progress
+    }
+}
+
+public struct CloseThread: Codable, Sendable, Equatable {
+    public var id: Int
+    public var thread_id: String
+    public init(id: Int, thread_id: String) { self.id = id; self.thread_id = thread_id }
+}
+
+public struct Cancel: Codable, Sendable, Equatable {
+    public var id: Int
+    /// The id of the in-flight request to cancel.
+    public var request: Int
+    public init(id: Int, request: Int) { self.id = id; self.request = request }
+}
+
+public struct Status: Codable, Sendable, Equatable {
+    public var id: Int
+    public init(id: Int) { self.id = id }
+}
+
+/// Any shim → core message, decoded in one pass by its `op`.
+public enum Request: Sendable, Equatable {
+    case respond(Respond)
+    case closeThread(CloseThread)
+    case cancel(Cancel)
+    case status(Status)
+
+    public var id: Int {
+        switch self {
+        case .respond(let m): m.id
+        case .closeThread(let m): m.id
+        case .cancel(let m): m.id
+        case .status(let m): m.id
+        }
+    }
+}
+
+extension Request: Codable {
+    enum Op: String, Codable { case respond, close_thread, cancel, status }
+    private enum Keys: String, CodingKey { case op }
+
+    public init(from decoder: any Decoder) throws {
+        let op = try decoder.container(keyedBy: Keys.self).decode(Op.self, forKey: .op)
+        switch op {
+        case .respond: self = .respond(try Respond(from: decoder))
+        case .close_thread: self = .closeThread(try CloseThread(from: decoder))
+        case .cancel: self = .cancel(try Cancel(from: decoder))
+        case .status: self = .status(try Status(from: decoder))
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        switch self {
+        case .respond(let m): try c.encode(Op.respond, forKey: .op); try m.encode(to: encoder)
+        case .closeThread(let m): try c.encode(Op.close_thread, forKey: .op); try m.encode(to: encoder)
+        case .cancel(let m): try c.encode(Op.cancel, forKey: .op); try m.encode(to: encoder)
+        case .status(let m): try c.encode(Op.status, forKey: .op); try m.encode(to: encoder)
+        }
+    }
+}
+
+// MARK: core → shim
+
+/// The first frame, written before any model loads.
+public struct Ready: Codable, Sendable, Equatable {
+    public var id = 0
+    public var event = "ready"
+    public var `protocol` = pipeProtocolVersion
+    public var backend: String
+    public var model: String
+    public var pid: Int32
+
+    public init(backend: String, model: String, pid: Int32) {
+        self.backend = backend
+        self.model = model
+        self.pid = pid
+    }
+}
+
+/// A partial reply for request `id`: `text` is cumulative, `tokens` strictly increasing.
+public struct Progress: Codable, Sendable, Equatable {
+    public var id: Int
+    public var event = "progress"
+    public var text: String
+    public var tokens: Int
+
+    public init(id: Int, text: String, tokens: Int) {
+        self.id = id
+        self.text = text
+        self.tokens = tokens
+    }
+}
+
+public struct ErrorBody: Codable, Sendable, Equatable {
+    public var code: String
+    public var message: String
+    public init(code: String, message: String) { self.code = code; self.message = message }
+}
+
+/// The result of `respond`. `turns` counts the turns the thread holds after this call
+/// (this one included); `dropped` counts the turns condensing removed during this call.
+public struct RespondResult: Codable, Sendable, Equatable {
+    public var thread_id: String
+    public var created: Bool
+    public var text: String
+    public var condensed: Bool
+    public var turns: Int
+    public var dropped: Int
+    public var prompt_tokens: Int?
+    public var output_tokens: Int?
+
+    public init(thread_id: String, created: Bool, text: String, condensed: Bool, turns: Int, dropped: Int,
+                prompt_tokens: Int? = nil, output_tokens: Int? = nil) {
+        self.thread_id = thread_id
+        self.created = created
+        self.text = text
+        self.condensed = condensed
+        self.turns = turns
+        self.dropped = dropped
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+    }
+}
+
+public struct CloseThreadResult: Codable, Sendable, Equatable {
+    public var thread_id: String
+    public var closed: Bool
+    public init(thread_id: String, closed: Bool) { self.thread_id = thread_id; self.closed = closed }
+}
+
+public struct CancelResult: Codable, Sendable, Equatable {
+    /// False when the request had already finished or was never seen.
+    public var cancelled: Bool
+    public init(cancelled: Bool) { self.cancelled = cancelled }
+}
+
+public struct ThreadInfo: Codable, Sendable, Equatable {
+    public var thread_id: String
+    public var turns: Int
+    /// Calls accepted for this thread and not yet finished (running or waiting).
+    public var pending: Int
+    public init(thread_id: String, turns: Int, pending: Int) {
+        self.thread_id = thread_id
+        self.turns = turns
+        self.pending = pending
+    }
+}
+
+public struct StatusResult: Codable, Sendable, Equatable {
+    public var backend: String
+    public var model: String
+    public var available: Bool
+    public var reason: String?
+    public var context_size: Int
+    public var max_threads: Int
+    public var max_queue: Int
+    /// Live threads, most recently used first.
+    public var threads: [ThreadInfo]
+
+    public init(backend: String, model: String, available: Bool, reason: String?, context_size: Int,
+                max_threads: Int, max_queue: Int, threads: [ThreadInfo]) {
+        self.backend = backend
+        self.model = model
+        self.available = available
+        self.reason = reason
+        self.context_size = context_size
+        self.max_threads = max_threads
+        self.max_queue = max_queue
+        self.threads = threads
+    }
+}
+
+/// Exactly one per request: `ok` with the op's result, or not ok with an error.
+public struct Reply<Result: Codable & Sendable>: Codable, Sendable {
+    public var id: Int
+    public var ok: Bool
+    public var result: Result?
+    public var error: ErrorBody?
+
+    public static func success(_ id: Int, _ result: Result) -> Reply { Reply(id: id, ok: true, result: result, error: nil) }
+}
+
+/// The failure form of `Reply`, which carries no result.
+public typealias Failure = Reply<Empty>
+public struct Empty: Codable, Sendable {}
+
+extension Reply where Result == Empty {
+    public static func failure(_ id: Int, _ error: WispError) -> Reply {
+        Reply(id: id, ok: false, result: nil, error: ErrorBody(code: error.code.rawValue, message: error.message))
+    }
+}
