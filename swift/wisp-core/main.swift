@@ -1,1 +1,139 @@
-print("placeholder")
+// wisp-core: the child process the shim starts. Frames in on stdin, frames out on stdout,
+// logs on stderr. It exits 0 at stdin EOF (after stopping calls in flight), 64 on bad flags,
+// 65 on a frame it cannot decode (the shim then restarts it), 70 on the echo `!crash`.
+import Foundation
+import Synchronization
+import WispCore
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+// A shim that went away must not kill us with SIGPIPE mid-write; EPIPE ends the process cleanly instead.
+signal(SIGPIPE, SIG_IGN)
+
+let arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.contains("--help") || arguments.contains("-h") {
+    FileHandle.standardError.write(Data((CoreConfig.usage + "\n").utf8))
+    exit(0)
+}
+let config: CoreConfig
+do {
+    config = try CoreConfig.parse(arguments: arguments, environment: ProcessInfo.processInfo.environment)
+} catch {
+    FileHandle.standardError.write(Data("wisp-core: \(error.message)\n\(CoreConfig.usage)\n".utf8))
+    exit(64)
+}
+let log = Log(level: config.logLevel)
+
+let backend: any ModelBackend
+do {
+    backend = try makeBackend(config)
+} catch {
+    // Stay up and say why on every call: the shim reports it better than a dead child would.
+    log(.warning, error.message)
+    backend = UnavailableBackend(name: config.backend, reason: error.message)
+}
+
+/// The single writer: whole frames, one at a time, straight to fd 1.
+let stdoutLock = Mutex(())
+@Sendable func writeFrame(_ bytes: [UInt8]) {
+    stdoutLock.withLock { _ in
+        bytes.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let n = write(1, buffer.baseAddress! + offset, buffer.count - offset)
+                if n > 0 {
+                    offset += n
+                } else if n < 0 && errno == EINTR {
+                    continue
+                } else {
+                    // The shim is gone; nobody is left to answer.
+                    exit(0)
+                }
+            }
+        }
+    }
+}
+
+let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue)
+let server = PipeServer(registry: registry, backend: backend, log: log, send: writeFrame)
+server.ready()
+log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)")
+
+/// What the reader thread hands the dispatcher.
+enum Incoming: Sendable {
+    case request(Request)
+    /// Parsed with an id but not as any op: answered with an error, the process goes on.
+    case rejected(id: Int, message: String)
+}
+
+struct RequestID: Decodable { var id: Int }
+
+let (incoming, continuation) = AsyncStream<Incoming>.makeStream(bufferingPolicy: .unbounded)
+
+// Blocking reads belong on their own thread, not the cooperative pool (2 cores: 2 pool threads).
+let maxFrameBytes = config.maxFrameBytes
+Thread.detachNewThread {
+    var decoder = FrameDecoder(maxBytes: maxFrameBytes)
+    let json = JSONDecoder()
+    var buffer = [UInt8](repeating: 0, count: 1 << 16)
+    func protocolError(_ message: String) -> Never {
+        FileHandle.standardError.write(Data("wisp-core: protocol error: \(message); exiting so the shim restarts a clean core\n".utf8))
+        exit(65)
+    }
+    while true {
+        let n = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress!, $0.count) }
+        if n < 0 && errno == EINTR { continue }
+        if n <= 0 {
+            do { try decoder.finish() } catch { protocolError(String(describing: error)) }
+            continuation.finish()
+            return
+        }
+        buffer.withUnsafeBytes { decoder.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+        do {
+            while let payload = try decoder.next() {
+                let data = Data(payload)
+                if let request = try? json.decode(Request.self, from: data) {
+                    continuation.yield(.request(request))
+                } else if let rid = try? json.decode(RequestID.self, from: data), rid.id > 0 {
+                    let reason: String
+                    do { _ = try json.decode(Request.self, from: data); reason = "undecodable request" } catch { reason = describe(error) }
+                    continuation.yield(.rejected(id: rid.id, message: reason))
+                } else {
+                    protocolError("a frame of \(data.count) bytes is not a JSON request with an integer id")
+                }
+            }
+        } catch {
+            protocolError(String(describing: error))
+        }
+    }
+}
+
+/// A decoding error as one line a person can act on.
+func describe(_ error: any Error) -> String {
+    switch error as? DecodingError {
+    case .typeMismatch(let type, let c)?: return "field '\(path(c))' should be \(type)"
+    case .valueNotFound(let type, let c)?: return "field '\(path(c))' is missing (\(type))"
+    case .keyNotFound(let key, let c)?: return "field '\(path(c, key))' is missing"
+    case .dataCorrupted(let c)?: return "field '\(path(c))': \(c.debugDescription)"
+    default: return String(describing: error)
+    }
+}
+
+func path(_ c: DecodingError.Context, _ last: (any CodingKey)? = nil) -> String {
+    (c.codingPath + (last.map { [$0] } ?? [])).map(\.stringValue).joined(separator: ".")
+}
+
+for await item in incoming {
+    switch item {
+    case .request(let request): await server.handle(request)
+    case .rejected(let id, let message): server.reject(id: id, message)
+    }
+}
+
+log(.info, "stdin closed: stopping \(server.callsInFlight) call(s) in flight and exiting")
+await server.stopAll()
+exit(0)

@@ -1,0 +1,48 @@
+/// Chooses the backend for a configuration. Each backend lives in its own file beside this one.
+public func makeBackend(_ config: CoreConfig) throws(WispError) -> any ModelBackend {
+    switch config.backend {
+    case "echo":
+        return EchoBackend(contextSize: config.contextSize ?? 4096, delayMs: config.echoDelayMs)
+    case "openai":
+        throw WispError(.modelUnavailable, "the openai backend is not built yet")
+    case "apple":
+        throw WispError(.modelUnavailable, "the apple backend needs macOS 26+ with FoundationModels; it is not available on this system")
+    default: // auto: the Apple model where it is available, else an OpenAI-compatible endpoint when one is set
+        if config.endpoint != nil {
+            var c = config
+            c.backend = "openai"
+            return try makeBackend(c)
+        }
+        throw WispError(.modelUnavailable, "no model backend is available: set --endpoint (an OpenAI-compatible server), or use --backend echo to try wisp without a model")
+    }
+}
+
+/// Stands in when the configured backend cannot start, so the core still comes up, reports
+/// the reason in `status`, and fails each call with it instead of dying.
+public struct UnavailableBackend: ModelBackend {
+    public let name: String
+    public let model = "none"
+    let reason: String
+
+    public init(name: String, reason: String) {
+        self.name = name
+        self.reason = reason
+    }
+
+    public func availability() async -> Availability { .unavailable(reason) }
+    public func contextSize() async -> Int { 0 }
+    public func tokenCount(_ text: String) async throws -> Int? { nil }
+    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
+        UnavailableSession(reason: reason)
+    }
+}
+
+final class UnavailableSession: ModelSession {
+    let reason: String
+    init(reason: String) { self.reason = reason }
+
+    nonisolated(nonsending)
+    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+        throw WispError(.modelUnavailable, reason)
+    }
+}

@@ -1,0 +1,153 @@
+import Foundation
+
+/// The `echo` backend: no model, fully deterministic. Its behaviour is a public contract
+/// (reference/echo-backend.md) that outside checks rely on; change it only on purpose.
+public struct EchoBackend: ModelBackend {
+    public let name = "echo"
+    public let model = "echo"
+    let context: Int
+    let delayMs: Int
+
+    public init(contextSize: Int = 4096, delayMs: Int = 0) {
+        self.context = contextSize
+        self.delayMs = delayMs
+    }
+
+    public func availability() async -> Availability { .ready }
+    public func contextSize() async -> Int { context }
+    /// Echo reports overflow the way a real model does (by failing the call), so the core's
+    /// recovery path is the one exercised; it offers no pre-flight count.
+    public func tokenCount(_ text: String) async throws -> Int? { nil }
+
+    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
+        EchoSession(instructions: instructions, tools: tools, turns: history, context: context, delayMs: delayMs)
+    }
+}
+
+final class EchoSession: ModelSession {
+    private let instructions: String?
+    private let tools: [String: ModelTool]
+    private var turns: [Turn]
+    private let context: Int
+    private let delayMs: Int
+
+    init(instructions: String?, tools: [ModelTool], turns: [Turn], context: Int, delayMs: Int) {
+        self.instructions = instructions
+        self.tools = Dictionary(tools.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
+        self.turns = turns
+        self.context = context
+        self.delayMs = delayMs
+    }
+
+    nonisolated(nonsending)
+    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+        let n = turns.count + 1
+        var sleepMs = 0
+        var exchanges: [ToolExchange] = []
+        var body = prompt
+
+        switch try EchoDirective(prompt) {
+        case .none:
+            break
+        case .crash:
+            FileHandle.standardError.write(Data("wisp-core: echo !crash: exiting with status 70 as a crash would\n".utf8))
+            exit(70)
+        case .sleep(let ms):
+            sleepMs = ms
+        case .fail(let code):
+            throw WispError(code, "echo backend: failed on purpose (!fail \(code.rawValue))")
+        case .tool(let name, let arguments):
+            let exchange = await callTool(name, arguments)
+            exchanges.append(exchange)
+            body = exchange.failed ? "tool \(name) failed: \(exchange.output)" : "tool \(name) -> \(exchange.output)"
+        }
+
+        let text = "echo \(n): \(body)"
+        var used = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + estimatedTokens(text)
+        for t in turns { used += t.tokens }
+        for e in exchanges { used += estimatedTokens(e.name) + estimatedTokens(e.arguments) + estimatedTokens(e.output) }
+        guard used <= context else {
+            throw WispError(.contextOverflow, "echo backend: \(used) tokens exceed the \(context)-token context")
+        }
+
+        let delay = sleepMs + delayMs
+        do {
+            if let onPartial {
+                // At least two cumulative partials, spread over the delay, as a streaming model would.
+                let half = text.prefix(max(1, text.count / 2))
+                try await Self.sleep(ms: delay / 2)
+                let first = estimatedTokens(String(half))
+                onPartial(PartialReply(text: String(half), tokens: first))
+                try await Self.sleep(ms: delay - delay / 2)
+                onPartial(PartialReply(text: text, tokens: max(first + 1, estimatedTokens(text))))
+            } else {
+                try await Self.sleep(ms: delay)
+            }
+        } catch {
+            throw WispError(.cancelled, "The call was cancelled.")
+        }
+        try Task.checkCancellation()
+
+        let turn = Turn(prompt: prompt, toolExchanges: exchanges, response: text)
+        turns.append(turn)
+        return Generation(text: text, toolExchanges: exchanges, promptTokens: used - estimatedTokens(text), outputTokens: estimatedTokens(text))
+    }
+
+    private static func sleep(ms: Int) async throws {
+        if ms > 0 { try await Task.sleep(for: .milliseconds(ms)) }
+    }
+
+    nonisolated(nonsending)
+    private func callTool(_ name: String, _ arguments: String) async -> ToolExchange {
+        guard let tool = tools[name] else {
+            let bound = tools.keys.sorted()
+            let message = bound.isEmpty
+                ? "no tools are bound to this thread (bind them with `tools` when the thread is created)"
+                : "tool '\(name)' is not bound to this thread; bound: \(bound.joined(separator: ", "))"
+            return ToolExchange(name: name, arguments: arguments, output: message, failed: true)
+        }
+        do {
+            return ToolExchange(name: name, arguments: arguments, output: try await tool.call(arguments))
+        } catch {
+            return ToolExchange(name: name, arguments: arguments, output: WispError.from(error).message, failed: true)
+        }
+    }
+}
+
+/// A directive at the very start of an echo prompt; the rest of the prompt follows a space.
+enum EchoDirective: Equatable {
+    case none
+    case sleep(Int)
+    case fail(WispError.Code)
+    case crash
+    case tool(name: String, arguments: String)
+
+    init(_ prompt: String) throws {
+        guard prompt.hasPrefix("!") else { self = .none; return }
+        let words = prompt.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
+        let argument = words.count > 1 ? String(words[1]) : ""
+        switch words[0] {
+        case "!crash":
+            self = .crash
+        case "!sleep":
+            guard let ms = Int(argument), ms >= 0 else {
+                throw WispError(.invalidArgument, "echo: !sleep needs a whole number of milliseconds, e.g. `!sleep 500 hello`")
+            }
+            self = .sleep(ms)
+        case "!fail":
+            guard let code = WispError.Code(rawValue: argument) else {
+                let codes = WispError.Code.allCases.map(\.rawValue).joined(separator: ", ")
+                throw WispError(.invalidArgument, "echo: !fail needs one of: \(codes)")
+            }
+            self = .fail(code)
+        case "!tool":
+            guard !argument.isEmpty else {
+                throw WispError(.invalidArgument, "echo: !tool needs a tool name and JSON arguments, e.g. `!tool read_file {\"path\": \"README.md\"}`")
+            }
+            let json = words.count > 2 ? String(words[2]) : "{}"
+            self = .tool(name: argument, arguments: json)
+        default:
+            self = .none // not a directive: echoed like any text
+        }
+    }
+}

@@ -1,0 +1,128 @@
+import Foundation
+
+/// Everything the core can be told, from flags (`--max-threads 8`) or `WISP_*` env; a flag wins.
+public struct CoreConfig: Sendable, Equatable {
+    /// `auto`, `echo`, `openai` or `apple`.
+    public var backend = "auto"
+    public var maxThreads = 32
+    public var maxQueue = 16
+    /// Overrides the context size the backend reports (echo: its window; openai: used when the server does not say).
+    public var contextSize: Int?
+    public var echoDelayMs = 0
+    public var logLevel = LogLevel.info
+    /// OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.
+    public var endpoint: String?
+    public var model: String?
+    /// From WISP_API_KEY only, so it never shows in a process list; never logged.
+    public var apiKey: String?
+    /// Directories the model tools may read; default the working directory.
+    public var roots: [String] = []
+    public var maxFrameBytes = Frame.defaultMaxBytes
+
+    public init() {}
+
+    public static let usage = """
+    usage: wisp-core [options]   (speaks wisp's pipe protocol on stdin/stdout; started by `python -m wisp_shim`)
+      --backend NAME       auto | echo | openai | apple            (WISP_BACKEND, default auto)
+      --max-threads N      live threads before LRU eviction         (WISP_MAX_THREADS, default 32)
+      --max-queue N        calls waiting per thread before `busy`   (WISP_MAX_QUEUE, default 16)
+      --context-size N     context window in tokens                 (WISP_CONTEXT_SIZE)
+      --echo-delay-ms N    extra latency per echo reply             (WISP_ECHO_DELAY_MS, default 0)
+      --endpoint URL       OpenAI-compatible base URL               (WISP_ENDPOINT)
+      --model NAME         model name for the openai backend        (WISP_MODEL)
+      --root DIR           directory model tools may read; repeat   (WISP_ROOTS, ':'-separated)
+      --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
+      API key: WISP_API_KEY (env only).
+    """
+
+    /// Parses env then flags. Throws a message fit to print beside `usage`.
+    public static func parse(arguments: [String], environment: [String: String]) throws(WispError) -> CoreConfig {
+        var c = CoreConfig()
+        func int(_ name: String, _ value: String, min: Int) throws(WispError) -> Int {
+            guard let n = Int(value), n >= min else { throw WispError(.invalidArgument, "\(name) must be an integer ≥ \(min), got '\(value)'") }
+            return n
+        }
+        func apply(_ key: String, _ value: String) throws(WispError) {
+            switch key {
+            case "backend":
+                guard ["auto", "echo", "openai", "apple"].contains(value) else {
+                    throw WispError(.invalidArgument, "backend must be auto, echo, openai or apple, got '\(value)'")
+                }
+                c.backend = value
+            case "max-threads": c.maxThreads = try int("--max-threads", value, min: 1)
+            case "max-queue": c.maxQueue = try int("--max-queue", value, min: 0)
+            case "context-size": c.contextSize = try int("--context-size", value, min: 1)
+            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, min: 0)
+            case "endpoint": c.endpoint = value.isEmpty ? nil : value
+            case "model": c.model = value.isEmpty ? nil : value
+            case "root": c.roots.append(value)
+            case "log-level":
+                guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
+                c.logLevel = l
+            default: throw WispError(.invalidArgument, "unknown option --\(key)")
+            }
+        }
+        let env: [(String, String)] = [
+            ("WISP_BACKEND", "backend"), ("WISP_MAX_THREADS", "max-threads"), ("WISP_MAX_QUEUE", "max-queue"),
+            ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
+            ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_LOG_LEVEL", "log-level"),
+        ]
+        for (variable, key) in env {
+            if let v = environment[variable], !v.isEmpty { try apply(key, v) }
+        }
+        if let roots = environment["WISP_ROOTS"], !roots.isEmpty {
+            c.roots = roots.split(separator: ":").map(String.init)
+        }
+        c.apiKey = environment["WISP_API_KEY"].flatMap { $0.isEmpty ? nil : $0 }
+
+        var rootsFromFlags: [String] = []
+        var i = 0
+        while i < arguments.count {
+            var arg = arguments[i]
+            guard arg.hasPrefix("--") else { throw WispError(.invalidArgument, "unexpected argument '\(arg)'") }
+            arg.removeFirst(2)
+            let key: String
+            let value: String
+            if let eq = arg.firstIndex(of: "=") {
+                key = String(arg[..<eq])
+                value = String(arg[arg.index(after: eq)...])
+            } else {
+                guard i + 1 < arguments.count else { throw WispError(.invalidArgument, "--\(arg) needs a value") }
+                key = arg
+                value = arguments[i + 1]
+                i += 1
+            }
+            if key == "root" { rootsFromFlags.append(value) } else { try apply(key, value) }
+            i += 1
+        }
+        if !rootsFromFlags.isEmpty { c.roots = rootsFromFlags }
+        return c
+    }
+}
+
+public enum LogLevel: String, Sendable, Comparable {
+    case debug, info, warning, error
+
+    private var rank: Int {
+        switch self {
+        case .debug: 0
+        case .info: 1
+        case .warning: 2
+        case .error: 3
+        }
+    }
+
+    public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rank < b.rank }
+}
+
+/// Logs to stderr, never stdout: stdout carries protocol bytes only.
+public struct Log: Sendable {
+    public var level: LogLevel
+
+    public init(level: LogLevel) { self.level = level }
+
+    public func callAsFunction(_ level: LogLevel, _ message: @autoclosure () -> String) {
+        guard level >= self.level else { return }
+        FileHandle.standardError.write(Data("wisp-core \(level.rawValue): \(message())\n".utf8))
+    }
+}

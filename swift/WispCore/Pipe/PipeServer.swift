@@ -1,0 +1,173 @@
+import Foundation
+import Synchronization
+
+/// Serves the pipe protocol: takes decoded requests in arrival order, runs each `respond` in
+/// its own task, and hands every reply and event to `send` (a single writer, so frames never
+/// interleave). The process loop around it lives in `swift/wisp-core/main.swift`.
+public final class PipeServer: Sendable {
+    public let registry: ThreadRegistry
+    public let backend: any ModelBackend
+    private let send: @Sendable ([UInt8]) -> Void
+    private let log: Log
+    private let inFlight = Mutex<[Int: Call]>([:])
+
+    private struct Call {
+        var task: Task<Void, Never>?
+        /// Why the call was stopped, when it was: `cancelled` or `timeout`.
+        var stop: WispError.Code?
+    }
+
+    public init(registry: ThreadRegistry, backend: any ModelBackend, log: Log, send: @escaping @Sendable ([UInt8]) -> Void) {
+        self.registry = registry
+        self.backend = backend
+        self.log = log
+        self.send = send
+    }
+
+    /// The first frame, before any model loads.
+    public func ready() {
+        write(Ready(backend: backend.name, model: backend.model, pid: ProcessInfo.processInfo.processIdentifier))
+    }
+
+    /// Handles one request. Call in arrival order and await each: that is what keeps calls on
+    /// one thread in arrival order. It returns as soon as a `respond` has its place in line.
+    public func handle(_ request: Request) async {
+        switch request {
+        case .respond(let r):
+            await accept(r)
+        case .closeThread(let c):
+            do {
+                let closed = try await registry.close(c.thread_id)
+                write(Reply.success(c.id, CloseThreadResult(thread_id: c.thread_id, closed: closed)))
+            } catch {
+                fail(c.id, WispError.from(error))
+            }
+        case .cancel(let c):
+            write(Reply.success(c.id, CancelResult(cancelled: stop(c.request, because: .cancelled))))
+        case .status(let s):
+            let availability = await backend.availability()
+            write(Reply.success(s.id, StatusResult(
+                backend: backend.name, model: backend.model, available: availability.available,
+                reason: availability.reason, context_size: await backend.contextSize(),
+                max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot())))
+        }
+    }
+
+    /// Replies `invalid_argument` to a request that framed and parsed but did not fit its op.
+    public func reject(id: Int, _ message: String) {
+        log(.warning, "protocol: request \(id): \(message)")
+        fail(id, WispError(.invalidArgument, "protocol error: \(message)"))
+    }
+
+    /// Stops every call in flight (at stdin EOF) and waits for them to end.
+    public func stopAll() async {
+        let tasks = inFlight.withLock { calls in
+            calls.keys.forEach { calls[$0]?.stop = .cancelled }
+            return calls.values.compactMap(\.task)
+        }
+        for t in tasks { t.cancel() }
+        for t in tasks { await t.value }
+    }
+
+    public var callsInFlight: Int { inFlight.withLock { $0.count } }
+
+    // MARK: respond
+
+    private func accept(_ r: Respond) async {
+        guard !r.prompt.isEmpty else {
+            return fail(r.id, WispError(.invalidArgument, "prompt must not be empty"))
+        }
+        let known = inFlight.withLock { calls in
+            if calls[r.id] != nil { return true }
+            calls[r.id] = Call()
+            return false
+        }
+        if known { return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight")) }
+
+        let acceptance: ThreadRegistry.Acceptance
+        do {
+            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools)
+        } catch {
+            _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
+            return fail(r.id, WispError.from(error))
+        }
+
+        let task = Task { await self.run(r, acceptance) }
+        let stoppedEarly = inFlight.withLock { calls -> Bool in
+            calls[r.id]?.task = task
+            return calls[r.id]?.stop != nil
+        }
+        if stoppedEarly { task.cancel() }
+    }
+
+    private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance) async {
+        var timer: Task<Void, Never>?
+        if let seconds = r.options?.timeout_s, seconds > 0 {
+            timer = Task { [id = r.id] in
+                guard (try? await Task.sleep(for: .seconds(seconds))) != nil else { return }
+                _ = self.stop(id, because: .timeout)
+            }
+        }
+        let settings = GenerationSettings(temperature: r.options?.temperature, maxOutputTokens: r.options?.max_output_tokens)
+        var onPartial: PartialHandler?
+        if r.progress == true {
+            let id = r.id
+            onPartial = { @Sendable p in self.write(Progress(id: id, text: p.text, tokens: p.tokens)) }
+        }
+
+        let reply: [UInt8]
+        var failed = false
+        do {
+            // Always called, even when already cancelled: the ticket must be served for the line to move.
+            let o = try await acceptance.thread.respond(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial)
+            reply = encode(Reply.success(r.id, RespondResult(
+                thread_id: acceptance.thread.id, created: acceptance.created, text: o.text, condensed: o.condensed,
+                turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens)))
+        } catch {
+            var e = WispError.from(error)
+            let stop = inFlight.withLock { $0[r.id]?.stop }
+            if stop == .timeout {
+                e = WispError(.timeout, "no reply within \(r.options?.timeout_s ?? 0) s; the call was stopped and thread '\(acceptance.thread.id)' is unchanged")
+            } else if stop == .cancelled {
+                e = WispError(.cancelled, "the call was cancelled; thread '\(acceptance.thread.id)' is unchanged")
+            }
+            reply = encode(Failure.failure(r.id, e))
+            failed = true
+        }
+        timer?.cancel()
+        await registry.finished(acceptance, failed: failed)
+        _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
+        send(reply)
+    }
+
+    /// Stops an in-flight call. False when no such call is in flight.
+    private func stop(_ id: Int, because code: WispError.Code) -> Bool {
+        let task: Task<Void, Never>?? = inFlight.withLock { calls in
+            guard calls[id] != nil else { return .none }
+            if calls[id]?.stop == nil { calls[id]?.stop = code }
+            return .some(calls[id]?.task)
+        }
+        guard case .some(let t) = task else { return false }
+        t?.cancel()
+        return true
+    }
+
+    // MARK: writing
+
+    private func fail(_ id: Int, _ error: WispError) {
+        write(Failure.failure(id, error))
+    }
+
+    private func write<T: Encodable>(_ message: T) {
+        send(encode(message))
+    }
+
+    private func encode<T: Encodable>(_ message: T) -> [UInt8] {
+        do {
+            return try Frame.encode(message)
+        } catch {
+            log(.error, "could not encode a reply: \(error)")
+            return (try? Frame.encode(Failure.failure(0, WispError(.internal, "could not encode a reply")))) ?? []
+        }
+    }
+}
