@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# make check-apple: typecheck the apple backend on Linux against Apple's FoundationModels SDK
+# interfaces, one typecheck-only module per interface.
+#
+# For each FoundationModels-*.swiftinterface in $WISP_APPLE_SDK_DIR (default ../shared/reference/sdk):
+#   1. filter it (scripts/fm_interface_filter.py: strips only what cannot exist on Linux) into a
+#      scratch dir, and build a FoundationModels.swiftmodule from it with
+#      `swiftc -frontend -compile-module-from-interface` (declarations only: no code, no framework);
+#   2. check which side of the 27-SDK gate `canImport(FoundationModels, _version: 2.0)` takes,
+#      and that it is the side this interface's module version calls for;
+#   3. build WispCore (every source, so canImport(FoundationModels) is true wherever it is asked)
+#      with -D WISP_CHECK_APPLE, and typecheck tests/swift/WispCoreTests/AppleBackendTests.swift.
+# Any error, or any warning in AppleBackend.swift or AppleBackendTests.swift, fails the check.
+# The interfaces are read where they are; nothing is copied into the repo. Scratch:
+# $WISP_CHECK_APPLE_DIR (default .build/check-apple), never the package's own build products.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+sdk=${WISP_APPLE_SDK_DIR:-$root/../shared/reference/sdk}
+scratch=${WISP_CHECK_APPLE_DIR:-$root/.build/check-apple}
+swiftc=${SWIFTC:-swiftc}
+
+if [ "$(uname -s)" = Darwin ]; then
+    echo "check-apple: SKIPPED on macOS: the real SDK compiles the apple backend in 'swift build'."
+    exit 0
+fi
+shopt -s nullglob
+interfaces=("$sdk"/FoundationModels-*.swiftinterface)
+if [ ${#interfaces[@]} -eq 0 ]; then
+    echo "check-apple: SKIPPED: no FoundationModels-*.swiftinterface in $sdk (set WISP_APPLE_SDK_DIR to check the apple backend)."
+    exit 0
+fi
+
+cd "$root"
+sources=()
+while IFS= read -r f; do sources+=("$f"); done < <(find swift/WispCore -name '*.swift' | sort)
+tests=tests/swift/WispCoreTests/AppleBackendTests.swift
+failed=0
+
+for iface in "${interfaces[@]}"; do
+    label=$(basename "$iface" .swiftinterface); label=${label#FoundationModels-}
+    dir=$scratch/$label
+    rm -rf "$dir"; mkdir -p "$dir"
+    log=$dir/log.txt
+    echo "check-apple: $label ($iface)"
+
+    python3 scripts/fm_interface_filter.py "$iface" "$dir/FoundationModels.swiftinterface"
+    if ! "$swiftc" -frontend -compile-module-from-interface -module-name FoundationModels \
+            "$dir/FoundationModels.swiftinterface" -o "$dir/FoundationModels.swiftmodule" >"$log" 2>&1; then
+        cat "$log"; echo "check-apple: $label: FAILED to build the FoundationModels module from the interface"
+        failed=1; continue
+    fi
+
+    # The 27-only code is compiled exactly when the SDK's FoundationModels is 2.x.
+    version=$(sed -n 's/.*-user-module-version \([0-9.]*\).*/\1/p' "$iface" | head -1)
+    want=26; [ "${version%%.*}" -ge 2 ] && want=27
+    printf 'import FoundationModels\n#if canImport(FoundationModels, _version: 2.0)\n#warning("gate=27")\n#else\n#warning("gate=26")\n#endif\n' >"$dir/gate.swift"
+    got=$("$swiftc" -typecheck -I "$dir" "$dir/gate.swift" 2>&1 | sed -n 's/.*warning: gate=\([0-9]*\).*/\1/p' | head -1)
+    if [ "$got" != "$want" ]; then
+        echo "check-apple: $label: FAILED: module version $version should select the $want branch, the gate selected '${got:-nothing}'"
+        failed=1; continue
+    fi
+    echo "  module version $version: the 27-SDK branch (canImport(FoundationModels, _version: 2.0)) is $([ "$want" = 27 ] && echo compiled || echo skipped)"
+
+    if ! "$swiftc" -emit-module -module-name WispCore -parse-as-library -swift-version 6 -enable-testing \
+            -D WISP_CHECK_APPLE -I "$dir" -emit-module-path "$dir/WispCore.swiftmodule" \
+            "${sources[@]}" >"$log" 2>&1; then
+        cat "$log"; echo "check-apple: $label: FAILED: WispCore (with the apple backend) does not typecheck"
+        failed=1; continue
+    fi
+    if [ -f "$tests" ] && ! "$swiftc" -typecheck -swift-version 6 -D WISP_CHECK_APPLE -I "$dir" "$tests" >>"$log" 2>&1; then
+        cat "$log"; echo "check-apple: $label: FAILED: $tests does not typecheck"
+        failed=1; continue
+    fi
+    if grep -E '(AppleBackend|AppleBackendTests)\.swift:[0-9]+:[0-9]+: warning' "$log"; then
+        echo "check-apple: $label: FAILED: warnings in the apple backend (above)"
+        failed=1; continue
+    fi
+    echo "  ok: AppleBackend.swift$([ -f "$tests" ] && echo " and AppleBackendTests.swift") typecheck against $label"
+done
+
+if [ $failed -ne 0 ]; then
+    echo "check-apple: FAILED"
+    exit 1
+fi
+echo "check-apple: passed against ${#interfaces[@]} interface(s)."
+echo "  not checkable on Linux: availability (@available/#available against macOS versions), which needs a macOS target and SDK."
