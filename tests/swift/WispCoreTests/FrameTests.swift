@@ -1,0 +1,143 @@
+import Foundation
+import Testing
+@testable import WispCore
+
+@Suite struct Frames {
+    let requests: [Request] = [
+        .respond(Respond(id: 1, prompt: "héllo 🙂", thread_id: "t", instructions: "i", tools: ["read_file"],
+                         options: RespondOptions(temperature: 0.5, max_output_tokens: 10, timeout_s: 2.5), progress: true)),
+        .respond(Respond(id: 2, prompt: "bare")),
+        .closeThread(CloseThread(id: 3, thread_id: "t")),
+        .cancel(Cancel(id: 4, request: 1)),
+        .status(Status(id: 5)),
+    ]
+
+    func stream() throws -> [UInt8] {
+        try requests.flatMap { try Frame.encode($0) }
+    }
+
+    func decodeAll(_ chunks: [ArraySlice<UInt8>]) throws -> [Request] {
+        var decoder = FrameDecoder()
+        var out: [Request] = []
+        for chunk in chunks {
+            decoder.append(chunk)
+            while let payload = try decoder.next() { out.append(try JSONDecoder().decode(Request.self, from: Data(payload))) }
+        }
+        try decoder.finish()
+        return out
+    }
+
+    @Test func roundTrip() throws {
+        #expect(try decodeAll([stream()[...]]) == requests)
+    }
+
+    @Test func anySplitDecodesTheSame() throws {
+        let bytes = try stream()
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<300 {
+            var chunks: [ArraySlice<UInt8>] = []
+            var i = 0
+            while i < bytes.count {
+                let n = Int.random(in: 1...9, using: &rng)
+                chunks.append(bytes[i..<min(bytes.count, i + n)])
+                i += n
+            }
+            #expect(try decodeAll(chunks) == requests)
+        }
+        // Byte by byte, too.
+        #expect(try decodeAll(bytes.indices.map { bytes[$0...$0] }) == requests)
+    }
+
+    @Test func shortHeaderAtEndOfStream() {
+        var d = FrameDecoder()
+        d.append([0, 0])
+        #expect(throws: Never.self) { _ = try d.next() }
+        #expect(throws: FrameError.truncated(have: 2, need: 4)) { try d.finish() }
+    }
+
+    @Test func lengthOverTheLimit() {
+        var d = FrameDecoder(maxBytes: 1024)
+        d.append([0, 0, 4, 1])
+        #expect(throws: FrameError.tooLarge(length: 1025, limit: 1024)) { _ = try d.next() }
+        var big = FrameDecoder()
+        big.append([0xFF, 0xFF, 0xFF, 0xFF])
+        #expect(throws: FrameError.self) { _ = try big.next() }
+    }
+
+    @Test func truncatedPayload() throws {
+        var d = FrameDecoder()
+        d.append(Array(try Frame.encode(Status(id: 1)).dropLast(3)))
+        #expect(try d.next() == nil)
+        #expect(throws: FrameError.self) { try d.finish() }
+    }
+
+    @Test(arguments: [
+        "not json",
+        "{\"op\": \"respond\", \"id\": 1",
+        "{\"op\": \"dance\", \"id\": 1}",
+        "{\"op\": \"respond\", \"id\": 1}",
+        "{\"op\": \"respond\", \"id\": \"one\", \"prompt\": \"x\"}",
+        "{\"op\": \"respond\", \"id\": 1, \"prompt\": 5}",
+        "{\"op\": \"respond\", \"id\": 1, \"prompt\": \"x\", \"tools\": \"read_file\"}",
+        "{\"op\": \"respond\", \"id\": 1, \"prompt\": \"x\", \"options\": {\"temperature\": \"hot\"}}",
+        "{\"op\": \"cancel\", \"id\": 1, \"request\": null}",
+        "[1, 2, 3]",
+        "\"respond\"",
+        "",
+    ])
+    func malformedPayloadsAreErrorsNotCrashes(_ payload: String) throws {
+        var d = FrameDecoder()
+        d.append(Frame.encode(payload: Array(payload.utf8)))
+        let frame = try #require(try d.next())
+        #expect(throws: (any Error).self) { try JSONDecoder().decode(Request.self, from: Data(frame)) }
+    }
+
+    @Test func repliesEncodeAsTheProtocolSays() throws {
+        let ok = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Reply.success(7, CloseThreadResult(thread_id: "t", closed: true)))) as! [String: Any]
+        #expect(ok["id"] as? Int == 7 && ok["ok"] as? Bool == true && (ok["result"] as? [String: Any])?["closed"] as? Bool == true)
+        #expect(ok["error"] == nil)
+        let bad = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Failure.failure(8, WispError(.busy, "full")))) as! [String: Any]
+        #expect(bad["ok"] as? Bool == false && (bad["error"] as? [String: Any])?["code"] as? String == "busy")
+        let ready = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Ready(backend: "echo", model: "echo", pid: 1))) as! [String: Any]
+        #expect(ready["id"] as? Int == 0 && ready["event"] as? String == "ready" && ready["protocol"] as? Int == 1)
+    }
+}
+
+@Suite struct EchoContract {
+    @Test func directives() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        #expect(try await call(registry, "t", "!sleep 10 hi").outcome.text == "echo 1: !sleep 10 hi")
+        do {
+            try await call(registry, "t", "!fail busy")
+            Issue.record("!fail must fail")
+        } catch let e as WispError {
+            #expect(e.code == .busy)
+        }
+        await #expect(throws: WispError.self) { try await call(registry, "t", "!fail nonsense") }
+        await #expect(throws: WispError.self) { try await call(registry, "t", "!sleep soon") }
+        // A failed call leaves N where it was; a non-directive "!" is plain text.
+        #expect(try await call(registry, "t", "!wave").outcome.text == "echo 2: !wave")
+        let tool = try await call(registry, "t", "!tool read_file {}")
+        #expect(tool.outcome.text == "echo 3: tool read_file failed: no tools are bound to this thread (bind them with `tools` when the thread is created)")
+    }
+
+    @Test func progressGivesAtLeastTwoCumulativePartials() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        let seen = Probe()
+        let r = try await call(registry, nil, "stream me", onPartial: { p in
+            seen.spans.withLock { $0.append(.init(prompt: "\(p.tokens)|\(p.text)", start: .now, end: .now)) }
+        })
+        let partials = seen.spans.withLock { $0.map(\.prompt) }
+        #expect(partials.count >= 2)
+        #expect(partials.last == "\(estimatedTokens(r.outcome.text))|\(r.outcome.text)")
+        let tokens = partials.map { Int($0.split(separator: "|")[0])! }
+        #expect(tokens == tokens.sorted() && Set(tokens).count == tokens.count)
+    }
+
+    @Test func echoDelayIsAddedToEveryReply() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend(delayMs: 150))
+        let clock = ContinuousClock()
+        let elapsed = try await clock.measure { try await call(registry, nil, "slow") }
+        #expect(seconds(elapsed) >= 0.15)
+    }
+}
