@@ -4,10 +4,17 @@ public func makeBackend(_ config: CoreConfig) throws(WispError) -> any ModelBack
     case "echo":
         return EchoBackend(contextSize: config.contextSize ?? 4096, delayMs: config.echoDelayMs)
     case "openai":
-        throw WispError(.modelUnavailable, "the openai backend is not built yet")
+        return try OpenAIBackend(config)
     case "apple":
+        #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
+        if #available(macOS 26.0, *) { return AppleBackend() }
+        #endif
         throw WispError(.modelUnavailable, "the apple backend needs macOS 26+ with FoundationModels; it is not available on this system")
     default: // auto: the Apple model where it is available, else an OpenAI-compatible endpoint when one is set
+        #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
+        // With no endpoint to fall back to, apple still: its availability() says why it cannot answer.
+        if #available(macOS 26.0, *), AppleBackend.isAvailable || config.endpoint == nil { return AppleBackend() }
+        #endif
         if config.endpoint != nil {
             var c = config
             c.backend = "openai"
