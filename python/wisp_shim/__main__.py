@@ -1,0 +1,183 @@
+"""`python -m wisp_shim`: flags, logging (stderr only), and the stdio server's run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+import anyio
+
+from .core import Core, CoreConfig, ShimError
+
+log = logging.getLogger("wisp")
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+BACKENDS = ("auto", "apple", "openai", "echo")
+
+DESCRIPTION = """\
+wisp: an MCP server (stdio) that hands work to a local language model and keeps
+conversation threads with it. An MCP client starts it; you normally don't run it by hand.
+
+It starts the wisp-core process (Swift) in the background. Every option below can also
+be set with the environment variable shown; a flag wins over the environment.
+"""
+
+EPILOG = """\
+examples:
+  python -m wisp_shim --check                      is a model available? (prints status, exit 0 if so)
+  python -m wisp_shim --backend echo               no model: replies "echo N: <prompt>" (for trying wisp)
+  python -m wisp_shim --backend openai --endpoint http://127.0.0.1:8080/v1 --model qwen3
+                                                   any OpenAI-compatible server (llama.cpp, Ollama, vLLM)
+
+The openai backend reads its API key from WISP_API_KEY (never from a flag, so it stays
+out of process listings). wisp-core not found? Run `make build` in the wisp repository.
+stdout carries only MCP messages; logs go to stderr.
+"""
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"wisp: {name}={raw!r} is not an integer") from None
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SystemExit(f"wisp: {name}={raw!r} is not a number") from None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m wisp_shim",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
+    ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
+    ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
+    ap.add_argument("--max-threads", type=int, metavar="N", help="live threads kept before the least recently used is evicted (WISP_MAX_THREADS; default 32)")
+    ap.add_argument("--max-queue", type=int, metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
+    ap.add_argument("--context-size", type=int, metavar="N", help="context window in tokens, when the backend cannot tell (WISP_CONTEXT_SIZE)")
+    ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more")
+    ap.add_argument("--echo-delay-ms", type=int, metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
+    ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
+    ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
+    ap.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level for wisp and wisp-core (WISP_LOG_LEVEL; default info)")
+    ap.add_argument("--check", action="store_true", help="start the core, print backend, model and availability, and exit (0 if a model is available)")
+    return ap.parse_args(argv)
+
+
+def core_config(ns: argparse.Namespace) -> CoreConfig:
+    # Flags become core flags; WISP_* variables reach the core through the inherited environment.
+    args: list[str] = []
+    for flag, value in (
+        ("--backend", ns.backend),
+        ("--model", ns.model),
+        ("--endpoint", ns.endpoint),
+        ("--max-threads", ns.max_threads),
+        ("--max-queue", ns.max_queue),
+        ("--context-size", ns.context_size),
+        ("--echo-delay-ms", ns.echo_delay_ms),
+        ("--log-level", ns.log_level),
+    ):
+        if value is not None:
+            args += [flag, str(value)]
+    for root in ns.root or ():
+        args += ["--root", root]
+    timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
+    if not timeout > 0:
+        raise SystemExit("wisp: --timeout / WISP_TIMEOUT must be a positive number of seconds")
+    return CoreConfig(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
+
+
+async def _serve(config: CoreConfig, max_threads: int) -> None:
+    from mcp.server.stdio import stdio_server
+
+    from .server import build_server
+
+    core = Core(config)
+    # In the background: initialize and tools/list must not wait for the core.
+    core.start()
+    server = build_server(core, max_threads)
+    async with anyio.create_task_group() as tg:
+
+        async def on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("got %s; stopping", signal.Signals(signum).name)
+                    with anyio.CancelScope(shield=True):
+                        await core.aclose()
+                    # The stdio transport reads stdin in a worker thread that cancellation
+                    # cannot interrupt; once the core is down nothing is left to clean up.
+                    threading.Timer(1.0, os._exit, (0,)).start()
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(on_signal)
+        try:
+            async with stdio_server() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+        finally:
+            with anyio.CancelScope(shield=True):
+                await core.aclose()
+            tg.cancel_scope.cancel()
+
+
+async def _check(config: CoreConfig) -> int:
+    core = Core(config)
+    core.start()
+    try:
+        with anyio.fail_after(60):
+            st = await core.status()
+    except ShimError as exc:
+        print(f"wisp: {exc}", file=sys.stderr)
+        return 1
+    except TimeoutError:
+        print("wisp: wisp-core did not answer `status` within 60 s", file=sys.stderr)
+        return 1
+    finally:
+        with anyio.CancelScope(shield=True):
+            await core.aclose()
+    # --check is run by a person, not an MCP client, so stdout is theirs.
+    print(f"backend:      {st.backend}")
+    print(f"model:        {st.model}")
+    print(f"available:    {'yes' if st.available else 'no'}" + (f" ({st.reason})" if st.reason else ""))
+    print(f"context size: {st.context_size} tokens")
+    print(f"max threads:  {st.max_threads}")
+    print(f"core:         {core.binary}")
+    return 0 if st.available else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
+    level = ns.log_level or os.environ.get("WISP_LOG_LEVEL") or "info"
+    if level not in LOG_LEVELS:
+        level = "info"
+    logging.basicConfig(stream=sys.stderr, level=level.upper(), format="wisp %(levelname)s %(name)s: %(message)s")
+    if level != "debug":
+        # The SDK logs every request at info; wisp's own lines are the useful ones.
+        logging.getLogger("mcp").setLevel(logging.WARNING)
+    config = core_config(ns)
+    if ns.check:
+        return anyio.run(_check, config)
+    max_threads = ns.max_threads or _env_int("WISP_MAX_THREADS") or 32
+    anyio.run(_serve, config, max_threads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,523 @@
+"""The wisp-core child process: finding it, starting and restarting it, the pipe client,
+the thread ids lost in a crash, and shutdown (DESIGN §6).
+
+Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP
+layer turns into tool errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+from . import protocol as p
+
+log = logging.getLogger("wisp.core")
+
+CORE_NAME = "wisp-core"
+BUILD_HINT = (
+    "Build it with `make build` in the wisp repository (or `swift build -c release --product wisp-core`), "
+    "or point --core / WISP_CORE at an existing wisp-core binary."
+)
+
+# A core writes Ready before loading any model, so this only bounds a wedged start.
+READY_TIMEOUT_S = 15.0
+# The shim's own timer outlives the core's by this much: the core's `timeout` error is
+# the normal path, the shim's timer only catches a core that stopped answering.
+BACKSTOP_GRACE_S = 3.0
+# close_thread and status never wait for a model.
+QUICK_CALL_TIMEOUT_S = 30.0
+RESTART_BACKOFF_MIN_S = 0.1
+RESTART_BACKOFF_MAX_S = 5.0
+# A core that lived this long was healthy; its crash restarts at the minimum delay.
+HEALTHY_RUN_S = 10.0
+# How long a closing core gets after stdin EOF, and then after SIGTERM.
+EOF_GRACE_S = 0.5
+TERM_GRACE_S = 2.0
+# Progress notifications at most this often: the partial text is cumulative, so
+# skipped events lose nothing.
+PROGRESS_INTERVAL_S = 0.1
+# Bounds for the shim's memory of thread ids, which must not grow without limit
+# across a long session.
+MAX_REMEMBERED_IDS = 4096
+
+
+class ShimError(Exception):
+    """A failure the caller should see as a tool error: `code: message`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class CoreConfig:
+    core: str | None = None
+    args: list[str] = field(default_factory=list)
+    timeout_s: float = 300.0
+    env: dict[str, str] | None = None
+
+
+def find_core(explicit: str | None = None) -> Path:
+    """The wisp-core binary: --core / WISP_CORE, a copy bundled in the package, then
+    the repository's release build, searched upward from the package and the cwd."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+        raise ShimError("core_missing", f"the wisp-core binary named by --core/WISP_CORE ({path}) is not an executable file. {BUILD_HINT}")
+    here = Path(__file__).resolve().parent
+    candidates = [here / "bin" / CORE_NAME]
+    seen: set[Path] = set()
+    for start in (here, Path.cwd().resolve()):
+        for d in (start, *start.parents):
+            c = d / ".build" / "release" / CORE_NAME
+            if c not in seen:
+                seen.add(c)
+                candidates.append(c)
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise ShimError("core_missing", f"the wisp-core binary was not found (looked for {candidates[0]} and .build/release/{CORE_NAME} above {here} and {Path.cwd()}). {BUILD_HINT}")
+
+
+class _Call:
+    __slots__ = ("id", "thread_id", "future", "latest", "progress_event")
+
+    def __init__(self, call_id: int, thread_id: str | None, want_progress: bool) -> None:
+        self.id = call_id
+        self.thread_id = thread_id
+        self.future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        self.latest: tuple[int, str] | None = None
+        self.progress_event = asyncio.Event() if want_progress else None
+
+
+class _Generation:
+    """One run of the core process, from spawn to exit."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.started = time.monotonic()
+        self.ready: asyncio.Future[p.Ready] = asyncio.get_running_loop().create_future()
+        self.pending: dict[int, _Call] = {}
+        # Threads this core created for us and that we have not seen closed, oldest first.
+        self.alive: OrderedDict[str, None] = OrderedDict()
+        self.dead = False
+        self.write_lock = asyncio.Lock()
+        self.reader: asyncio.Task[tuple[int | None, str | None]] | None = None
+
+    def remember(self, thread_id: str) -> None:
+        self.alive[thread_id] = None
+        self.alive.move_to_end(thread_id)
+        while len(self.alive) > MAX_REMEMBERED_IDS:
+            self.alive.popitem(last=False)
+
+
+class Core:
+    """Client of one wisp-core child, restarted whenever it dies."""
+
+    def __init__(self, config: CoreConfig) -> None:
+        self.config = config
+        self._gen: _Generation | None = None
+        self._starting: asyncio.subprocess.Process | None = None
+        self._startup_error: ShimError | None = None
+        self._changed = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._closing = False
+        self._supervisor: asyncio.Task[None] | None = None
+        self._next_id = 0
+        # Ids whose history died with a core; the next respond naming one is told so.
+        self.lost: OrderedDict[str, None] = OrderedDict()
+        self.restarts = 0
+        self.ready_info: p.Ready | None = None
+        self.binary: Path | None = None
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin starting the core in the background; calls wait for it to be ready."""
+        if self._supervisor is None:
+            self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="wisp-core supervisor")
+
+    async def aclose(self) -> None:
+        """Stop the core: close its stdin, then SIGTERM, then SIGKILL."""
+        self._closing = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._supervisor
+        gen = self._gen
+        procs = [x for x in (self._starting, gen.proc if gen else None) if x is not None]
+        if gen is not None:
+            self._fail_pending(gen, ShimError("shutting_down", "wisp is shutting down; the call was not finished."))
+        for proc in procs:
+            await _stop_process(proc)
+        self._notify()
+
+    def _notify(self) -> None:
+        ev, self._changed = self._changed, asyncio.Event()
+        ev.set()
+
+    async def _supervise(self) -> None:
+        backoff = RESTART_BACKOFF_MIN_S
+        while not self._closing:
+            self._kick.clear()
+            gen = await self._start_once()
+            if gen is None:
+                # Start failed: waiting calls have the reason; retry on the next call or later.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), timeout=max(backoff, 1.0) * 10)
+                backoff = min(backoff * 2, RESTART_BACKOFF_MAX_S)
+                continue
+            rc, reason = await self._serve(gen)
+            if self._closing:
+                return
+            lived = time.monotonic() - gen.started
+            self._on_death(gen, rc, reason)
+            if lived >= HEALTHY_RUN_S:
+                backoff = RESTART_BACKOFF_MIN_S
+            log.warning("restarting wisp-core in %.1f s", backoff)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout=backoff)
+            backoff = min(backoff * 2, RESTART_BACKOFF_MAX_S)
+            self.restarts += 1
+
+    async def _start_once(self) -> _Generation | None:
+        try:
+            path = find_core(self.config.core)
+            self.binary = path
+            argv = [str(path), *self.config.args]
+            log.info("starting %s", " ".join(argv))
+            env = None if self.config.env is None else {**os.environ, **self.config.env}
+            # stderr is inherited: the core's logs go where the shim's go, never to stdout.
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
+            )
+        except ShimError as exc:
+            self._startup_failed(exc)
+            return None
+        except OSError as exc:
+            self._startup_failed(ShimError("core_unavailable", f"could not start wisp-core: {exc}. {BUILD_HINT}"))
+            return None
+        self._starting = proc
+        gen = _Generation(proc)
+        gen.reader = asyncio.get_running_loop().create_task(self._read(gen), name="wisp-core reader")
+        try:
+            done, _ = await asyncio.wait({gen.ready, gen.reader}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._starting = None
+            await _stop_process(proc)
+            raise
+        if gen.ready.done() and gen.ready.exception() is None:
+            ready = gen.ready.result()
+            self._starting = None
+            self._gen = gen
+            self._startup_error = None
+            self.ready_info = ready
+            log.info("wisp-core ready: pid %d, backend %s, model %s", ready.pid, ready.backend, ready.model)
+            self._notify()
+            return gen
+        # Died or hung before Ready: nothing was running on it, so nothing was lost.
+        detail = "it exited before it was ready" if done else f"it did not say it was ready within {READY_TIMEOUT_S:.0f} s"
+        await _stop_process(proc)
+        try:
+            rc, reason = await gen.reader
+        except Exception:
+            rc, reason = proc.returncode, None
+        self._starting = None
+        why = f" ({reason})" if reason else ""
+        self._startup_failed(
+            ShimError(
+                "core_unavailable",
+                f"wisp-core could not start: {detail}, exit status {rc}{why}. Its log on the MCP server's stderr says "
+                "why; `python -m wisp_shim --check` runs the same start by hand.",
+            )
+        )
+        return None
+
+    def _startup_failed(self, exc: ShimError) -> None:
+        log.error("%s", exc.message)
+        self._startup_error = exc
+        self._notify()
+
+    async def _read(self, gen: _Generation) -> tuple[int | None, str | None]:
+        """The one reader of the core's stdout: resolves calls by id until EOF."""
+        decoder = p.FrameDecoder()
+        stdout = gen.proc.stdout
+        assert stdout is not None
+        reason: str | None = None
+        try:
+            while True:
+                data = await stdout.read(1 << 16)
+                if not data:
+                    decoder.finish()
+                    break
+                for payload in decoder.feed(data):
+                    self._dispatch(gen, p.decode_message(payload))
+        except p.ProtocolError as exc:
+            reason = str(exc)
+            log.error("protocol error from wisp-core: %s; killing it", reason)
+            with contextlib.suppress(ProcessLookupError):
+                gen.proc.kill()
+        if not gen.ready.done():
+            gen.ready.set_exception(ShimError("core_unavailable", reason or "exited before ready"))
+            gen.ready.exception()  # mark retrieved
+        rc = await gen.proc.wait()
+        return rc, reason
+
+    def _dispatch(self, gen: _Generation, msg: p.Incoming) -> None:
+        if isinstance(msg, p.Reply):
+            call = gen.pending.pop(msg.id, None)
+            if call is None:
+                # A reply to a call we gave up on (cancelled, timed out) or to a cancel.
+                log.debug("reply for request %d nobody waits for", msg.id)
+            elif not call.future.done():
+                call.future.set_result(msg)
+        elif isinstance(msg, p.Progress):
+            call = gen.pending.get(msg.id)
+            if call is not None and call.progress_event is not None:
+                call.latest = (msg.tokens, msg.text)
+                call.progress_event.set()
+        elif isinstance(msg, p.Ready):
+            if gen.ready.done():
+                raise p.ProtocolError("a second ready frame")
+            if msg.protocol != p.PROTOCOL_VERSION:
+                raise p.ProtocolError(f"wisp-core speaks pipe protocol {msg.protocol}, this shim speaks {p.PROTOCOL_VERSION}; rebuild both (`make build`)")
+            gen.ready.set_result(msg)
+        if not gen.ready.done():
+            raise p.ProtocolError("the first frame was not ready")
+
+    async def _serve(self, gen: _Generation) -> tuple[int | None, str | None]:
+        reader = gen.reader
+        assert reader is not None
+        try:
+            return await asyncio.shield(reader)
+        except asyncio.CancelledError:
+            if reader.done():
+                return reader.result()
+            raise
+
+    def _on_death(self, gen: _Generation, rc: int | None, reason: str | None) -> None:
+        gen.dead = True
+        self._gen = None
+        how = f"exited with status {rc}" if rc is not None and rc >= 0 else f"was killed by signal {-(rc or 0)}"
+        if reason:
+            how += f" after a protocol error ({reason})"
+        notified = {c.thread_id for c in gen.pending.values() if c.thread_id}
+        for call in list(gen.pending.values()):
+            if call.thread_id:
+                tail = (
+                    f"Thread {call.thread_id!r}'s history was lost with it: call respond again "
+                    "(with the same thread_id or none) to start a new thread."
+                )
+            else:
+                tail = "No thread was created for this call: call respond again to start one."
+            self._fail(call, ShimError("core_crashed", f"the wisp core crashed ({how}) while this call was running and has been restarted. {tail}"))
+        gen.pending.clear()
+        # Callers whose own call failed above were told already; everyone else
+        # learns on their next call.
+        lost = [t for t in gen.alive if t not in notified]
+        for t in lost:
+            self.lost[t] = None
+        while len(self.lost) > MAX_REMEMBERED_IDS:
+            self.lost.popitem(last=False)
+        log.error("wisp-core %s; %d pending call(s) failed, %d thread(s) lost", how, len(notified), len(gen.alive))
+        self._notify()
+
+    @staticmethod
+    def _fail(call: _Call, exc: ShimError) -> None:
+        if not call.future.done():
+            call.future.set_exception(exc)
+            call.future.exception()  # the waiter may already be gone; don't warn about it
+
+    def _fail_pending(self, gen: _Generation, exc: ShimError) -> None:
+        for call in list(gen.pending.values()):
+            self._fail(call, exc)
+        gen.pending.clear()
+
+    async def _generation(self) -> _Generation:
+        """The running core, waiting for a (re)start if needed."""
+        while True:
+            if self._closing:
+                raise ShimError("shutting_down", "wisp is shutting down.")
+            gen = self._gen
+            if gen is not None and not gen.dead:
+                return gen
+            if self._supervisor is None:
+                self.start()
+            changed = self._changed
+            if self._startup_error is not None and self._starting is None:
+                # A failed start is retried when someone needs the core, not only on a timer,
+                # so building the binary while the server runs is enough to fix it.
+                self._kick.set()
+            await changed.wait()
+            if self._gen is None and self._startup_error is not None and self._starting is None:
+                raise self._startup_error
+
+    # --- calls -------------------------------------------------------------
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    async def _send(self, gen: _Generation, data: bytes) -> None:
+        stdin = gen.proc.stdin
+        assert stdin is not None
+        async with gen.write_lock:
+            try:
+                stdin.write(data)
+                await stdin.drain()
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                # The reader sees the exit too and fails every pending call with the crash message.
+                log.warning("write to wisp-core failed: %s", exc)
+
+    async def _send_cancel(self, gen: _Generation, request_id: int) -> None:
+        if gen.dead:
+            return
+        with contextlib.suppress(Exception):
+            await self._send(gen, p.encode(p.Cancel(id=self._new_id(), request=request_id)))
+
+    async def _request(self, gen: _Generation, call: _Call, data: bytes, timeout: float,
+                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> p.Reply:
+        if gen.dead:
+            raise ShimError("core_crashed", "the wisp core crashed just before this call was sent and is restarting; call again.")
+        gen.pending[call.id] = call
+        pump = None
+        if on_progress is not None and call.progress_event is not None:
+            pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress))
+        try:
+            await self._send(gen, data)
+            try:
+                return await asyncio.wait_for(asyncio.shield(call.future), timeout)
+            except asyncio.TimeoutError:
+                await self._send_cancel(gen, call.id)
+                raise ShimError("timeout", f"no reply from the model within {timeout:.0f} s; the call was cancelled (--timeout / WISP_TIMEOUT sets the limit).") from None
+            except asyncio.CancelledError:
+                # MCP cancellation: tell the core so the thread is freed, then let it propagate.
+                with anyio.CancelScope(shield=True):
+                    await self._send_cancel(gen, call.id)
+                raise
+        finally:
+            gen.pending.pop(call.id, None)
+            if pump is not None:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pump
+
+    async def respond(
+        self,
+        prompt: str,
+        thread_id: str | None = None,
+        instructions: str | None = None,
+        tools: list[str] | None = None,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+        on_progress: Callable[[int, str], Awaitable[None]] | None = None,
+    ) -> p.RespondResult:
+        if thread_id is not None and thread_id in self.lost:
+            del self.lost[thread_id]
+            raise ShimError(
+                "thread_lost",
+                f"thread {thread_id!r}'s history was lost when the wisp core crashed and restarted. "
+                "Nothing was sent to the model. Call respond again (with the same thread_id or none) to start "
+                "a new thread, and resend whatever context it needs.",
+            )
+        timeout = self.config.timeout_s
+        gen = await self._generation()
+        call_id = self._new_id()
+        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=timeout)
+        msg = p.Respond(
+            id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
+            options=options, progress=True if on_progress is not None else None,
+        )
+        payload = p.encode_payload(msg)
+        if len(payload) > p.MAX_FRAME_BYTES:
+            raise ShimError(
+                "invalid_argument",
+                f"the request is {len(payload)} bytes, over wisp's {p.MAX_FRAME_BYTES // (1024 * 1024)} MiB limit; "
+                "send a shorter prompt (or split the work across several calls).",
+            )
+        call = _Call(call_id, thread_id, on_progress is not None)
+        reply = await self._request(gen, call, p.frame(payload), timeout + BACKSTOP_GRACE_S, on_progress)
+        if not reply.ok:
+            assert reply.error is not None
+            raise ShimError(reply.error.code, reply.error.message)
+        result = p.decode_result(reply.result, p.RespondResult)
+        if not gen.dead:
+            gen.remember(result.thread_id)
+        return result
+
+    async def close_thread(self, thread_id: str) -> p.CloseThreadResult:
+        # Closing a lost thread is what the caller would do anyway: no notice needed.
+        self.lost.pop(thread_id, None)
+        gen = await self._generation()
+        call = _Call(self._new_id(), thread_id, False)
+        reply = await self._request(gen, call, p.encode(p.CloseThread(id=call.id, thread_id=thread_id)), QUICK_CALL_TIMEOUT_S)
+        if not reply.ok:
+            assert reply.error is not None
+            raise ShimError(reply.error.code, reply.error.message)
+        result = p.decode_result(reply.result, p.CloseThreadResult)
+        gen.alive.pop(thread_id, None)
+        return result
+
+    async def status(self) -> p.StatusResult:
+        gen = await self._generation()
+        call = _Call(self._new_id(), None, False)
+        reply = await self._request(gen, call, p.encode(p.Status(id=call.id)), QUICK_CALL_TIMEOUT_S)
+        if not reply.ok:
+            assert reply.error is not None
+            raise ShimError(reply.error.code, reply.error.message)
+        return p.decode_result(reply.result, p.StatusResult)
+
+    @property
+    def pid(self) -> int | None:
+        gen = self._gen
+        return gen.proc.pid if gen is not None else None
+
+
+async def _pump_progress(call: _Call, on_progress: Callable[[int, str], Awaitable[None]]) -> None:
+    """Forward the latest partial text, strictly increasing in tokens and rate-limited."""
+    assert call.progress_event is not None
+    last = 0
+    while True:
+        await call.progress_event.wait()
+        call.progress_event.clear()
+        if call.latest is None:
+            continue
+        tokens, text = call.latest
+        if tokens <= last:
+            continue
+        last = tokens
+        try:
+            await on_progress(tokens, text)
+        except Exception as exc:  # a progress hiccup must not fail the call itself
+            log.debug("progress notification failed: %s", exc)
+        await asyncio.sleep(PROGRESS_INTERVAL_S)
+
+
+async def _stop_process(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    if proc.stdin is not None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+    for sig, grace in ((None, EOF_GRACE_S), (signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
+        if sig is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+            return
+        except asyncio.TimeoutError:
+            continue

@@ -1,0 +1,247 @@
+"""The pipe protocol between the shim and wisp-core, version 1 (DESIGN §3).
+
+One msgspec Struct per message, under the same names as the Swift side
+(swift/WispCore/Pipe/Messages.swift); keep the two in step. Frames are a 4-byte
+unsigned big-endian length followed by that many bytes of UTF-8 JSON.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# The core treats a larger frame as a protocol error and exits, so the shim must
+# refuse to send one rather than let a single oversized prompt kill every thread.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+ERROR_CODES = frozenset(
+    {
+        "invalid_argument",
+        "context_overflow",
+        "model_unavailable",
+        "generation_failed",
+        "cancelled",
+        "timeout",
+        "busy",
+        "internal",
+    }
+)
+
+_HEADER = struct.Struct(">I")
+
+
+# --- shim -> core -----------------------------------------------------------
+# omit_defaults keeps absent optionals off the wire, as Swift's Codable expects.
+
+
+class RespondOptions(msgspec.Struct, omit_defaults=True):
+    temperature: float | None = None
+    max_output_tokens: int | None = None
+    timeout_s: float | None = None
+
+
+class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True):
+    id: int
+    prompt: str
+    thread_id: str | None = None
+    instructions: str | None = None
+    tools: list[str] | None = None
+    options: RespondOptions | None = None
+    progress: bool | None = None
+
+
+class CloseThread(msgspec.Struct, tag_field="op", tag="close_thread"):
+    id: int
+    thread_id: str
+
+
+class Cancel(msgspec.Struct, tag_field="op", tag="cancel"):
+    id: int
+    request: int
+
+
+class Status(msgspec.Struct, tag_field="op", tag="status"):
+    id: int
+
+
+Request = Respond | CloseThread | Cancel | Status
+
+
+# --- core -> shim -----------------------------------------------------------
+
+
+class Ready(msgspec.Struct):
+    id: int
+    event: str
+    protocol: int
+    backend: str
+    model: str
+    pid: int
+
+
+class Progress(msgspec.Struct):
+    id: int
+    event: str
+    text: str
+    tokens: int
+
+
+class ErrorBody(msgspec.Struct):
+    code: str
+    message: str
+
+
+class Reply(msgspec.Struct):
+    id: int
+    ok: bool
+    # Raw until we know which request this answers: the result's type depends on the op.
+    result: msgspec.Raw = msgspec.Raw()
+    error: ErrorBody | None = None
+
+    @property
+    def has_result(self) -> bool:
+        return len(self.result) > 0 and bytes(self.result) != b"null"
+
+
+class RespondResult(msgspec.Struct, omit_defaults=True):
+    thread_id: str
+    created: bool
+    text: str
+    condensed: bool
+    turns: int
+    dropped: int
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class CloseThreadResult(msgspec.Struct):
+    thread_id: str
+    closed: bool
+
+
+class CancelResult(msgspec.Struct):
+    cancelled: bool
+
+
+class ThreadInfo(msgspec.Struct):
+    thread_id: str
+    turns: int
+    pending: int
+
+
+class StatusResult(msgspec.Struct):
+    backend: str
+    model: str
+    available: bool
+    context_size: int
+    max_threads: int
+    max_queue: int
+    threads: list[ThreadInfo]
+    reason: str | None = None
+
+
+Incoming = Ready | Progress | Reply
+
+
+class _Envelope(msgspec.Struct):
+    """Just enough of any core -> shim message to tell which one it is."""
+
+    id: int
+    event: str | None = None
+    ok: bool | None = None
+
+
+class ProtocolError(Exception):
+    """The byte stream from the core cannot be trusted any more."""
+
+
+_encoder = msgspec.json.Encoder()
+_envelope_decoder = msgspec.json.Decoder(_Envelope)
+_ready_decoder = msgspec.json.Decoder(Ready)
+_progress_decoder = msgspec.json.Decoder(Progress)
+_reply_decoder = msgspec.json.Decoder(Reply)
+
+
+def encode_payload(message: Request) -> bytes:
+    return _encoder.encode(message)
+
+
+def frame(payload: bytes) -> bytes:
+    if len(payload) > MAX_FRAME_BYTES:
+        raise ValueError(f"frame of {len(payload)} bytes is over the {MAX_FRAME_BYTES}-byte limit")
+    return _HEADER.pack(len(payload)) + payload
+
+
+def encode(message: Request) -> bytes:
+    """One whole frame for a shim -> core message."""
+    return frame(encode_payload(message))
+
+
+def decode_message(payload: bytes | memoryview) -> Incoming:
+    """Decode one core -> shim payload; raises ProtocolError when it is not one."""
+    try:
+        env = _envelope_decoder.decode(payload)
+        if env.event == "ready":
+            return _ready_decoder.decode(payload)
+        if env.event == "progress":
+            return _progress_decoder.decode(payload)
+        if env.event is None and env.ok is not None:
+            reply = _reply_decoder.decode(payload)
+            if reply.ok and not reply.has_result:
+                raise ProtocolError(f"reply {reply.id} is ok but carries no result")
+            if not reply.ok and reply.error is None:
+                raise ProtocolError(f"reply {reply.id} failed but carries no error")
+            return reply
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"undecodable message from the core: {exc}") from None
+    raise ProtocolError(f"unknown message from the core: {bytes(payload[:200])!r}")
+
+
+def decode_result(raw: msgspec.Raw, type_: type[msgspec.Struct]):
+    try:
+        return msgspec.json.decode(raw, type=type_)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"malformed {type_.__name__} from the core: {exc}") from None
+
+
+class FrameDecoder:
+    """Incremental: feed bytes as they arrive, in any split, and take whole payloads."""
+
+    def __init__(self, max_bytes: int = MAX_FRAME_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._buf = bytearray()
+        self._start = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        out: list[bytes] = []
+        buf = self._buf
+        start = self._start
+        end = len(buf)
+        while end - start >= 4:
+            (n,) = _HEADER.unpack_from(buf, start)
+            if n > self.max_bytes:
+                raise ProtocolError(f"frame of {n} bytes is over the {self.max_bytes}-byte limit")
+            if end - start - 4 < n:
+                break
+            out.append(bytes(buf[start + 4 : start + 4 + n]))
+            start += 4 + n
+        # Compact only once consumed bytes dominate, so a burst of small frames
+        # does not turn into quadratic copying.
+        if start and start * 2 >= end:
+            del buf[:start]
+            start = 0
+        self._start = start
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._start
+
+    def finish(self) -> None:
+        """At end of stream: an unfinished frame means the peer died mid-write."""
+        if self.buffered:
+            raise ProtocolError(f"stream ended inside a frame ({self.buffered} bytes left over)")

@@ -1,0 +1,342 @@
+"""The MCP surface: tools, their schemas and descriptions, argument checks, and the
+mapping of every failure to a tool error that carries the real reason.
+
+Built on the SDK's low-level Server: its high-level MCPServer masks plain exceptions as
+"Error executing tool …", and the caller must see why a call failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any
+
+import anyio
+from mcp import MCPError
+from mcp.server import Server, ServerRequestContext
+from mcp.types import (
+    INVALID_PARAMS,
+    CallToolRequestParams,
+    CallToolResult,
+    ListToolsResult,
+    PaginatedRequestParams,
+    TextContent,
+    Tool,
+    ToolAnnotations,
+)
+
+from . import __version__
+from . import protocol as p
+from .core import Core, ShimError
+
+log = logging.getLogger("wisp.server")
+
+THREAD_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# Progress messages are shown to people in a status line, not read by the model.
+PROGRESS_MESSAGE_CHARS = 200
+
+
+def _instructions(max_threads: int) -> str:
+    return (
+        "wisp hands work to a local language model and keeps conversation threads with it. "
+        "Call `respond` with a prompt; it returns a thread_id. Pass that thread_id back to continue "
+        "the same conversation without resending earlier context. Threads live in memory only: at most "
+        f"{max_threads} at once (the least recently used is dropped), and all are lost when wisp restarts. "
+        "A result with created=true for a thread_id you passed means that thread was gone and a new one "
+        "started. Close threads you are done with using `close_thread`."
+    )
+
+
+def _respond_tool(max_threads: int) -> Tool:
+    return Tool(
+        name="respond",
+        title="Ask the local model",
+        description=(
+            "Send a prompt to the local language model and get its reply. Omit thread_id to start a new "
+            "thread; pass the thread_id from an earlier result to continue that conversation (the model "
+            "sees the earlier turns). An unknown thread_id starts a new thread under that id "
+            "(created=true says so). instructions and tools are fixed when a thread is created; passing "
+            "them for an existing thread is an error. Calls on one thread run in order; different threads "
+            "run in parallel. If a thread outgrows the model's context, its oldest turns are dropped "
+            "(condensed=true). Retention: threads are kept in memory only, at most "
+            f"{max_threads} (least recently used evicted first), and lost when wisp restarts."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "prompt": {"type": "string", "description": "The message for the model: the task, with whatever context it needs."},
+                "thread_id": {
+                    "type": "string",
+                    "pattern": "^[A-Za-z0-9._-]{1,64}$",
+                    "description": "Continue this thread. Omit to start a new one with a generated id. 1-64 characters of A-Z a-z 0-9 . _ -.",
+                },
+                "instructions": {
+                    "type": "string",
+                    "description": "System instructions for a NEW thread (role, rules, output format). Only allowed when the call creates the thread.",
+                },
+                "tools": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Names of wisp's built-in tools the model may call in a NEW thread (see wisp's README). Only allowed when the call creates the thread.",
+                },
+                "temperature": {"type": "number", "minimum": 0, "description": "Sampling temperature for this call; omit for the model's default."},
+                "max_output_tokens": {"type": "integer", "minimum": 1, "description": "Upper bound on the reply's length in tokens for this call."},
+            },
+            "required": ["prompt"],
+            "additionalProperties": False,
+        },
+        output_schema={
+            "type": "object",
+            "properties": {
+                "thread_id": {"type": "string", "description": "Pass this back as thread_id to continue the conversation."},
+                "created": {"type": "boolean", "description": "True when this call started a new thread."},
+                "text": {"type": "string", "description": "The model's reply."},
+                "condensed": {"type": "boolean", "description": "True when older turns were dropped to fit the model's context."},
+                "turns": {"type": "integer", "description": "Turns the thread holds after this call."},
+                "dropped": {"type": "integer", "description": "Turns dropped by condensing during this call."},
+                "prompt_tokens": {"type": "integer"},
+                "output_tokens": {"type": "integer"},
+            },
+            "required": ["thread_id", "created", "text", "condensed", "turns", "dropped"],
+        },
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False),
+    )
+
+
+CLOSE_THREAD = Tool(
+    name="close_thread",
+    title="Close a thread",
+    description=(
+        "Forget a thread and free its memory. Closing an unknown or already closed thread is not an error "
+        "(closed=false). A call already running on the thread still finishes."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "thread_id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$", "description": "The thread to close."},
+        },
+        "required": ["thread_id"],
+        "additionalProperties": False,
+    },
+    output_schema={
+        "type": "object",
+        "properties": {
+            "thread_id": {"type": "string"},
+            "closed": {"type": "boolean", "description": "True when a live thread was closed."},
+        },
+        "required": ["thread_id", "closed"],
+    },
+    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
+)
+
+LIST_THREADS = Tool(
+    name="list_threads",
+    title="List live threads",
+    description="List wisp's live threads (most recently used first) with their turn counts, plus the backend and model in use. Use it to recover thread ids.",
+    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+    output_schema={
+        "type": "object",
+        "properties": {
+            "backend": {"type": "string"},
+            "model": {"type": "string"},
+            "available": {"type": "boolean"},
+            "reason": {"type": "string"},
+            "context_size": {"type": "integer"},
+            "max_threads": {"type": "integer"},
+            "threads": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"thread_id": {"type": "string"}, "turns": {"type": "integer"}, "pending": {"type": "integer"}},
+                    "required": ["thread_id", "turns", "pending"],
+                },
+            },
+        },
+        "required": ["backend", "model", "available", "context_size", "max_threads", "threads"],
+    },
+    annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+)
+
+
+class ArgumentError(Exception):
+    pass
+
+
+def _error(message: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+
+
+def _opt(args: dict[str, Any], name: str, kind: type, what: str) -> Any:
+    value = args.get(name)
+    if value is None:
+        return None
+    # bool is an int in Python, but true is not a token count.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise ArgumentError(f"`{name}` must be {what}, got {type(value).__name__} {_short(value)}.")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _thread_id(args: dict[str, Any], required: bool) -> str | None:
+    tid = _opt(args, "thread_id", str, "a string")
+    if tid is None:
+        if required:
+            raise ArgumentError("`thread_id` is required.")
+        return None
+    if not THREAD_ID_RE.fullmatch(tid):
+        raise ArgumentError(
+            f"`thread_id` {_short(tid)} is not a valid thread id: use 1-64 characters of A-Z a-z 0-9 . _ - "
+            "(or omit it to start a new thread)."
+        )
+    return tid
+
+
+def _check_unknown(args: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    extra = sorted(set(args) - set(allowed))
+    if extra:
+        raise ArgumentError(f"unknown argument(s) {', '.join(extra)}; this tool takes {', '.join(allowed)}.")
+
+
+_RESPOND_ARGS = ("prompt", "thread_id", "instructions", "tools", "temperature", "max_output_tokens")
+
+
+def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
+    _check_unknown(args, _RESPOND_ARGS)
+    prompt = args.get("prompt")
+    if prompt is None:
+        raise ArgumentError("`prompt` is required: the message for the model.")
+    if not isinstance(prompt, str):
+        raise ArgumentError(f"`prompt` must be a string, got {type(prompt).__name__} {_short(prompt)}.")
+    tools = _opt(args, "tools", list, "a list of tool names")
+    if tools is not None and not all(isinstance(t, str) for t in tools):
+        raise ArgumentError("`tools` must be a list of tool names (strings).")
+    temperature = _opt(args, "temperature", (int, float), "a number")  # type: ignore[arg-type]
+    if temperature is not None and (not math.isfinite(temperature) or temperature < 0):
+        raise ArgumentError(f"`temperature` must be a finite number >= 0, got {temperature}.")
+    max_tokens = _opt(args, "max_output_tokens", int, "an integer")
+    if isinstance(max_tokens, int) and max_tokens < 1:
+        raise ArgumentError(f"`max_output_tokens` must be at least 1, got {max_tokens}.")
+    return {
+        "prompt": prompt,
+        "thread_id": _thread_id(args, required=False),
+        "instructions": _opt(args, "instructions", str, "a string"),
+        "tools": tools,
+        "temperature": float(temperature) if temperature is not None else None,
+        "max_output_tokens": max_tokens,
+    }
+
+
+def _respond_content(r: p.RespondResult, asked_for: str | None) -> str:
+    lines = [r.text, ""]
+    if r.created and asked_for is not None:
+        lines.append("[note: no live thread had this id (evicted, closed or lost), so this started a new one]")
+    if r.condensed:
+        lines.append(f"[note: {r.dropped} older turn(s) were dropped to fit the model's context]")
+    lines.append(f"[thread_id: {r.thread_id}]")
+    return "\n".join(lines)
+
+
+def _progress_message(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) <= PROGRESS_MESSAGE_CHARS:
+        return text
+    # The tail is what changed since the last notification.
+    return "…" + text[-(PROGRESS_MESSAGE_CHARS - 1):]
+
+
+def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
+    respond_tool = _respond_tool(max_threads)
+    tools = [respond_tool, CLOSE_THREAD, LIST_THREADS]
+    listing = ListToolsResult(tools=tools)
+
+    async def list_tools(ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None) -> ListToolsResult:
+        return listing
+
+    async def respond(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+        a = _respond_args(args)
+        token = ctx.meta.get("progress_token") if ctx.meta else None
+        on_progress = None
+        if token is not None:
+            async def on_progress(tokens: int, text: str) -> None:
+                await ctx.session.report_progress(float(tokens), None, _progress_message(text))
+
+        r = await core.respond(on_progress=on_progress, **a)
+        structured = {
+            "thread_id": r.thread_id,
+            "created": r.created,
+            "text": r.text,
+            "condensed": r.condensed,
+            "turns": r.turns,
+            "dropped": r.dropped,
+        }
+        if r.prompt_tokens is not None:
+            structured["prompt_tokens"] = r.prompt_tokens
+        if r.output_tokens is not None:
+            structured["output_tokens"] = r.output_tokens
+        return CallToolResult(
+            content=[TextContent(type="text", text=_respond_content(r, a["thread_id"]))],
+            structured_content=structured,
+        )
+
+    async def close_thread(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+        _check_unknown(args, ("thread_id",))
+        tid = _thread_id(args, required=True)
+        assert tid is not None
+        r = await core.close_thread(tid)
+        text = f"Closed thread {r.thread_id}." if r.closed else f"No live thread {r.thread_id} (nothing to close)."
+        return CallToolResult(
+            content=[TextContent(type="text", text=text)],
+            structured_content={"thread_id": r.thread_id, "closed": r.closed},
+        )
+
+    async def list_threads(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+        _check_unknown(args, ())
+        s = await core.status()
+        structured: dict[str, Any] = {
+            "backend": s.backend,
+            "model": s.model,
+            "available": s.available,
+            "context_size": s.context_size,
+            "max_threads": s.max_threads,
+            "threads": [{"thread_id": t.thread_id, "turns": t.turns, "pending": t.pending} for t in s.threads],
+        }
+        if s.reason:
+            structured["reason"] = s.reason
+        lines = [f"backend {s.backend}, model {s.model}, " + ("available" if s.available else f"unavailable: {s.reason or 'unknown reason'}")]
+        lines.append(f"{len(s.threads)} of {s.max_threads} threads live" + (":" if s.threads else "."))
+        lines += [f"- {t.thread_id}: {t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}" for t in s.threads]
+        return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=structured)
+
+    handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads}
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
+        handler = handlers.get(params.name)
+        if handler is None:
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name} (wisp has {', '.join(handlers)})")
+        args = params.arguments or {}
+        try:
+            return await handler(ctx, args)
+        except ArgumentError as exc:
+            return _error(f"invalid_argument: {exc}")
+        except ShimError as exc:
+            return _error(str(exc))
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            # Anything else is a bug in wisp; the caller still gets a tool error, not a silent failure.
+            log.exception("tool %s failed", params.name)
+            return _error(f"internal: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
+
+    return Server(
+        "wisp",
+        version=__version__,
+        title="wisp: threads with a local model",
+        instructions=_instructions(max_threads),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )

@@ -1,0 +1,177 @@
+"""The frame codec and message types, on their own (no core needed)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wisp_shim import protocol as p
+
+
+def test_respond_omits_absent_optionals():
+    payload = p.encode_payload(p.Respond(id=7, prompt="hi"))
+    assert json.loads(payload) == {"op": "respond", "id": 7, "prompt": "hi"}
+
+
+def test_respond_carries_every_field_with_swift_names():
+    msg = p.Respond(
+        id=3, prompt="p", thread_id="t-1", instructions="be brief", tools=["read_file"],
+        options=p.RespondOptions(temperature=0.5, max_output_tokens=64, timeout_s=300.0), progress=True,
+    )
+    assert json.loads(p.encode_payload(msg)) == {
+        "op": "respond", "id": 3, "prompt": "p", "thread_id": "t-1", "instructions": "be brief",
+        "tools": ["read_file"], "options": {"temperature": 0.5, "max_output_tokens": 64, "timeout_s": 300.0},
+        "progress": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "msg, expected",
+    [
+        (p.CloseThread(id=2, thread_id="x"), {"op": "close_thread", "id": 2, "thread_id": "x"}),
+        (p.Cancel(id=4, request=3), {"op": "cancel", "id": 4, "request": 3}),
+        (p.Status(id=5), {"op": "status", "id": 5}),
+    ],
+)
+def test_other_requests(msg, expected):
+    assert json.loads(p.encode_payload(msg)) == expected
+
+
+def test_frame_is_big_endian_length_then_payload():
+    data = p.encode(p.Status(id=1))
+    (n,) = struct.unpack(">I", data[:4])
+    assert n == len(data) - 4 and json.loads(data[4:]) == {"op": "status", "id": 1}
+
+
+def test_frame_refuses_over_limit_payload():
+    with pytest.raises(ValueError, match="limit"):
+        p.frame(b"x" * (p.MAX_FRAME_BYTES + 1))
+
+
+def test_decode_core_messages():
+    ready = p.decode_message(b'{"id":0,"event":"ready","protocol":1,"backend":"echo","model":"echo","pid":42}')
+    assert ready == p.Ready(id=0, event="ready", protocol=1, backend="echo", model="echo", pid=42)
+    prog = p.decode_message(b'{"id":3,"event":"progress","text":"ec","tokens":1}')
+    assert prog == p.Progress(id=3, event="progress", text="ec", tokens=1)
+    ok = p.decode_message(
+        b'{"id":3,"ok":true,"result":{"thread_id":"a","created":true,"text":"echo 1: x","condensed":false,"turns":1,"dropped":0}}'
+    )
+    assert isinstance(ok, p.Reply) and ok.ok
+    r = p.decode_result(ok.result, p.RespondResult)
+    assert r == p.RespondResult(thread_id="a", created=True, text="echo 1: x", condensed=False, turns=1, dropped=0)
+    err = p.decode_message(b'{"id":4,"ok":false,"error":{"code":"busy","message":"queue full"}}')
+    assert isinstance(err, p.Reply) and not err.ok and err.error == p.ErrorBody(code="busy", message="queue full")
+    status = p.decode_result(
+        msgspec.Raw(b'{"backend":"echo","model":"echo","available":true,"context_size":4096,"max_threads":32,'
+                    b'"max_queue":64,"threads":[{"thread_id":"a","turns":2,"pending":0}]}'),
+        p.StatusResult,
+    )
+    assert status.threads == [p.ThreadInfo(thread_id="a", turns=2, pending=0)] and status.reason is None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"not json",
+        b"[1,2]",
+        b'{"event":"ready"}',  # no id
+        b'{"id":1}',  # neither event nor reply
+        b'{"id":1,"event":"mystery"}',
+        b'{"id":1,"ok":true}',  # ok without result
+        b'{"id":1,"ok":false}',  # failure without error
+        b'{"id":"1","ok":true,"result":{}}',  # id of the wrong type
+        b'{"id":0,"event":"ready","protocol":1}',  # ready without its fields
+        b'{"id":1,"event":"progress","text":5,"tokens":1}',
+    ],
+)
+def test_malformed_messages_raise(payload):
+    with pytest.raises(p.ProtocolError):
+        p.decode_message(payload)
+
+
+def test_malformed_result_raises():
+    with pytest.raises(p.ProtocolError):
+        p.decode_result(msgspec.Raw(b'{"thread_id":"a"}'), p.RespondResult)
+
+
+def test_over_limit_frame_header_raises():
+    dec = p.FrameDecoder(max_bytes=10)
+    with pytest.raises(p.ProtocolError, match="limit"):
+        dec.feed(struct.pack(">I", 11))
+
+
+def test_truncated_stream_raises_at_finish():
+    dec = p.FrameDecoder()
+    assert dec.feed(p.encode(p.Status(id=1))[:-1]) == []
+    with pytest.raises(p.ProtocolError, match="inside a frame"):
+        dec.finish()
+    dec2 = p.FrameDecoder()
+    dec2.feed(b"\x00\x00")
+    with pytest.raises(p.ProtocolError):
+        dec2.finish()
+
+
+def test_empty_stream_finishes_cleanly():
+    dec = p.FrameDecoder()
+    assert dec.feed(b"") == []
+    dec.finish()
+
+
+def _core_message(draw_id, text):
+    return msgspec.json.encode({"id": draw_id, "event": "progress", "text": text, "tokens": draw_id + 1})
+
+
+messages = st.lists(
+    st.one_of(
+        st.builds(lambda i, t: msgspec.json.encode({"id": i, "event": "progress", "text": t, "tokens": i + 1}),
+                  st.integers(1, 2**31), st.text(max_size=300)),
+        st.builds(lambda i, c, m: msgspec.json.encode({"id": i, "ok": False, "error": {"code": c, "message": m}}),
+                  st.integers(1, 2**31), st.sampled_from(sorted(p.ERROR_CODES)), st.text(max_size=100)),
+        st.builds(lambda t, n: msgspec.json.encode({"id": 1, "ok": True, "result": {
+            "thread_id": t, "created": n % 2 == 0, "text": "echo", "condensed": False, "turns": n, "dropped": 0}}),
+            st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True), st.integers(0, 1000)),
+        st.just(b""),  # an empty payload is a valid frame, even if not a valid message
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads=messages, data=st.data())
+def test_any_split_decodes_to_the_same_frames(payloads, data):
+    stream = b"".join(p.frame(x) for x in payloads)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=20)))
+    dec = p.FrameDecoder()
+    got: list[bytes] = []
+    prev = 0
+    for cut in [*cuts, len(stream)]:
+        got += dec.feed(stream[prev:cut])
+        prev = cut
+    dec.finish()
+    assert got == payloads
+    # And each decodes the same whichever way the bytes arrived.
+    assert [p.decode_message(x) for x in got if x] == [p.decode_message(x) for x in payloads if x]
+
+
+@settings(max_examples=100, deadline=None)
+@given(payloads=messages, extra=st.binary(min_size=1, max_size=3))
+def test_a_stream_cut_inside_a_frame_is_an_error(payloads, extra):
+    stream = b"".join(p.frame(x) for x in payloads) + p.frame(b"{}" * 4)[: len(extra)]
+    dec = p.FrameDecoder()
+    dec.feed(stream)
+    with pytest.raises(p.ProtocolError):
+        dec.finish()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=64))
+def test_garbage_never_escapes_as_another_exception(blob):
+    try:
+        p.decode_message(blob)
+    except p.ProtocolError:
+        pass

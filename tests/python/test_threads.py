@@ -1,0 +1,183 @@
+"""DESIGN §4 thread rules, through a real MCP client, shim and core (echo backend)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+from conftest import error_text, ok, text_of, wisp
+
+ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+async def test_tools_are_described_and_declare_output_schemas():
+    async with wisp() as c:
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert {"respond", "close_thread"} <= set(tools)
+        respond, close = tools["respond"], tools["close_thread"]
+        for t in (respond, close):
+            assert t.output_schema and t.output_schema["type"] == "object"
+            assert len(t.description) < 2048
+            for name, prop in t.input_schema["properties"].items():
+                assert prop.get("description"), f"{t.name}.{name} has no description"
+        assert respond.input_schema["required"] == ["prompt"]
+        assert set(respond.input_schema["properties"]) == {"prompt", "thread_id", "instructions", "tools", "temperature", "max_output_tokens"}
+        assert {"thread_id", "created", "text", "condensed"} <= set(respond.output_schema["required"])
+        desc = respond.description.lower()
+        assert "least recently used" in desc and "memory" in desc and "restart" in desc
+        a = respond.annotations
+        assert (a.read_only_hint, a.destructive_hint, a.idempotent_hint, a.open_world_hint) == (False, False, False, False)
+        a = close.annotations
+        assert (a.destructive_hint, a.idempotent_hint, a.open_world_hint) == (True, True, False)
+        # Server instructions exist, state the retention policy, and stay under clients' 2 KB truncation.
+        assert c.instructions and 0 < len(c.instructions) < 2048 and "32" in c.instructions
+
+
+async def test_legacy_handshake_gets_instructions():
+    async with wisp(mode="legacy") as c:
+        assert c.instructions and len(c.instructions) < 2048
+        r = ok(await c.call_tool("respond", {"prompt": "hi"}))
+        assert r["text"] == "echo 1: hi"
+
+
+async def test_create_then_continue():
+    async with wisp() as c:
+        r1 = await c.call_tool("respond", {"prompt": "hello"})
+        s1 = ok(r1)
+        assert s1["created"] is True and s1["text"] == "echo 1: hello" and s1["condensed"] is False
+        assert s1["turns"] == 1 and s1["dropped"] == 0
+        tid = s1["thread_id"]
+        assert ID_RE.fullmatch(tid) and len(tid) >= 24  # >= 96 random bits in hex
+        # The text block carries the reply and, on its last line, the thread id.
+        lines = text_of(r1).splitlines()
+        assert lines[0] == "echo 1: hello" and lines[-1] == f"[thread_id: {tid}]"
+        s2 = ok(await c.call_tool("respond", {"prompt": "again", "thread_id": tid}))
+        assert (s2["created"], s2["text"], s2["turns"], s2["thread_id"]) == (False, "echo 2: again", 2, tid)
+        s3 = ok(await c.call_tool("respond", {"prompt": "third", "thread_id": tid}))
+        assert s3["text"] == "echo 3: third"
+        # A call without an id starts another thread, not this one.
+        other = ok(await c.call_tool("respond", {"prompt": "other"}))
+        assert other["created"] and other["thread_id"] != tid and other["text"] == "echo 1: other"
+
+
+async def test_unknown_supplied_id_creates_thread_under_that_id():
+    async with wisp() as c:
+        for tid in ("my-thread.1", ".", "..", "A" * 64):
+            s = ok(await c.call_tool("respond", {"prompt": "x", "thread_id": tid}))
+            assert (s["thread_id"], s["created"], s["text"]) == (tid, True, "echo 1: x")
+        r = await c.call_tool("respond", {"prompt": "y", "thread_id": "my-thread.1"})
+        assert ok(r)["created"] is False and ok(r)["text"] == "echo 2: y"
+
+
+async def test_instructions_and_tools_bind_at_creation():
+    async with wisp() as c:
+        s = ok(await c.call_tool("respond", {"prompt": "hi", "thread_id": "bound", "instructions": "Be terse."}))
+        assert s["created"] and s["text"] == "echo 1: hi"
+        for extra in ({"instructions": "Be verbose."}, {"tools": ["read_file"]}, {"instructions": "x", "tools": ["read_file"]}):
+            msg = error_text(await c.call_tool("respond", {"prompt": "again", "thread_id": "bound", **extra}))
+            assert msg.startswith("invalid_argument:")
+            assert "bound" in msg and ("instructions" in msg or "tools" in msg)
+        # The failed calls left the thread as it was.
+        assert ok(await c.call_tool("respond", {"prompt": "next", "thread_id": "bound"}))["text"] == "echo 2: next"
+
+
+async def test_close_thread_known_and_unknown():
+    async with wisp() as c:
+        tid = ok(await c.call_tool("respond", {"prompt": "a"}))["thread_id"]
+        assert ok(await c.call_tool("respond", {"prompt": "b", "thread_id": tid}))["text"] == "echo 2: b"
+        closed = await c.call_tool("close_thread", {"thread_id": tid})
+        assert ok(closed) == {"thread_id": tid, "closed": True}
+        again = ok(await c.call_tool("close_thread", {"thread_id": tid}))
+        assert again == {"thread_id": tid, "closed": False}
+        assert ok(await c.call_tool("close_thread", {"thread_id": "never-seen"}))["closed"] is False
+        # A closed id starts over, and says so.
+        r = await c.call_tool("respond", {"prompt": "c", "thread_id": tid})
+        s = ok(r)
+        assert s["created"] is True and s["text"] == "echo 1: c"
+        assert "new" in text_of(r).lower()
+
+
+async def test_lru_eviction_at_max_threads():
+    async with wisp("--max-threads", "2") as c:
+        for tid in ("a", "b"):
+            ok(await c.call_tool("respond", {"prompt": "1", "thread_id": tid}))
+        assert ok(await c.call_tool("respond", {"prompt": "2", "thread_id": "a"}))["text"] == "echo 2: 2"
+        # A third thread evicts the least recently used one: b.
+        assert ok(await c.call_tool("respond", {"prompt": "1", "thread_id": "c"}))["created"]
+        s = ok(await c.call_tool("respond", {"prompt": "3", "thread_id": "a"}))
+        assert (s["created"], s["text"]) == (False, "echo 3: 3")
+        s = ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "b"}))
+        assert (s["created"], s["text"]) == (True, "echo 1: again")  # b was evicted; recreating it evicts c
+        s = ok(await c.call_tool("respond", {"prompt": "4", "thread_id": "a"}))
+        assert (s["created"], s["text"]) == (False, "echo 4: 4")
+        threads = ok(await c.call_tool("list_threads", {}))["threads"]
+        assert sorted(t["thread_id"] for t in threads) == ["a", "b"]
+
+
+async def test_different_threads_run_concurrently():
+    async with wisp() as c:
+        await c.call_tool("respond", {"prompt": "warm up"})
+        start = time.monotonic()
+        results = await asyncio.gather(
+            *(c.call_tool("respond", {"prompt": "!sleep 500 go", "thread_id": f"par-{i}"}) for i in range(4))
+        )
+        elapsed = time.monotonic() - start
+        assert [ok(r)["text"] for r in results] == ["echo 1: !sleep 500 go"] * 4
+        assert elapsed < 1.5, f"4 threads x 0.5 s took {elapsed:.2f} s: they did not overlap"
+
+
+async def test_one_thread_runs_calls_one_at_a_time_in_order():
+    async with wisp() as c:
+        ok(await c.call_tool("respond", {"prompt": "first", "thread_id": "serial"}))
+        start = time.monotonic()
+        tasks = []
+        for word in ("two", "three", "four"):
+            tasks.append(asyncio.create_task(c.call_tool("respond", {"prompt": f"!sleep 250 {word}", "thread_id": "serial"})))
+            await asyncio.sleep(0.05)  # fixes the arrival order
+        results = [ok(r)["text"] for r in await asyncio.gather(*tasks)]
+        elapsed = time.monotonic() - start
+        assert results == ["echo 2: !sleep 250 two", "echo 3: !sleep 250 three", "echo 4: !sleep 250 four"]
+        assert elapsed >= 0.7, f"3 x 0.25 s on one thread took {elapsed:.2f} s: they overlapped"
+
+
+async def test_queue_limit_gives_busy():
+    async with wisp("--max-queue", "1") as c:
+        ok(await c.call_tool("respond", {"prompt": "first", "thread_id": "q"}))
+        results = await asyncio.gather(
+            *(c.call_tool("respond", {"prompt": "!sleep 300 x", "thread_id": "q"}) for _ in range(4))
+        )
+        errors = [text_of(r) for r in results if r.is_error]
+        assert errors and all(e.startswith("busy:") for e in errors), errors
+        assert any(not r.is_error for r in results)
+
+
+async def test_condensing_drops_oldest_turns():
+    # Each exchange below is 10 + 12 = 22 tokens: two fit in 64, a third does not.
+    prompt = "x" * 40
+    async with wisp("--context-size", "64") as c:
+        s1 = ok(await c.call_tool("respond", {"prompt": prompt, "thread_id": "small"}))
+        s2 = ok(await c.call_tool("respond", {"prompt": prompt, "thread_id": "small"}))
+        assert (s1["text"][:7], s2["text"][:7], s2["condensed"]) == ("echo 1:", "echo 2:", False)
+        r3 = await c.call_tool("respond", {"prompt": prompt, "thread_id": "small"})
+        s3 = ok(r3)
+        assert s3["condensed"] is True and s3["dropped"] >= 1
+        assert s3["text"].startswith("echo 2:"), s3["text"]  # N counts only the turns kept
+        assert s3["turns"] == 2 and s3["created"] is False
+        assert "dropped" in text_of(r3)
+
+
+async def test_prompt_that_cannot_fit_is_an_error_that_says_what_to_do():
+    async with wisp("--context-size", "64") as c:
+        ok(await c.call_tool("respond", {"prompt": "short", "thread_id": "big"}))
+        msg = error_text(await c.call_tool("respond", {"prompt": "y" * 400, "thread_id": "big"}))
+        assert msg.startswith("context_overflow:"), msg
+        assert "close" in msg.lower() or "new thread" in msg.lower()
+        # The thread is still usable and unchanged.
+        assert ok(await c.call_tool("respond", {"prompt": "ok", "thread_id": "big"}))["text"] == "echo 2: ok"
+
+
+async def test_backend_failure_reaches_the_caller_verbatim():
+    async with wisp() as c:
+        msg = error_text(await c.call_tool("respond", {"prompt": "!fail generation_failed"}))
+        assert msg.startswith("generation_failed:") and "on purpose" in msg
