@@ -1,0 +1,241 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// wisp's model tools: read-only, confined to `Roots`, with capped outputs. Every tool's
+/// schema and output take room in a small (4096-token) context, so descriptions are one
+/// phrase and outputs say what was cut.
+public enum ToolCatalogue {
+    public struct Limits: Sendable {
+        public var maxOutputBytes = 6_000
+        public var maxLines = 200
+        public var maxEntries = 200
+        public var maxMatches = 50
+        /// What search_text reads in all, and for how long, before it stops and says so.
+        public var maxScanBytes = 16 * 1024 * 1024
+        public var maxScanSeconds = 2.0
+        public init() {}
+    }
+
+    public static let names = ["read_file", "list_directory", "search_text"]
+
+    public static func tools(roots: Roots, limits: Limits = Limits()) -> [ModelTool] {
+        [
+            ModelTool(name: "read_file", description: "Read a text file (optionally lines start_line..end_line).",
+                      parametersSchema: #"{"type":"object","properties":{"path":{"type":"string","description":"file path, relative to the workspace root"},"start_line":{"type":"integer","minimum":1},"end_line":{"type":"integer","minimum":1}},"required":["path"],"additionalProperties":false}"#) { json in
+                let a = try arguments(ReadFileArguments.self, json)
+                return try readFile(roots: roots, path: a.path, start: a.start_line, end: a.end_line, limits: limits)
+            },
+            ModelTool(name: "list_directory", description: "List a directory's entries (directories end with /).",
+                      parametersSchema: #"{"type":"object","properties":{"path":{"type":"string","description":"directory path, relative to the workspace root; '.' for the root"}},"required":["path"],"additionalProperties":false}"#) { json in
+                let a = try arguments(ListDirectoryArguments.self, json)
+                return try listDirectory(roots: roots, path: a.path, limits: limits)
+            },
+            ModelTool(name: "search_text", description: "Find lines matching a literal or regex pattern under a path; prints file:line: text.",
+                      parametersSchema: #"{"type":"object","properties":{"pattern":{"type":"string"},"path":{"type":"string","description":"file or directory to search; '.' for the root"},"regex":{"type":"boolean","description":"treat pattern as a regular expression (default false: literal)"}},"required":["pattern"],"additionalProperties":false}"#) { json in
+                let a = try arguments(SearchTextArguments.self, json)
+                return try searchText(roots: roots, pattern: a.pattern, path: a.path ?? ".", regex: a.regex ?? false, limits: limits)
+            },
+        ]
+    }
+
+    // MARK: read_file
+
+    static func readFile(roots: Roots, path: String, start: Int?, end: Int?, limits: Limits) throws(WispError) -> String {
+        if let n = start ?? end, n < 1 { throw WispError(.invalidArgument, "line numbers start at 1") }
+        let real = try roots.resolve(path)
+        let fd = try openRegularFile(real, shown: path)
+        defer { close(fd) }
+        // Read what a capped answer can use, and one byte more to know whether there was more.
+        let wantsRange = start != nil || end != nil
+        let budget = wantsRange ? limits.maxScanBytes : limits.maxOutputBytes * 4
+        let (data, complete) = readUpTo(fd, budget)
+        guard let text = String(validating: data, as: UTF8.self), !data.contains(0) else {
+            throw WispError(.invalidArgument, "\(path) is a binary file; read_file shows text only")
+        }
+        var lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+        if text.hasSuffix("\n") { lines.removeLast() }
+        let first = max(1, start ?? 1)
+        guard first <= max(lines.count, 1) else { throw WispError(.invalidArgument, "\(path) has \(lines.count) lines; start_line \(first) is past the end") }
+        let last = min(lines.count, end ?? Int.max)
+        guard last >= first || lines.isEmpty else { throw WispError(.invalidArgument, "end_line \(last) is before start_line \(first)") }
+        var out = ""
+        var shown = 0
+        var cut: String?
+        for i in (first - 1)..<max(first - 1, last) {
+            let line = lines[i]
+            if shown >= limits.maxLines || out.utf8.count + line.utf8.count + 1 > limits.maxOutputBytes {
+                cut = "[cut at line \(i) of \(lines.count)\(complete ? "" : "+"): output limit \(limits.maxLines) lines / \(limits.maxOutputBytes) bytes; ask for start_line \(i + 1)]"
+                break
+            }
+            out += line
+            out += "\n"
+            shown += 1
+        }
+        if cut == nil && !complete && end == nil {
+            cut = "[file continues past \(data.count) bytes; ask for a line range]"
+        }
+        if let cut { out += cut }
+        return out
+    }
+
+    // MARK: list_directory
+
+    static func listDirectory(roots: Roots, path: String, limits: Limits) throws(WispError) -> String {
+        let real = try roots.resolve(path)
+        guard Roots.isDirectory(real) else { throw WispError(.invalidArgument, "\(path) is not a directory") }
+        let names: [String]
+        do {
+            names = try FileManager.default.contentsOfDirectory(atPath: real).sorted()
+        } catch {
+            throw WispError(.invalidArgument, "\(path): cannot list (\(error.localizedDescription))")
+        }
+        var lines: [String] = []
+        for name in names.prefix(limits.maxEntries) {
+            var s = stat()
+            let full = real == "/" ? "/" + name : real + "/" + name
+            let isDir = lstat(full, &s) == 0 && (s.st_mode & S_IFMT) == S_IFDIR
+            let isLink = (s.st_mode & S_IFMT) == S_IFLNK
+            lines.append(name + (isDir ? "/" : isLink ? "@" : ""))
+        }
+        if names.count > limits.maxEntries { lines.append("[\(names.count - limits.maxEntries) more entries not shown]") }
+        if names.isEmpty { return "(empty directory)" }
+        return lines.joined(separator: "\n")
+    }
+
+    // MARK: search_text
+
+    static func searchText(roots: Roots, pattern: String, path: String, regex: Bool, limits: Limits) throws(WispError) -> String {
+        guard !pattern.isEmpty else { throw WispError(.invalidArgument, "pattern is empty") }
+        let matcher: (Substring) -> Bool
+        if regex {
+            let re: NSRegularExpression
+            do { re = try NSRegularExpression(pattern: pattern) } catch {
+                throw WispError(.invalidArgument, "pattern is not a valid regular expression")
+            }
+            matcher = { line in
+                let s = String(line)
+                return re.firstMatch(in: s, range: NSRange(s.startIndex..., in: s)) != nil
+            }
+        } else {
+            matcher = { $0.contains(pattern) }
+        }
+        let real = try roots.resolve(path)
+        let deadline = ContinuousClock.now + .milliseconds(Int(limits.maxScanSeconds * 1000))
+        var scanned = 0
+        var results: [String] = []
+        var stoppedBy: String?
+
+        func scanFile(_ file: String) {
+            guard let fd = try? openRegularFile(file, shown: file) else { return }
+            defer { close(fd) }
+            let (data, _) = readUpTo(fd, min(limits.maxScanBytes - scanned, 4 * 1024 * 1024))
+            scanned += data.count
+            guard !data.prefix(8192).contains(0), let text = String(validating: data, as: UTF8.self) else { return }
+            for (n, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() where matcher(line) {
+                if results.count >= limits.maxMatches { stoppedBy = "match limit \(limits.maxMatches)"; return }
+                let shown = line.count > 200 ? line.prefix(200) + "…" : line
+                results.append("\(roots.display(file)):\(n + 1): \(shown)")
+            }
+        }
+
+        if Roots.isDirectory(real) {
+            var stack = [real]
+            walk: while let dir = stack.popLast() {
+                guard let names = try? FileManager.default.contentsOfDirectory(atPath: dir).sorted(by: >) else { continue }
+                for name in names where !name.hasPrefix(".") {
+                    if stoppedBy != nil { break walk }
+                    if ContinuousClock.now > deadline { stoppedBy = "time limit \(limits.maxScanSeconds) s"; break walk }
+                    if scanned >= limits.maxScanBytes { stoppedBy = "scan limit \(limits.maxScanBytes) bytes"; break walk }
+                    let full = dir + "/" + name
+                    var s = stat()
+                    // Symlinks are not followed while walking: one could lead out of the roots or round in a loop.
+                    guard lstat(full, &s) == 0 else { continue }
+                    switch s.st_mode & S_IFMT {
+                    case S_IFDIR: stack.append(full)
+                    case S_IFREG: scanFile(full)
+                    default: continue
+                    }
+                }
+            }
+        } else {
+            scanFile(real)
+        }
+        var out = results.isEmpty ? "no matches" : results.joined(separator: "\n")
+        if let stoppedBy { out += "\n[search stopped at the \(stoppedBy); narrow the path or pattern]" }
+        return out
+    }
+
+    // MARK: files
+
+    /// Opens a regular file for reading without ever blocking: devices, FIFOs and sockets are
+    /// refused from `stat` before any open, and the open itself is non-blocking and re-checked.
+    static func openRegularFile(_ real: String, shown: String) throws(WispError) -> Int32 {
+        var s = stat()
+        guard stat(real, &s) == 0 else { throw WispError(.invalidArgument, "\(shown): cannot read") }
+        switch s.st_mode & S_IFMT {
+        case S_IFREG: break
+        case S_IFDIR: throw WispError(.invalidArgument, "\(shown) is a directory; use list_directory")
+        default: throw WispError(.invalidArgument, "\(shown) is not a regular file (device, FIFO or socket); refused")
+        }
+        let fd = open(real, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0 else { throw WispError(.invalidArgument, "\(shown): cannot open (\(String(cString: strerror(errno))))") }
+        var f = stat()
+        guard fstat(fd, &f) == 0, (f.st_mode & S_IFMT) == S_IFREG else {
+            close(fd)
+            throw WispError(.invalidArgument, "\(shown) is not a regular file; refused")
+        }
+        return fd
+    }
+
+    /// Up to `limit` bytes, and whether that was the whole file.
+    static func readUpTo(_ fd: Int32, _ limit: Int) -> ([UInt8], Bool) {
+        var data = [UInt8]()
+        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+        while data.count <= limit {
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { return (data, true) }
+            data.append(contentsOf: chunk[0..<n])
+        }
+        return (Array(data.prefix(limit)), false)
+    }
+}
+
+/// Decodes a tool's JSON arguments strictly (no `true` for a number, no `1.5` for a line),
+/// with messages the model can act on.
+func arguments<T: Decodable>(_ type: T.Type, _ json: String) throws(WispError) -> T {
+    do {
+        return try JSONDecoder().decode(T.self, from: Data(json.utf8))
+    } catch let DecodingError.keyNotFound(key, _) {
+        throw WispError(.invalidArgument, "'\(key.stringValue)' is required")
+    } catch let DecodingError.typeMismatch(expected, context) {
+        guard let key = context.codingPath.last else { throw WispError(.invalidArgument, "arguments must be a JSON object") }
+        let kind = expected == String.self ? "a string" : expected == Bool.self ? "true or false" : expected == Int.self ? "a whole number" : "\(expected)"
+        throw WispError(.invalidArgument, "'\(key.stringValue)' must be \(kind)")
+    } catch let DecodingError.valueNotFound(_, context) {
+        throw WispError(.invalidArgument, "'\(context.codingPath.last?.stringValue ?? "?")' must not be null")
+    } catch {
+        throw WispError(.invalidArgument, "arguments must be a JSON object")
+    }
+}
+
+struct ReadFileArguments: Decodable {
+    var path: String
+    var start_line: Int?
+    var end_line: Int?
+}
+
+struct ListDirectoryArguments: Decodable {
+    var path: String
+}
+
+struct SearchTextArguments: Decodable {
+    var pattern: String
+    var path: String?
+    var regex: Bool?
+}

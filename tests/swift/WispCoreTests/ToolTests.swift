@@ -1,0 +1,128 @@
+import Foundation
+import Testing
+@testable import WispCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A scratch workspace with an outside neighbour to escape to.
+struct Workspace {
+    let base: String
+    let root: String
+
+    init() throws {
+        base = NSTemporaryDirectory() + "wisp-tools-" + UUID().uuidString
+        root = base + "/root"
+        let fm = FileManager.default
+        try fm.createDirectory(atPath: root + "/sub", withIntermediateDirectories: true)
+        try "secret\n".write(toFile: base + "/outside.txt", atomically: true, encoding: .utf8)
+        try "line one\nline two\nneedle here\n".write(toFile: root + "/a.txt", atomically: true, encoding: .utf8)
+        try "deep needle\n".write(toFile: root + "/sub/b.txt", atomically: true, encoding: .utf8)
+        try fm.createSymbolicLink(atPath: root + "/escape", withDestinationPath: base + "/outside.txt")
+        try fm.createSymbolicLink(atPath: root + "/inside-link", withDestinationPath: root + "/a.txt")
+        try fm.createSymbolicLink(atPath: root + "/loop1", withDestinationPath: root + "/loop2")
+        try fm.createSymbolicLink(atPath: root + "/loop2", withDestinationPath: root + "/loop1")
+        mkfifo(root + "/fifo", 0o600)
+        try Data([0x7F, 0x45, 0x4C, 0x46, 0, 1, 2, 0]).write(to: URL(fileURLWithPath: root + "/binary.bin"))
+        try Data(repeating: UInt8(ascii: "x"), count: 3_000_000).write(to: URL(fileURLWithPath: root + "/huge.txt"))
+    }
+
+    func tool(_ name: String) -> ModelTool {
+        ToolCatalogue.tools(roots: Roots([root])).first { $0.name == name }!
+    }
+
+    func remove() { try? FileManager.default.removeItem(atPath: base) }
+}
+
+@Suite(.serialized) struct ModelTools {
+    static let escapes: [(String, String, String)] = [
+        ("dotdot chain", #"{"path": "../outside.txt"}"#, "outside the readable roots"),
+        ("long dotdot chain", #"{"path": "sub/../../../../../../etc/passwd"}"#, "outside the readable roots"),
+        ("absolute outside", #"{"path": "/etc/passwd"}"#, "outside the readable roots"),
+        ("symlink pointing out", #"{"path": "escape"}"#, "outside the readable roots"),
+        ("symlink loop", #"{"path": "loop1"}"#, "no such file"),
+        ("proc self", #"{"path": "/proc/self/environ"}"#, "outside the readable roots"),
+        ("dev zero", #"{"path": "/dev/zero"}"#, "outside the readable roots"),
+        ("fifo", #"{"path": "fifo"}"#, "not a regular file"),
+        ("nul byte", #"{"path": "a.txt\u0000.png"}"#, "NUL"),
+        ("directory", #"{"path": "sub"}"#, "is a directory"),
+        ("binary", #"{"path": "binary.bin"}"#, "binary"),
+        ("missing", #"{"path": "nope.txt"}"#, "no such file"),
+        ("not an object", #"["a.txt"]"#, "JSON object"),
+        ("wrong type", #"{"path": 7}"#, "must be a string"),
+        ("bool for a line", #"{"path": "a.txt", "start_line": true}"#, "must be a whole number"),
+    ]
+
+    @Test func escapesAreRefusedWithClearMessages() async throws {
+        let ws = try Workspace()
+        defer { ws.remove() }
+        let read = ws.tool("read_file")
+        for (name, arguments, message) in Self.escapes {
+            let clock = ContinuousClock()
+            let start = clock.now
+            do {
+                let out = try await read.call(arguments)
+                Issue.record("\(name): expected a refusal, got \(out.prefix(80))")
+            } catch let e as WispError {
+                #expect(e.code == .invalidArgument, "\(name)")
+                #expect(e.message.contains(message), "\(name): \(e.message)")
+            }
+            #expect(seconds(clock.now - start) < 1, "\(name) must not block")
+        }
+    }
+
+    @Test func devicesInsideARootAreRefusedWithoutBlocking() async throws {
+        let read = ToolCatalogue.tools(roots: Roots(["/dev"])).first { $0.name == "read_file" }!
+        for device in ["zero", "null", "urandom"] {
+            await #expect(throws: WispError.self) { try await read.call(#"{"path": "\#(device)"}"#) }
+        }
+    }
+
+    @Test func readsTextWithinRootsAndCapsHugeFiles() async throws {
+        let ws = try Workspace()
+        defer { ws.remove() }
+        let read = ws.tool("read_file")
+        #expect(try await read.call(#"{"path": "a.txt"}"#) == "line one\nline two\nneedle here\n")
+        #expect(try await read.call(#"{"path": "inside-link", "start_line": 2, "end_line": 2}"#) == "line two\n")
+        #expect(try await read.call(#"{"path": "\#(ws.root)/sub/b.txt"}"#) == "deep needle\n")
+        let huge = try await read.call(#"{"path": "huge.txt"}"#)
+        #expect(huge.utf8.count < 7_000)
+        #expect(huge.contains("[file continues") || huge.contains("[cut at"))
+    }
+
+    @Test func listsAndSearches() async throws {
+        let ws = try Workspace()
+        defer { ws.remove() }
+        let list = try await ws.tool("list_directory").call(#"{"path": "."}"#)
+        #expect(list.split(separator: "\n").contains("sub/"))
+        #expect(list.contains("a.txt"))
+        await #expect(throws: WispError.self) { try await ws.tool("list_directory").call(#"{"path": ".."}"#) }
+        let search = ws.tool("search_text")
+        let found = try await search.call(#"{"pattern": "needle"}"#)
+        #expect(found.split(separator: "\n").sorted() == ["a.txt:3: needle here", "sub/b.txt:1: deep needle"])
+        // Symlinks are not followed while walking, so the escape link is never read.
+        #expect(try await search.call(#"{"pattern": "secret"}"#) == "no matches")
+        #expect(try await search.call(#"{"pattern": "ne+dle h", "regex": true}"#) == "a.txt:3: needle here")
+        await #expect(throws: WispError.self) { try await search.call(#"{"pattern": "(", "regex": true}"#) }
+        await #expect(throws: WispError.self) { try await search.call(#"{"pattern": "x", "path": "/etc"}"#) }
+    }
+
+    @Test func echoToolDirectiveCallsOnlyBoundTools() async throws {
+        let ws = try Workspace()
+        defer { ws.remove() }
+        let registry = ThreadRegistry(backend: EchoBackend(), tools: ToolCatalogue.tools(roots: Roots([ws.root])))
+        try await call(registry, "t", "hi", tools: ["read_file"])
+        let ok = try await call(registry, "t", #"!tool read_file {"path": "a.txt", "end_line": 1}"#)
+        #expect(ok.outcome.text == "echo 2: tool read_file -> line one\n")
+        let refused = try await call(registry, "t", #"!tool read_file {"path": "../outside.txt"}"#)
+        #expect(refused.outcome.text.hasPrefix("echo 3: tool read_file failed: ../outside.txt: outside the readable roots"))
+        let unbound = try await call(registry, "t", #"!tool list_directory {"path": "."}"#)
+        #expect(unbound.outcome.text == "echo 4: tool list_directory failed: tool 'list_directory' is not bound to this thread; bound: read_file")
+        // The tool call and output are part of the turn, counted as a whole.
+        let thread = try await registry.accept(threadID: "t", instructions: nil, tools: nil)
+        let history = await thread.thread.history
+        #expect(history[1].toolExchanges.count == 1 && history[1].toolExchanges[0].output == "line one\n")
+        _ = try await thread.thread.respond(thread.ticket, prompt: "x", settings: .init(), onPartial: nil)
+    }
+}
