@@ -67,6 +67,9 @@ class CoreConfig:
     args: list[str] = field(default_factory=list)
     timeout_s: float = 300.0
     env: dict[str, str] | None = None
+    # Awaited before each start of the core, e.g. to bring up the local model server it will
+    # talk to (local_model.py). A ShimError it raises fails the start like a missing binary.
+    before_start: Callable[[], Awaitable[None]] | None = None
 
 
 def find_core(explicit: str | None = None) -> Path:
@@ -195,6 +198,8 @@ class Core:
 
     async def _start_once(self) -> _Generation | None:
         try:
+            if self.config.before_start is not None:
+                await self.config.before_start()
             path = find_core(self.config.core)
             self.binary = path
             argv = [str(path), *self.config.args]
