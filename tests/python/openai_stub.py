@@ -171,9 +171,11 @@ class RecordingProxy:
     """Forwards every request to `upstream` (http://127.0.0.1:PORT) unchanged, streaming the answer
     back chunk by chunk, and records the request bodies it forwarded."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, hide: tuple[str, ...] = ()) -> None:
         self.upstream_port = upstream_port
+        self.hide = hide  # paths answered 404 here, e.g. ("/tokenize",) to turn off the core's pre-flight count
         self.requests: list[Recorded] = []
+        self.statuses: list[tuple[str, int]] = []
         self.disconnects = 0
         proxy = self
 
@@ -188,10 +190,20 @@ class RecordingProxy:
                 raw = self.rfile.read(n) if n else b""
                 proxy.requests.append(Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
                                                json.loads(raw) if raw else None))
+                if self.path in proxy.hide:
+                    data = b'{"error":{"code":404,"message":"hidden by the test proxy","type":"not_found_error"}}'
+                    self.send_response(404)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    proxy.statuses.append((self.path, 404))
+                    return
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 conn.request(self.command, self.path, body=raw or None, headers=headers)
                 resp = conn.getresponse()
+                proxy.statuses.append((self.path, resp.status))
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "content-length", "connection", "keep-alive"):

@@ -153,3 +153,23 @@ async def test_bare_host_endpoint_gets_v1():
     with OpenAIStub() as stub:
         async with openai(f"http://127.0.0.1:{stub.port}") as c:
             assert ok(await c.call_tool("respond", {"prompt": "hi"}))["text"] == "reply 1: hi"
+
+
+async def test_function_calling_round_trip(tmp_path):
+    (tmp_path / "hello.txt").write_text("hi there\n")
+    cfg = StubConfig(tool_call={"name": "read_file", "arguments": {"path": "hello.txt"}})
+    with OpenAIStub(cfg) as stub:
+        async with openai(stub, "--root", str(tmp_path)) as c:
+            s = ok(await c.call_tool("respond", {"prompt": "read hello.txt", "tools": ["read_file"]}))
+            assert s["text"].startswith("reply 1: tool said") and "hi there" in s["text"]
+            cfg.tool_call = None
+            ok(await c.call_tool("respond", {"prompt": "thanks", "thread_id": s["thread_id"]}))
+        first, second, third = stub.chats()
+        assert [t["function"]["name"] for t in first["tools"]] == ["read_file"]
+        assert first["tools"][0]["function"]["parameters"]["type"] == "object"
+        call_msg, tool_msg = second["messages"][-2:]
+        assert call_msg["role"] == "assistant" and call_msg["tool_calls"][0]["function"]["name"] == "read_file"
+        assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == call_msg["tool_calls"][0]["id"]
+        assert "hi there" in tool_msg["content"]
+        # The next call carries the whole turn: prompt, tool call, tool result, reply.
+        assert [m["role"] for m in third["messages"]] == ["user", "assistant", "tool", "assistant", "user"]

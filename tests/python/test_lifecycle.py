@@ -1,0 +1,183 @@
+"""Crash recovery, cancellation, time limits, progress and bad arguments, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import anyio
+import pytest
+
+from conftest import REPO, core_path, error_text, ok, shim_command, shim_env, text_of, wisp
+
+
+async def test_crash_fails_pending_calls_restarts_and_reports_lost_threads():
+    async with wisp() as c:
+        alive = ok(await c.call_tool("respond", {"prompt": "keep me", "thread_id": "alive"}))
+        assert alive["created"]
+        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 5000 slow", "thread_id": "slow"}))
+        await asyncio.sleep(0.3)
+        start = time.monotonic()
+        crash = await c.call_tool("respond", {"prompt": "!crash", "thread_id": "doomed"})
+        msg = error_text(crash)
+        assert msg.startswith("core_crashed:") and "doomed" in msg and "restarted" in msg
+        # The call that was running elsewhere fails at once, not after its 5 s.
+        slow_msg = error_text(await slow)
+        assert time.monotonic() - start < 3 and slow_msg.startswith("core_crashed:") and "slow" in slow_msg
+        # The next call naming a thread that was alive at the crash is told its history is gone...
+        lost = error_text(await c.call_tool("respond", {"prompt": "still there?", "thread_id": "alive"}))
+        assert lost.startswith("thread_lost:") and "alive" in lost and "lost" in lost
+        # ...once: calling again starts a new thread under that id, on the restarted core.
+        again = ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "alive"}))
+        assert (again["created"], again["text"]) == (True, "echo 1: again")
+        # Other work is served normally.
+        assert ok(await c.call_tool("respond", {"prompt": "fresh"}))["text"] == "echo 1: fresh"
+        assert ok(await c.call_tool("respond", {"prompt": "back", "thread_id": "doomed"}))["created"] is True
+
+
+async def test_cancel_frees_the_thread_and_leaves_its_history_unchanged():
+    async with wisp() as c:
+        ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))
+        with anyio.move_on_after(0.5) as scope:
+            await c.call_tool("respond", {"prompt": "!sleep 10000 never", "thread_id": "t"})
+        assert scope.cancelled_caught
+        start = time.monotonic()
+        s = ok(await c.call_tool("respond", {"prompt": "two", "thread_id": "t"}))
+        assert time.monotonic() - start < 2.0, "the cancelled call still held the thread"
+        assert s["text"] == "echo 2: two" and s["turns"] == 2  # as if the cancelled call never happened
+
+
+async def test_time_limit_cancels_and_reports_timeout():
+    async with wisp("--timeout", "1") as c:
+        ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))
+        start = time.monotonic()
+        msg = error_text(await c.call_tool("respond", {"prompt": "!sleep 10000 slow", "thread_id": "t"}))
+        assert msg.startswith("timeout:"), msg
+        assert time.monotonic() - start < 4.5
+        s = ok(await c.call_tool("respond", {"prompt": "two", "thread_id": "t"}))
+        assert s["text"] == "echo 2: two"
+
+
+async def test_timeout_from_the_environment():
+    async with wisp(env=shim_env(WISP_TIMEOUT="0.5")) as c:
+        msg = error_text(await c.call_tool("respond", {"prompt": "!sleep 5000 slow"}))
+        assert msg.startswith("timeout:"), msg
+
+
+async def test_progress_notifications_strictly_increase_and_carry_partial_text():
+    seen: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress, total, message):
+        seen.append((progress, message))
+
+    async with wisp() as c:
+        r = await c.call_tool("respond", {"prompt": "!sleep 600 streaming reply"}, progress_callback=on_progress)
+        final = ok(r)["text"]
+        await asyncio.sleep(0.1)  # notifications race the result over a real transport
+    assert len(seen) >= 2, seen
+    values = [p for p, _ in seen]
+    assert all(b > a for a, b in zip(values, values[1:])), values
+    assert all(m and final.startswith(m) for _, m in seen), seen
+    assert seen[-1][1] == final
+
+
+async def test_no_progress_token_means_no_progress():
+    # A client that did not ask for progress gets none (the SDK would reject a stray one).
+    async with wisp() as c:
+        assert ok(await c.call_tool("respond", {"prompt": "!sleep 300 quiet"}))["text"] == "echo 1: !sleep 300 quiet"
+
+
+BAD_ARGUMENTS = [
+    ({}, "prompt"),
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": None}, "prompt"),
+    ({"prompt": ["a"]}, "prompt"),
+    ({"prompt": "x", "thread_id": "has space"}, "thread_id"),
+    ({"prompt": "x", "thread_id": "a/b"}, "thread_id"),
+    ({"prompt": "x", "thread_id": ""}, "thread_id"),
+    ({"prompt": "x", "thread_id": "a" * 65}, "thread_id"),
+    ({"prompt": "x", "thread_id": 12}, "thread_id"),
+    ({"prompt": "x", "instructions": 3}, "instructions"),
+    ({"prompt": "x", "tools": "read_file"}, "tools"),
+    ({"prompt": "x", "tools": [1]}, "tools"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"prompt": "x", "max_output_tokens": 2.5}, "max_output_tokens"),
+    ({"prompt": "x", "max_output_tokens": True}, "max_output_tokens"),
+    ({"prompt": "x", "colour": "red"}, "colour"),
+]
+
+
+async def test_bad_arguments_are_clear_tool_errors_and_the_server_lives_on():
+    async with wisp() as c:
+        for args, field in BAD_ARGUMENTS:
+            msg = error_text(await c.call_tool("respond", args))
+            assert msg.startswith("invalid_argument:") and field in msg, (args, msg)
+        for args in ({}, {"thread_id": "a b"}, {"thread_id": 7}):
+            assert error_text(await c.call_tool("close_thread", args)).startswith("invalid_argument:")
+        assert ok(await c.call_tool("respond", {"prompt": "still alive"}))["text"] == "echo 1: still alive"
+
+
+async def test_a_prompt_over_the_pipe_limit_is_refused_by_the_shim():
+    async with wisp() as c:
+        msg = error_text(await c.call_tool("respond", {"prompt": "x" * (16 * 1024 * 1024 + 10)}))
+        assert msg.startswith("invalid_argument:") and "MiB" in msg
+        # The core was not killed by an oversized frame: a thread made before survives.
+        assert ok(await c.call_tool("respond", {"prompt": "after", "thread_id": "t"}))["text"] == "echo 1: after"
+        assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "t"}))["text"] == "echo 2: again"
+
+
+async def test_unknown_tool_is_a_protocol_error():
+    from mcp import MCPError
+
+    async with wisp() as c:
+        with pytest.raises(MCPError, match="Unknown tool"):
+            await c.call_tool("no_such_tool", {})
+
+
+async def test_missing_core_is_a_tool_error_that_says_how_to_build_it(tmp_path):
+    async with wisp(core=str(tmp_path / "wisp-core")) as c:
+        assert {t.name for t in (await c.list_tools()).tools} >= {"respond", "close_thread"}
+        msg = error_text(await c.call_tool("respond", {"prompt": "hi"}))
+        assert "make build" in msg and "wisp-core" in msg
+
+
+async def test_core_that_dies_before_ready_is_a_tool_error_not_a_hang(tmp_path):
+    broken = tmp_path / "wisp-core"
+    broken.write_text("#!/bin/sh\necho 'broken core' >&2\nexit 3\n")
+    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
+    async with wisp(core=str(broken)) as c:
+        with anyio.fail_after(10):
+            msg = error_text(await c.call_tool("respond", {"prompt": "hi"}))
+        assert msg.startswith("core_unavailable:") and "status 3" in msg
+
+
+async def test_initialize_and_list_do_not_wait_for_a_slow_core(tmp_path):
+    slow = tmp_path / "wisp-core"
+    slow.write_text(f"#!/bin/sh\nsleep 2\nexec {core_path()} \"$@\"\n")
+    slow.chmod(slow.stat().st_mode | stat.S_IXUSR)
+    start = time.monotonic()
+    async with wisp(core=str(slow)) as c:
+        await c.list_tools()
+        listed = time.monotonic() - start
+        assert ok(await c.call_tool("respond", {"prompt": "waited"}))["text"] == "echo 1: waited"
+        answered = time.monotonic() - start
+    assert listed < 2.0 <= answered, (listed, answered)
+
+
+def test_check_reports_the_backend():
+    run = subprocess.run([*shim_command("--backend", "echo", "--check")], capture_output=True, text=True, timeout=60, env=shim_env(), cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert "backend:      echo" in run.stdout and "available:    yes" in run.stdout
+
+
+def test_help_is_actionable():
+    run = subprocess.run([sys.executable, "-m", "wisp_shim", "--help"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0
+    for word in ("--backend", "WISP_BACKEND", "--timeout", "WISP_TIMEOUT", "--core", "make build", "--check"):
+        assert word in run.stdout, word

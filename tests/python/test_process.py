@@ -1,0 +1,209 @@
+"""The shim as a process: stdout carries JSON-RPC only, and no wisp-core outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env
+
+
+def spawn(*args: str, stderr=None) -> subprocess.Popen:
+    return subprocess.Popen(
+        shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=stderr if stderr is not None else subprocess.DEVNULL, env=shim_env(), cwd=REPO,
+    )
+
+
+def read_until(proc: subprocess.Popen, want_id: int, lines: list[bytes], timeout: float = 15) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"stdout closed before response {want_id}")
+        lines.append(line)
+        msg = json.loads(line)
+        if msg.get("id") == want_id:
+            return msg
+    raise AssertionError(f"no response {want_id} within {timeout} s")
+
+
+def call(name: str, arguments: dict, id: int, progress_token: str | None = None) -> bytes:
+    params: dict = {"name": name, "arguments": arguments}
+    if progress_token:
+        params["_meta"] = {"progressToken": progress_token}
+    return jsonrpc("tools/call", params, id=id)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's bookkeeping is left
+
+
+def test_stdout_carries_only_json_rpc():
+    with tempfile.TemporaryFile() as err:
+        proc = spawn("--log-level", "debug", stderr=err)
+        lines: list[bytes] = []
+        try:
+            proc.stdin.write(INITIALIZE)
+            proc.stdin.flush()
+            assert "result" in read_until(proc, 1, lines)
+            proc.stdin.write(INITIALIZED)
+            requests = [
+                jsonrpc("tools/list", {}, id=2),
+                call("respond", {"prompt": "hello", "thread_id": "t"}, 3),
+                call("respond", {"prompt": "!sleep 300 progress"}, 4, progress_token="tok"),
+                call("respond", {"prompt": 5}, 5),
+                call("respond", {"prompt": "!fail internal"}, 6),
+                call("close_thread", {"thread_id": "t"}, 7),
+                call("list_threads", {}, 8),
+            ]
+            for i, req in enumerate(requests, start=2):
+                proc.stdin.write(req)
+                proc.stdin.flush()
+                read_until(proc, i, lines)
+            proc.stdin.write(call("respond", {"prompt": "!crash"}, 9))
+            proc.stdin.flush()
+            assert read_until(proc, 9, lines)["result"]["isError"] is True
+            proc.stdin.write(call("respond", {"prompt": "after the crash"}, 10))
+            proc.stdin.flush()
+            assert not read_until(proc, 10, lines)["result"].get("isError")
+            proc.stdin.close()
+            lines += proc.stdout.read().splitlines(keepends=True)
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        err.seek(0)
+        log = err.read().decode()
+    assert proc.returncode == 0
+    for line in lines:
+        assert line.endswith(b"\n")
+        msg = json.loads(line)
+        assert msg.get("jsonrpc") == "2.0" and ("id" in msg or "method" in msg), line
+    assert any(json.loads(x).get("method") == "notifications/progress" for x in lines)
+    # The logs went somewhere: stderr, from both the shim and the core.
+    assert "wisp-core" in log and "wisp INFO" in log
+
+
+def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:
+    proc = spawn(*args)
+    lines: list[bytes] = []
+    proc.stdin.write(INITIALIZE)
+    proc.stdin.flush()
+    read_until(proc, 1, lines)
+    proc.stdin.write(INITIALIZED + call("respond", {"prompt": "hi"}, 2))
+    proc.stdin.flush()
+    read_until(proc, 2, lines)
+    # A call left running in the core, so shutdown cannot wait for quiet.
+    proc.stdin.write(call("respond", {"prompt": "!sleep 30000 busy"}, 3))
+    proc.stdin.flush()
+    cores = children(proc.pid)
+    assert len(cores) == 1, cores
+    return proc, cores[0]
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not running(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("how", ["stdin-eof", "sigterm", "sigint", "sigkill"])
+def test_no_orphaned_core(how):
+    proc, core = _start_with_core()
+    try:
+        time.sleep(0.2)
+        start = time.monotonic()
+        if how == "stdin-eof":
+            proc.stdin.close()
+        elif how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        elif how == "sigint":
+            proc.send_signal(signal.SIGINT)
+        else:
+            proc.kill()
+        proc.wait(timeout=5)
+        assert _wait_gone(core, 5), f"wisp-core {core} still running after the shim's {how}"
+        elapsed = time.monotonic() - start
+        # Well inside the 2 s an MCP client gives a server before it sends SIGTERM.
+        assert elapsed < 2.0, f"{how}: took {elapsed:.2f} s"
+        if how != "sigkill":
+            assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if running(core):
+            os.kill(core, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["stdin-eof", "sigterm"])
+def test_a_core_that_ignores_eof_and_sigterm_is_killed(tmp_path, how):
+    # The shim must not rely on the core's good manners: close stdin, SIGTERM, then SIGKILL.
+    import struct
+
+    ready = json.dumps({"id": 0, "event": "ready", "protocol": 1, "backend": "stub", "model": "stub", "pid": 0}).encode()
+    (tmp_path / "ready").write_bytes(struct.pack(">I", len(ready)) + ready)
+    stub = tmp_path / "wisp-core"
+    stub.write_text(f"#!/bin/sh\ntrap '' TERM\ncat {tmp_path / 'ready'}\nexec sleep 60 < /dev/null\n")
+    stub.chmod(0o755)
+    proc = subprocess.Popen(
+        shim_command("--backend", "echo", core=str(stub)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO,
+    )
+    lines: list[bytes] = []
+    core = None
+    try:
+        proc.stdin.write(INITIALIZE)
+        proc.stdin.flush()
+        read_until(proc, 1, lines)
+        proc.stdin.write(INITIALIZED + call("list_threads", {}, 2))
+        proc.stdin.flush()
+        deadline = time.monotonic() + 10
+        while core is None and time.monotonic() < deadline:
+            kids = children(proc.pid)
+            core = kids[0] if kids else None
+            time.sleep(0.05)
+        assert core is not None
+        time.sleep(0.3)  # let it print ready and settle into sleep
+        start = time.monotonic()
+        if how == "stdin-eof":
+            proc.stdin.close()
+        else:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=6)
+        assert _wait_gone(core, 1), "the stubborn core outlived the shim"
+        assert time.monotonic() - start < 4.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if core is not None and running(core):
+            os.kill(core, signal.SIGKILL)
