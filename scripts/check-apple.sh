@@ -77,6 +77,34 @@ for iface in "${interfaces[@]}"; do
         failed=1; continue
     fi
     echo "  ok: AppleBackend.swift$([ -f "$tests" ] && echo " and AppleBackendTests.swift") typecheck against $label"
+
+    # 4. Availability, which Linux ignores for macOS: the same build with every macOS availability
+    #    moved onto the Swift runtime domain (the filter's --swift-availability), which Linux
+    #    enforces, the interface at its own OS version and wisp at macOS 26.0, FoundationModels'
+    #    floor (Swift 6.3.1 cannot refine an @available(Swift 26.0) context with #available, so
+    #    wisp's 26.0 annotations are dropped, and whether code for macOS 15 guards the backend with
+    #    #available(macOS 26.0, *) is not checked). A 26.4 or 27 API used without `#available`
+    #    fails here as it would on a Mac. Line numbers are kept.
+    av=$dir/availability
+    mkdir -p "$av"
+    python3 scripts/fm_interface_filter.py --swift-availability "$iface" "$av/FoundationModels.swiftinterface" 2>/dev/null
+    av_sources=()
+    for f in "${sources[@]}" $([ -f "$tests" ] && echo "$tests"); do
+        mkdir -p "$av/$(dirname "$f")"
+        python3 scripts/fm_interface_filter.py --swift-availability=26.0 "$f" "$av/$f"
+        [ "$f" != "$tests" ] && av_sources+=("$av/$f")
+    done
+    av_flags=(-swift-version 6 -D WISP_CHECK_APPLE -I "$av"
+              -enable-experimental-feature StandaloneSwiftAvailability -Xfrontend -min-swift-runtime-version -Xfrontend 26.0)
+    if ! "$swiftc" -frontend -compile-module-from-interface -module-name FoundationModels \
+            "$av/FoundationModels.swiftinterface" -o "$av/FoundationModels.swiftmodule" >"$log" 2>&1 ||
+       ! "$swiftc" -emit-module -module-name WispCore -parse-as-library -enable-testing "${av_flags[@]}" \
+            -emit-module-path "$av/WispCore.swiftmodule" "${av_sources[@]}" >>"$log" 2>&1 ||
+       { [ -f "$tests" ] && ! "$swiftc" -typecheck "${av_flags[@]}" "$av/$tests" >>"$log" 2>&1; }; then
+        cat "$log"; echo "check-apple: $label: FAILED: availability (macOS versions checked on the Swift runtime domain, from macOS 26.0)"
+        failed=1; continue
+    fi
+    echo "  ok: availability: every 26.4+/27.0 API is behind #available (macOS versions checked on the Swift runtime domain, from macOS 26.0)"
 done
 
 if [ $failed -ne 0 ]; then
@@ -84,4 +112,3 @@ if [ $failed -ne 0 ]; then
     exit 1
 fi
 echo "check-apple: passed against ${#interfaces[@]} interface(s)."
-echo "  not checkable on Linux: availability (@available/#available against macOS versions), which needs a macOS target and SDK."
