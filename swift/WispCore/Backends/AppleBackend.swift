@@ -88,10 +88,12 @@ final class AppleSession: ModelSession {
         if history.isEmpty {
             session = LanguageModelSession(model: model, tools: fmTools, instructions: instructions)
         } else {
-            let header = Transcript.Instructions(
-                segments: instructions.map { [.text(Transcript.TextSegment(content: $0))] } ?? [],
-                toolDefinitions: fmTools.map { Transcript.ToolDefinition(tool: $0) })
-            var entries: [Transcript.Entry] = [.instructions(header)]
+            var entries: [Transcript.Entry] = []
+            if instructions != nil || !fmTools.isEmpty {
+                entries.append(.instructions(Transcript.Instructions(
+                    segments: instructions.map { [.text(Transcript.TextSegment(content: $0))] } ?? [],
+                    toolDefinitions: fmTools.map { Transcript.ToolDefinition(tool: $0) })))
+            }
             for turn in history { entries += Self.entries(for: turn) }
             session = LanguageModelSession(model: model, tools: fmTools, transcript: Transcript(entries: entries))
         }
@@ -130,6 +132,8 @@ final class AppleSession: ModelSession {
                 text = try await session.respond(to: prompt, options: options).content
             }
         } catch {
+            // A cancelled call may surface as some other error: cancellation wins.
+            if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
             throw AppleBackend.wispError(from: error)
         }
         // The tool calls this turn made, from the entries the session appended.
