@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import anyio
 
+from . import local_model
 from .core import Core, CoreConfig, ShimError
 
 log = logging.getLogger("wisp")
@@ -73,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-threads", type=int, metavar="N", help="live threads kept before the least recently used is evicted (WISP_MAX_THREADS; default 32)")
     ap.add_argument("--max-queue", type=int, metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
     ap.add_argument("--context-size", type=int, metavar="N", help="context window in tokens, when the backend cannot tell (WISP_CONTEXT_SIZE)")
+    ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
+    ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more")
     ap.add_argument("--echo-delay-ms", type=int, metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
@@ -103,6 +106,29 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
     if not timeout > 0:
         raise SystemExit("wisp: --timeout / WISP_TIMEOUT must be a positive number of seconds")
     return CoreConfig(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
+
+
+def use_local_model(ns: argparse.Namespace, config: CoreConfig) -> None:
+    """The default with no Apple model and no endpoint: wisp's own llama-server (local_model.py),
+    started before the core and stopped with it."""
+    try:
+        lm = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
+                              model_path=ns.model_path, context_size=ns.context_size)
+    except local_model.LocalModelError as exc:
+        log.warning("%s", exc)  # the core then explains that no backend is available
+        return
+    if lm is None:
+        return
+    config.args += lm.core_args()
+
+    async def before_start() -> None:
+        try:
+            await lm.ensure_running()
+        except local_model.LocalModelError as exc:
+            raise ShimError("model_unavailable", str(exc)) from None
+
+    config.before_start = before_start
+    config.after_stop = lm.stop
 
 
 async def _serve(config: CoreConfig, max_threads: int) -> None:
@@ -179,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
     config = core_config(ns)
+    use_local_model(ns, config)
     if ns.check:
         return anyio.run(_check, config)
     max_threads = ns.max_threads or _env_int("WISP_MAX_THREADS") or 32

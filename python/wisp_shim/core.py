@@ -70,6 +70,8 @@ class CoreConfig:
     # Awaited before each start of the core, e.g. to bring up the local model server it will
     # talk to (local_model.py). A ShimError it raises fails the start like a missing binary.
     before_start: Callable[[], Awaitable[None]] | None = None
+    # Called once the core is stopped for good (aclose), e.g. to stop that server.
+    after_stop: Callable[[], None] | None = None
 
 
 def find_core(explicit: str | None = None) -> Path:
@@ -166,6 +168,8 @@ class Core:
             self._fail_pending(gen, ShimError("shutting_down", "wisp is shutting down; the call was not finished."))
         for proc in procs:
             await _stop_process(proc)
+        if self.config.after_stop is not None:
+            self.config.after_stop()
         self._notify()
 
     def _notify(self) -> None:
