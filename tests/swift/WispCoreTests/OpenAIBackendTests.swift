@@ -1,0 +1,100 @@
+import Foundation
+import Testing
+@testable import WispCore
+
+/// The openai backend's pure parts: endpoint handling, the transcript, the request body,
+/// SSE splitting and the overflow dialects. Its HTTP behaviour (streaming, cancellation,
+/// errors, the real model) is tested end to end in tests/python/test_openai_backend.py and
+/// test_real_model.py.
+@Suite struct OpenAIBackendTests {
+    @Test func endpointIsTheAPIBase() throws {
+        let plain = try OpenAIServer(endpoint: "http://127.0.0.1:8080/v1", model: nil, apiKey: nil, contextSize: nil)
+        #expect(plain.base.absoluteString == "http://127.0.0.1:8080/v1")
+        #expect(plain.root.absoluteString == "http://127.0.0.1:8080")
+        let bare = try OpenAIServer(endpoint: "http://localhost:11434/", model: "llama3.2", apiKey: nil, contextSize: nil)
+        #expect(bare.base.absoluteString == "http://localhost:11434/v1")
+        #expect(bare.modelName == "llama3.2")
+        let full = try OpenAIServer(endpoint: "https://api.example.com/v1/chat/completions", model: nil, apiKey: "k", contextSize: nil)
+        #expect(full.base.absoluteString == "https://api.example.com/v1")
+        let vllm = try OpenAIServer(endpoint: "http://gpu-cluster:8000/openai/v1", model: nil, apiKey: nil, contextSize: nil)
+        #expect(vllm.root.absoluteString == "http://gpu-cluster:8000/openai")
+        for bad in ["", "127.0.0.1:8080", "ftp://x/v1", "http://"] {
+            #expect(throws: WispError.self) { try OpenAIServer(endpoint: bad, model: nil, apiKey: nil, contextSize: nil) }
+        }
+    }
+
+    @Test func sessionRebuildsTheTranscriptFromHistory() throws {
+        let server = try OpenAIServer(endpoint: "http://127.0.0.1:1/v1", model: nil, apiKey: nil, contextSize: nil)
+        let history = [
+            Turn(prompt: "read a", toolExchanges: [ToolExchange(name: "read_file", arguments: #"{"path":"a"}"#, output: "A")], response: "it says A"),
+            Turn(prompt: "thanks", response: "you're welcome"),
+        ]
+        let session = OpenAISession(server: server, instructions: "Be brief.", tools: [], history: history)
+        #expect(session.messages == [
+            .text("system", "Be brief."),
+            .text("user", "read a"),
+            .toolCalls([ToolCall(id: "call_0_0", name: "read_file", arguments: #"{"path":"a"}"#)]),
+            .toolResult(id: "call_0_0", output: "A"),
+            .text("assistant", "it says A"),
+            .text("user", "thanks"),
+            .text("assistant", "you're welcome"),
+        ])
+        #expect(OpenAISession(server: server, instructions: nil, tools: [], history: []).messages.isEmpty)
+    }
+
+    @Test func requestBodyCarriesSettingsAndTools() throws {
+        let tool = ModelTool(name: "read_file", description: "Read a file.",
+                             parametersSchema: #"{"type":"object","properties":{"path":{"type":"string"}}}"#) { _ in "" }
+        let data = try OpenAIServer.chatBody(model: "m", messages: [.text("user", "hi")], tools: [tool], toolChoice: "none",
+                                             settings: GenerationSettings(temperature: 0, maxOutputTokens: 32))
+        let body = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        #expect(body["model"] as? String == "m")
+        #expect(body["stream"] as? Bool == true)
+        #expect(body["temperature"] as? Double == 0)
+        #expect(body["max_tokens"] as? Int == 32)
+        #expect(body["tool_choice"] as? String == "none")
+        let tools = try #require(body["tools"] as? [[String: Any]])
+        let function = try #require(tools.first?["function"] as? [String: Any])
+        #expect(function["name"] as? String == "read_file")
+        #expect((function["parameters"] as? [String: Any])?["type"] as? String == "object")
+        let bare = try JSONSerialization.jsonObject(with: OpenAIServer.chatBody(
+            model: "m", messages: [], tools: [], toolChoice: nil, settings: GenerationSettings())) as? [String: Any]
+        #expect(bare?["temperature"] == nil && bare?["max_tokens"] == nil && bare?["tools"] == nil)
+    }
+
+    @Test func sseLinesSurviveAnySplit() {
+        let stream = Data("data: {\"a\":\"é\"}\r\n\r\ndata: [DONE]\n\n".utf8)
+        for cut in 1..<stream.count {
+            var splitter = SSELineSplitter()
+            let lines = splitter.push(stream.prefix(cut)) + splitter.push(stream.dropFirst(cut)) + splitter.finish()
+            #expect(lines == ["data: {\"a\":\"é\"}", "", "data: [DONE]", ""], "cut at \(cut)")
+        }
+    }
+
+    @Test(arguments: [
+        // llama.cpp llama-server
+        #"{"error":{"code":400,"message":"request (5560 tokens) exceeds the available context size (2048 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5560,"n_ctx":2048}}"#,
+        // llama-cpp-python
+        #"{"error":{"message":"This model's maximum context length is 2048 tokens. However, you requested 5576 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        // OpenAI
+        #"{"error":{"message":"Your input exceeds the context window of this model.","type":"invalid_request_error","param":"input","code":"context_length_exceeded"}}"#,
+        // vLLM
+        #"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.","type":"BadRequestError","param":null,"code":400}"#,
+    ])
+    func overflowDialects(body: String) throws {
+        let server = try OpenAIServer(endpoint: "http://127.0.0.1:1/v1", model: nil, apiKey: nil, contextSize: nil)
+        #expect(server.httpError(400, Data(body.utf8)).code == .contextOverflow)
+    }
+
+    @Test func otherErrorsNameTheEndpoint() throws {
+        let server = try OpenAIServer(endpoint: "http://127.0.0.1:9/v1", model: nil, apiKey: "secret-key", contextSize: nil)
+        let cases: [(Int, WispError.Code)] = [(400, .generationFailed), (401, .modelUnavailable), (404, .modelUnavailable),
+                                              (429, .busy), (500, .generationFailed), (503, .modelUnavailable)]
+        for (status, code) in cases {
+            let e = server.httpError(status, Data(#"{"error":{"message":"nope","type":"x"}}"#.utf8))
+            #expect(e.code == code, "HTTP \(status)")
+            #expect(e.message.contains("http://127.0.0.1:9/v1") && e.message.contains("nope"))
+            #expect(!e.message.contains("secret-key"))
+        }
+    }
+}
