@@ -15,7 +15,7 @@ import Synchronization
 /// - context size: llama.cpp `GET /props` (`default_generation_settings.n_ctx`), vLLM
 ///   `GET /v1/models` (`max_model_len`), Ollama `POST /api/show` (`num_ctx` in `parameters`);
 ///   else `--context-size`, else 4096.
-/// - token counts: llama.cpp `POST /tokenize`; else nil (the core estimates).
+/// - token counts: llama.cpp's (and vLLM's) `POST /tokenize`; else nil (the core estimates).
 /// - overflow: llama.cpp's `exceed_context_size_error`, llama-cpp-python's and OpenAI's
 ///   `context_length_exceeded`, vLLM's "maximum context length" message → `contextOverflow`.
 ///
@@ -317,15 +317,18 @@ final class OpenAIServer: Sendable {
     func tokenCount(_ text: String) async throws -> Int? {
         if facts.withLock({ $0.tokenize }) == false { return nil }
         do {
-            let (status, data) = try await fetch("POST", root.appendingPathComponent("tokenize"),
-                                                 json: ["content": text, "add_special": false], timeout: Self.probeTimeout)
-            guard status == 200, let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
-                  let tokens = object["tokens"] as? [Any] else {
+            // llama.cpp reads `content`, vLLM `prompt` (+ `model`); each ignores the other's keys.
+            let body: [String: Any] = ["content": text, "add_special": false,
+                                       "prompt": text, "add_special_tokens": false, "model": await requestModel()]
+            let (status, data) = try await fetch("POST", root.appendingPathComponent("tokenize"), json: body,
+                                                 timeout: Self.probeTimeout)
+            let object = status == 200 ? (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] : nil
+            guard let n = (object?["tokens"] as? [Any])?.count ?? Self.int(object?["count"]) else {
                 if status != 503 { facts.withLock { $0.tokenize = false } }
                 return nil
             }
             facts.withLock { $0.tokenize = true }
-            return tokens.count
+            return n
         } catch {
             try Task.checkCancellation()
             return nil // unreachable now: the chat request will say so clearly
