@@ -1,0 +1,559 @@
+"""`make bench`: what wisp costs, measured side by side with baselines in the same run.
+
+    .venv/bin/python bench/run.py [--quick] [--out bench/results/latest.json] [--only NAME ...]
+
+Every figure is a median over repeated runs (p99 too for latencies), and every ratio is taken
+against its baseline measured in the same run, interleaved with wisp so that both see the same
+machine load. Sections (see README "Performance" for what each means):
+
+  roundtrip   `respond` through wisp (echo backend, one thread) vs the same SDK client calling
+              bench/baseline_server.py, a bare `mcp` SDK server whose tool returns its input
+  pipe        shim <-> core round trip alone, through the shim's own core client (no MCP)
+  concurrency 32 threads x `!sleep 500` at once vs one such call; 8 calls queued on one thread
+  cold_start  spawn -> initialize -> tools/list answered, wisp vs the baseline server
+  memory      RSS of shim + core: idle, after 32 threads x 50 turns of 1 KB, growth over 10,000
+              create/close cycles
+  bytes       bytes a caller sends over a scripted 20-turn job: thread vs resending the history
+  tokens      tokens/s through wisp vs straight to the same local llama-server (when installed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from clients import CORE, REPO, RawClient, baseline_argv, mcp_client, rss_kb, wisp_argv  # noqa: E402
+
+# key: (target, "max" | "min", unit)
+TARGETS: dict[str, tuple[float, str]] = {
+    "roundtrip_ratio_p50": (1.2, "max"),
+    "pipe_p50_us": (100, "max"),
+    "concurrency_ratio": (1.05, "max"),
+    "serial_ratio": (0.95, "min"),
+    "cold_start_ratio": (1.1, "max"),
+    "rss_32x50_mb": (100, "max"),
+    "rss_growth_10k_mb": (2, "max"),
+    "caller_bytes_ratio": (0.15, "max"),
+    "real_tokens_per_s_ratio": (0.95, "min"),
+}
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * q))]
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+# --- roundtrip ----------------------------------------------------------------------------
+
+
+async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
+    """One wisp thread and the baseline, both connected at once, called alternately."""
+    runs = []
+    for r in range(repeats):
+        async with mcp_client(baseline_argv()) as base, mcp_client(wisp_argv()) as wisp:
+            first = await wisp.call_tool("respond", {"prompt": "hello"})
+            assert not first.is_error, first
+            tid = first.structured_content["thread_id"]
+            w_args = {"prompt": "ping", "thread_id": tid}
+            b_args = {"prompt": "ping", "thread_id": tid}
+            for _ in range(max(20, calls // 10)):  # warm both: imports, caches, allocator
+                await base.call_tool("respond", b_args)
+                await wisp.call_tool("respond", w_args)
+            bt, wt = [], []
+            for i in range(calls):
+                # Alternate who goes first, so neither always follows the other's wake-up.
+                order = ((base, b_args, bt), (wisp, w_args, wt)) if i % 2 else ((wisp, w_args, wt), (base, b_args, bt))
+                for client, args, out in order:
+                    t = time.perf_counter()
+                    res = await client.call_tool("respond", args)
+                    out.append(time.perf_counter() - t)
+                    assert not res.is_error, res
+        run = {
+            "wisp_p50_us": pct(wt, 0.5) * 1e6, "wisp_p99_us": pct(wt, 0.99) * 1e6,
+            "baseline_p50_us": pct(bt, 0.5) * 1e6, "baseline_p99_us": pct(bt, 0.99) * 1e6,
+        }
+        run["ratio_p50"] = run["wisp_p50_us"] / run["baseline_p50_us"]
+        runs.append(run)
+        log(f"roundtrip {r + 1}/{repeats}: wisp p50 {run['wisp_p50_us']:.0f} us, baseline p50 {run['baseline_p50_us']:.0f} us, ratio {run['ratio_p50']:.2f}")
+    return {
+        "roundtrip_ratio_p50": median([x["ratio_p50"] for x in runs]),
+        "roundtrip_wisp_p50_us": median([x["wisp_p50_us"] for x in runs]),
+        "roundtrip_wisp_p99_us": median([x["wisp_p99_us"] for x in runs]),
+        "roundtrip_baseline_p50_us": median([x["baseline_p50_us"] for x in runs]),
+        "roundtrip_baseline_p99_us": median([x["baseline_p99_us"] for x in runs]),
+        "_runs": {"roundtrip": runs},
+    }
+
+
+# --- pipe ---------------------------------------------------------------------------------
+
+
+async def pipe(calls: int, repeats: int) -> dict[str, Any]:
+    """The shim's own core client (wisp_shim.core.Core) against wisp-core, no MCP at all."""
+    from wisp_shim.core import Core, CoreConfig
+
+    runs = []
+    for r in range(repeats):
+        core = Core(CoreConfig(core=str(CORE), args=["--backend", "echo", "--context-size", "100000000", "--log-level", "warning"]))
+        core.start()
+        try:
+            tid = (await core.respond("hello")).thread_id
+            for _ in range(max(50, calls // 10)):
+                await core.respond("ping", thread_id=tid)
+            ts = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                await core.respond("ping", thread_id=tid)
+                ts.append(time.perf_counter() - t)
+        finally:
+            await core.aclose()
+        runs.append({"p50_us": pct(ts, 0.5) * 1e6, "p99_us": pct(ts, 0.99) * 1e6})
+        log(f"pipe {r + 1}/{repeats}: p50 {runs[-1]['p50_us']:.0f} us, p99 {runs[-1]['p99_us']:.0f} us")
+    return {
+        "pipe_p50_us": median([x["p50_us"] for x in runs]),
+        "pipe_p99_us": median([x["p99_us"] for x in runs]),
+        "_runs": {"pipe": runs},
+    }
+
+
+# --- concurrency --------------------------------------------------------------------------
+
+
+async def concurrency(repeats: int, sleep_ms: int = 500) -> dict[str, Any]:
+    import anyio
+
+    prompt = f"!sleep {sleep_ms}"
+    runs = []
+    async with mcp_client(wisp_argv()) as wisp:
+        await wisp.call_tool("respond", {"prompt": "warm"})
+
+        async def call(args: dict) -> None:
+            res = await wisp.call_tool("respond", args)
+            assert not res.is_error, res
+
+        async def wall(calls: list[dict]) -> float:
+            t = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for args in calls:
+                    tg.start_soon(call, args)
+            return time.perf_counter() - t
+
+        for r in range(repeats):
+            one = await wall([{"prompt": prompt, "thread_id": f"one-{r}"}])
+            par = await wall([{"prompt": prompt, "thread_id": f"par-{r}-{i}"} for i in range(32)])
+            ser = await wall([{"prompt": prompt, "thread_id": f"ser-{r}"} for _ in range(8)])
+            runs.append({"one_s": one, "parallel32_s": par, "serial8_s": ser,
+                         "concurrency_ratio": par / one, "serial_ratio": ser / (8 * one)})
+            log(f"concurrency {r + 1}/{repeats}: one {one * 1e3:.1f} ms, 32 parallel {par * 1e3:.1f} ms, 8 serial {ser * 1e3:.1f} ms")
+    return {
+        "concurrency_ratio": median([x["concurrency_ratio"] for x in runs]),
+        "serial_ratio": median([x["serial_ratio"] for x in runs]),
+        "concurrency_one_call_ms": median([x["one_s"] for x in runs]) * 1e3,
+        "concurrency_32_parallel_ms": median([x["parallel32_s"] for x in runs]) * 1e3,
+        "concurrency_8_serial_ms": median([x["serial8_s"] for x in runs]) * 1e3,
+        "_runs": {"concurrency": runs},
+    }
+
+
+# --- cold start ---------------------------------------------------------------------------
+
+
+async def _cold(argv: list[str]) -> float:
+    t = time.perf_counter()
+    c = await RawClient.spawn(argv)
+    try:
+        await c.initialize()
+        tools = await c.request("tools/list", {})
+        elapsed = time.perf_counter() - t
+        assert tools["tools"], tools
+    finally:
+        await c.close()
+    return elapsed
+
+
+async def cold_start(repeats: int) -> dict[str, Any]:
+    """Wall time from spawn until tools/list is answered, alternating wisp and the baseline
+    (a raw JSON-RPC client, so that no client library's import time is in the figure)."""
+    await _cold(baseline_argv())  # warm the page cache and .pyc files for both
+    await _cold(wisp_argv())
+    runs = []
+    for r in range(repeats):
+        b = await _cold(baseline_argv())
+        w = await _cold(wisp_argv())
+        runs.append({"wisp_ms": w * 1e3, "baseline_ms": b * 1e3, "ratio": w / b})
+    log("cold start: " + ", ".join(f"{x['wisp_ms']:.0f}/{x['baseline_ms']:.0f} ms" for x in runs))
+    return {
+        "cold_start_ratio": median([x["ratio"] for x in runs]),
+        "cold_start_wisp_ms": median([x["wisp_ms"] for x in runs]),
+        "cold_start_baseline_ms": median([x["baseline_ms"] for x in runs]),
+        "_runs": {"cold_start": runs},
+    }
+
+
+# --- memory -------------------------------------------------------------------------------
+
+
+async def _settled_rss(pid: int) -> int:
+    await asyncio.sleep(0.3)
+    return rss_kb(pid)
+
+
+async def memory(repeats: int, cycles: int, growth_repeats: int) -> dict[str, Any]:
+    kib = 1024.0
+    prompt_1k = ("The quick brown fox jumps over the lazy dog. " * 24)[:1024]
+    runs = []
+    for r in range(repeats):
+        c = await RawClient.spawn(wisp_argv())
+        try:
+            await c.initialize()
+            await c.call("list_threads", {})  # the core is up
+            idle = await _settled_rss(c.proc.pid)
+
+            async def worker(i: int) -> None:
+                tid = f"mem-{i}"
+                for _ in range(50):
+                    await c.call("respond", {"prompt": prompt_1k, "thread_id": tid})
+
+            await asyncio.gather(*(worker(i) for i in range(32)))
+            status = await c.call("list_threads", {})
+            assert len(status["threads"]) == 32 and all(t["turns"] == 50 for t in status["threads"]), status
+            loaded = await _settled_rss(c.proc.pid)
+        finally:
+            await c.close()
+        runs.append({"idle_mb": idle / kib, "32x50_mb": loaded / kib})
+        log(f"memory {r + 1}/{repeats}: idle {idle / kib:.1f} MB, 32x50 {loaded / kib:.1f} MB")
+
+    growth = []
+    for r in range(growth_repeats):
+        c = await RawClient.spawn(wisp_argv())
+        try:
+            await c.initialize()
+
+            async def cycle(n: int) -> None:
+                for _ in range(n):
+                    out = await c.call("respond", {"prompt": "hello"})
+                    await c.call("close_thread", {"thread_id": out["thread_id"]})
+
+            lanes = 8
+            # Warm-up: first-use allocations (caches, pools, the allocator's arenas) are not growth.
+            await asyncio.gather(*(cycle(25) for _ in range(lanes)))
+            before = await _settled_rss(c.proc.pid)
+            t = time.perf_counter()
+            await asyncio.gather(*(cycle(cycles // lanes) for _ in range(lanes)))
+            took = time.perf_counter() - t
+            after = await _settled_rss(c.proc.pid)
+            status = await c.call("list_threads", {})
+            assert not status["threads"], status
+        finally:
+            await c.close()
+        growth.append({"before_mb": before / kib, "after_mb": after / kib, "growth_mb": (after - before) / kib, "seconds": took})
+        log(f"growth {r + 1}/{growth_repeats}: {before / kib:.1f} -> {after / kib:.1f} MB over {cycles} cycles ({took:.1f} s)")
+    return {
+        "rss_idle_mb": median([x["idle_mb"] for x in runs]),
+        "rss_32x50_mb": median([x["32x50_mb"] for x in runs]),
+        "rss_growth_10k_mb": median([x["growth_mb"] for x in growth]),
+        "_runs": {"memory": runs, "growth": growth},
+    }
+
+
+# --- caller bytes -------------------------------------------------------------------------
+
+
+def _job() -> list[str]:
+    """A scripted 20-turn build-fix loop: a task with a 3 KB file, then 19 rounds of ~400 B of
+    compiler or test output."""
+    source = "".join(f"def f{i}(x):\n    return x * {i} + helper(x, {i})  # step {i}\n" for i in range(50))[:3000]
+    turns = [f"Fix the failing build. Here is src/calc.py:\n```\n{source}\n```\nReply with a unified diff."]
+    for i in range(1, 20):
+        turns.append(
+            f"Build {i} still fails:\nsrc/calc.py:{10 + i}: error: name 'helper{i}' is not defined\n"
+            + f"  in f{i}: return x * {i} + helper{i}(x, {i})\n" * 4
+            + f"tests/test_calc.py::test_f{i} FAILED (expected {i * 7}, got {i * 7 + 1})\nPlease send the next diff."
+        )
+    return turns
+
+
+async def caller_bytes() -> dict[str, Any]:
+    """Bytes the SDK client writes for the job's tools/call requests (the session's handshake,
+    identical either way, is left out): with a thread, then resending the transcript each time."""
+    turns = _job()
+    threaded = {"bytes": 0, "messages": 0}
+    replies: list[str] = []
+    async with mcp_client(wisp_argv(), threaded) as wisp:
+        threaded.update(bytes=0, messages=0)
+        tid = None
+        for prompt in turns:
+            res = await wisp.call_tool("respond", {"prompt": prompt, **({"thread_id": tid} if tid else {})})
+            assert not res.is_error, res
+            tid = res.structured_content["thread_id"]
+            replies.append(res.structured_content["text"])
+        await wisp.call_tool("close_thread", {"thread_id": tid})
+        thread_bytes = threaded["bytes"]
+
+        resent = {"bytes": 0, "messages": 0}
+        async with mcp_client(wisp_argv(), resent) as stateless:
+            resent.update(bytes=0, messages=0)
+            history = ""
+            for prompt, reply in zip(turns, replies):
+                res = await stateless.call_tool("respond", {"prompt": history + f"User: {prompt}\n"})
+                assert not res.is_error, res
+                history += f"User: {prompt}\nAssistant: {reply}\n"
+            resend_bytes = resent["bytes"]
+    log(f"bytes: thread {thread_bytes} B, resend {resend_bytes} B")
+    return {
+        "caller_bytes_ratio": thread_bytes / resend_bytes,
+        "caller_bytes_thread": thread_bytes,
+        "caller_bytes_resend": resend_bytes,
+    }
+
+
+# --- real model ---------------------------------------------------------------------------
+
+TOKENS_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def _direct_chat(endpoint: str, model: str, max_tokens: int) -> tuple[float, int]:
+    """One streamed chat completion straight to llama-server, as wisp's openai backend sends it."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(endpoint)
+    body = json.dumps({
+        "model": model, "messages": [{"role": "user", "content": TOKENS_PROMPT}], "stream": True,
+        "stream_options": {"include_usage": True}, "temperature": 0.0, "max_tokens": max_tokens,
+    })
+    t = time.perf_counter()
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", u.path + "/chat/completions", body, {"Content-Type": "application/json", "Accept": "text/event-stream"})
+    resp = conn.getresponse()
+    tokens = 0
+    for raw in resp:
+        line = raw.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        event = json.loads(line[5:])
+        if event.get("usage"):
+            tokens = event["usage"].get("completion_tokens", tokens)
+    conn.close()
+    return time.perf_counter() - t, tokens
+
+
+async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
+    from wisp_shim import local_model
+
+    try:
+        binary = local_model.find_llama_server()
+        gguf = local_model.find_model()
+    except local_model.LocalModelError as exc:
+        binary, gguf, why = None, None, str(exc)
+    else:
+        why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
+    if binary is None or gguf is None:
+        reason = f"the local model is not installed ({why}; `make local-model` installs it)"
+        log(f"tokens: skipped: {reason}")
+        return {"real_tokens_per_s_ratio": None, "real_tokens_per_s_reason": reason}
+
+    lm = local_model.LocalModel(binary=binary, model=gguf)
+    await lm.ensure_running()
+    runs = []
+    try:
+        async with mcp_client(wisp_argv("--endpoint", lm.endpoint, "--model", lm.alias, backend="openai")) as wisp:
+            args = {"prompt": TOKENS_PROMPT, "temperature": 0.0, "max_output_tokens": max_tokens}
+
+            async def through_wisp() -> tuple[float, int]:
+                t = time.perf_counter()
+                res = await wisp.call_tool("respond", args)
+                took = time.perf_counter() - t
+                assert not res.is_error, res
+                sc = res.structured_content
+                await wisp.call_tool("close_thread", {"thread_id": sc["thread_id"]})
+                return took, int(sc.get("output_tokens") or 0)
+
+            async def direct() -> tuple[float, int]:
+                return await asyncio.to_thread(_direct_chat, lm.endpoint, lm.alias, max_tokens)
+
+            await through_wisp()  # warm: model pages, prompt cache, the core's first connection
+            await direct()
+            for r in range(repeats):
+                order = (("wisp", through_wisp), ("direct", direct)) if r % 2 == 0 else (("direct", direct), ("wisp", through_wisp))
+                run: dict[str, float] = {}
+                for name, fn in order:
+                    took, tokens = await fn()
+                    run[f"{name}_tokens"] = tokens
+                    run[f"{name}_tps"] = tokens / took
+                run["ratio"] = run["wisp_tps"] / run["direct_tps"]
+                runs.append(run)
+                log(f"tokens {r + 1}/{repeats}: wisp {run['wisp_tps']:.1f} tok/s ({run['wisp_tokens']}), direct {run['direct_tps']:.1f} tok/s ({run['direct_tokens']})")
+    finally:
+        lm.stop()
+    return {
+        "real_tokens_per_s_ratio": median([x["ratio"] for x in runs]),
+        "real_tokens_per_s_wisp": median([x["wisp_tps"] for x in runs]),
+        "real_tokens_per_s_direct": median([x["direct_tps"] for x in runs]),
+        "real_tokens_model": f"{lm.alias} ({gguf.name}) on llama-server, {max_tokens} max tokens, temperature 0",
+        "_runs": {"tokens": runs},
+    }
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem_gb = round(kb / 1024 / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "cpu": cpu, "cpus": os.cpu_count(), "memory_gb": mem_gb, "os": platform.platform(),
+        "python": platform.python_version(), "loadavg_start": os.getloadavg(),
+    }
+
+
+def verdict(key: str, value: Any) -> str:
+    if key not in TARGETS:
+        return ""
+    target, kind = TARGETS[key]
+    if value is None:
+        return "n/a"
+    ok = value <= target if kind == "max" else value >= target
+    return "ok" if ok else "MISSED"
+
+
+ROWS = [
+    ("roundtrip_ratio_p50", "respond round trip, wisp / bare SDK server (p50)", "{:.2f}"),
+    ("roundtrip_wisp_p50_us", "  wisp p50 / p99 (us)", None),
+    ("roundtrip_baseline_p50_us", "  baseline p50 / p99 (us)", None),
+    ("pipe_p50_us", "shim <-> core round trip p50 (us)", "{:.0f}"),
+    ("concurrency_ratio", "32 threads x !sleep 500 / one call", "{:.3f}"),
+    ("serial_ratio", "8 calls on one thread / (8 x one call)", "{:.3f}"),
+    ("cold_start_ratio", "spawn -> tools/list, wisp / baseline", "{:.2f}"),
+    ("cold_start_wisp_ms", "  wisp / baseline (ms)", None),
+    ("rss_idle_mb", "RSS idle, shim + core (MB)", "{:.1f}"),
+    ("rss_32x50_mb", "RSS, 32 threads x 50 turns of 1 KB (MB)", "{:.1f}"),
+    ("rss_growth_10k_mb", "RSS growth over 10,000 create/close (MB)", "{:.2f}"),
+    ("caller_bytes_ratio", "caller bytes, thread / resend history", "{:.3f}"),
+    ("real_tokens_per_s_ratio", "tokens/s through wisp / direct", "{:.3f}"),
+]
+
+
+def table(res: dict[str, Any]) -> str:
+    lines = [f"{'metric':<44} {'value':>17} {'target':>8}  verdict", "-" * 80]
+    for key, label, fmt in ROWS:
+        if key not in res:
+            continue
+        v = res[key]
+        if key == "roundtrip_wisp_p50_us":
+            shown = f"{v:.0f} / {res['roundtrip_wisp_p99_us']:.0f}"
+        elif key == "roundtrip_baseline_p50_us":
+            shown = f"{v:.0f} / {res['roundtrip_baseline_p99_us']:.0f}"
+        elif key == "cold_start_wisp_ms":
+            shown = f"{v:.0f} / {res['cold_start_baseline_ms']:.0f}"
+        elif key == "pipe_p50_us":
+            shown = f"{v:.0f} (p99 {res['pipe_p99_us']:.0f})"
+        elif v is None:
+            shown = "null"
+        else:
+            shown = fmt.format(v)
+        if key in TARGETS:
+            t, kind = TARGETS[key]
+            target = f"{'<=' if kind == 'max' else '>='} {t:g}"
+        else:
+            target = ""
+        lines.append(f"{label:<44} {shown:>17} {target:>8}  {verdict(key, v)}")
+    if res.get("real_tokens_per_s_ratio") is None and res.get("real_tokens_per_s_reason"):
+        lines.append(f"  (tokens/s: {res['real_tokens_per_s_reason']})")
+    return "\n".join(lines)
+
+
+SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens")
+
+
+async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
+    q = ns.quick
+    plan: dict[str, Callable[[], Any]] = {
+        "roundtrip": lambda: roundtrip(calls=100 if q else 400, repeats=2 if q else 5),
+        "pipe": lambda: pipe(calls=500 if q else 3000, repeats=2 if q else 5),
+        "concurrency": lambda: concurrency(repeats=1 if q else 5),
+        "cold_start": lambda: cold_start(repeats=3 if q else 9),
+        "memory": lambda: memory(repeats=1 if q else 3, cycles=1000 if q else 10_000, growth_repeats=1 if q else 3),
+        "bytes": caller_bytes,
+        "tokens": lambda: real_tokens(repeats=2 if q else 6),
+    }
+    results: dict[str, Any] = {}
+    runs: dict[str, Any] = {}
+    for name in SECTIONS:
+        if ns.only and name not in ns.only:
+            continue
+        t = time.perf_counter()
+        out = await plan[name]()
+        runs.update(out.pop("_runs", {}))
+        results.update(out)
+        log(f"{name} done in {time.perf_counter() - t:.1f} s")
+    results["_runs"] = runs
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="few iterations: for developing the benchmark, not for figures")
+    ap.add_argument("--only", nargs="*", choices=SECTIONS, help="run only these sections")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "latest.json"))
+    ns = ap.parse_args()
+    if not CORE.is_file():
+        print(f"bench: {CORE} not found: run `make build` first", file=sys.stderr)
+        return 1
+    info = machine()
+    log(f"{info['cpus']} x {info['cpu']}, load {info['loadavg_start']}")
+    started = time.perf_counter()
+    res = asyncio.run(run_all(ns))
+    runs = res.pop("_runs")
+    info["loadavg_end"] = os.getloadavg()
+    doc = {
+        **res,
+        "targets": {k: {"target": t, "kind": kind, "verdict": verdict(k, res.get(k))} for k, (t, kind) in TARGETS.items() if k in res},
+        "machine": info,
+        "quick": bool(ns.quick),
+        "seconds": round(time.perf_counter() - started, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": runs,
+    }
+    out = Path(ns.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(table(res))
+    print(f"\n{info['cpus']} CPUs ({info['cpu']}), load {info['loadavg_start'][0]:.2f} -> {info['loadavg_end'][0]:.2f}; "
+          f"{doc['seconds']:.0f} s; written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
