@@ -1,0 +1,52 @@
+# wisp: `make run` starts the MCP server, `make test` tests everything.
+# Every target builds what it needs first; builds are incremental.
+
+PYTHON  ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+CORE    := .build/release/wisp-core
+# Backend for `make run`: auto picks Apple's on-device model where available, else openai.
+BACKEND ?= auto
+# Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
+ARGS    ?=
+
+.PHONY: build core venv run check test test-swift test-python bench clean
+
+## build: the release wisp-core binary and the Python package in a project venv (.venv)
+build: core venv
+
+core:
+	swift build -c release --product wisp-core
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+## run: start wisp on stdio (an MCP server: normally your MCP client starts it, see README)
+# Build output goes to stderr so that stdout carries only MCP messages.
+run:
+	@$(MAKE) --no-print-directory build >&2
+	@exec $(VPY) -m wisp_shim --backend $(BACKEND) $(ARGS)
+
+## check: is a model available to this machine's default backend?
+check:
+	@$(MAKE) --no-print-directory build >&2
+	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
+
+## test: Swift unit tests, then the end-to-end Python suite against the release core
+test: test-swift test-python
+
+test-swift:
+	swift test
+
+test-python: build
+	$(VPY) -m pytest
+
+bench:
+	@echo "make bench: the MCP round-trip benchmark is not built yet (bench/pipe_rps.py measures the pipe alone)."
+
+clean:
+	rm -rf .build $(VENV)
