@@ -402,22 +402,29 @@ class Core:
         if gen.dead:
             raise ShimError("core_crashed", "the wisp core crashed just before this call was sent and is restarting; call again.")
         gen.pending[call.id] = call
+        # A timer handle rather than asyncio.wait_for: this path is on every call's round trip.
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, call)
         pump = None
         if on_progress is not None and call.progress_event is not None:
             pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress))
         try:
             await self._send(gen, data)
             try:
-                return await asyncio.wait_for(asyncio.shield(call.future), timeout)
-            except asyncio.TimeoutError:
+                return await call.future
+            except _Expired:
                 await self._send_cancel(gen, call.id)
-                raise ShimError("timeout", f"no reply from the model within {timeout:.0f} s; the call was cancelled (--timeout / WISP_TIMEOUT sets the limit).") from None
+                raise ShimError(
+                    "timeout",
+                    f"wisp-core did not answer within {timeout:g} s, so wisp cancelled the call "
+                    "(--timeout / WISP_TIMEOUT sets the limit for respond).",
+                ) from None
             except asyncio.CancelledError:
                 # MCP cancellation: tell the core so the thread is freed, then let it propagate.
                 with anyio.CancelScope(shield=True):
                     await self._send_cancel(gen, call.id)
                 raise
         finally:
+            timer.cancel()
             gen.pending.pop(call.id, None)
             if pump is not None:
                 pump.cancel()
@@ -493,6 +500,15 @@ class Core:
     def pid(self) -> int | None:
         gen = self._gen
         return gen.proc.pid if gen is not None else None
+
+
+class _Expired(Exception):
+    """The shim's own time limit for a call passed before the core replied."""
+
+
+def _expire(call: _Call) -> None:
+    if not call.future.done():
+        call.future.set_exception(_Expired())
 
 
 async def _pump_progress(call: _Call, on_progress: Callable[[int, str], Awaitable[None]]) -> None:
