@@ -181,3 +181,53 @@ def test_help_is_actionable():
     assert run.returncode == 0
     for word in ("--backend", "WISP_BACKEND", "--timeout", "WISP_TIMEOUT", "--core", "make build", "--check"):
         assert word in run.stdout, word
+
+
+def _stub_core(tmp_path, after_ready: str) -> str:
+    """A fake wisp-core: says ready, then runs `after_ready` (Python) with `out` = its stdout."""
+    stub = tmp_path / "wisp-core"
+    stub.write_text(
+        f"#!{sys.executable}\n"
+        "import json, struct, sys, time\n"
+        "out = sys.stdout.buffer\n"
+        "def frame(obj):\n"
+        "    b = obj if isinstance(obj, bytes) else json.dumps(obj).encode()\n"
+        "    out.write(struct.pack('>I', len(b)) + b); out.flush()\n"
+        "frame({'id': 0, 'event': 'ready', 'protocol': 1, 'backend': 'stub', 'model': 'stub', 'pid': 0})\n"
+        + after_ready
+    )
+    stub.chmod(0o755)
+    return str(stub)
+
+
+async def test_shim_time_limit_catches_a_core_that_stops_answering(tmp_path):
+    # The core never replies: only the shim's own timer can end the call.
+    stub = _stub_core(tmp_path, "sys.stdin.buffer.read()\n")
+    async with wisp("--timeout", "0.5", core=stub) as c:
+        start = time.monotonic()
+        with anyio.fail_after(10):
+            msg = error_text(await c.call_tool("respond", {"prompt": "anyone?"}))
+        assert msg.startswith("timeout:"), msg
+        assert 3.0 <= time.monotonic() - start < 6.0
+
+
+async def test_garbage_from_the_core_fails_calls_and_restarts_it(tmp_path):
+    stub = _stub_core(tmp_path, "time.sleep(0.3)\nframe(b'this is not json')\nsys.stdin.buffer.read()\n")
+    async with wisp(core=stub) as c:
+        with anyio.fail_after(10):
+            msg = error_text(await c.call_tool("respond", {"prompt": "hi", "thread_id": "t"}))
+        assert msg.startswith("core_crashed:") and "protocol error" in msg, msg
+
+
+async def test_wrong_protocol_version_is_refused(tmp_path):
+    stub = tmp_path / "wisp-core"
+    stub.write_text(
+        f"#!{sys.executable}\nimport json, struct, sys\n"
+        "b = json.dumps({'id': 0, 'event': 'ready', 'protocol': 99, 'backend': 's', 'model': 's', 'pid': 0}).encode()\n"
+        "sys.stdout.buffer.write(struct.pack('>I', len(b)) + b); sys.stdout.buffer.flush(); sys.stdin.buffer.read()\n"
+    )
+    stub.chmod(0o755)
+    async with wisp(core=str(stub)) as c:
+        with anyio.fail_after(10):
+            msg = error_text(await c.call_tool("respond", {"prompt": "hi"}))
+        assert msg.startswith("core_unavailable:") and "protocol 99" in msg, msg
