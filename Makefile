@@ -10,7 +10,7 @@ BACKEND ?= auto
 # Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
 ARGS    ?=
 
-.PHONY: build core venv run check test test-swift test-python bench clean
+.PHONY: build core venv run check test test-swift test-python check-apple bench clean
 
 ## build: the release wisp-core binary and the Python package in a project venv (.venv)
 build: core venv
@@ -37,13 +37,18 @@ check:
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
 ## test: Swift unit tests, then the end-to-end Python suite against the release core
-test: test-swift test-python
+test: check-apple test-swift test-python
 
 test-swift:
 	swift test
 
 test-python: build
 	$(VPY) -m pytest
+
+## check-apple: typecheck the apple backend against Apple's FoundationModels SDK interfaces
+# (../shared/reference/sdk or WISP_APPLE_SDK_DIR; says SKIPPED when there are none, and on macOS)
+check-apple:
+	scripts/check-apple.sh
 
 bench:
 	@echo "make bench: the MCP round-trip benchmark is not built yet (bench/pipe_rps.py measures the pipe alone)."
