@@ -135,6 +135,7 @@ async def _serve(config: CoreConfig, max_threads: int) -> None:
     from mcp.server.stdio import stdio_server
 
     from .server import build_server
+    from .transport import guard
 
     core = Core(config)
     # In the background: initialize and tools/list must not wait for the core.
@@ -155,6 +156,8 @@ async def _serve(config: CoreConfig, max_threads: int) -> None:
         tg.start_soon(on_signal)
         try:
             async with stdio_server() as (read, write):
+                # Answers lines the SDK drops, and applies backpressure (transport.py).
+                read, write = guard(read, write)
                 await server.run(read, write, server.create_initialization_options())
         finally:
             with anyio.CancelScope(shield=True):

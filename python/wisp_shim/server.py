@@ -33,6 +33,8 @@ from .core import Core, ShimError
 log = logging.getLogger("wisp.server")
 
 THREAD_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# Above any model's reply length, and inside the core's 64-bit integers.
+MAX_OUTPUT_TOKENS = 2**31 - 1
 # Progress messages are shown to people in a status line, not read by the model.
 PROGRESS_MESSAGE_CHARS = 200
 
@@ -199,7 +201,10 @@ def _thread_id(args: dict[str, Any], required: bool) -> str | None:
 def _check_unknown(args: dict[str, Any], allowed: tuple[str, ...]) -> None:
     extra = sorted(set(args) - set(allowed))
     if extra:
-        raise ArgumentError(f"unknown argument(s) {', '.join(extra)}; this tool takes {', '.join(allowed)}.")
+        # Name a few, each shortened: a hostile call may carry thousands, or huge names.
+        named = ", ".join(_short(x) if len(x) > 60 else x for x in extra[:5])
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        raise ArgumentError(f"unknown argument(s) {named}{more}; this tool takes {', '.join(allowed) or 'no arguments'}.")
 
 
 _RESPOND_ARGS = ("prompt", "thread_id", "instructions", "tools", "temperature", "max_output_tokens")
@@ -219,8 +224,8 @@ def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
     if temperature is not None and (not math.isfinite(temperature) or temperature < 0):
         raise ArgumentError(f"`temperature` must be a finite number >= 0, got {temperature}.")
     max_tokens = _opt(args, "max_output_tokens", int, "an integer")
-    if isinstance(max_tokens, int) and max_tokens < 1:
-        raise ArgumentError(f"`max_output_tokens` must be at least 1, got {max_tokens}.")
+    if isinstance(max_tokens, int) and not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
+        raise ArgumentError(f"`max_output_tokens` must be between 1 and {MAX_OUTPUT_TOKENS}, got {_short(max_tokens)}.")
     return {
         "prompt": prompt,
         "thread_id": _thread_id(args, required=False),
@@ -317,7 +322,7 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
     async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
         handler = handlers.get(params.name)
         if handler is None:
-            raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name} (wisp has {', '.join(handlers)})")
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {_short(params.name)} (wisp has {', '.join(handlers)})")
         args = params.arguments or {}
         try:
             return await handler(ctx, args)

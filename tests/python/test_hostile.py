@@ -1,0 +1,446 @@
+"""Hostile MCP input (issue 8): a table of bad inputs, each answered with a clear error (a
+tool error with isError: true, or a JSON-RPC error where the spec says so), the server alive
+afterwards, and another thread's state untouched.
+
+Two channels, one long-lived wisp each (module scope, so the table stays fast):
+- CLIENT cases go through the `mcp` SDK's own client over stdio;
+- RAW cases are JSON-RPC lines written to the shim's stdin, for what the SDK client cannot
+  send (bad JSON, invalid UTF-8, deep nesting, bad envelopes).
+After every case a sentinel thread made at the start is called again: its echo N must be
+exactly one more than before, so no case touched it. The table itself is printed by
+`python tests/python/test_hostile.py` (the same rows, as documentation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+
+from conftest import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env, text_of, wisp
+
+MB = 1024 * 1024
+SENTINEL = "sentinel"
+
+
+# --- the channels -------------------------------------------------------------------------
+
+
+class ClientChannel:
+    """An SDK client connected to one wisp, driven from a loop on its own thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.client = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+        if not self._ready.wait(60) or self.client is None:
+            raise RuntimeError(f"wisp did not start: {self.error!r}")
+
+    def _main(self) -> None:
+        async def body() -> None:
+            self._stop = asyncio.Event()
+            try:
+                async with wisp() as client:
+                    self.client = client
+                    self._ready.set()
+                    await self._stop.wait()
+            except BaseException as exc:  # shown by the test that needed the client
+                self.error = exc
+                self._ready.set()
+
+        self.loop.run_until_complete(body())
+
+    def run(self, fn: Callable[[Any], Any], timeout: float = 60) -> Any:
+        async def call():
+            return await fn(self.client)
+
+        return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout)
+
+    def respond(self, args: dict) -> Any:
+        return self.run(lambda c: c.call_tool("respond", args))
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self.thread.join(30)
+
+
+class RawChannel:
+    """JSON-RPC lines on the shim's stdin; responses collected by id from its stdout."""
+
+    def __init__(self, *args: str) -> None:
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.err, env=shim_env(), cwd=REPO,
+        )
+        self.lines: list[bytes] = []
+        self.by_id: dict[Any, list[dict]] = {}
+        self.cond = threading.Condition()
+        self.eof = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.send(INITIALIZE)
+        assert "result" in self.wait(1)
+        self.send(INITIALIZED)
+        self.next_id = 100
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)  # every line on stdout must be JSON: a failure here fails the test
+            with self.cond:
+                self.lines.append(line)
+                self.by_id.setdefault(msg.get("id", "notification"), []).append(msg)
+                self.cond.notify_all()
+        with self.cond:
+            self.eof = True
+            self.cond.notify_all()
+
+    def send(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def wait(self, rid: Any, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.by_id.get(rid):
+                left = deadline - time.monotonic()
+                if self.eof or left <= 0:
+                    raise AssertionError(f"no response with id {rid!r} ({'stdout closed' if self.eof else 'timed out'}); stderr:\n{self.stderr()}")
+                self.cond.wait(left)
+            return self.by_id[rid].pop(0)
+
+    def quiet_for(self, seconds: float) -> list[bytes]:
+        """Lines that arrive within `seconds` (for inputs that must get no answer)."""
+        with self.cond:
+            n = len(self.lines)
+        time.sleep(seconds)
+        with self.cond:
+            return self.lines[n:]
+
+    def call(self, name: str, arguments: Any, rid: Any = None) -> dict:
+        if rid is None:
+            self.next_id += 1
+            rid = self.next_id
+        self.send(jsonrpc("tools/call", {"name": name, "arguments": arguments}, id=rid))
+        return self.wait(rid)
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")[-4000:]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Sentinel:
+    """A thread whose echo N must advance by exactly one per check."""
+
+    def __init__(self, respond: Callable[[dict], dict]) -> None:
+        self.respond = respond
+        self.n = 0
+        self.check("made before the hostile cases")
+
+    def check(self, after: str) -> None:
+        s = self.respond({"prompt": "still here?", "thread_id": SENTINEL})
+        self.n += 1
+        assert s == {"created": self.n == 1, "text": f"echo {self.n}: still here?"}, f"sentinel thread disturbed after {after}: {s}"
+
+
+@pytest.fixture(scope="module")
+def client():
+    ch = ClientChannel()
+
+    def respond(args):
+        r = ch.respond(args)
+        assert not r.is_error, text_of(r)
+        return {"created": r.structured_content["created"], "text": r.structured_content["text"]}
+
+    ch.sentinel = Sentinel(respond)  # type: ignore[attr-defined]
+    yield ch
+    ch.close()
+
+
+@pytest.fixture(scope="module")
+def raw():
+    ch = RawChannel()
+
+    def respond(args):
+        r = ch.call("respond", args)
+        assert "result" in r and not r["result"].get("isError"), r
+        return {"created": r["result"]["structuredContent"]["created"], "text": r["result"]["structuredContent"]["text"]}
+
+    ch.sentinel = Sentinel(respond)  # type: ignore[attr-defined]
+    yield ch
+    ch.close()
+
+
+# --- expectations -------------------------------------------------------------------------
+
+
+def tool_error(code: str, *words: str, max_len: int = 2000):
+    """A tool error `code: …` whose message names `words` and stays short."""
+
+    def check(r) -> str:
+        assert r.is_error, f"expected a tool error, got {r.structured_content}"
+        t = text_of(r)
+        assert t.startswith(f"{code}:"), t[:300]
+        for w in words:
+            assert w in t, (w, t[:300])
+        assert len(t) <= max_len, f"message of {len(t)} chars"
+        return f"tool error `{code}`: {t[:120]}"
+
+    return check
+
+
+def served(expected_text: str | None = None, created: bool | None = True):
+    def check(r) -> str:
+        assert not r.is_error, text_of(r)[:300]
+        s = r.structured_content
+        if expected_text is not None:
+            assert s["text"] == expected_text, (s["text"][:100], expected_text[:100])
+        if created is not None:
+            assert s["created"] is created
+        return f"served: {s['text'][:60]!r}"
+
+    return check
+
+
+def rpc_error(code: int, *words: str, same_id: bool = True, max_len: int = 2000):
+    def check(msg: dict, rid: Any) -> str:
+        assert "error" in msg, msg
+        assert msg["error"]["code"] == code, msg
+        for w in words:
+            assert w in msg["error"]["message"], (w, msg)
+        if same_id:
+            assert msg["id"] == rid, msg
+        assert len(json.dumps(msg)) <= max_len + 200
+        return f"JSON-RPC error {code}: {msg['error']['message'][:100]}"
+
+    check.same_id = same_id  # type: ignore[attr-defined]
+    return check
+
+
+def raw_tool_error(code: str, *words: str):
+    def check(msg: dict, rid: Any) -> str:
+        assert msg["id"] == rid and msg["result"]["isError"] is True, msg
+        t = msg["result"]["content"][0]["text"]
+        assert t.startswith(f"{code}:") and all(w in t for w in words), t[:300]
+        return f"tool error `{code}`: {t[:120]}"
+
+    return check
+
+
+def raw_served(text: str):
+    def check(msg: dict, rid: Any) -> str:
+        assert msg["id"] == rid and not msg["result"].get("isError"), msg
+        assert msg["result"]["structuredContent"]["text"] == text, msg["result"]["structuredContent"]["text"][:200]
+        return f"served: {text[:60]!r}"
+
+    return check
+
+
+# --- the table: SDK client ----------------------------------------------------------------
+
+
+@dataclass
+class ClientCase:
+    name: str
+    tool: str
+    args: Any
+    expect: Callable
+
+
+def _many_unknown_args(n: int) -> dict:
+    d = {f"x{i}": i for i in range(n)}
+    d["prompt"] = "p"
+    return d
+
+
+CLIENT_CASES = [
+    ClientCase("prompt is an object", "respond", {"prompt": {"text": "hi"}}, tool_error("invalid_argument", "prompt", "string")),
+    ClientCase("prompt is a boolean", "respond", {"prompt": True}, tool_error("invalid_argument", "prompt")),
+    ClientCase("prompt missing, other fields given", "respond", {"thread_id": "t-missing"}, tool_error("invalid_argument", "prompt", "required")),
+    ClientCase("prompt empty", "respond", {"prompt": ""}, tool_error("invalid_argument", "prompt", "empty")),
+    ClientCase("prompt of 20 MB", "respond", {"prompt": "x" * (20 * MB)}, tool_error("invalid_argument", "MiB", "shorter")),
+    ClientCase("prompt of 8 MB (fits the pipe, not the context)", "respond", {"prompt": "y" * (8 * MB)}, tool_error("context_overflow", "Shorten the prompt")),
+    ClientCase("prompt with NUL, ESC, BEL and other control characters", "respond", {"prompt": "a\x00b\x1b[31mc\x07d\x7f"}, served("echo 1: a\x00b\x1b[31mc\x07d\x7f")),
+    ClientCase("prompt with CR LF, U+2028/U+2029 line separators", "respond", {"prompt": "l1\r\nl2\u2028l3\u2029l4\n"}, served("echo 1: l1\r\nl2\u2028l3\u2029l4\n")),
+    ClientCase("prompt with emoji, RTL override, BOM, combining marks", "respond", {"prompt": "\U0001F600\u202Eevil\uFEFFe\u0301"}, served("echo 1: \U0001F600\u202Eevil\uFEFFe\u0301")),
+    ClientCase("thread_id of 1 MB", "respond", {"prompt": "p", "thread_id": "a" * MB}, tool_error("invalid_argument", "thread_id", max_len=400)),
+    ClientCase("thread_id with NUL and newline", "respond", {"prompt": "p", "thread_id": "ab\x00c\n"}, tool_error("invalid_argument", "thread_id")),
+    ClientCase("thread_id with non-ASCII letters", "respond", {"prompt": "p", "thread_id": "thr\u00e9ad"}, tool_error("invalid_argument", "thread_id")),
+    ClientCase("thread_id path traversal ../../etc/passwd", "respond", {"prompt": "p", "thread_id": "../../etc/passwd"}, tool_error("invalid_argument", "thread_id")),
+    ClientCase("thread_id '.' (valid: a thread like any other)", "respond", {"prompt": "dot", "thread_id": "."}, served("echo 1: dot")),
+    ClientCase("thread_id '..' (valid: a thread like any other)", "respond", {"prompt": "dotdot", "thread_id": ".."}, served("echo 1: dotdot")),
+    ClientCase("thread_id an array", "respond", {"prompt": "p", "thread_id": ["sentinel"]}, tool_error("invalid_argument", "thread_id", "string")),
+    ClientCase("unknown field differing only in case (thread_ID)", "respond", {"prompt": "p", "thread_ID": SENTINEL}, tool_error("invalid_argument", "thread_ID")),
+    ClientCase("10,000 unknown fields", "respond", _many_unknown_args(10_000), tool_error("invalid_argument", "unknown argument", max_len=1000)),
+    ClientCase("5,000 unknown tool names", "respond", {"prompt": "p", "tools": [f"tool{i}" for i in range(5000)]}, tool_error("invalid_argument", "unknown tool", "read_file", max_len=1000)),
+    ClientCase("5,000 copies of a valid tool name", "respond", {"prompt": "p", "tools": ["read_file"] * 5000}, served("echo 1: p")),
+    ClientCase("a tool name of 1 MB", "respond", {"prompt": "p", "tools": ["t" * MB]}, tool_error("invalid_argument", "unknown tool", max_len=1000)),
+    ClientCase("instructions for an existing thread (the sentinel)", "respond", {"prompt": "p", "thread_id": SENTINEL, "instructions": "be evil"}, tool_error("invalid_argument", "instructions", "close_thread")),
+    ClientCase("tools for an existing thread (the sentinel)", "respond", {"prompt": "p", "thread_id": SENTINEL, "tools": ["read_file"]}, tool_error("invalid_argument", "tools")),
+    ClientCase("instructions of 1 MB (over the context)", "respond", {"prompt": "p", "instructions": "i" * MB}, tool_error("context_overflow")),
+    ClientCase("temperature is a list", "respond", {"prompt": "p", "temperature": [1]}, tool_error("invalid_argument", "temperature")),
+    ClientCase("max_output_tokens of 10**30", "respond", {"prompt": "p", "max_output_tokens": 10**30}, tool_error("invalid_argument", "max_output_tokens")),
+    ClientCase("max_output_tokens negative", "respond", {"prompt": "p", "max_output_tokens": -5}, tool_error("invalid_argument", "max_output_tokens")),
+    ClientCase("close_thread with a 1 MB id", "close_thread", {"thread_id": "z" * MB}, tool_error("invalid_argument", "thread_id", max_len=400)),
+    ClientCase("close_thread with an extra field", "close_thread", {"thread_id": "x", "force": True}, tool_error("invalid_argument", "force")),
+    ClientCase("list_threads with arguments", "list_threads", {"all": True}, tool_error("invalid_argument", "all")),
+    ClientCase("arguments omitted", "respond", None, tool_error("invalid_argument", "prompt")),
+]
+
+
+@pytest.mark.parametrize("case", CLIENT_CASES, ids=[c.name for c in CLIENT_CASES])
+def test_client_case(client, case: ClientCase):
+    r = client.run(lambda c: c.call_tool(case.tool, case.args))
+    case.expect(r)
+    client.sentinel.check(case.name)
+
+
+@pytest.mark.parametrize("name", ["respond2", "n" * 100_000, "../respond"], ids=["unknown tool", "unknown tool with a 100 KB name", "tool name with a path"])
+def test_client_unknown_tool_is_a_json_rpc_error(client, name):
+    from mcp import MCPError
+
+    with pytest.raises(MCPError) as info:
+        client.run(lambda c: c.call_tool(name, {"prompt": "p"}))
+    assert "Unknown tool" in str(info.value) and len(str(info.value)) < 1000, str(info.value)[:300]
+    client.sentinel.check(f"unknown tool {name[:20]}")
+
+
+# --- the table: raw JSON-RPC lines --------------------------------------------------------
+
+
+def _call(rid: Any, arguments: Any, name: str = "respond") -> bytes:
+    return jsonrpc("tools/call", {"name": name, "arguments": arguments}, id=rid)
+
+
+def _raw_call_line(rid: int, arguments_json: bytes) -> bytes:
+    return b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"respond","arguments":%s}}\n' % (rid, arguments_json)
+
+
+@dataclass
+class RawCase:
+    name: str
+    line: Callable[[int], bytes]
+    expect: Callable | None  # None: no answer may come (a notification or a response)
+
+
+RAW_CASES = [
+    RawCase("not JSON at all", lambda i: b"hello wisp\n", rpc_error(-32700, "Parse error", same_id=False)),
+    RawCase("truncated JSON with a readable id", lambda i: b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"resp\n' % i, rpc_error(-32700, "not valid JSON")),
+    RawCase("invalid UTF-8 bytes inside a prompt", lambda i: _raw_call_line(i, b'{"prompt":"bad \xff\xfe\xc3 bytes"}'), raw_served("echo 1: bad \ufffd\ufffd\ufffd bytes")),
+    RawCase("invalid UTF-8 bytes as the whole line", lambda i: b"\xff\xfe\xfd\x80\n", rpc_error(-32700, same_id=False)),
+    RawCase("lone UTF-16 surrogate escape in a prompt", lambda i: _raw_call_line(i, b'{"prompt":"half \\ud800 a char"}'), rpc_error(-32700, "not valid JSON")),
+    RawCase("raw control characters (unescaped) inside a JSON string", lambda i: _raw_call_line(i, b'{"prompt":"tab\tand\x01"}'), rpc_error(-32700, "not valid JSON")),
+    RawCase("escaped NUL in a thread id", lambda i: _raw_call_line(i, b'{"prompt":"p","thread_id":"a\\u0000b"}'), raw_tool_error("invalid_argument", "thread_id")),
+    RawCase("10,000 levels of nested arrays as params", lambda i: b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":%s}\n' % (i, b"[" * 10_000 + b"]" * 10_000), rpc_error(-32700, "not valid JSON")),
+    RawCase("10,000 levels of nested objects in an argument", lambda i: _raw_call_line(i, b'{"prompt":"p","x":' + b'{"a":' * 10_000 + b"1" + b"}" * 10_000 + b"}"), rpc_error(-32700, "not valid JSON")),
+    RawCase("100 levels of nesting in an unknown argument", lambda i: _raw_call_line(i, b'{"prompt":"p","deep":' + b"[" * 100 + b"]" * 100 + b"}"), raw_tool_error("invalid_argument", "deep")),
+    RawCase("method is a number", lambda i: b'{"jsonrpc":"2.0","id":%d,"method":123}\n' % i, rpc_error(-32600, "Invalid Request")),
+    RawCase("jsonrpc version 1.0", lambda i: b'{"jsonrpc":"1.0","id":%d,"method":"tools/list"}\n' % i, rpc_error(-32600, "Invalid Request")),
+    RawCase("a batch (JSON array) of requests", lambda i: b'[{"jsonrpc":"2.0","id":%d,"method":"ping"}]\n' % i, rpc_error(-32600, "Invalid Request", same_id=False)),
+    RawCase("unknown method", lambda i: jsonrpc("threads/delete_all", {}, id=i), rpc_error(-32601, "Method not found")),
+    RawCase("tools/call with arguments a string", lambda i: _call(i, "prompt=hi"), rpc_error(-32602)),
+    RawCase("tools/call without a tool name", lambda i: jsonrpc("tools/call", {"arguments": {"prompt": "p"}}, id=i), rpc_error(-32602)),
+    RawCase("tools/call with a progress token that is an object", lambda i: jsonrpc("tools/call", {"name": "respond", "arguments": {"prompt": "p"}, "_meta": {"progressToken": {"a": 1}}}, id=i), rpc_error(-32602)),
+    RawCase("max_output_tokens beyond 64 bits", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":123456789012345678901234567890}'), raw_tool_error("invalid_argument", "max_output_tokens")),
+    RawCase("temperature NaN and Infinity literals", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":NaN}'), raw_tool_error("invalid_argument", "temperature")),
+    RawCase("a string id of 1 MB", lambda i: jsonrpc("ping", None, id="i" * MB), None),  # answered with its id: checked below
+    RawCase("a response to a request the server never made", lambda i: b'{"jsonrpc":"2.0","id":%d,"result":{}}\n' % i, None),
+    RawCase("cancellation of a request that does not exist", lambda i: jsonrpc("notifications/cancelled", {"requestId": i}), None),
+    RawCase("a blank line", lambda i: b"\n", None),
+]
+
+
+@pytest.mark.parametrize("case", RAW_CASES, ids=[c.name for c in RAW_CASES])
+def test_raw_case(raw, case: RawCase):
+    raw.next_id += 1
+    rid = raw.next_id
+    line = case.line(rid)
+    raw.send(line)
+    if case.name == "a string id of 1 MB":
+        msg = raw.wait("i" * MB)
+        assert msg["result"] == {}
+    elif case.expect is None:
+        assert raw.quiet_for(0.5) == []
+    else:
+        # Errors for lines whose id cannot be read come back with id null.
+        msg = raw.wait(rid if getattr(case.expect, "same_id", True) else None, timeout=20)
+        case.expect(msg, rid)
+    raw.sentinel.check(case.name)
+
+
+def test_raw_duplicate_request_ids_each_get_an_answer(raw):
+    # Two calls in flight under one id: the client broke the rules, but neither may hang.
+    raw.send(_call(7777, {"prompt": "!sleep 300 first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"}))
+    got = [raw.wait(7777), raw.wait(7777)]
+    texts = sorted(m["result"]["structuredContent"]["text"] for m in got)
+    assert texts == ["echo 1: !sleep 300 first", "echo 1: second"], got
+    raw.sentinel.check("duplicate request ids")
+
+
+# --- shutdown -----------------------------------------------------------------------------
+
+
+def test_requests_after_shutdown_starts_get_no_torn_output_and_no_orphan():
+    """SIGTERM while calls run, then more requests: wisp exits at once with status 0, stdout
+    stays whole JSON-RPC lines, and any answer to those calls says wisp is shutting down."""
+    from test_process import children, running
+
+    ch = RawChannel()
+    try:
+        ch.call("respond", {"prompt": "warm", "thread_id": "w"})
+        core = children(ch.proc.pid)
+        assert len(core) == 1
+        ch.send(_call(501, {"prompt": "!sleep 10000 running"}))
+        time.sleep(0.2)
+        start = time.monotonic()
+        ch.proc.send_signal(signal.SIGTERM)
+        try:
+            for rid in range(502, 520):
+                ch.send(_call(rid, {"prompt": f"after {rid}"}))
+        except (BrokenPipeError, ValueError):
+            pass  # the shim is already gone: that is allowed
+        assert ch.proc.wait(5) == 0
+        assert time.monotonic() - start < 3.0
+        ch.reader.join(5)
+        for msgs in ch.by_id.values():
+            for m in msgs:
+                if m.get("result", {}).get("isError"):
+                    assert "shutting down" in m["result"]["content"][0]["text"], m
+        deadline = time.monotonic() + 3
+        while running(core[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(core[0]), "wisp-core outlived the shim"
+    finally:
+        if ch.proc.poll() is None:
+            ch.proc.kill()
+
+
+def table() -> str:
+    rows = [("client", c.name) for c in CLIENT_CASES] + [("raw", c.name) for c in RAW_CASES]
+    return "\n".join(f"{i:2d}. [{ch}] {name}" for i, (ch, name) in enumerate(rows, 1))
+
+
+if __name__ == "__main__":
+    print(table())
