@@ -124,7 +124,9 @@ final class AppleSession: ModelSession {
         do {
             if let onPartial {
                 // Snapshots are cumulative: each one holds the whole reply so far.
+                // A first snapshot of "null" has been seen in string streams (AnyLanguageModel): skipped.
                 for try await snapshot in session.streamResponse(to: prompt, options: options) {
+                    if text.isEmpty && snapshot.content == "null" { continue }
                     text = snapshot.content
                     onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
                 }
@@ -138,15 +140,18 @@ final class AppleSession: ModelSession {
         }
         // The tool calls this turn made, from the entries the session appended.
         var exchanges: [ToolExchange] = []
-        var arguments: [String: String] = [:]
+        var pending: [Transcript.ToolCall] = []
         var lastResponse: String?
         for entry in session.transcript.dropFirst(start) {
             switch entry {
             case .toolCalls(let calls):
-                for call in calls { arguments[call.id] = call.arguments.jsonString }
+                pending += calls
             case .toolOutput(let output):
+                // Its call: the same id, else the first pending call of that tool.
+                let i = pending.firstIndex { $0.id == output.id } ?? pending.firstIndex { $0.toolName == output.toolName }
+                let call = i.map { pending.remove(at: $0) }
                 let result = Self.text(output.segments)
-                exchanges.append(ToolExchange(name: output.toolName, arguments: arguments[output.id] ?? "{}",
+                exchanges.append(ToolExchange(name: output.toolName, arguments: call?.arguments.jsonString ?? "{}",
                                               output: result, failed: result.hasPrefix(AppleTool.failurePrefix)))
             case .response(let response):
                 lastResponse = Self.text(response.segments)
