@@ -1,0 +1,103 @@
+"""A fake wisp-core for fault tests (stdlib only), selected with the shim's --core flag
+through a small wrapper script.
+
+It speaks pipe protocol 1 well enough to serve `respond` like the echo backend ("echo N: P"
+per thread), `close_thread` and `status`, until a prompt asks it to misbehave:
+
+  !garbage     write a frame whose payload is not JSON, then wait
+  !oversized   write a length prefix of 0x7fffffff (over the 16 MiB limit), then wait
+  !truncated   write a length prefix of 100 and 10 bytes of payload, then exit 0
+  !badjson     write a frame that is JSON but no message of the protocol, then wait
+
+Each start appends its pid to the file named by WISP_FAKE_CORE_LOG, so a test can count
+restarts.
+"""
+
+import json
+import os
+import struct
+import sys
+import time
+
+out = sys.stdout.buffer
+inp = sys.stdin.buffer
+
+
+def write(payload: bytes) -> None:
+    out.write(struct.pack(">I", len(payload)) + payload)
+    out.flush()
+
+
+def send(obj: dict) -> None:
+    write(json.dumps(obj).encode())
+
+
+def read_exact(n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = inp.read(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def hang() -> None:
+    # Until the shim kills us or closes our stdin.
+    inp.read()
+    sys.exit(0)
+
+
+def main() -> None:
+    log = os.environ.get("WISP_FAKE_CORE_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+    send({"id": 0, "event": "ready", "protocol": 1, "backend": "fake", "model": "fake", "pid": os.getpid()})
+    threads: dict[str, int] = {}
+    while True:
+        head = read_exact(4)
+        if head is None:
+            return
+        (n,) = struct.unpack(">I", head)
+        body = read_exact(n)
+        if body is None:
+            return
+        req = json.loads(body)
+        rid, op = req["id"], req["op"]
+        if op == "respond":
+            prompt = req["prompt"]
+            if prompt.startswith("!garbage"):
+                write(b"\x00\x01this is not json\xff")
+                hang()
+            if prompt.startswith("!oversized"):
+                out.write(struct.pack(">I", 0x7FFFFFFF) + b"{")
+                out.flush()
+                hang()
+            if prompt.startswith("!truncated"):
+                out.write(struct.pack(">I", 100) + b'{"id": 1, ')
+                out.flush()
+                sys.exit(0)
+            if prompt.startswith("!badjson"):
+                send({"hello": "world"})
+                hang()
+            if prompt.startswith("!sleep"):
+                time.sleep(int(prompt.split()[1]) / 1000)
+            tid = req.get("thread_id") or f"fake{rid}"
+            created = tid not in threads
+            threads[tid] = threads.get(tid, 0) + 1
+            send({"id": rid, "ok": True, "result": {
+                "thread_id": tid, "created": created, "text": f"echo {threads[tid]}: {prompt}",
+                "condensed": False, "turns": threads[tid], "dropped": 0}})
+        elif op == "close_thread":
+            send({"id": rid, "ok": True, "result": {"thread_id": req["thread_id"], "closed": threads.pop(req["thread_id"], None) is not None}})
+        elif op == "status":
+            send({"id": rid, "ok": True, "result": {
+                "backend": "fake", "model": "fake", "available": True, "context_size": 4096, "max_threads": 32,
+                "max_queue": 16, "threads": [{"thread_id": t, "turns": n, "pending": 0} for t, n in threads.items()]}})
+        elif op == "cancel":
+            send({"id": rid, "ok": True, "result": {"cancelled": False}})
+
+
+if __name__ == "__main__":
+    main()
