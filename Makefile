@@ -10,7 +10,7 @@ BACKEND ?= auto
 # Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
 ARGS    ?=
 
-.PHONY: build core venv run check test test-swift test-python check-apple bench clean
+.PHONY: build core venv run check test test-swift test-python check-apple bench stress fuzz sanitize clean
 
 ## build: the release wisp-core binary and the Python package in a project venv (.venv)
 build: core venv
@@ -52,6 +52,29 @@ check-apple:
 
 bench:
 	@echo "make bench: the MCP round-trip benchmark is not built yet (bench/pipe_rps.py measures the pipe alone)."
+
+## stress: 10,000 respond calls over 64 thread ids, capacity 32, 50 in flight; prints its figures
+stress: build
+	$(VPY) tests/python/stress.py --calls 10000
+
+## fuzz: 1,000,000 inputs into each frame decoder: the shim's (atheris) and the core's (libFuzzer)
+# New corpus entries and any crash land in .build/fuzz; the seeds (real traffic, recorded
+# by fuzz/record_corpus.py) stay in fuzz/corpus-*.
+FUZZ_RUNS ?= 1000000
+FUZZ_OUT  := .build/fuzz
+fuzz: venv
+	$(VPY) -m pip install --quiet --disable-pip-version-check 'atheris>=2.3'
+	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift
+	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
+	swiftc -O -sanitize=fuzzer,address -parse-as-library fuzz/FrameFuzz.swift swift/WispCore/Pipe/Frame.swift \
+		swift/WispCore/Pipe/Messages.swift swift/WispCore/Errors.swift -module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
+	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
+
+## sanitize: the Swift tests under ThreadSanitizer, then AddressSanitizer (own build dirs)
+sanitize:
+	swift test --sanitize=thread --scratch-path .build/sanitize-thread
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/swift/lsan-suppressions.txt \
+		swift test --sanitize=address --scratch-path .build/sanitize-address
 
 clean:
 	rm -rf .build $(VENV)
