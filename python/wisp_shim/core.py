@@ -98,7 +98,7 @@ def find_core(explicit: str | None = None) -> Path:
 
 
 class _Call:
-    __slots__ = ("id", "thread_id", "future", "latest", "progress_event")
+    __slots__ = ("id", "thread_id", "future", "latest", "progress_event", "sent", "answered")
 
     def __init__(self, call_id: int, thread_id: str | None, want_progress: bool) -> None:
         self.id = call_id
@@ -106,6 +106,10 @@ class _Call:
         self.future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
         self.latest: tuple[int, str] | None = None
         self.progress_event = asyncio.Event() if want_progress else None
+        # Tokens of the last progress notification sent: each must go higher.
+        self.sent = 0
+        # Set when the reply is in, so the progress pump flushes and stops.
+        self.answered = asyncio.Event() if want_progress else None
 
 
 class _Generation:
@@ -295,6 +299,7 @@ class Core:
                 call.future.set_result(msg)
         elif isinstance(msg, p.Progress):
             call = gen.pending.get(msg.id)
+
             if call is not None and call.progress_event is not None:
                 call.latest = (msg.tokens, msg.text)
                 call.progress_event.set()
@@ -410,7 +415,7 @@ class Core:
         try:
             await self._send(gen, data)
             try:
-                return await call.future
+                reply = await call.future
             except _Expired:
                 await self._send_cancel(gen, call.id)
                 raise ShimError(
@@ -423,6 +428,16 @@ class Core:
                 with anyio.CancelScope(shield=True):
                     await self._send_cancel(gen, call.id)
                 raise
+            if pump is not None:
+                # Let the pump send the last partial (it usually lands with the reply) before
+                # the result goes out: cancelling it mid-send could lose or repeat one.
+                assert call.answered is not None and call.progress_event is not None
+                call.answered.set()
+                call.progress_event.set()
+                with contextlib.suppress(Exception):
+                    await pump
+                pump = None
+            return reply
         finally:
             timer.cancel()
             gen.pending.pop(call.id, None)
@@ -512,23 +527,23 @@ def _expire(call: _Call) -> None:
 
 
 async def _pump_progress(call: _Call, on_progress: Callable[[int, str], Awaitable[None]]) -> None:
-    """Forward the latest partial text, strictly increasing in tokens and rate-limited."""
-    assert call.progress_event is not None
-    last = 0
+    """Forward the latest partial text, strictly increasing in tokens and rate-limited;
+    once the reply is in, send what is left and stop."""
+    assert call.progress_event is not None and call.answered is not None
     while True:
         await call.progress_event.wait()
         call.progress_event.clear()
-        if call.latest is None:
-            continue
-        tokens, text = call.latest
-        if tokens <= last:
-            continue
-        last = tokens
-        try:
-            await on_progress(tokens, text)
-        except Exception as exc:  # a progress hiccup must not fail the call itself
-            log.debug("progress notification failed: %s", exc)
-        await asyncio.sleep(PROGRESS_INTERVAL_S)
+        if call.latest is not None and call.latest[0] > call.sent:
+            tokens, text = call.latest
+            try:
+                await on_progress(tokens, text)
+            except Exception as exc:  # a progress hiccup must not fail the call itself
+                log.debug("progress notification failed: %s", exc)
+            call.sent = tokens
+        if call.answered.is_set():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(call.answered.wait(), PROGRESS_INTERVAL_S)
 
 
 async def _stop_process(proc: asyncio.subprocess.Process) -> None:
