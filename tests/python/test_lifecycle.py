@@ -85,12 +85,6 @@ async def test_progress_notifications_strictly_increase_and_carry_partial_text()
     assert seen[-1][1] == final
 
 
-async def test_no_progress_token_means_no_progress():
-    # A client that did not ask for progress gets none (the SDK would reject a stray one).
-    async with wisp() as c:
-        assert ok(await c.call_tool("respond", {"prompt": "!sleep 300 quiet"}))["text"] == "echo 1: !sleep 300 quiet"
-
-
 BAD_ARGUMENTS = [
     ({}, "prompt"),
     ({"prompt": 5}, "prompt"),

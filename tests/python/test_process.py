@@ -104,7 +104,10 @@ def test_stdout_carries_only_json_rpc():
         assert line.endswith(b"\n")
         msg = json.loads(line)
         assert msg.get("jsonrpc") == "2.0" and ("id" in msg or "method" in msg), line
-    assert any(json.loads(x).get("method") == "notifications/progress" for x in lines)
+    # Progress went only to the call that asked for it, strictly increasing.
+    progress = [json.loads(x)["params"] for x in lines if json.loads(x).get("method") == "notifications/progress"]
+    assert len(progress) >= 2 and {p["progressToken"] for p in progress} == {"tok"}
+    assert all(b["progress"] > a["progress"] for a, b in zip(progress, progress[1:]))
     # The logs went somewhere: stderr, from both the shim and the core.
     assert "wisp-core" in log and "wisp INFO" in log
 
