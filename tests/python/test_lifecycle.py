@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -225,3 +226,22 @@ async def test_wrong_protocol_version_is_refused(tmp_path):
         with anyio.fail_after(10):
             msg = error_text(await c.call_tool("respond", {"prompt": "hi"}))
         assert msg.startswith("core_unavailable:") and "protocol 99" in msg, msg
+
+
+async def test_a_core_killed_while_idle_loses_every_live_thread():
+    from test_process import children
+
+    async with wisp() as c:
+        for tid in ("a", "b"):
+            ok(await c.call_tool("respond", {"prompt": "hello", "thread_id": tid}))
+        ok(await c.call_tool("close_thread", {"thread_id": "b"}))
+        cores = [k for shim in children(os.getpid()) for k in children(shim)]
+        assert len(cores) == 1, cores
+        os.kill(cores[0], signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        msg = error_text(await c.call_tool("respond", {"prompt": "still?", "thread_id": "a"}))
+        assert msg.startswith("thread_lost:"), msg
+        # b was closed before the crash: nothing was lost, it simply starts anew.
+        s = ok(await c.call_tool("respond", {"prompt": "new", "thread_id": "b"}))
+        assert (s["created"], s["text"]) == (True, "echo 1: new")
+        assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "a"}))["text"] == "echo 1: again"
