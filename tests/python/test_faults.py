@@ -229,3 +229,12 @@ def test_a_client_that_stops_reading_meets_backpressure_not_unbounded_memory():
     # buffer: a few MiB of calls, never an ever-growing pile.
     assert r["sent"] * r["line_bytes"] < 4 * 1024 * 1024, r
     assert grew["shim"] < 64 and grew["core"] < 64, r
+
+
+@pytest.mark.parametrize("limit", ["1e300", "inf"])
+async def test_a_time_limit_of_centuries_does_not_crash_the_core(limit):
+    # --timeout 1e300 reached the core as timeout_s and trapped Swift's Duration: every call crashed it.
+    async with wisp("--timeout", limit) as c:
+        r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!sleep 50 patient", "thread_id": "p"}), 20))
+        assert r["text"] == "echo 1: !sleep 50 patient"
+        assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "p"}))["text"] == "echo 2: again"

@@ -102,7 +102,8 @@ public final class PipeServer: Sendable {
 
     private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance) async {
         var timer: Task<Void, Never>?
-        if let seconds = r.options?.timeout_s, seconds > 0 {
+        // Capped: a limit of decades is no limit, and `Duration` traps past Int64 seconds (1e300 crashed the core).
+        if let seconds = r.options?.timeout_s.map({ min($0, 1e9) }), seconds > 0 {
             timer = Task { [id = r.id] in
                 guard (try? await Task.sleep(for: .seconds(seconds))) != nil else { return }
                 _ = self.stop(id, because: .timeout)
