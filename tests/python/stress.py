@@ -45,6 +45,8 @@ class Figures:
     creates: int = 0
     live_at_end: int = 0
     errors: list[str] = field(default_factory=list)
+    crash_errors: int = 0
+    kills: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -63,6 +65,7 @@ class Figures:
             f"  live threads   max {self.max_live} seen in {self.polls} polls (capacity {self.capacity}); {self.live_at_end} at the end\n"
             f"  threads        {self.creates} created, {self.evictions} evicted\n"
             f"  errors         {len(self.errors)}; problems {len(self.problems)}"
+            + (f"\n  core kills     {self.kills}: {self.crash_errors} calls failed with core_crashed/thread_lost" if self.kills else "")
         )
 
 
@@ -104,7 +107,11 @@ class RawClient:
 
 
 async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_flight: int = 50,
-              max_sleep_ms: int = 20, seed: int = 8, timeout_s: float = 600.0, core: str | None = None) -> Figures:
+              max_sleep_ms: int = 20, seed: int = 8, timeout_s: float = 600.0, core: str | None = None,
+              kill_core_at: tuple[int, ...] = ()) -> Figures:
+    """`kill_core_at`: call numbers at which the core is SIGKILLed; the calls it fails must
+    fail with core_crashed or thread_lost (counted in `Figures.crash_errors`), all others
+    as without the kills."""
     rng = random.Random(seed)
     fig = Figures(calls=calls, thread_ids=thread_ids, capacity=capacity, in_flight=in_flight)
     argv = shim_command(
@@ -141,7 +148,11 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
             fig.latencies_ms.append((time.perf_counter() - t0) * 1000)
             res = msg.get("result")
             if res is None or res.get("isError"):
-                fig.errors.append(f"call {i} on {tid}: {json.dumps(msg)[:300]}")
+                text = res["content"][0]["text"] if res else ""
+                if kill_core_at and text.startswith(("core_crashed:", "thread_lost:")):
+                    fig.crash_errors += 1
+                else:
+                    fig.errors.append(f"call {i} on {tid}: {json.dumps(msg)[:300]}")
                 return
             s = res["structuredContent"]
             text = s["text"]
@@ -158,9 +169,10 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
             while not finished.is_set():
                 rid = next(next_id)
                 msg = await client.request(rid, jsonrpc("tools/call", {"name": "list_threads", "arguments": {}}, id=rid))
-                live = len(msg["result"]["structuredContent"]["threads"])
-                fig.polls += 1
-                fig.max_live = max(fig.max_live, live)
+                if not msg.get("result", {}).get("isError"):  # a poll may meet a killed core
+                    live = len(msg["result"]["structuredContent"]["threads"])
+                    fig.polls += 1
+                    fig.max_live = max(fig.max_live, live)
                 try:
                     await asyncio.wait_for(finished.wait(), 0.05)
                 except asyncio.TimeoutError:
@@ -171,6 +183,8 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
             tasks = []
             for i in range(calls):
                 await slots.acquire()
+                if i in kill_core_at and kill_core(proc.pid):
+                    fig.kills += 1
                 tasks.append(asyncio.create_task(one(i)))
             await asyncio.gather(*tasks)
             finished.set()
@@ -196,7 +210,7 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
             fig.problems.append(f"answered more than once: {dict(list(dup.items())[:10])}")
         if client.strays:
             fig.problems.append(f"{len(client.strays)} replies to no request, e.g. {client.strays[:3]}")
-        answered = sum(len(v) for v in results.values()) + len(fig.errors)
+        answered = sum(len(v) for v in results.values()) + len(fig.errors) + fig.crash_errors
         if answered != calls and not any("deadlock" in p for p in fig.problems):
             fig.problems.append(f"{calls} calls sent, {answered} answered")
         if fig.max_live > capacity:
@@ -222,6 +236,24 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
             fig.problems.append("wisp did not exit within 10 s of stdin EOF")
         client.reader.cancel()
     return fig
+
+
+def kill_core(shim_pid: int) -> int | None:
+    """SIGKILL the shim's wisp-core child, if it has one running."""
+    import os
+    import signal
+
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if int(fields[1]) == shim_pid and "wisp-core" in stat.split("(", 1)[1]:
+                os.kill(int(entry.name), signal.SIGKILL)
+                return int(entry.name)
+    return None
 
 
 def check_sequences(results: dict[str, list[tuple[bool, int, int]]]) -> list[str]:

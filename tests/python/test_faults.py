@@ -238,3 +238,14 @@ async def test_a_time_limit_of_centuries_does_not_crash_the_core(limit):
         r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!sleep 50 patient", "thread_id": "p"}), 20))
         assert r["text"] == "echo 1: !sleep 50 patient"
         assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "p"}))["text"] == "echo 2: again"
+
+
+async def test_kill_9_of_the_core_under_load_loses_no_reply():
+    # 50 calls in flight when the core dies, twice: each is answered exactly once, by its
+    # reply or by core_crashed / thread_lost, and the threads after each restart are consistent.
+    import stress
+
+    fig = await stress.run(calls=600, thread_ids=64, capacity=32, in_flight=50, kill_core_at=(200, 400), timeout_s=60)
+    print(fig.summary())
+    assert fig.kills == 2 and fig.crash_errors > 0
+    assert not fig.errors and not fig.problems, (fig.errors + fig.problems)[:5]
