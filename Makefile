@@ -50,8 +50,9 @@ test-python: build
 check-apple:
 	scripts/check-apple.sh
 
-bench:
-	@echo "make bench: the MCP round-trip benchmark is not built yet (bench/pipe_rps.py measures the pipe alone)."
+## bench: wisp's cost next to a bare SDK server, measured in one run (< 10 min); writes bench/results/latest.json
+bench: build
+	$(VPY) bench/run.py
 
 ## stress: 10,000 respond calls over 64 thread ids, capacity 32, 50 in flight; prints its figures
 stress: build
