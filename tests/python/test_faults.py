@@ -76,34 +76,37 @@ async def test_kill_9_of_the_core_mid_call():
         assert ok(await c.call_tool("respond", {"prompt": "b", "thread_id": "busy-0"}))["created"] is True
 
 
-@pytest.mark.parametrize(
-    "fault, reason",
-    [
-        ("!garbage", "protocol error"),
-        ("!oversized", "over the"),
-        ("!truncated", "inside a frame"),
-        ("!badjson", "protocol error"),
-    ],
-)
-async def test_a_core_that_breaks_the_frame_protocol_is_restarted_cleanly(tmp_path, fault, reason):
+FRAME_FAULTS = [
+    ("!garbage", "protocol error"),  # a frame whose payload is not JSON
+    ("!oversized", "over the"),  # a length prefix over the 16 MiB limit
+    ("!truncated", "inside a frame"),  # the stream ends inside a frame
+    ("!badjson", "protocol error"),  # JSON, but no message of the protocol
+]
+
+
+async def test_a_core_that_breaks_the_frame_protocol_is_restarted_cleanly(tmp_path):
+    """Each fault in turn, in one session: the call fails at once saying why, the broken
+    core is killed (not orphaned), a fresh one serves the next call, and the threads of
+    the broken one are reported lost."""
     wrapper = tmp_path / "wisp-core"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_CORE}" "$@"\n')
     wrapper.chmod(0o755)
     starts = tmp_path / "starts"
     async with wisp(core=str(wrapper), env=shim_env(WISP_FAKE_CORE_LOG=str(starts))) as c:
-        assert ok(await c.call_tool("respond", {"prompt": "keep", "thread_id": "keep"}))["text"] == "echo 1: keep"
-        first = int(starts.read_text().split()[0])
-        start = time.monotonic()
-        msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": f"{fault} now", "thread_id": "bad"}), 10))
-        assert msg.startswith("core_crashed:") and reason in msg and "bad" in msg, msg
-        assert time.monotonic() - start < 3.0
-        # The misbehaving process is gone (killed by the shim), and a fresh one serves the next call.
-        await _wait_for(lambda: not running(first), 5)
-        r = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": "new"}))
-        assert (r["created"], r["text"]) == (True, "echo 1: after")
-        assert len(starts.read_text().split()) == 2
-        lost = error_text(await c.call_tool("respond", {"prompt": "keep?", "thread_id": "keep"}))
-        assert lost.startswith("thread_lost:"), lost
+        for n, (fault, reason) in enumerate(FRAME_FAULTS, start=1):
+            keep = f"keep-{n}"
+            assert ok(await c.call_tool("respond", {"prompt": "keep", "thread_id": keep}))["text"] == "echo 1: keep"
+            broken = int(starts.read_text().split()[-1])
+            start = time.monotonic()
+            msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": f"{fault} now", "thread_id": "bad"}), 10))
+            assert msg.startswith("core_crashed:") and reason in msg and "bad" in msg, (fault, msg)
+            assert time.monotonic() - start < 3.0, fault
+            await _wait_for(lambda: not running(broken), 5)
+            r = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": f"new-{n}"}))
+            assert (r["created"], r["text"]) == (True, "echo 1: after"), fault
+            assert len(starts.read_text().split()) == n + 1, fault
+            lost = error_text(await c.call_tool("respond", {"prompt": "keep?", "thread_id": keep}))
+            assert lost.startswith("thread_lost:"), (fault, lost)
 
 
 def _spawn_initialized(*args: str) -> subprocess.Popen:
@@ -221,7 +224,7 @@ def flood_without_reading(seconds: float, prompt_bytes: int = 1024, argv: list[s
 
 
 def test_a_client_that_stops_reading_meets_backpressure_not_unbounded_memory():
-    r = flood_without_reading(4.0)
+    r = flood_without_reading(3.0)
     grew = {k: (r["peak_kib"][k] - r["base_kib"][k]) // 1024 for k in ("shim", "core")}
     print(f"flood without reading: {r}; growth MiB {grew}")
     assert r["sent_last_second"] == 0, f"the shim still took calls from a client that reads nothing: {r}"
@@ -231,8 +234,8 @@ def test_a_client_that_stops_reading_meets_backpressure_not_unbounded_memory():
     assert grew["shim"] < 64 and grew["core"] < 64, r
 
 
-@pytest.mark.parametrize("limit", ["1e300", "inf"])
-async def test_a_time_limit_of_centuries_does_not_crash_the_core(limit):
+async def test_a_time_limit_of_centuries_does_not_crash_the_core():
+    limit = "1e300"
     # --timeout 1e300 reached the core as timeout_s and trapped Swift's Duration: every call crashed it.
     async with wisp("--timeout", limit) as c:
         r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!sleep 50 patient", "thread_id": "p"}), 20))
@@ -245,7 +248,7 @@ async def test_kill_9_of_the_core_under_load_loses_no_reply():
     # reply or by core_crashed / thread_lost, and the threads after each restart are consistent.
     import stress
 
-    fig = await stress.run(calls=600, thread_ids=64, capacity=32, in_flight=50, kill_core_at=(200, 400), timeout_s=60)
+    fig = await stress.run(calls=400, thread_ids=64, capacity=32, in_flight=50, kill_core_at=(120, 260), timeout_s=60)
     print(fig.summary())
     assert fig.kills == 2 and fig.crash_errors > 0
     assert not fig.errors and not fig.problems, (fig.errors + fig.problems)[:5]
