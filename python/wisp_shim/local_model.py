@@ -142,6 +142,8 @@ class LocalModel:
     def __post_init__(self) -> None:
         if not self.threads:
             self.threads = max(1, min(os.cpu_count() or 2, 4))
+        if not self.port:
+            self.port = free_port()  # chosen now: the core's --endpoint names it before the server starts
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
         self._monitor: asyncio.Task[None] | None = None
@@ -168,8 +170,6 @@ class LocalModel:
         """Start the server process (does not wait for it to load the model)."""
         if self.proc is not None and self.proc.poll() is None:
             return
-        if not self.port:
-            self.port = free_port()
         self._stopping = False
         parent = os.getpid()
         log.info("starting the local model: %s", " ".join(self.argv()))
