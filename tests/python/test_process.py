@@ -155,8 +155,8 @@ def test_no_orphaned_core(how):
         proc.wait(timeout=5)
         assert _wait_gone(core, 5), f"wisp-core {core} still running after the shim's {how}"
         elapsed = time.monotonic() - start
-        # Well inside the 2 s an MCP client gives a server before it sends SIGTERM.
-        assert elapsed < 2.0, f"{how}: took {elapsed:.2f} s"
+        # The core gets 0.5 s after EOF before SIGTERM; anything near 2.5 s means it needed SIGTERM.
+        assert elapsed < 2.4, f"{how}: took {elapsed:.2f} s"
         if how != "sigkill":
             assert proc.returncode == 0
     finally:
@@ -203,7 +203,7 @@ def test_a_core_that_ignores_eof_and_sigterm_is_killed(tmp_path, how):
             proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=6)
         assert _wait_gone(core, 1), "the stubborn core outlived the shim"
-        assert time.monotonic() - start < 4.0
+        assert time.monotonic() - start < 5.0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -124,7 +124,7 @@ async def test_different_threads_run_concurrently():
         )
         elapsed = time.monotonic() - start
         assert [ok(r)["text"] for r in results] == ["echo 1: !sleep 500 go"] * 4
-        assert elapsed < 1.5, f"4 threads x 0.5 s took {elapsed:.2f} s: they did not overlap"
+        assert elapsed < 1.6, f"4 threads x 0.5 s took {elapsed:.2f} s: they did not overlap"
 
 
 async def test_one_thread_runs_calls_one_at_a_time_in_order():
