@@ -13,7 +13,7 @@ import time
 import anyio
 import pytest
 
-from conftest import REPO, core_path, error_text, ok, shim_command, shim_env, text_of, wisp
+from conftest import REPO, core_path, error_text, ok, shim_command, shim_env, wisp
 
 
 async def test_crash_fails_pending_calls_restarts_and_reports_lost_threads():
