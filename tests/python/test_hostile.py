@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -310,10 +312,27 @@ CLIENT_CASES = [
 ]
 
 
+# What wisp answered, per case: `WISP_HOSTILE_TABLE=FILE pytest tests/python/test_hostile.py`
+# writes it as a markdown table.
+ANSWERS: list[tuple[str, str, str]] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def answer_table():
+    yield
+    path = os.environ.get("WISP_HOSTILE_TABLE")
+    if path:
+        rows = ["| # | channel | input | wisp answers |", "| --- | --- | --- | --- |"]
+        for i, (ch, name, answer) in enumerate(ANSWERS, 1):
+            cell = answer.replace("|", "\\|").replace("\n", " ")
+            rows.append(f"| {i} | {ch} | {name} | {cell} |")
+        Path(path).write_text("\n".join(rows) + "\n")
+
+
 @pytest.mark.parametrize("case", CLIENT_CASES, ids=[c.name for c in CLIENT_CASES])
 def test_client_case(client, case: ClientCase):
     r = client.run(lambda c: c.call_tool(case.tool, case.args))
-    case.expect(r)
+    ANSWERS.append(("client", case.name, case.expect(r)))
     client.sentinel.check(case.name)
 
 
@@ -324,6 +343,7 @@ def test_client_unknown_tool_is_a_json_rpc_error(client, name):
     with pytest.raises(MCPError) as info:
         client.run(lambda c: c.call_tool(name, {"prompt": "p"}))
     assert "Unknown tool" in str(info.value) and len(str(info.value)) < 1000, str(info.value)[:300]
+    ANSWERS.append(("client", f"unknown tool {name[:20]!r}" + (f" ({len(name)} chars)" if len(name) > 20 else ""), f"JSON-RPC error -32602: {str(info.value)[:100]}"))
     client.sentinel.check(f"unknown tool {name[:20]}")
 
 
@@ -381,12 +401,17 @@ def test_raw_case(raw, case: RawCase):
     if case.name == "a string id of 1 MB":
         msg = raw.wait("i" * MB)
         assert msg["result"] == {}
+        answer = "answered (ping result) under its 1 MB id"
     elif case.expect is None:
         assert raw.quiet_for(0.5) == []
+        answer = "nothing (not a request: no reply is due), server carries on"
     else:
         # Errors for lines whose id cannot be read come back with id null.
         msg = raw.wait(rid if getattr(case.expect, "same_id", True) else None, timeout=20)
-        case.expect(msg, rid)
+        answer = case.expect(msg, rid)
+        if "error" in msg and msg["id"] is None:
+            answer += " (id null)"
+    ANSWERS.append(("raw", case.name, answer))
     raw.sentinel.check(case.name)
 
 
@@ -396,6 +421,7 @@ def test_raw_duplicate_request_ids_each_get_an_answer(raw):
     got = [raw.wait(7777), raw.wait(7777)]
     texts = sorted(m["result"]["structuredContent"]["text"] for m in got)
     assert texts == ["echo 1: !sleep 300 first", "echo 1: second"], got
+    ANSWERS.append(("raw", "two calls in flight under one request id", "both served, each answered once under that id"))
     raw.sentinel.check("duplicate request ids")
 
 
@@ -432,6 +458,7 @@ def test_requests_after_shutdown_starts_get_no_torn_output_and_no_orphan():
         while running(core[0]) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not running(core[0]), "wisp-core outlived the shim"
+        ANSWERS.append(("raw", "SIGTERM with a call running, then 18 more requests", "exits 0 within 3 s; answers (if any) are `shutting_down` tool errors; stdout stays whole JSON-RPC lines; no orphaned core"))
     finally:
         if ch.proc.poll() is None:
             ch.proc.kill()
