@@ -252,3 +252,14 @@ async def test_kill_9_of_the_core_under_load_loses_no_reply():
     print(fig.summary())
     assert fig.kills == 2 and fig.crash_errors > 0
     assert not fig.errors and not fig.problems, (fig.errors + fig.problems)[:5]
+
+
+async def test_a_reply_over_the_frame_limit_fails_that_call_not_the_pipe():
+    # 9 MB of "/" is a 9 MB request, but Swift's JSONEncoder writes "/" as "\/": the echo
+    # reply came to 18 MB, over the shim's 16 MiB frame limit, and the shim had to kill
+    # the core as broken, losing every thread.
+    async with wisp("--context-size", "100000000") as c:
+        assert ok(await c.call_tool("respond", {"prompt": "keep", "thread_id": "keep"}))["text"] == "echo 1: keep"
+        msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": "/" * 9_000_000, "thread_id": "big"}), 60))
+        assert msg.startswith("internal:") and "MiB limit" in msg, msg[:300]
+        assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "keep"}))["text"] == "echo 2: again"

@@ -113,7 +113,11 @@ public final class PipeServer: Sendable {
         var onPartial: PartialHandler?
         if r.progress == true {
             let id = r.id
-            onPartial = { @Sendable p in self.write(Progress(id: id, text: p.text, tokens: p.tokens)) }
+            onPartial = { @Sendable p in
+                // Over the frame limit, a partial text is skipped: the final reply says what happened.
+                let frame = self.encode(Progress(id: id, text: p.text, tokens: p.tokens))
+                if frame.count <= 4 + Frame.defaultMaxBytes { self.send(frame) }
+            }
         }
 
         let reply: [UInt8]
@@ -138,7 +142,7 @@ public final class PipeServer: Sendable {
         timer?.cancel()
         await registry.finished(acceptance, failed: failed)
         _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
-        send(reply)
+        send(fitting(reply, id: r.id))
     }
 
     /// Stops an in-flight call. False when no such call is in flight.
@@ -161,6 +165,15 @@ public final class PipeServer: Sendable {
 
     private func write<T: Encodable>(_ message: T) {
         send(encode(message))
+    }
+
+    /// A reply over the frame limit would make the shim treat the whole pipe as broken and lose
+    /// every thread (a 9 MB prompt of "/" came back as 18 MB: JSONEncoder escapes "/"), so it
+    /// becomes an error for this call alone.
+    private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
+        guard frame.count > 4 + Frame.defaultMaxBytes else { return frame }
+        log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(Frame.defaultMaxBytes)-byte frame limit; sent an error instead")
+        return encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(Frame.defaultMaxBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
     }
 
     private func encode<T: Encodable>(_ message: T) -> [UInt8] {
