@@ -132,7 +132,7 @@ def use_local_model(ns: argparse.Namespace, config: CoreConfig) -> None:
 
 
 async def _serve(config: CoreConfig, max_threads: int) -> None:
-    from mcp.server.stdio import stdio_server
+    from .stdio import stdio_server  # the SDK's stdio transport on asyncio pipes (stdio.py)
 
     from .server import build_server
     from .transport import guard

@@ -125,6 +125,7 @@ class _Generation:
         self.dead = False
         self.write_lock = asyncio.Lock()
         self.reader: asyncio.Task[tuple[int | None, str | None]] | None = None
+        self.stdout_fd = -1  # the read end of the core's stdout
 
     def remember(self, thread_id: str) -> None:
         self.alive[thread_id] = None
@@ -214,9 +215,15 @@ class Core:
             log.info("starting %s", " ".join(argv))
             env = None if self.config.env is None else {**os.environ, **self.config.env}
             # stderr is inherited: the core's logs go where the shim's go, never to stdout.
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env
-            )
+            # Its stdout is a pipe of our own, read by _CoreStdout (see _read).
+            out_r, out_w = os.pipe()
+            try:
+                proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE, stdout=out_w, env=env)
+            except BaseException:
+                os.close(out_r)
+                raise
+            finally:
+                os.close(out_w)
         except ShimError as exc:
             self._startup_failed(exc)
             return None
@@ -225,6 +232,7 @@ class Core:
             return None
         self._starting = proc
         gen = _Generation(proc)
+        gen.stdout_fd = out_r
         gen.reader = asyncio.get_running_loop().create_task(self._read(gen), name="wisp-core reader")
         try:
             done, _ = await asyncio.wait({gen.ready, gen.reader}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
@@ -265,21 +273,23 @@ class Core:
         self._notify()
 
     async def _read(self, gen: _Generation) -> tuple[int | None, str | None]:
-        """The one reader of the core's stdout: resolves calls by id until EOF."""
-        decoder = p.FrameDecoder()
-        stdout = gen.proc.stdout
-        assert stdout is not None
-        reason: str | None = None
+        """The one reader of the core's stdout: resolves calls by id until EOF.
+
+        A protocol on the pipe rather than a loop over asyncio's StreamReader: each reply is
+        decoded and its caller's future resolved in the event loop's own read callback. The
+        StreamReader path (subprocess transport -> call_soon -> StreamReader -> reader task ->
+        future) cost two more event-loop iterations per call, ~40 us of a ~110 us round trip.
+        """
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[str | None] = loop.create_future()
+        transport, _ = await loop.connect_read_pipe(
+            lambda: _CoreStdout(self, gen, ended), os.fdopen(gen.stdout_fd, "rb", buffering=0)
+        )
         try:
-            while True:
-                data = await stdout.read(1 << 16)
-                if not data:
-                    decoder.finish()
-                    break
-                for payload in decoder.feed(data):
-                    self._dispatch(gen, p.decode_message(payload))
-        except p.ProtocolError as exc:
-            reason = str(exc)
+            reason = await ended
+        finally:
+            transport.close()
+        if reason is not None:
             log.error("protocol error from wisp-core: %s; killing it", reason)
             with contextlib.suppress(ProcessLookupError):
                 gen.proc.kill()
@@ -524,6 +534,36 @@ class _Expired(Exception):
 def _expire(call: _Call) -> None:
     if not call.future.done():
         call.future.set_exception(_Expired())
+
+
+class _CoreStdout(asyncio.Protocol):
+    """The core's stdout: frames are dispatched as they arrive. `ended` gets None at EOF,
+    or the reason the stream can no longer be trusted."""
+
+    def __init__(self, core: Core, gen: _Generation, ended: asyncio.Future[str | None]) -> None:
+        self._core = core
+        self._gen = gen
+        self._ended = ended
+        self._decoder = p.FrameDecoder()
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended.done():
+            return
+        try:
+            for payload in self._decoder.feed(data):
+                self._core._dispatch(self._gen, p.decode_message(payload))
+        except p.ProtocolError as exc:
+            self._ended.set_result(str(exc))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._ended.done():
+            return
+        try:
+            self._decoder.finish()
+        except p.ProtocolError as err:
+            self._ended.set_result(str(err))
+            return
+        self._ended.set_result(None)
 
 
 async def _pump_progress(call: _Call, on_progress: Callable[[int, str], Awaitable[None]]) -> None:
