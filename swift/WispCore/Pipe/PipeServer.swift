@@ -15,7 +15,14 @@ public final class PipeServer: Sendable {
         var task: Task<Void, Never>?
         /// Why the call was stopped, when it was: `cancelled` or `timeout`.
         var stop: WispError.Code?
+        /// When the call's own time limit (`options.timeout_s`) runs out, if it has one.
+        var deadline: ContinuousClock.Instant?
     }
+
+    /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
+    private let watchdog = Mutex<Task<Void, Never>?>(nil)
+    /// How often the watchdog looks: a time limit fires at most this late.
+    private static let watchInterval = Duration.milliseconds(50)
 
     public init(registry: ThreadRegistry, backend: any ModelBackend, log: Log, send: @escaping @Sendable ([UInt8]) -> Void) {
         self.registry = registry
@@ -101,13 +108,11 @@ public final class PipeServer: Sendable {
     }
 
     private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance) async {
-        var timer: Task<Void, Never>?
         // Capped: a limit of decades is no limit, and `Duration` traps past Int64 seconds (1e300 crashed the core).
         if let seconds = r.options?.timeout_s.map({ min($0, 1e9) }), seconds > 0 {
-            timer = Task { [id = r.id] in
-                guard (try? await Task.sleep(for: .seconds(seconds))) != nil else { return }
-                _ = self.stop(id, because: .timeout)
-            }
+            let deadline = ContinuousClock.now.advanced(by: .seconds(seconds))
+            inFlight.withLock { $0[r.id]?.deadline = deadline }
+            startWatchdog()
         }
         let settings = GenerationSettings(temperature: r.options?.temperature, maxOutputTokens: r.options?.max_output_tokens)
         var onPartial: PartialHandler?
@@ -139,10 +144,37 @@ public final class PipeServer: Sendable {
             reply = encode(Failure.failure(r.id, e))
             failed = true
         }
-        timer?.cancel()
         await registry.finished(acceptance, failed: failed)
         _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
         send(fitting(reply, id: r.id))
+    }
+
+    /// Time limits are enforced by one watchdog task for all calls, not a sleeping task per call:
+    /// starting and cancelling a task per call cost two thread wake-ups on every round trip
+    /// (~20 us of ~80 us on 2 cores). It runs only while some call has a limit.
+    private func startWatchdog() {
+        watchdog.withLock { task in
+            if task == nil { task = Task { await self.watch() } }
+        }
+    }
+
+    private func watch() async {
+        while true {
+            try? await Task.sleep(for: Self.watchInterval)
+            let now = ContinuousClock.now
+            let expired = inFlight.withLock { calls in
+                calls.compactMap { id, call in call.stop == nil && call.deadline.map { $0 <= now } == true ? id : nil }
+            }
+            for id in expired { _ = stop(id, because: .timeout) }
+            // Ends when no running call has a limit; checked under the watchdog's lock, so a
+            // call that sets its deadline meanwhile either is seen here or starts a new watchdog.
+            let done = watchdog.withLock { task in
+                let waiting = inFlight.withLock { $0.values.contains { $0.stop == nil && $0.deadline != nil } }
+                if !waiting { task = nil }
+                return !waiting
+            }
+            if done { return }
+        }
     }
 
     /// Stops an in-flight call. False when no such call is in flight.

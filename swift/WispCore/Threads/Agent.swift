@@ -66,7 +66,15 @@ public final class Agent {
                 let g = try await active.respond(to: prompt, settings: settings, onPartial: onPartial)
                 let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text,
                                 tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g))
-                history = Array(kept) + [turn]
+                if dropped == 0 {
+                    // The usual case: append in place. Releasing `kept` (a slice of `history`'s
+                    // buffer) first leaves the buffer uniquely referenced, so nothing is copied;
+                    // rebuilding the array cost O(turns) per call on a long thread.
+                    kept = []
+                    history.append(turn)
+                } else {
+                    history = Array(kept) + [turn]
+                }
                 return Outcome(text: g.text, condensed: dropped > 0, turns: history.count, dropped: dropped,
                                promptTokens: g.promptTokens, outputTokens: g.outputTokens)
             } catch let error as WispError where error.code == .contextOverflow {
