@@ -1,12 +1,16 @@
 """The baseline for `make bench`: a bare MCP stdio server on the same `mcp` SDK as wisp,
 whose one tool returns its input.
 
-    python bench/baseline_server.py
+    python bench/baseline_server.py [--wisp-stdio]
 
 It is built the way wisp's shim is (the SDK's low-level `Server`, a tool with an input and
 an output schema, a result with both text content and structuredContent), so that
 wisp ÷ baseline isolates what wisp adds: its own code, the pipe and the core. The SDK's
 high-level MCPServer would be slower (per-call pydantic models) and so a softer baseline.
+
+With --wisp-stdio it serves over wisp's own stdio transport (python/wisp_shim/stdio.py: the
+SDK's, on asyncio pipes instead of worker threads), so that wisp ÷ this isolates what wisp's
+threads, pipe and core add with the transport gain taken out.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from mcp.types import (
 
 RESPOND = Tool(
     name="respond",
-    description="Return the prompt unchanged.",
+    description="Return the prompt unchanged (after MS milliseconds for a prompt `!sleep MS ...`).",
     input_schema={
         "type": "object",
         "properties": {
@@ -52,12 +56,18 @@ async def list_tools(ctx: ServerRequestContext[Any], params: PaginatedRequestPar
 
 async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
     prompt = str((params.arguments or {}).get("prompt", ""))
+    if prompt.startswith("!sleep "):
+        # Like wisp's echo backend: the concurrency benchmark's calls wait, then answer.
+        await anyio.sleep(int(prompt.split()[1]) / 1000)
     return CallToolResult(content=[TextContent(type="text", text=prompt)], structured_content={"text": prompt})
 
 
 async def main() -> None:
     server = Server("baseline", version="0", on_list_tools=list_tools, on_call_tool=call_tool)
-    async with stdio_server() as (read, write):
+    serve = stdio_server
+    if "--wisp-stdio" in sys.argv[1:]:
+        from wisp_shim.stdio import stdio_server as serve
+    async with serve() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 
 

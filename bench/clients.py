@@ -30,8 +30,8 @@ def wisp_argv(*extra: str, backend: str = "echo") -> list[str]:
     return [PY, "-m", "wisp_shim", "--core", str(CORE), "--backend", backend, "--context-size", BIG_CONTEXT, *extra]
 
 
-def baseline_argv() -> list[str]:
-    return [PY, str(REPO / "bench" / "baseline_server.py")]
+def baseline_argv(*extra: str) -> list[str]:
+    return [PY, str(REPO / "bench" / "baseline_server.py"), *extra]
 
 
 def child_env() -> dict[str, str]:

@@ -66,42 +66,46 @@ def log(msg: str) -> None:
 
 
 async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
-    """One wisp thread and the baseline, both connected at once, called alternately."""
+    """One wisp thread and the baselines, all connected at once, called in turn.
+
+    Two baselines: the bare SDK server as the SDK ships it (the figure the target is about),
+    and the same server on wisp's stdio transport (stdio.py), which shows what wisp's threads,
+    pipe and core add once the transport, where wisp is faster than the SDK, is taken out."""
     runs = []
     for r in range(repeats):
-        async with mcp_client(baseline_argv()) as base, mcp_client(wisp_argv()) as wisp:
+        async with mcp_client(baseline_argv()) as base, mcp_client(baseline_argv("--wisp-stdio")) as same, \
+                mcp_client(wisp_argv()) as wisp:
             first = await wisp.call_tool("respond", {"prompt": "hello"})
             assert not first.is_error, first
-            tid = first.structured_content["thread_id"]
-            w_args = {"prompt": "ping", "thread_id": tid}
-            b_args = {"prompt": "ping", "thread_id": tid}
-            for _ in range(max(20, calls // 10)):  # warm both: imports, caches, allocator
-                await base.call_tool("respond", b_args)
-                await wisp.call_tool("respond", w_args)
-            bt, wt = [], []
+            args = {"prompt": "ping", "thread_id": first.structured_content["thread_id"]}
+            clients = {"baseline": base, "same_transport": same, "wisp": wisp}
+            for _ in range(max(20, calls // 10)):  # warm all: imports, caches, allocator
+                for c in clients.values():
+                    await c.call_tool("respond", args)
+            times: dict[str, list[float]] = {k: [] for k in clients}
+            names = list(clients)
             for i in range(calls):
-                # Alternate who goes first, so neither always follows the other's wake-up.
-                order = ((base, b_args, bt), (wisp, w_args, wt)) if i % 2 else ((wisp, w_args, wt), (base, b_args, bt))
-                for client, args, out in order:
+                # Rotate who goes first, so no one always follows the same neighbour.
+                for name in names[i % 3:] + names[: i % 3]:
                     t = time.perf_counter()
-                    res = await client.call_tool("respond", args)
-                    out.append(time.perf_counter() - t)
+                    res = await clients[name].call_tool("respond", args)
+                    times[name].append(time.perf_counter() - t)
                     assert not res.is_error, res
-        run = {
-            "wisp_p50_us": pct(wt, 0.5) * 1e6, "wisp_p99_us": pct(wt, 0.99) * 1e6,
-            "baseline_p50_us": pct(bt, 0.5) * 1e6, "baseline_p99_us": pct(bt, 0.99) * 1e6,
-        }
+        run = {f"{k}_{q}_us": pct(v, f) * 1e6 for k, v in times.items() for q, f in (("p50", 0.5), ("p99", 0.99))}
         run["ratio_p50"] = run["wisp_p50_us"] / run["baseline_p50_us"]
+        run["ratio_p50_same_transport"] = run["wisp_p50_us"] / run["same_transport_p50_us"]
         runs.append(run)
-        log(f"roundtrip {r + 1}/{repeats}: wisp p50 {run['wisp_p50_us']:.0f} us, baseline p50 {run['baseline_p50_us']:.0f} us, ratio {run['ratio_p50']:.2f}")
-    return {
+        log(f"roundtrip {r + 1}/{repeats}: p50 wisp {run['wisp_p50_us']:.0f} us, baseline {run['baseline_p50_us']:.0f} us, "
+            f"baseline on wisp's transport {run['same_transport_p50_us']:.0f} us; ratio {run['ratio_p50']:.2f}")
+    out = {
         "roundtrip_ratio_p50": median([x["ratio_p50"] for x in runs]),
-        "roundtrip_wisp_p50_us": median([x["wisp_p50_us"] for x in runs]),
-        "roundtrip_wisp_p99_us": median([x["wisp_p99_us"] for x in runs]),
-        "roundtrip_baseline_p50_us": median([x["baseline_p50_us"] for x in runs]),
-        "roundtrip_baseline_p99_us": median([x["baseline_p99_us"] for x in runs]),
-        "_runs": {"roundtrip": runs},
+        "roundtrip_ratio_p50_same_transport": median([x["ratio_p50_same_transport"] for x in runs]),
     }
+    for k in ("wisp", "baseline", "same_transport"):
+        for q in ("p50", "p99"):
+            out[f"roundtrip_{k}_{q}_us"] = median([x[f"{k}_{q}_us"] for x in runs])
+    out["_runs"] = {"roundtrip": runs}
+    return out
 
 
 # --- pipe ---------------------------------------------------------------------------------
@@ -139,34 +143,43 @@ async def pipe(calls: int, repeats: int) -> dict[str, Any]:
 
 
 async def concurrency(repeats: int, sleep_ms: int = 500) -> dict[str, Any]:
+    """32 calls at once on 32 threads vs one call; 8 calls at once on one thread. The same
+    client also drives the baseline server's `!sleep` in the same pattern, interleaved: what
+    32 concurrent calls cost this client and the SDK alone, on this machine, at this moment."""
     import anyio
 
     prompt = f"!sleep {sleep_ms}"
     runs = []
-    async with mcp_client(wisp_argv()) as wisp:
+    async with mcp_client(wisp_argv()) as wisp, mcp_client(baseline_argv("--wisp-stdio")) as base:
         await wisp.call_tool("respond", {"prompt": "warm"})
+        await base.call_tool("respond", {"prompt": "warm"})
 
-        async def call(args: dict) -> None:
-            res = await wisp.call_tool("respond", args)
+        async def call(client: Any, args: dict) -> None:
+            res = await client.call_tool("respond", args)
             assert not res.is_error, res
 
-        async def wall(calls: list[dict]) -> float:
+        async def wall(client: Any, calls: list[dict]) -> float:
             t = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for args in calls:
-                    tg.start_soon(call, args)
+                    tg.start_soon(call, client, args)
             return time.perf_counter() - t
 
         for r in range(repeats):
-            one = await wall([{"prompt": prompt, "thread_id": f"one-{r}"}])
-            par = await wall([{"prompt": prompt, "thread_id": f"par-{r}-{i}"} for i in range(32)])
-            ser = await wall([{"prompt": prompt, "thread_id": f"ser-{r}"} for _ in range(8)])
+            one = await wall(wisp, [{"prompt": prompt, "thread_id": f"one-{r}"}])
+            par = await wall(wisp, [{"prompt": prompt, "thread_id": f"par-{r}-{i}"} for i in range(32)])
+            ser = await wall(wisp, [{"prompt": prompt, "thread_id": f"ser-{r}"} for _ in range(8)])
+            b_one = await wall(base, [{"prompt": prompt}])
+            b_par = await wall(base, [{"prompt": prompt} for _ in range(32)])
             runs.append({"one_s": one, "parallel32_s": par, "serial8_s": ser,
-                         "concurrency_ratio": par / one, "serial_ratio": ser / (8 * one)})
-            log(f"concurrency {r + 1}/{repeats}: one {one * 1e3:.1f} ms, 32 parallel {par * 1e3:.1f} ms, 8 serial {ser * 1e3:.1f} ms")
+                         "concurrency_ratio": par / one, "serial_ratio": ser / (8 * one),
+                         "baseline_one_s": b_one, "baseline_parallel32_s": b_par, "baseline_concurrency_ratio": b_par / b_one})
+            log(f"concurrency {r + 1}/{repeats}: one {one * 1e3:.1f} ms, 32 parallel {par * 1e3:.1f} ms, 8 serial {ser * 1e3:.1f} ms; "
+                f"baseline one {b_one * 1e3:.1f} ms, 32 parallel {b_par * 1e3:.1f} ms")
     return {
         "concurrency_ratio": median([x["concurrency_ratio"] for x in runs]),
         "serial_ratio": median([x["serial_ratio"] for x in runs]),
+        "concurrency_ratio_baseline": median([x["baseline_concurrency_ratio"] for x in runs]),
         "concurrency_one_call_ms": median([x["one_s"] for x in runs]) * 1e3,
         "concurrency_32_parallel_ms": median([x["parallel32_s"] for x in runs]) * 1e3,
         "concurrency_8_serial_ms": median([x["serial8_s"] for x in runs]) * 1e3,
@@ -452,8 +465,10 @@ ROWS = [
     ("roundtrip_ratio_p50", "respond round trip, wisp / bare SDK server (p50)", "{:.2f}"),
     ("roundtrip_wisp_p50_us", "  wisp p50 / p99 (us)", None),
     ("roundtrip_baseline_p50_us", "  baseline p50 / p99 (us)", None),
+    ("roundtrip_ratio_p50_same_transport", "  wisp / baseline on wisp's stdio transport", "{:.2f}"),
     ("pipe_p50_us", "shim <-> core round trip p50 (us)", "{:.0f}"),
     ("concurrency_ratio", "32 threads x !sleep 500 / one call", "{:.3f}"),
+    ("concurrency_ratio_baseline", "  the same, bare SDK server (asyncio sleep)", "{:.3f}"),
     ("serial_ratio", "8 calls on one thread / (8 x one call)", "{:.3f}"),
     ("cold_start_ratio", "spawn -> tools/list, wisp / baseline", "{:.2f}"),
     ("cold_start_wisp_ms", "  wisp / baseline (ms)", None),
