@@ -46,6 +46,7 @@ class Figures:
     live_at_end: int = 0
     errors: list[str] = field(default_factory=list)
     crash_errors: int = 0
+    rss_kib: dict[str, tuple[int, int]] = field(default_factory=dict)  # process: (after warm-up, at the end)
     kills: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -65,6 +66,7 @@ class Figures:
             f"  live threads   max {self.max_live} seen in {self.polls} polls (capacity {self.capacity}); {self.live_at_end} at the end\n"
             f"  threads        {self.creates} created, {self.evictions} evicted\n"
             f"  errors         {len(self.errors)}; problems {len(self.problems)}"
+            + "".join(f"\n  rss {k:<10} {a / 1024:.0f} MiB after warm-up, {b / 1024:.0f} MiB at the end" for k, (a, b) in self.rss_kib.items())
             + (f"\n  core kills     {self.kills}: {self.crash_errors} calls failed with core_crashed/thread_lost" if self.kills else "")
         )
 
@@ -190,6 +192,7 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
             finished.set()
             await poller
 
+        rss_start = {"shim": rss_kib(proc.pid), "wisp-core": rss_kib(core_pid(proc.pid))}
         start = time.perf_counter()
         try:
             await asyncio.wait_for(drive(), timeout_s)
@@ -201,6 +204,8 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
         final = await asyncio.wait_for(client.request(rid, jsonrpc("tools/call", {"name": "list_threads", "arguments": {}}, id=rid)), 30)
         live = final["result"]["structuredContent"]["threads"]
         fig.live_at_end = len(live)
+        rss_end = {"shim": rss_kib(proc.pid), "wisp-core": rss_kib(core_pid(proc.pid))}
+        fig.rss_kib = {k: (rss_start[k], rss_end[k]) for k in rss_start}
         fig.max_live = max(fig.max_live, len(live))
         await asyncio.sleep(0.3)  # a late duplicate would arrive now
 
@@ -238,11 +243,8 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
     return fig
 
 
-def kill_core(shim_pid: int) -> int | None:
-    """SIGKILL the shim's wisp-core child, if it has one running."""
-    import os
-    import signal
-
+def core_pid(shim_pid: int) -> int | None:
+    """The shim's running wisp-core child."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -250,10 +252,30 @@ def kill_core(shim_pid: int) -> int | None:
             except OSError:
                 continue
             fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == shim_pid and "wisp-core" in stat.split("(", 1)[1]:
-                os.kill(int(entry.name), signal.SIGKILL)
+            if int(fields[1]) == shim_pid and fields[0] != "Z":
                 return int(entry.name)
     return None
+
+
+def kill_core(shim_pid: int) -> int | None:
+    """SIGKILL the shim's wisp-core child, if it has one running."""
+    import os
+    import signal
+
+    pid = core_pid(shim_pid)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def rss_kib(pid: int | None) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (OSError, TypeError):
+        pass
+    return 0
 
 
 def check_sequences(results: dict[str, list[tuple[bool, int, int]]]) -> list[str]:
