@@ -425,6 +425,27 @@ def test_raw_duplicate_request_ids_each_get_an_answer(raw):
     raw.sentinel.check("duplicate request ids")
 
 
+def test_a_call_before_initialize_is_refused_and_the_session_still_starts():
+    from test_process import read_until
+
+    proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO)
+    lines: list[bytes] = []
+    try:
+        proc.stdin.write(_call(1, {"prompt": "too early"}))
+        proc.stdin.flush()
+        early = read_until(proc, 1, lines)
+        assert early["error"]["code"] == -32602, early
+        proc.stdin.write(INITIALIZE.replace(b'"id": 1', b'"id": 2') + INITIALIZED + _call(3, {"prompt": "now"}))
+        proc.stdin.flush()
+        assert "result" in read_until(proc, 2, lines)
+        assert read_until(proc, 3, lines)["result"]["structuredContent"]["text"] == "echo 1: now"
+        ANSWERS.append(("raw", "tools/call before initialize (no protocol era yet)", "JSON-RPC error -32602; initialize afterwards works and calls are served"))
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
 # --- shutdown -----------------------------------------------------------------------------
 
 
