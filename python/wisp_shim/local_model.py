@@ -113,6 +113,17 @@ def wanted(backend: str | None, endpoint: str | None) -> bool:
     return switch == "1" or sys.platform != "darwin"
 
 
+def default_threads() -> int:
+    """Half the CPUs (1 on a 2-core machine, at most 4), or WISP_LOCAL_THREADS. ggml's worker
+    threads spin-wait for each other, so with as many threads as cores, any other busy process
+    (the agent harness, a build, wisp itself) stalls every token: measured on 2 cores under
+    load, -t 2 fell to 0.5-10 tokens/s while -t 1 kept 23-50."""
+    env = os.environ.get("WISP_LOCAL_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -141,7 +152,7 @@ class LocalModel:
 
     def __post_init__(self) -> None:
         if not self.threads:
-            self.threads = max(1, min(os.cpu_count() or 2, 4))
+            self.threads = default_threads()
         if not self.port:
             self.port = free_port()  # chosen now: the core's --endpoint names it before the server starts
         self.proc: subprocess.Popen[bytes] | None = None
