@@ -256,3 +256,19 @@ async def test_local_server_down_is_a_clear_error(llama):
     async with wisp("--endpoint", endpoint, backend="openai", env=shim_env()) as c:
         msg = error_text(await c.call_tool("respond", {"prompt": "hello", **SETTINGS}))
     assert msg.startswith("model_unavailable:") and endpoint in msg, msg
+
+
+async def test_make_run_gives_a_real_answer(llama):
+    """`make run` as an MCP client's command (what the README tells users to configure): on
+    Linux it installs the local model if needed, builds, and serves a real model's answer."""
+    from mcp import Client, StdioServerParameters, stdio_client
+
+    from conftest import REPO
+
+    params = StdioServerParameters(command="make", args=["-s", "run"], cwd=str(REPO), env=shim_env())
+    with open(os.devnull, "w") as quiet:
+        async with Client(stdio_client(params, errlog=quiet)) as c:
+            r = ok(await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS}))
+            assert "paris" in r["text"].lower(), r["text"]
+            st = ok(await c.call_tool("list_threads", {}))
+            assert (st["backend"], st["model"]) == ("openai", local_model.MODEL_ALIAS)
