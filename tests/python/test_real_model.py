@@ -272,3 +272,29 @@ async def test_make_run_gives_a_real_answer(llama):
             assert "paris" in r["text"].lower(), r["text"]
             st = ok(await c.call_tool("list_threads", {}))
             assert (st["backend"], st["model"]) == ("openai", local_model.MODEL_ALIAS)
+
+
+def test_local_server_dies_with_a_killed_shim(llama):
+    """SIGKILL leaves the shim no chance to clean up: PR_SET_PDEATHSIG must take llama-server down."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import core_path
+
+    shim = subprocess.Popen([sys.executable, "-m", "wisp_shim", "--core", core_path()], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=shim_env())
+    try:
+        deadline = time.monotonic() + 60
+        ours: set[int] = set()
+        while not ours and time.monotonic() < deadline:
+            ours = {p for p in _our_llama_servers() if _ppid(p) == shim.pid}
+            time.sleep(0.05)
+        assert ours, "the shim did not start llama-server"
+    finally:
+        shim.send_signal(signal.SIGKILL)
+        shim.wait()
+    deadline = time.monotonic() + 5
+    while any(map(_alive, ours)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, ours)), "llama-server outlived a SIGKILLed shim"
