@@ -141,7 +141,7 @@ messages = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(payloads=messages, data=st.data())
 def test_any_split_decodes_to_the_same_frames(payloads, data):
     stream = b"".join(p.frame(x) for x in payloads)
