@@ -298,3 +298,26 @@ def test_local_server_dies_with_a_killed_shim(llama):
     while any(map(_alive, ours)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(map(_alive, ours)), "llama-server outlived a SIGKILLed shim"
+
+
+async def test_local_server_is_restarted_if_it_dies(llama):
+    import signal
+
+    async with wisp(backend=None, env=shim_env()) as c:
+        ok(await c.call_tool("respond", {"prompt": "Say hi.", **SETTINGS}))
+        (first,) = _our_llama_servers()
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            now = _our_llama_servers() - {first}
+            if now:
+                break
+            await asyncio.sleep(0.1)
+        assert now, "llama-server was not restarted"
+        # Once it answers /health again, calls work as before (same port, same core).
+        while time.monotonic() < deadline:
+            r = await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS})
+            if not r.is_error:
+                break
+            await asyncio.sleep(0.5)
+        assert "paris" in ok(r)["text"].lower()
