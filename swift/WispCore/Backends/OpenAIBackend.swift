@@ -578,6 +578,11 @@ final class HTTPStream: NSObject, URLSessionDataDelegate, Sendable {
     }
 
     static func open(_ request: URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error> {
+        #if os(Linux)
+        // Plain http:// (a local model server) skips URLSession on Linux, which spins while it
+        // waits for a streamed answer: see PlainHTTP.swift.
+        if request.url?.scheme?.lowercased() == "http" { return PlainHTTP.open(request) }
+        #endif
         let (stream, continuation) = AsyncThrowingStream<HTTPEvent, any Error>.makeStream()
         let configuration = URLSessionConfiguration.ephemeral
         configuration.timeoutIntervalForRequest = request.timeoutInterval
