@@ -200,6 +200,8 @@ final class OpenAIServer: Sendable {
         var lastReachable: ContinuousClock.Instant?
     }
     private let facts = Mutex(Facts())
+    private let chatClient = HTTPClient(idleTimeout: OpenAIServer.chatIdleTimeout)
+    private let probeClient = HTTPClient(idleTimeout: OpenAIServer.probeTimeout)
 
     init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?) throws(WispError) {
         var text = endpoint.trimmingCharacters(in: .whitespaces)
@@ -369,7 +371,7 @@ final class OpenAIServer: Sendable {
         var lines = SSELineSplitter()
         var calls: [Int: ToolCall] = [:]
         do {
-            for try await event in HTTPStream.open(request) {
+            for try await event in chatClient.open(request) {
                 switch event {
                 case .response(let s):
                     status = s
@@ -540,7 +542,7 @@ final class OpenAIServer: Sendable {
         let body = try json.map { try JSONSerialization.data(withJSONObject: $0) }
         var status = 0
         var data = Data()
-        for try await event in HTTPStream.open(makeRequest(method, url, body: body, timeout: timeout)) {
+        for try await event in probeClient.open(makeRequest(method, url, body: body, timeout: timeout)) {
             switch event {
             case .response(let s): status = s
             case .data(let d): data.append(d)
@@ -568,44 +570,72 @@ enum HTTPEvent: Sendable {
     case data(Data)
 }
 
-/// Bridges a `URLSessionDataDelegate` to an `AsyncThrowingStream` (Linux has no `bytes(for:)`).
-/// Ending the stream early (Task cancellation, or the consumer leaving) cancels the request.
-final class HTTPStream: NSObject, URLSessionDataDelegate, Sendable {
-    private let continuation: AsyncThrowingStream<HTTPEvent, any Error>.Continuation
+/// One long-lived `URLSession` whose delegate feeds each task's events into that task's
+/// `AsyncThrowingStream` (Linux has no `bytes(for:)`). Ending a stream early (Task
+/// cancellation, or the consumer leaving) cancels its request, which closes the connection.
+/// Long-lived on purpose: short-lived sessions are a known crash on Linux after https
+/// requests (swift-corelibs-foundation #5203), and a session per backend keeps connections alive.
+final class HTTPClient: Sendable {
+    private let router = HTTPRouter()
+    private let session: URLSession
 
-    private init(_ continuation: AsyncThrowingStream<HTTPEvent, any Error>.Continuation) {
-        self.continuation = continuation
+    /// `idleTimeout`: how long a request may go without receiving anything.
+    init(idleTimeout: TimeInterval) {
+        let configuration = URLSessionConfiguration.ephemeral
+        configuration.timeoutIntervalForRequest = idleTimeout
+        configuration.urlCache = nil
+        session = URLSession(configuration: configuration, delegate: router, delegateQueue: nil)
     }
 
-    static func open(_ request: URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error> {
+    deinit { session.invalidateAndCancel() }
+
+    func open(_ request: URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error> {
         #if os(Linux)
         // Plain http:// (a local model server) skips URLSession on Linux, which spins while it
         // waits for a streamed answer: see PlainHTTP.swift.
         if request.url?.scheme?.lowercased() == "http" { return PlainHTTP.open(request) }
         #endif
         let (stream, continuation) = AsyncThrowingStream<HTTPEvent, any Error>.makeStream()
-        let configuration = URLSessionConfiguration.ephemeral
-        configuration.timeoutIntervalForRequest = request.timeoutInterval
-        configuration.urlCache = nil
-        let session = URLSession(configuration: configuration, delegate: HTTPStream(continuation), delegateQueue: nil)
         let task = session.dataTask(with: request)
-        continuation.onTermination = { _ in task.cancel() }
+        let id = task.taskIdentifier
+        router.add(id, continuation)
+        continuation.onTermination = { [router] _ in
+            router.remove(id)
+            task.cancel()
+        }
         task.resume()
-        session.finishTasksAndInvalidate() // frees the session (and its delegate) when the task ends
         return stream
+    }
+}
+
+/// The session's delegate: routes events to the stream of the task they belong to.
+final class HTTPRouter: NSObject, URLSessionDataDelegate, Sendable {
+    private let streams = Mutex<[Int: AsyncThrowingStream<HTTPEvent, any Error>.Continuation]>([:])
+
+    func add(_ id: Int, _ continuation: AsyncThrowingStream<HTTPEvent, any Error>.Continuation) {
+        streams.withLock { $0[id] = continuation }
+    }
+
+    func remove(_ id: Int) {
+        _ = streams.withLock { $0.removeValue(forKey: id) }
+    }
+
+    private func stream(_ id: Int) -> AsyncThrowingStream<HTTPEvent, any Error>.Continuation? {
+        streams.withLock { $0[id] }
     }
 
     func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive response: URLResponse,
                     completionHandler: @escaping @Sendable (URLSession.ResponseDisposition) -> Void) {
-        continuation.yield(.response((response as? HTTPURLResponse)?.statusCode ?? 0))
+        stream(dataTask.taskIdentifier)?.yield(.response((response as? HTTPURLResponse)?.statusCode ?? 0))
         completionHandler(.allow)
     }
 
     func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
-        continuation.yield(.data(data))
+        stream(dataTask.taskIdentifier)?.yield(.data(data))
     }
 
     func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
+        guard let continuation = streams.withLock({ $0.removeValue(forKey: task.taskIdentifier) }) else { return }
         if let error { continuation.finish(throwing: error) } else { continuation.finish() }
     }
 }
