@@ -465,6 +465,7 @@ class Core:
         temperature: float | None = None,
         max_output_tokens: int | None = None,
         on_progress: Callable[[int, str], Awaitable[None]] | None = None,
+        roots: list[str] | None = None,
     ) -> p.RespondResult:
         if thread_id is not None and thread_id in self.lost:
             del self.lost[thread_id]
@@ -480,7 +481,7 @@ class Core:
         options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=timeout)
         msg = p.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
-            options=options, progress=True if on_progress is not None else None,
+            options=options, progress=True if on_progress is not None else None, roots=roots or None,
         )
         payload = p.encode_payload(msg)
         if len(payload) > p.MAX_FRAME_BYTES:

@@ -51,6 +51,8 @@ class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True)
     tools: list[str] | None = None
     options: RespondOptions | None = None
     progress: bool | None = None
+    # The MCP client's roots: model tools of a thread this call creates may read them too.
+    roots: list[str] | None = None
 
 
 class CloseThread(msgspec.Struct, tag_field="op", tag="close_thread"):
@@ -141,6 +143,7 @@ class StatusResult(msgspec.Struct):
     max_queue: int
     threads: list[ThreadInfo]
     reason: str | None = None
+    tools: list[str] = []
 
 
 Incoming = Ready | Progress | Reply

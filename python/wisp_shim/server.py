@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import re
+import warnings
+from urllib.parse import unquote, urlparse
 from typing import Any
 
 import anyio
@@ -33,6 +35,15 @@ from .core import Core, ShimError
 log = logging.getLogger("wisp.server")
 
 THREAD_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# The core's model-tool catalogue (swift/WispCore/Tools/Catalogue.swift), named here because
+# tools/list is answered before the core is up; a test checks the two agree.
+MODEL_TOOLS = {
+    "read_file": "read a text file, optionally a line range",
+    "list_directory": "list a directory",
+    "search_text": "find lines matching a literal or regex pattern, as file:line: text",
+}
+# How long a call waits for the client to list its roots before going on without them.
+ROOTS_TIMEOUT_S = 2.0
 # Above any model's reply length, and inside the core's 64-bit integers.
 MAX_OUTPUT_TOKENS = 2**31 - 1
 # Progress messages are shown to people in a status line, not read by the model.
@@ -80,7 +91,11 @@ def _respond_tool(max_threads: int) -> Tool:
                 "tools": {
                     "type": "array",
                     "items": {"type": "string"},
-                    "description": "Names of wisp's built-in tools the model may call in a NEW thread (see wisp's README). Only allowed when the call creates the thread.",
+                    "description": (
+                        "Tools the model may call in a NEW thread (only allowed when the call creates it): "
+                        + "; ".join(f"{name}: {what}" for name, what in MODEL_TOOLS.items())
+                        + ". Read-only, confined to wisp's roots (--root, the client's roots, else the directory wisp started in)."
+                    ),
                 },
                 "temperature": {"type": "number", "minimum": 0, "description": "Sampling temperature for this call; omit for the model's default."},
                 "max_output_tokens": {"type": "integer", "minimum": 1, "description": "Upper bound on the reply's length in tokens for this call."},
@@ -246,6 +261,32 @@ def _respond_content(r: p.RespondResult, asked_for: str | None) -> str:
     return "\n".join(lines)
 
 
+async def _client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
+    """The client's file:// roots, for a call that binds tools; None when it offers none.
+
+    Roots are deprecated in the 2026-07-28 protocol but still what Claude Code, Cursor and
+    VS Code send; a client without them (or without a back-channel) simply gets wisp's own.
+    """
+    caps = ctx.session.client_capabilities
+    if caps is None or caps.roots is None:
+        return None
+    try:
+        with anyio.fail_after(ROOTS_TIMEOUT_S), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            listed = await ctx.session.list_roots()
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as exc:  # no back-channel, a slow client, or a client error: go on without
+        log.debug("client roots unavailable: %s", exc)
+        return None
+    paths = []
+    for root in listed.roots:
+        url = urlparse(str(root.uri))
+        if url.scheme == "file" and url.path:
+            paths.append(unquote(url.path))
+    return paths or None
+
+
 def _progress_message(text: str) -> str:
     text = " ".join(text.split())
     if len(text) <= PROGRESS_MESSAGE_CHARS:
@@ -270,7 +311,8 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
             async def on_progress(tokens: int, text: str) -> None:
                 await ctx.session.report_progress(float(tokens), None, _progress_message(text))
 
-        r = await core.respond(on_progress=on_progress, **a)
+        roots = await _client_roots(ctx) if a["tools"] else None
+        r = await core.respond(on_progress=on_progress, roots=roots, **a)
         structured = {
             "thread_id": r.thread_id,
             "created": r.created,

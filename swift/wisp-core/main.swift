@@ -61,7 +61,8 @@ let stdoutLock = Mutex(())
 let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots)
 if roots.paths.count < max(1, config.roots.count) { log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)") }
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
-                              tools: ToolCatalogue.tools(roots: roots))
+                              tools: ToolCatalogue.tools(roots: roots),
+                              toolsWithRoots: { extra in ToolCatalogue.tools(roots: Roots(roots.paths + extra)) })
 let server = PipeServer(registry: registry, backend: backend, log: log, send: writeFrame)
 server.ready()
 log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)")

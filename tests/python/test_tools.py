@@ -86,3 +86,58 @@ async def test_unknown_tool_at_creation_lists_the_valid_names(workspace):
     async with wisp("--root", str(workspace)) as client:
         message = error_text(await client.call_tool("respond", {"prompt": "hi", "tools": ["rm_rf"]}))
         assert "unknown tool" in message and "read_file" in message and "list_directory" in message and "search_text" in message
+
+
+async def test_the_catalogue_in_respond_description_is_the_cores(tmp_path):
+    """tools/list is answered before the core is up, so the shim names the catalogue itself."""
+    import struct
+    import subprocess
+
+    import msgspec
+
+    from conftest import core_path
+    from wisp_shim import protocol as p
+    from wisp_shim.server import MODEL_TOOLS
+
+    proc = subprocess.run(
+        [core_path(), "--backend", "echo"],
+        input=p.frame(p.encode_payload(p.Status(id=1))), capture_output=True, timeout=30,
+    )
+    frames, data = [], proc.stdout
+    while data:
+        (n,) = struct.unpack(">I", data[:4])
+        frames.append(msgspec.json.decode(data[4:4 + n]))
+        data = data[4 + n:]
+    status = next(f for f in frames if f.get("id") == 1)
+    assert sorted(status["result"]["tools"]) == sorted(MODEL_TOOLS)
+    async with wisp() as client:
+        respond = next(t for t in (await client.list_tools()).tools if t.name == "respond")
+        described = respond.input_schema["properties"]["tools"]["description"]
+        assert all(name in described for name in MODEL_TOOLS)
+
+
+async def test_a_thread_with_tools_may_read_the_clients_roots(workspace, tmp_path):
+    from mcp import Client, StdioServerParameters, stdio_client
+    from mcp.types import ListRootsResult, Root
+
+    from conftest import REPO, shim_command
+
+    offered = tmp_path / "client-root"
+    offered.mkdir()
+    (offered / "notes.txt").write_text("from the client's root\n")
+
+    async def list_roots(context) -> ListRootsResult:
+        return ListRootsResult(roots=[Root(uri=offered.as_uri(), name="project")])
+
+    argv = shim_command("--backend", "echo", "--root", str(workspace))
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env={}, cwd=str(REPO))
+    async with Client(stdio_client(params), mode="legacy", list_roots_callback=list_roots) as client:
+        ok(await client.call_tool("respond", {"prompt": "hi", "thread_id": "t", "tools": ["read_file"]}))
+        path = str(offered / "notes.txt")
+        assert await tool(client, "t", "read_file", {"path": path}) == "echo 2: tool read_file -> from the client's root\n"
+        # Its own root still works beside the client's.
+        assert await tool(client, "t", "read_file", {"path": "a.txt", "end_line": 1}) == "echo 3: tool read_file -> line one\n"
+    # Without the client's roots, the same path is refused.
+    async with wisp("--root", str(workspace)) as client:
+        ok(await client.call_tool("respond", {"prompt": "hi", "thread_id": "t", "tools": ["read_file"]}))
+        assert "outside the readable roots" in await tool(client, "t", "read_file", {"path": str(offered / "notes.txt")})

@@ -30,9 +30,12 @@ public struct Respond: Codable, Sendable, Equatable {
     public var options: RespondOptions?
     /// Send `Progress` events while generating.
     public var progress: Bool?
+    /// Directories the MCP client offers (its roots): the model tools of a thread this call
+    /// creates may read them as well as the core's own `--root`s.
+    public var roots: [String]?
 
     public init(id: Int, prompt: String, thread_id: String? = nil, instructions: String? = nil,
-                tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil) {
+                tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil, roots: [String]? = nil) {
         self.id = id
         self.prompt = prompt
         self.thread_id = thread_id
@@ -40,6 +43,7 @@ public struct Respond: Codable, Sendable, Equatable {
         self.tools = tools
         self.options = options
         self.progress = progress
+        self.roots = roots
     }
 }
 
@@ -200,9 +204,11 @@ public struct StatusResult: Codable, Sendable, Equatable {
     public var max_queue: Int
     /// Live threads, most recently used first.
     public var threads: [ThreadInfo]
+    /// The model-tool catalogue, by name.
+    public var tools: [String]
 
     public init(backend: String, model: String, available: Bool, reason: String?, context_size: Int,
-                max_threads: Int, max_queue: Int, threads: [ThreadInfo]) {
+                max_threads: Int, max_queue: Int, threads: [ThreadInfo], tools: [String]) {
         self.backend = backend
         self.model = model
         self.available = available
@@ -211,6 +217,7 @@ public struct StatusResult: Codable, Sendable, Equatable {
         self.max_threads = max_threads
         self.max_queue = max_queue
         self.threads = threads
+        self.tools = tools
     }
 }
 

@@ -56,7 +56,8 @@ public final class PipeServer: Sendable {
             write(Reply.success(s.id, StatusResult(
                 backend: backend.name, model: backend.model, available: availability.available,
                 reason: availability.reason, context_size: await backend.contextSize(),
-                max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot())))
+                max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot(),
+                tools: registry.toolNames)))
         }
     }
 
@@ -93,7 +94,7 @@ public final class PipeServer: Sendable {
 
         let acceptance: ThreadRegistry.Acceptance
         do {
-            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools)
+            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots)
         } catch {
             _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
             return fail(r.id, WispError.from(error))

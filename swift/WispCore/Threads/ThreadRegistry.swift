@@ -31,10 +31,14 @@ public actor ThreadRegistry {
     public nonisolated let maxQueue: Int
     private let backend: any ModelBackend
     private let catalogue: [String: ModelTool]
+    /// The catalogue again, confined to the default roots plus the given ones (a client's roots).
+    private let catalogueWithRoots: (@Sendable ([String]) -> [ModelTool])?
     private var entries: [String: Entry] = [:]
     private var clock: UInt64 = 0
 
-    public init(backend: any ModelBackend, capacity: Int = 32, maxQueue: Int = 16, tools: [ModelTool] = []) {
+    public init(backend: any ModelBackend, capacity: Int = 32, maxQueue: Int = 16, tools: [ModelTool] = [],
+                toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil) {
+        self.catalogueWithRoots = toolsWithRoots
         self.backend = backend
         self.capacity = max(1, capacity)
         self.maxQueue = max(0, maxQueue)
@@ -68,7 +72,8 @@ public actor ThreadRegistry {
 
     /// Accepts a `respond` call: finds or creates its thread and takes its place in that
     /// thread's line. The caller must call `finished(_:)` when the call ends.
-    public func accept(threadID: String?, instructions: String?, tools toolNames: [String]?) async throws(WispError) -> Acceptance {
+    public func accept(threadID: String?, instructions: String?, tools toolNames: [String]?,
+                       roots: [String]? = nil) async throws(WispError) -> Acceptance {
         let instructions = instructions.flatMap { $0.isEmpty ? nil : $0 }
         let toolNames = toolNames.flatMap { $0.isEmpty ? nil : $0 }
         if let threadID { try Self.validate(threadID) }
@@ -90,7 +95,11 @@ public actor ThreadRegistry {
             return Acceptance(thread: thread, ticket: ticket, created: false)
         }
 
-        let tools = try resolve(toolNames ?? [])
+        var tools = try resolve(toolNames ?? [])
+        if !tools.isEmpty, let roots, !roots.isEmpty, let catalogueWithRoots {
+            let names = Set(tools.map(\.name))
+            tools = catalogueWithRoots(roots).filter { names.contains($0.name) }
+        }
         var id = threadID ?? Self.generateID()
         while threadID == nil && entries[id] != nil { id = Self.generateID() }
         if entries.count >= capacity { evictOne() }
@@ -122,6 +131,8 @@ public actor ThreadRegistry {
     }
 
     public func contains(_ threadID: String) -> Bool { entries[threadID] != nil }
+
+    public nonisolated var toolNames: [String] { catalogue.keys.sorted() }
 
     public var count: Int { entries.count }
 

@@ -126,3 +126,20 @@ struct Workspace {
         _ = try await thread.thread.respond(thread.ticket, prompt: "x", settings: .init(), onPartial: nil)
     }
 }
+
+@Suite struct ClientRoots {
+    @Test func aThreadCreatedWithClientRootsMayReadThemOthersMayNot() async throws {
+        let ws = try Workspace()
+        defer { ws.remove() }
+        let base = Roots([ws.root])
+        let registry = ThreadRegistry(backend: EchoBackend(), tools: ToolCatalogue.tools(roots: base),
+                                      toolsWithRoots: { extra in ToolCatalogue.tools(roots: Roots(base.paths + extra)) })
+        let outside = #"!tool read_file {"path": "\#(ws.base)/outside.txt"}"#
+        let a = try await registry.accept(threadID: "with", instructions: nil, tools: ["read_file"], roots: [ws.base])
+        _ = try await a.thread.respond(a.ticket, prompt: "hi", settings: .init(), onPartial: nil)
+        await registry.finished(a)
+        #expect(try await call(registry, "with", outside).outcome.text == "echo 2: tool read_file -> secret\n")
+        try await call(registry, "without", "hi", tools: ["read_file"])
+        #expect(try await call(registry, "without", outside).outcome.text.contains("outside the readable roots"))
+    }
+}
