@@ -46,16 +46,21 @@ fi
 if works; then echo "$DEST"; exit 0; fi   # built by the run we waited for
 
 # --- tools a fresh machine may lack -------------------------------------------------------------
-for tool in gcc g++ make; do
-    command -v "$tool" >/dev/null || { log "need $tool (apt-get install -y build-essential)"; exit 1; }
-done
+apt_install() {  # as root on Debian/Ubuntu only; elsewhere say what is missing
+    [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || return 1
+    log "installing $* with apt-get"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; } >&2
+}
+if ! command -v gcc >/dev/null || ! command -v g++ >/dev/null || ! command -v make >/dev/null; then
+    apt_install build-essential || true
+    for tool in gcc g++ make; do
+        command -v "$tool" >/dev/null || { log "need $tool (e.g. apt-get install -y build-essential)"; exit 1; }
+    done
+fi
 CMAKE="$(command -v cmake || true)"
 if [ -z "$CMAKE" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        log "installing cmake with apt-get"
-        apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake >&2 || true
-        CMAKE="$(command -v cmake || true)"
-    fi
+    apt_install cmake || true
+    CMAKE="$(command -v cmake || true)"
 fi
 if [ -z "$CMAKE" ]; then
     log "installing cmake from PyPI into $CACHE_ROOT/tools"
