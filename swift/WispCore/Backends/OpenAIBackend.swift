@@ -584,6 +584,8 @@ final class HTTPClient: Sendable {
         let configuration = URLSessionConfiguration.ephemeral
         configuration.timeoutIntervalForRequest = idleTimeout
         configuration.urlCache = nil
+        // Every live thread may stream at once (default --max-threads 32); the default 6 would queue them.
+        configuration.httpMaximumConnectionsPerHost = 64
         session = URLSession(configuration: configuration, delegate: router, delegateQueue: nil)
     }
 
