@@ -412,6 +412,8 @@ final class OpenAIServer: Sendable {
             payload = line.dropFirst(5)
         } else if line.hasPrefix("error:") { // llama.cpp reports an error inside an open stream this way
             payload = line.dropFirst(6)
+        } else if line.hasPrefix("{") { // a server that ignored `stream` and answered with one JSON body
+            payload = Substring(line)
         } else {
             return false // comments, event names, blank separators
         }
