@@ -39,6 +39,7 @@ class StubConfig:
     overflow_style: str = "llama.cpp" # llama.cpp | llama-cpp-python | openai | vllm
     status: int = 200                 # non-200: every chat request fails with this
     tool_call: dict | None = None     # first round answers with this tool call
+    ignore_stream: bool = False       # answer with one JSON body even when asked to stream
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -91,6 +92,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, _overflow(cfg.overflow_style, chars))
             return
         users = [m for m in body["messages"] if m["role"] == "user"]
+        if cfg.ignore_stream:
+            text = f"reply {len(users)}: {body['messages'][-1]['content']}"
+            self._json(200, {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": text}}],
+                             "usage": {"prompt_tokens": chars // 4, "completion_tokens": 3}})
+            self.stub.completed += 1
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")

@@ -173,3 +173,10 @@ async def test_function_calling_round_trip(tmp_path):
         assert "hi there" in tool_msg["content"]
         # The next call carries the whole turn: prompt, tool call, tool result, reply.
         assert [m["role"] for m in third["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
+
+
+async def test_server_that_ignores_stream_still_answers():
+    with OpenAIStub(StubConfig(ignore_stream=True)) as stub:
+        async with openai(stub) as c:
+            s = ok(await c.call_tool("respond", {"prompt": "hello there"}))
+    assert s["text"] == "reply 1: hello there" and s["output_tokens"] == 3
