@@ -13,6 +13,7 @@ from typing import NoReturn
 import anyio
 
 from . import local_model
+from . import protocol as p
 from .core import Core, CoreConfig, ShimError
 
 log = logging.getLogger("wisp")
@@ -165,28 +166,39 @@ async def _serve(config: CoreConfig, max_threads: int) -> None:
             tg.cancel_scope.cancel()
 
 
-async def _check(config: CoreConfig) -> int:
+async def _status(config: CoreConfig) -> tuple[p.StatusResult, str]:
     core = Core(config)
     core.start()
     try:
         with anyio.fail_after(60):
-            st = await core.status()
-    except ShimError as exc:
-        print(f"wisp: {exc}", file=sys.stderr)
-        return 1
+            return await core.status(), str(core.binary)
     except TimeoutError:
-        print("wisp: wisp-core did not answer `status` within 60 s", file=sys.stderr)
-        return 1
+        raise ShimError("timeout", "wisp-core did not answer `status` within 60 s") from None
     finally:
         with anyio.CancelScope(shield=True):
             await core.aclose()
+
+
+async def _check(config: CoreConfig) -> int:
+    try:
+        st, binary = await _status(config)
+        apple = None
+        if st.backend != "apple":
+            # Say why Apple's model is not the one in use: it is the default wherever it can run.
+            args = [a for i, a in enumerate(config.args) if a != "--backend" and (i == 0 or config.args[i - 1] != "--backend")]
+            apple, _ = await _status(CoreConfig(core=config.core, args=args + ["--backend", "apple"], env=config.env))
+    except ShimError as exc:
+        print(f"wisp: {exc}", file=sys.stderr)
+        return 1
     # --check is run by a person, not an MCP client, so stdout is theirs.
     print(f"backend:      {st.backend}")
     print(f"model:        {st.model}")
     print(f"available:    {'yes' if st.available else 'no'}" + (f" ({st.reason})" if st.reason else ""))
     print(f"context size: {st.context_size} tokens")
     print(f"max threads:  {st.max_threads}")
-    print(f"core:         {core.binary}")
+    if apple is not None:
+        print(f"apple model:  {'available' if apple.available else 'not available'}" + (f" ({apple.reason})" if apple.reason else ""))
+    print(f"core:         {binary}")
     return 0 if st.available else 1
 
 

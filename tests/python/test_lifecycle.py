@@ -173,6 +173,17 @@ def test_check_reports_the_backend():
     run = subprocess.run([*shim_command("--backend", "echo", "--check")], capture_output=True, text=True, timeout=60, env=shim_env(), cwd=REPO)
     assert run.returncode == 0, run.stderr
     assert "backend:      echo" in run.stdout and "available:    yes" in run.stdout
+    if sys.platform != "darwin":
+        # Apple's model is the default wherever it runs, so --check says why it is not in use.
+        assert "apple model:  not available (the apple backend needs macOS 26+" in run.stdout
+
+
+def test_check_apple_on_linux_says_why_and_exits_1():
+    if sys.platform == "darwin":
+        pytest.skip("on a Mac the apple backend may well be available")
+    run = subprocess.run([*shim_command("--backend", "apple", "--check")], capture_output=True, text=True, timeout=60, env=shim_env(), cwd=REPO)
+    assert run.returncode == 1
+    assert "backend:      apple" in run.stdout and "available:    no (the apple backend needs macOS 26+" in run.stdout
 
 
 def test_help_is_actionable():
