@@ -52,12 +52,16 @@ public final class PipeServer: Sendable {
         case .cancel(let c):
             write(Reply.success(c.id, CancelResult(cancelled: stop(c.request, because: .cancelled))))
         case .status(let s):
-            let availability = await backend.availability()
-            write(Reply.success(s.id, StatusResult(
-                backend: backend.name, model: backend.model, available: availability.available,
-                reason: availability.reason, context_size: await backend.contextSize(),
-                max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot(),
-                tools: registry.toolNames)))
+            // In its own task: asking a backend about itself can take seconds (an endpoint that
+            // does not answer), and the dispatcher must keep taking calls and cancels meanwhile.
+            Task {
+                let availability = await backend.availability()
+                write(Reply.success(s.id, StatusResult(
+                    backend: backend.name, model: backend.model, available: availability.available,
+                    reason: availability.reason, context_size: await backend.contextSize(),
+                    max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot(),
+                    tools: registry.toolNames)))
+            }
         }
     }
 
@@ -136,7 +140,9 @@ public final class PipeServer: Sendable {
                 turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens)))
         } catch {
             var e = WispError.from(error)
-            let stop = inFlight.withLock { $0[r.id]?.stop }
+            // Only a call that ended because it was stopped is reported as stopped; one that had
+            // already failed for another reason keeps that reason.
+            let stop = e.code == .cancelled ? inFlight.withLock { $0[r.id]?.stop } : nil
             if stop == .timeout {
                 e = WispError(.timeout, "no reply within \(r.options?.timeout_s ?? 0) s; the call was stopped and thread '\(acceptance.thread.id)' is unchanged")
             } else if stop == .cancelled {

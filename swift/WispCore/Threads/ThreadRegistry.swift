@@ -79,20 +79,27 @@ public actor ThreadRegistry {
         if let threadID { try Self.validate(threadID) }
 
         clock += 1
-        if let threadID, let entry = entries[threadID] {
+        if let threadID, var entry = entries[threadID] {
             if instructions != nil || toolNames != nil {
                 let what = [instructions != nil ? "instructions" : nil, toolNames != nil ? "tools" : nil].compactMap { $0 }.joined(separator: " and ")
                 throw WispError(.invalidArgument, "thread '\(threadID)' already exists, and \(what) bind only when a thread is created. Omit \(what) to continue it, or close_thread it (or use a new thread_id) to start over with new ones.")
             }
             let thread = entry.thread
-            let ticket = try await thread.enqueue()
-            // The registry may have changed during that await (a close, say): update only the same thread.
-            if var entry = entries[threadID], entry.thread === thread {
-                entry.lastUsed = clock
-                entry.inFlight += 1
-                entries[threadID] = entry
+            // Counted before the await below, so that a `finished` running meanwhile never takes
+            // this thread for idle and empty and forgets it under the call being accepted.
+            entry.lastUsed = clock
+            entry.inFlight += 1
+            entries[threadID] = entry
+            do {
+                return Acceptance(thread: thread, ticket: try await thread.enqueue(), created: false)
+            } catch {
+                // The registry may have changed during that await (a close, say): undo only on the same thread.
+                if var now = entries[threadID], now.thread === thread {
+                    now.inFlight -= 1
+                    entries[threadID] = now
+                }
+                throw error
             }
-            return Acceptance(thread: thread, ticket: ticket, created: false)
         }
 
         var tools = try resolve(toolNames ?? [])

@@ -173,3 +173,39 @@ import Testing
         #expect(spans == 12)
     }
 }
+
+/// A backend that takes its time to say whether it is available (an endpoint that does not answer).
+struct SlowToAnswerBackend: ModelBackend {
+    let name = "slow"
+    let model = "slow"
+    let echo = EchoBackend()
+    func availability() async -> Availability {
+        try? await Task.sleep(for: .seconds(2))
+        return .ready
+    }
+    func contextSize() async -> Int { 4096 }
+    func tokenCount(_ text: String) async throws -> Int? { nil }
+    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
+        echo.makeSession(instructions: instructions, tools: tools, history: history)
+    }
+}
+
+@Suite struct Dispatcher {
+    @Test func aSlowStatusDoesNotHoldUpOtherRequests() async throws {
+        let backend = SlowToAnswerBackend()
+        let frames = Probe()
+        let server = PipeServer(registry: ThreadRegistry(backend: backend), backend: backend, log: Log(level: .error)) { bytes in
+            frames.spans.withLock { $0.append(.init(prompt: String(decoding: bytes.dropFirst(4), as: UTF8.self), start: .now, end: .now)) }
+        }
+        let clock = ContinuousClock()
+        let start = clock.now
+        await server.handle(.status(Status(id: 1)))
+        await server.handle(.closeThread(CloseThread(id: 2, thread_id: "t")))
+        #expect(seconds(clock.now - start) < 1, "the dispatcher waited for status")
+        try await Task.sleep(for: .seconds(3))
+        let replies = frames.spans.withLock { $0.map(\.prompt) }
+        #expect(replies.count == 2)
+        #expect(replies.first?.contains("\"closed\":false") == true)
+        #expect(replies.last?.contains("\"backend\":\"slow\"") == true)
+    }
+}

@@ -105,8 +105,13 @@ import Testing
 
     @Test func evictionPrefersIdleThreadsAndInFlightCallsFinish() async throws {
         let registry = ThreadRegistry(backend: EchoBackend(), capacity: 2)
-        let slow = Task { try await call(registry, "busy", "!sleep 400 slow") }
-        try await Task.sleep(for: .milliseconds(50))
+        // Accepted here, so "busy" is in flight before anything else happens, however slow the machine.
+        let accepted = try await registry.accept(threadID: "busy", instructions: nil, tools: nil)
+        let slow = Task {
+            let o = try await accepted.thread.respond(accepted.ticket, prompt: "!sleep 400 slow", settings: .init(), onPartial: nil)
+            await registry.finished(accepted)
+            return (id: accepted.thread.id, outcome: o, created: accepted.created)
+        }
         try await call(registry, "idle", "hi")
         try await call(registry, "new", "hi")   // "busy" is older, but in flight: "idle" goes
         #expect(await registry.contains("busy"))
@@ -121,8 +126,12 @@ import Testing
 
     @Test func busyThreadIsEvictedWhenNoneIsIdleAndItsCallStillFinishes() async throws {
         let registry = ThreadRegistry(backend: EchoBackend(), capacity: 1)
-        let slow = Task { try await call(registry, "busy", "!sleep 300 slow") }
-        try await Task.sleep(for: .milliseconds(50))
+        let accepted = try await registry.accept(threadID: "busy", instructions: nil, tools: nil)
+        let slow = Task {
+            let o = try await accepted.thread.respond(accepted.ticket, prompt: "!sleep 300 slow", settings: .init(), onPartial: nil)
+            await registry.finished(accepted)
+            return (id: accepted.thread.id, outcome: o, created: accepted.created)
+        }
         try await call(registry, "other", "hi")
         #expect(await !registry.contains("busy"))
         #expect(try await slow.value.outcome.text == "echo 1: !sleep 300 slow")
@@ -135,5 +144,31 @@ import Testing
         #expect(await !registry.contains("t"))
         // So the caller can retry with the same instructions.
         #expect(try await call(registry, "t", "hi", instructions: "x").created)
+    }
+}
+
+@Suite struct RegistryRaces {
+    /// A thread whose creating call failed is forgotten, unless another call was accepted for it
+    /// meanwhile: that call's turn must not vanish with it.
+    @Test func aCallAcceptedWhileTheCreatingCallFailsKeepsItsThread() async throws {
+        for _ in 0..<3000 {
+            let registry = ThreadRegistry(backend: EchoBackend())
+            let a = try await registry.accept(threadID: "x", instructions: nil, tools: nil)
+            await #expect(throws: WispError.self) {
+                _ = try await a.thread.respond(a.ticket, prompt: "!fail generation_failed", settings: .init(), onPartial: nil)
+            }
+            async let done: Void = registry.finished(a, failed: true)
+            async let b = registry.accept(threadID: "x", instructions: nil, tools: nil)
+            _ = await done
+            let accepted = try await b
+            let o = try await accepted.thread.respond(accepted.ticket, prompt: "kept", settings: .init(), onPartial: nil)
+            await registry.finished(accepted)
+            if !accepted.created {
+                // B continued X: X must still be there, holding B's turn.
+                #expect(await registry.contains("x"))
+                let next = try await call(registry, "x", "next")
+                #expect(!next.created && next.outcome.text == "echo \(o.turns + 1): next")
+            }
+        }
     }
 }
