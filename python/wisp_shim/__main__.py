@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import anyio
 
@@ -62,6 +62,22 @@ def _env_float(name: str, default: float) -> float:
         raise SystemExit(f"wisp: {name}={raw!r} is not a number") from None
 
 
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum, so a bad value is refused here with a clear
+    message instead of by a core that would then fail to start again and again."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m wisp_shim",
@@ -72,13 +88,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
     ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
     ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=int, metavar="N", help="live threads kept before the least recently used is evicted (WISP_MAX_THREADS; default 32)")
-    ap.add_argument("--max-queue", type=int, metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
-    ap.add_argument("--context-size", type=int, metavar="N", help="context window in tokens, when the backend cannot tell (WISP_CONTEXT_SIZE)")
+    ap.add_argument("--max-threads", type=_at_least(1), metavar="N", help="live threads kept before the least recently used is evicted (WISP_MAX_THREADS; default 32)")
+    ap.add_argument("--max-queue", type=_at_least(0), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
+    ap.add_argument("--context-size", type=_at_least(1), metavar="N", help="context window in tokens, when the backend cannot tell (WISP_CONTEXT_SIZE)")
     ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
     ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more")
-    ap.add_argument("--echo-delay-ms", type=int, metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
+    ap.add_argument("--echo-delay-ms", type=_at_least(0), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
     ap.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level for wisp and wisp-core (WISP_LOG_LEVEL; default info)")
@@ -86,8 +102,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+ENV_MINIMUMS = {"WISP_MAX_THREADS": 1, "WISP_MAX_QUEUE": 0, "WISP_CONTEXT_SIZE": 1, "WISP_ECHO_DELAY_MS": 0}
+
+
 def core_config(ns: argparse.Namespace) -> CoreConfig:
-    # Flags become core flags; WISP_* variables reach the core through the inherited environment.
+    # Flags become core flags; WISP_* variables reach the core through the inherited environment,
+    # so they are checked here: a core refusing its configuration would only be restarted in vain.
+    for name, minimum in ENV_MINIMUMS.items():
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                _at_least(minimum)(raw)
+            except argparse.ArgumentTypeError as exc:
+                raise SystemExit(f"wisp: {name}: {exc}") from None
     args: list[str] = []
     for flag, value in (
         ("--backend", ns.backend),

@@ -423,8 +423,9 @@ class Core:
         if on_progress is not None and call.progress_event is not None:
             pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress))
         try:
-            await self._send(gen, data)
             try:
+                # Inside the try: once the frame may be queued, a cancellation must reach the core.
+                await self._send(gen, data)
                 reply = await call.future
             except _Expired:
                 await self._send_cancel(gen, call.id)
@@ -496,7 +497,8 @@ class Core:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
         result = p.decode_result(reply.result, p.RespondResult)
-        if not gen.dead:
+        # A thread closed while this call ran is not alive again because the call finished.
+        if not gen.dead and (result.created or result.thread_id in gen.alive):
             gen.remember(result.thread_id)
         return result
 

@@ -260,3 +260,35 @@ async def test_a_core_killed_while_idle_loses_every_live_thread():
         s = ok(await c.call_tool("respond", {"prompt": "new", "thread_id": "b"}))
         assert (s["created"], s["text"]) == (True, "echo 1: new")
         assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "a"}))["text"] == "echo 1: again"
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--max-threads", "0"], {}, "--max-threads: must be at least 1"),
+    (["--context-size", "many"], {}, "--context-size: expected an integer"),
+    ([], {"WISP_MAX_THREADS": "-3"}, "WISP_MAX_THREADS: must be at least 1"),
+])
+def test_bad_configuration_is_refused_at_start_with_a_clear_message(args, env, message):
+    run = subprocess.run([*shim_command("--backend", "echo", *args)], capture_output=True, text=True, timeout=60,
+                         env=shim_env(**env), cwd=REPO, stdin=subprocess.DEVNULL)
+    assert run.returncode != 0
+    assert message in run.stderr
+    assert run.stdout == ""
+
+
+async def test_a_thread_closed_while_a_call_runs_is_not_reported_lost_later():
+    async with wisp() as c:
+        ok(await c.call_tool("respond", {"prompt": "hello", "thread_id": "x"}))
+        async with anyio.create_task_group() as tg:
+            results = []
+
+            async def slow() -> None:
+                results.append(ok(await c.call_tool("respond", {"prompt": "!sleep 600 busy", "thread_id": "x"})))
+
+            tg.start_soon(slow)
+            await anyio.sleep(0.2)
+            assert ok(await c.call_tool("close_thread", {"thread_id": "x"}))["closed"] is True
+        assert results[0]["text"] == "echo 2: !sleep 600 busy"  # an accepted call still finishes
+        error_text(await c.call_tool("respond", {"prompt": "!crash", "thread_id": "other"}))
+        # x was closed before the crash, so nothing of it was lost: it simply starts anew.
+        s = ok(await c.call_tool("respond", {"prompt": "new", "thread_id": "x"}))
+        assert (s["created"], s["text"]) == (True, "echo 1: new")
