@@ -13,7 +13,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -21,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import INITIALIZE, INITIALIZED, REPO, error_text, ok, shim_command, shim_env, wisp
-from test_process import call, children, read_until, running
+from conftest import error_text, ok, shim_env, wisp
+from test_process import call, children, running, spawn_initialized, wait_gone
 
 FAKE_CORE = Path(__file__).with_name("fake_core.py")
 
@@ -109,31 +108,9 @@ async def test_a_core_that_breaks_the_frame_protocol_is_restarted_cleanly(tmp_pa
             assert lost.startswith("thread_lost:"), (fault, lost)
 
 
-def _spawn_initialized(*args: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO,
-    )
-    lines: list[bytes] = []
-    proc.stdin.write(INITIALIZE)
-    proc.stdin.flush()
-    read_until(proc, 1, lines)
-    proc.stdin.write(INITIALIZED + call("respond", {"prompt": "hi"}, 2))
-    proc.stdin.flush()
-    read_until(proc, 2, lines)
-    return proc
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while running(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not running(pid)
-
-
 @pytest.mark.parametrize("how", ["closes both pipes", "closes stdout, keeps writing"])
 def test_client_disconnecting_mid_call(how):
-    proc = _spawn_initialized()
+    proc = spawn_initialized()
     core = children(proc.pid)
     try:
         assert len(core) == 1
@@ -151,7 +128,7 @@ def test_client_disconnecting_mid_call(how):
                 proc.stdin.flush()
         proc.wait(timeout=5)
         assert time.monotonic() - start < 4.0
-        assert _wait_gone(core[0], 3), "wisp-core outlived the shim"
+        assert wait_gone(core[0], 3), "wisp-core outlived the shim"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -174,17 +151,7 @@ def _rss_kib(pid: int) -> int:
 def flood_without_reading(seconds: float, prompt_bytes: int = 1024, argv: list[str] | None = None) -> dict:
     """Sends respond calls as fast as the shim takes them and never reads its stdout.
     Returns what was sent and the peak RSS of the shim and the core."""
-    proc = subprocess.Popen(
-        argv or shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO,
-    )
-    lines: list[bytes] = []
-    proc.stdin.write(INITIALIZE)
-    proc.stdin.flush()
-    read_until(proc, 1, lines)
-    proc.stdin.write(INITIALIZED + call("respond", {"prompt": "warm"}, 2))
-    proc.stdin.flush()
-    read_until(proc, 2, lines)  # from here on, stdout is never read
+    proc = spawn_initialized(argv=argv)  # from here on, stdout is never read
     core = children(proc.pid)[0]
     base = {"shim": _rss_kib(proc.pid), "core": _rss_kib(core)}
     sent = [0]

@@ -112,8 +112,12 @@ def test_stdout_carries_only_json_rpc():
     assert "wisp-core" in log and "wisp INFO" in log
 
 
-def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:
-    proc = spawn(*args)
+def spawn_initialized(*args: str, argv: list[str] | None = None) -> subprocess.Popen:
+    """A shim (echo backend, or `argv`) past `initialize`, with one call answered, so its core runs."""
+    proc = subprocess.Popen(
+        argv or shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO,
+    )
     lines: list[bytes] = []
     proc.stdin.write(INITIALIZE)
     proc.stdin.flush()
@@ -121,6 +125,11 @@ def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:
     proc.stdin.write(INITIALIZED + call("respond", {"prompt": "hi"}, 2))
     proc.stdin.flush()
     read_until(proc, 2, lines)
+    return proc
+
+
+def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:
+    proc = spawn_initialized(*args)
     # A call left running in the core, so shutdown cannot wait for quiet.
     proc.stdin.write(call("respond", {"prompt": "!sleep 30000 busy"}, 3))
     proc.stdin.flush()
@@ -129,7 +138,7 @@ def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:
     return proc, cores[0]
 
 
-def _wait_gone(pid: int, timeout: float) -> bool:
+def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not running(pid):
@@ -153,7 +162,7 @@ def test_no_orphaned_core(how):
         else:
             proc.kill()
         proc.wait(timeout=5)
-        assert _wait_gone(core, 5), f"wisp-core {core} still running after the shim's {how}"
+        assert wait_gone(core, 5), f"wisp-core {core} still running after the shim's {how}"
         elapsed = time.monotonic() - start
         # The core gets 0.5 s after EOF before SIGTERM; anything near 2.5 s means it needed SIGTERM.
         assert elapsed < 2.4, f"{how}: took {elapsed:.2f} s"
@@ -202,7 +211,7 @@ def test_a_core_that_ignores_eof_and_sigterm_is_killed(tmp_path, how):
         else:
             proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=6)
-        assert _wait_gone(core, 1), "the stubborn core outlived the shim"
+        assert wait_gone(core, 1), "the stubborn core outlived the shim"
         assert time.monotonic() - start < 5.0
     finally:
         if proc.poll() is None:
