@@ -18,6 +18,18 @@ func call(_ registry: ThreadRegistry, _ threadID: String?, _ prompt: String,
     }
 }
 
+/// A call accepted now (so its thread is in flight before anything else happens, however slow
+/// the machine) and run in the background.
+func startCall(_ registry: ThreadRegistry, _ threadID: String, _ prompt: String) async throws
+    -> Task<(id: String, outcome: Agent.Outcome, created: Bool), any Error> {
+    let a = try await registry.accept(threadID: threadID, instructions: nil, tools: nil)
+    return Task {
+        let o = try await a.thread.respond(a.ticket, prompt: prompt, settings: GenerationSettings(), onPartial: nil)
+        await registry.finished(a)
+        return (a.thread.id, o, a.created)
+    }
+}
+
 /// What a probe session saw: when each call ran, and how each session was built.
 final class Probe: Sendable {
     struct Span: Sendable { var prompt: String; var start: ContinuousClock.Instant; var end: ContinuousClock.Instant }

@@ -105,13 +105,7 @@ import Testing
 
     @Test func evictionPrefersIdleThreadsAndInFlightCallsFinish() async throws {
         let registry = ThreadRegistry(backend: EchoBackend(), capacity: 2)
-        // Accepted here, so "busy" is in flight before anything else happens, however slow the machine.
-        let accepted = try await registry.accept(threadID: "busy", instructions: nil, tools: nil)
-        let slow = Task {
-            let o = try await accepted.thread.respond(accepted.ticket, prompt: "!sleep 400 slow", settings: .init(), onPartial: nil)
-            await registry.finished(accepted)
-            return (id: accepted.thread.id, outcome: o, created: accepted.created)
-        }
+        let slow = try await startCall(registry, "busy", "!sleep 400 slow")
         try await call(registry, "idle", "hi")
         try await call(registry, "new", "hi")   // "busy" is older, but in flight: "idle" goes
         #expect(await registry.contains("busy"))
@@ -126,12 +120,7 @@ import Testing
 
     @Test func busyThreadIsEvictedWhenNoneIsIdleAndItsCallStillFinishes() async throws {
         let registry = ThreadRegistry(backend: EchoBackend(), capacity: 1)
-        let accepted = try await registry.accept(threadID: "busy", instructions: nil, tools: nil)
-        let slow = Task {
-            let o = try await accepted.thread.respond(accepted.ticket, prompt: "!sleep 300 slow", settings: .init(), onPartial: nil)
-            await registry.finished(accepted)
-            return (id: accepted.thread.id, outcome: o, created: accepted.created)
-        }
+        let slow = try await startCall(registry, "busy", "!sleep 300 slow")
         try await call(registry, "other", "hi")
         #expect(await !registry.contains("busy"))
         #expect(try await slow.value.outcome.text == "echo 1: !sleep 300 slow")
