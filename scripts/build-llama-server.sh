@@ -11,10 +11,18 @@
 # Cost: about 12-15 minutes on 2 cores, paid once: when the binary is already in the cache this
 # script only checks that it runs and exits. Concurrent runs wait on a lock instead of building twice.
 #
-# CPU flags: GGML_NATIVE stays ON (-march=native) because the cache lives on the machine that
-# built it; native AVX2/FMA kernels are measurably faster than the generic build. The script runs
-# `llama-server --version` on every call and rebuilds if the cached binary cannot run here (e.g. a
-# home directory copied to an older CPU). Set WISP_LLAMA_NATIVE=0 for a portable build instead.
+# Trust: a binary is used only after it has computed here. `--version` proves nothing (a VM can
+# advertise AVX-512 or AMX and trap them, and only the matrix kernels execute them), so every new
+# binary, and every cached one on a CPU it has not been proven on, runs one real decode with the
+# installed model (`python -m wisp_shim.local_model verify`); a stamp per binary and CPU makes
+# that a one-time cost. A native build that fails the decode is rebuilt portable, by itself.
+#
+# CPU flags: GGML_NATIVE stays ON (-march=native, measurably faster AVX2/FMA kernels) but with AMX
+# left out (-mno-amx-*): AMX tiles need the kernel's and the hypervisor's permission, which many
+# VMs that advertise them do not give. Set WISP_LLAMA_NATIVE=0 for a portable build from the start.
+#
+#   scripts/build-llama-server.sh --verify-only   # exit 1 (and build nothing) unless the cached
+#                                                 # binary is proven on this CPU
 #
 # Environment:
 #   WISP_CACHE_DIR         cache root (default ${XDG_CACHE_HOME:-~/.cache}/wisp)
@@ -33,9 +41,39 @@ PY="${PYTHON:-python3}"
 
 log() { echo "build-llama-server: $*" >&2; }
 
-works() { [ -x "$DEST" ] && "$DEST" --version >/dev/null 2>&1; }
+VERIFY_ONLY=0
+[ "${1:-}" = "--verify-only" ] && VERIFY_ONLY=1
+
+# What the binary was proven on: the CPU's identity and feature flags, and the binary itself.
+cpu_id() {
+    uname -m
+    if [ -r /proc/cpuinfo ]; then
+        grep -E '^(vendor_id|model name|flags)' /proc/cpuinfo | sort -u
+    elif command -v sysctl >/dev/null; then
+        sysctl -n machdep.cpu.brand_string machdep.cpu.features machdep.cpu.leaf7_features 2>/dev/null || true
+    fi
+}
+stamp_of() { { cpu_id; cksum < "$1"; } | cksum | cut -d' ' -f1; }
+STAMP="$DEST_DIR/verified"
+
+# Runs the binary for real once per binary and CPU: see "Trust" above.
+verify() {  # verify BINARY
+    "$PY" -m wisp_shim.local_model verify --llama-server "$1" >&2
+}
+works() {
+    [ -x "$DEST" ] || return 1
+    local want; want="$(stamp_of "$DEST")"
+    [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && return 0
+    log "checking that $DEST computes on this CPU (one short decode)"
+    verify "$DEST" || return 1
+    echo "$want" > "$STAMP"
+}
 
 if works; then echo "$DEST"; exit 0; fi
+if [ "$VERIFY_ONLY" = 1 ]; then
+    [ -x "$DEST" ] && log "$DEST does not compute on this machine" || log "no cached binary at $DEST"
+    exit 1
+fi
 
 mkdir -p "$DEST_DIR"
 exec 9>"$DEST_DIR/.lock"
@@ -83,25 +121,50 @@ SRC="$(dirname "$(find "$WORK" -maxdepth 4 -path '*/llama.cpp/CMakeLists.txt' | 
 log "source: $SRC"
 
 # --- build --------------------------------------------------------------------------------------
-NATIVE_FLAG=-DGGML_NATIVE=ON
-[ "$NATIVE" = 0 ] && NATIVE_FLAG=-DGGML_NATIVE=OFF
-start=$(date +%s)
-nice -n 19 "$CMAKE" -S "$SRC" -B "$WORK/build" \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_CURL=OFF \
-    "$NATIVE_FLAG" >&2
-log "building llama-server with -j$JOBS (about 12-15 min on 2 cores)"
-nice -n 19 "$CMAKE" --build "$WORK/build" --target llama-server -j"$JOBS" >&2
-BIN="$WORK/build/bin/llama-server"
-[ -x "$BIN" ] || { log "build produced no $BIN"; exit 1; }
-cp "$BIN" "$DEST.tmp"
-mv -f "$DEST.tmp" "$DEST"
-log "built in $(( $(date +%s) - start )) s: $DEST"
+# -mno-amx-*: see "CPU flags" above (x86-64 compilers that know AMX only; explicit -m flags win
+# over -march=native whatever their order).
+NO_AMX=""
+case "$(uname -m)" in
+    x86_64|amd64)
+        if echo 'int main(void){return 0;}' | gcc -x c -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -o /dev/null - 2>/dev/null; then
+            NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        fi ;;
+esac
+
+build() {  # build 1|0 (native or portable): leaves the binary at $DEST
+    local native_flag=-DGGML_NATIVE=ON flags="$NO_AMX" what=native
+    if [ "$1" = 0 ]; then native_flag=-DGGML_NATIVE=OFF; flags=""; what=portable; fi
+    local start; start=$(date +%s)
+    rm -rf "$WORK/build"
+    nice -n 19 "$CMAKE" -S "$SRC" -B "$WORK/build" \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_CURL=OFF \
+        -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" \
+        "$native_flag" >&2
+    log "building a $what llama-server with -j$JOBS (about 12-15 min on 2 cores)"
+    nice -n 19 "$CMAKE" --build "$WORK/build" --target llama-server -j"$JOBS" >&2
+    local bin="$WORK/build/bin/llama-server"
+    [ -x "$bin" ] || { log "build produced no $bin"; exit 1; }
+    cp "$bin" "$DEST.tmp"
+    mv -f "$DEST.tmp" "$DEST"
+    rm -f "$STAMP"
+    log "built in $(( $(date +%s) - start )) s: $DEST"
+}
+
+if [ "$NATIVE" != 0 ]; then
+    build 1
+    if ! works; then
+        log "the native build does not compute on this CPU; building a portable one instead"
+        build 0
+    fi
+else
+    build 0
+fi
+works || { log "$DEST does not compute on this machine even when built portable; its log is above"; exit 1; }
 rm -rf "$WORK"
-works || { log "$DEST does not run"; exit 1; }
 echo "$DEST"

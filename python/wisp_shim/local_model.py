@@ -17,7 +17,10 @@ runs the core with `--backend openai --endpoint http://127.0.0.1:PORT/v1`.
   on the same port.
 
 `python -m wisp_shim.local_model` prints what would be used; `... serve` runs the server
-alone (for benchmarks that compare wisp with the server direct).
+alone (for benchmarks that compare wisp with the server direct); `... verify` proves that a
+llama-server binary computes on this machine (one real decode), which the build script
+requires before it trusts a binary: a CPU may advertise instructions (AMX in some VMs) that
+it does not let a process use, and `--version` never executes them.
 """
 
 from __future__ import annotations
@@ -55,6 +58,28 @@ INSTALL_HINT = "run `make local-model` in the wisp repository (builds llama-serv
 
 class LocalModelError(Exception):
     pass
+
+
+# What a signal death of llama-server most likely means, and what to do about it.
+_SIGNAL_ADVICE = {
+    signal.SIGILL: "it uses a CPU instruction this machine does not allow (a VM can advertise AVX-512 or AMX "
+                   "and trap it); rebuild it portable: `WISP_LLAMA_NATIVE=0 make local-model`",
+    signal.SIGBUS: "its binary or the model file changed under it; run `make local-model` again",
+    signal.SIGSEGV: "it crashed; run `make local-model` again, and if it persists rebuild it portable "
+                    "with `WISP_LLAMA_NATIVE=0 make local-model`",
+}
+
+
+def describe_exit(binary: Path, returncode: int) -> str:
+    """How a llama-server exit reads in an error: a signal by its name, with the fix."""
+    if returncode >= 0:
+        return f"the local model server ({binary}) exited with status {returncode}"
+    try:
+        sig = signal.Signals(-returncode)
+    except ValueError:
+        return f"the local model server ({binary}) was killed by signal {-returncode}"
+    advice = _SIGNAL_ADVICE.get(sig, "its log is above on stderr")
+    return f"the local model server ({binary}) was killed by {sig.name}: {advice}"
 
 
 def cache_dir() -> Path:
@@ -212,16 +237,13 @@ class LocalModel:
     async def _start_and_wait(self, timeout: float) -> None:
         if self.proc is None or self.proc.poll() is not None:
             if self.proc is not None:
-                log.warning("the local model server exited with status %s; restarting it", self.proc.returncode)
+                log.warning("%s; restarting it", describe_exit(self.binary, self.proc.returncode))
             self.spawn()
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise LocalModelError(
-                    f"the local model server ({self.binary}) exited with status {self.proc.returncode} while starting; "
-                    "its log is above on stderr"
-                )
+                raise LocalModelError(f"{describe_exit(self.binary, self.proc.returncode)} while starting (its log is above on stderr)")
             if await asyncio.to_thread(self.healthy):
                 if self.ready_after_s is None:
                     self.ready_after_s = time.monotonic() - self.started_at
@@ -288,11 +310,54 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     return LocalModel(binary=binary, model=model, context_size=context_size)
 
 
+VERIFY_PROMPT = "The capital of France is"
+VERIFY_TOKENS = 4
+
+
+def verify(binary: Path, model: Path, timeout: float = READY_TIMEOUT_S) -> str | None:
+    """Start `binary` on `model`, decode a few tokens, stop it. None when it computed, else why not.
+    The decode is the point: matrix kernels (where an untrusted instruction would trap) run
+    only once a prompt is evaluated, never for --version or /health."""
+    import json
+
+    lm = LocalModel(binary=binary, model=model, context_size=512, threads=1)
+
+    async def run() -> str | None:
+        try:
+            await lm._start_and_wait(timeout)
+        except LocalModelError as exc:
+            return str(exc)
+        body = json.dumps({"prompt": VERIFY_PROMPT, "n_predict": VERIFY_TOKENS, "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{lm.port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+
+        def post() -> dict:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+
+        try:
+            answer = await asyncio.to_thread(post)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            await asyncio.sleep(0.2)  # let a dying server be reaped, so its signal can be named
+            if lm.proc is not None and lm.proc.poll() is not None:
+                return f"{describe_exit(binary, lm.proc.returncode)} during its first decode"
+            return f"the local model server ({binary}) gave no answer to a {VERIFY_TOKENS}-token decode: {exc}"
+        predicted = answer.get("tokens_predicted") if isinstance(answer, dict) else None
+        if not isinstance(predicted, int) or predicted < 1:
+            return f"the local model server ({binary}) decoded no tokens (answer: {str(answer)[:200]})"
+        return None
+
+    try:
+        return asyncio.run(run())
+    finally:
+        lm.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m wisp_shim.local_model", description="wisp's default local model (llama-server + SmolLM2)")
-    ap.add_argument("command", nargs="?", choices=("check", "serve"), default="check")
+    ap.add_argument("command", nargs="?", choices=("check", "serve", "verify"), default="check")
     ap.add_argument("--llama-server")
     ap.add_argument("--model-path")
     ap.add_argument("--context-size", type=int, default=DEFAULT_CONTEXT)
@@ -311,6 +376,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wisp: {INSTALL_HINT}", file=sys.stderr)
         return 1
     if ns.command == "check":
+        return 0
+    if ns.command == "verify":
+        why = verify(binary, model)
+        if why:
+            print(f"wisp: {why}", file=sys.stderr)
+            return 1
+        print(f"llama-server decoded {VERIFY_TOKENS} tokens on this machine", file=sys.stderr)
         return 0
     lm = LocalModel(binary=binary, model=model, context_size=ns.context_size, port=ns.port)
 
