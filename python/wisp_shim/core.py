@@ -313,6 +313,8 @@ class Core:
             if call is not None and call.progress_event is not None:
                 call.latest = (msg.tokens, msg.text)
                 call.progress_event.set()
+        elif isinstance(msg, p.Evicted):
+            gen.alive.pop(msg.thread_id, None)  # gone already: a later crash did not lose it
         elif isinstance(msg, p.Ready):
             if gen.ready.done():
                 raise p.ProtocolError("a second ready frame")

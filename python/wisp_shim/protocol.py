@@ -69,7 +69,13 @@ class Status(msgspec.Struct, tag_field="op", tag="status"):
     id: int
 
 
-Request = Respond | CloseThread | Cancel | Status
+class Ping(msgspec.Struct, tag_field="op", tag="ping"):
+    """Liveness: the core's dispatcher answers at once (PingResult), touching no backend."""
+
+    id: int
+
+
+Request = Respond | CloseThread | Cancel | Status | Ping
 
 
 # --- core -> shim -----------------------------------------------------------
@@ -89,6 +95,15 @@ class Progress(msgspec.Struct):
     event: str
     text: str
     tokens: int
+
+
+class Evicted(msgspec.Struct):
+    """The core evicted `thread_id` (least recently used) to make room; sent before the reply
+    of the call that caused it."""
+
+    id: int
+    event: str
+    thread_id: str
 
 
 class ErrorBody(msgspec.Struct):
@@ -128,6 +143,10 @@ class CancelResult(msgspec.Struct):
     cancelled: bool
 
 
+class PingResult(msgspec.Struct):
+    pass
+
+
 class ThreadInfo(msgspec.Struct):
     thread_id: str
     turns: int
@@ -146,7 +165,7 @@ class StatusResult(msgspec.Struct):
     tools: list[str] = []
 
 
-Incoming = Ready | Progress | Reply
+Incoming = Ready | Progress | Evicted | Reply
 
 
 class _Envelope(msgspec.Struct):
@@ -165,6 +184,7 @@ _encoder = msgspec.json.Encoder()
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
 _ready_decoder = msgspec.json.Decoder(Ready)
 _progress_decoder = msgspec.json.Decoder(Progress)
+_evicted_decoder = msgspec.json.Decoder(Evicted)
 _reply_decoder = msgspec.json.Decoder(Reply)
 
 
@@ -191,6 +211,8 @@ def decode_message(payload: bytes | memoryview) -> Incoming:
             return _ready_decoder.decode(payload)
         if env.event == "progress":
             return _progress_decoder.decode(payload)
+        if env.event == "evicted":
+            return _evicted_decoder.decode(payload)
         if env.event is None and env.ok is not None:
             reply = _reply_decoder.decode(payload)
             if reply.ok and not reply.has_result:

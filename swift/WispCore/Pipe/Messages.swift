@@ -1,8 +1,9 @@
 /// The pipe protocol, version 1 (DESIGN §3): one type per message. The Python side
 /// (`python/wisp_shim/protocol.py`) declares the same types under the same names; keep them in step.
 ///
-/// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, each tagged by `op`.
-/// Core → shim: `Ready` (first frame), `Progress` (event), `Reply` (one per request, ok or not).
+/// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `Ping`, each tagged by `op`.
+/// Core → shim: `Ready` (first frame), `Progress` and `Evicted` (events), `Reply` (one per
+/// request, ok or not).
 
 public let pipeProtocolVersion = 1
 
@@ -65,12 +66,20 @@ public struct Status: Codable, Sendable, Equatable {
     public init(id: Int) { self.id = id }
 }
 
+/// A liveness check: answered at once by the dispatcher (`PingResult`), without touching the
+/// registry or a backend, so a reply proves the core still reads and runs its dispatcher.
+public struct Ping: Codable, Sendable, Equatable {
+    public var id: Int
+    public init(id: Int) { self.id = id }
+}
+
 /// Any shim → core message, decoded in one pass by its `op`.
 public enum Request: Sendable, Equatable {
     case respond(Respond)
     case closeThread(CloseThread)
     case cancel(Cancel)
     case status(Status)
+    case ping(Ping)
 
     public var id: Int {
         switch self {
@@ -78,12 +87,13 @@ public enum Request: Sendable, Equatable {
         case .closeThread(let m): m.id
         case .cancel(let m): m.id
         case .status(let m): m.id
+        case .ping(let m): m.id
         }
     }
 }
 
 extension Request: Codable {
-    enum Op: String, Codable { case respond, close_thread, cancel, status }
+    enum Op: String, Codable { case respond, close_thread, cancel, status, ping }
     private enum Keys: String, CodingKey { case op }
 
     public init(from decoder: any Decoder) throws {
@@ -93,6 +103,7 @@ extension Request: Codable {
         case .close_thread: self = .closeThread(try CloseThread(from: decoder))
         case .cancel: self = .cancel(try Cancel(from: decoder))
         case .status: self = .status(try Status(from: decoder))
+        case .ping: self = .ping(try Ping(from: decoder))
         }
     }
 
@@ -103,6 +114,7 @@ extension Request: Codable {
         case .closeThread(let m): try c.encode(Op.close_thread, forKey: .op); try m.encode(to: encoder)
         case .cancel(let m): try c.encode(Op.cancel, forKey: .op); try m.encode(to: encoder)
         case .status(let m): try c.encode(Op.status, forKey: .op); try m.encode(to: encoder)
+        case .ping(let m): try c.encode(Op.ping, forKey: .op); try m.encode(to: encoder)
         }
     }
 }
@@ -137,6 +149,16 @@ public struct Progress: Codable, Sendable, Equatable {
         self.text = text
         self.tokens = tokens
     }
+}
+
+/// Thread `thread_id` was evicted (least recently used) to make room for a new one. Sent before
+/// the reply of the call whose new thread caused it, so the shim's view of live threads stays exact.
+public struct Evicted: Codable, Sendable, Equatable {
+    public var id = 0
+    public var event = "evicted"
+    public var thread_id: String
+
+    public init(thread_id: String) { self.thread_id = thread_id }
 }
 
 public struct ErrorBody: Codable, Sendable, Equatable {
@@ -180,6 +202,10 @@ public struct CancelResult: Codable, Sendable, Equatable {
     /// False when the request had already finished or was never seen.
     public var cancelled: Bool
     public init(cancelled: Bool) { self.cancelled = cancelled }
+}
+
+public struct PingResult: Codable, Sendable, Equatable {
+    public init() {}
 }
 
 public struct ThreadInfo: Codable, Sendable, Equatable {

@@ -51,6 +51,8 @@ public final class PipeServer: Sendable {
             }
         case .cancel(let c):
             write(Reply.success(c.id, CancelResult(cancelled: stop(c.request, because: .cancelled))))
+        case .ping(let m):
+            write(Reply.success(m.id, PingResult()))
         case .status(let s):
             // In its own task: asking a backend about itself can take seconds (an endpoint that
             // does not answer), and the dispatcher must keep taking calls and cancels meanwhile.
