@@ -23,6 +23,7 @@ import pytest
 
 from conftest import error_text, ok, shim_env, wisp
 from openai_stub import RecordingProxy
+from procs import grandchildren_named, ppid as _ppid, running as _alive
 from wisp_shim import local_model
 
 SETTINGS = {"temperature": 0, "max_output_tokens": 32}
@@ -77,36 +78,10 @@ def via(proxy: RecordingProxy, *args: str):
     return wisp("--endpoint", proxy.endpoint, "--model", local_model.MODEL_ALIAS, *args, backend="openai", env=shim_env())
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _our_llama_servers() -> set[int]:
     """llama-server processes started by a shim that this test process started
     (other test runs on the same machine may have their own)."""
-    pids = set()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv0 = (d / "cmdline").read_bytes().split(b"\0")[0]
-            except OSError:
-                continue
-            if argv0.endswith(b"llama-server"):
-                shim = _ppid(int(d.name))
-                if shim is not None and _ppid(shim) == os.getpid():
-                    pids.add(int(d.name))
-    return pids
+    return grandchildren_named(os.getpid(), "llama-server")
 
 
 async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):
