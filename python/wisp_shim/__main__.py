@@ -152,10 +152,10 @@ class LocalModelUse:
     start it before the core, stop it after, and make a failed call's error say what the core
     cannot know (the server was killed by a signal; the local model is not installed)."""
 
-    def __init__(self, ns: argparse.Namespace, config: CoreConfig) -> None:
+    def __init__(self, ns: argparse.Namespace, config: CoreConfig, platform: str = sys.platform) -> None:
         self.config = config
         self.plan = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
-                                     model_path=ns.model_path, context_size=ns.context_size)
+                                     model_path=ns.model_path, context_size=ns.context_size, platform=platform)
         self.lm = self.plan.lm
         self.active = False  # the core runs against self.lm
         self._probed = False

@@ -1,9 +1,10 @@
 """The Linux default model: llama.cpp's `llama-server` with SmolLM2-135M-Instruct, started
 and stopped by the shim.
 
-When the backend is `auto`, there is no Apple model (any platform but macOS) and no
-endpoint is configured, wisp starts `llama-server` bound to 127.0.0.1 on a free port and
-runs the core with `--backend openai --endpoint http://127.0.0.1:PORT/v1`.
+When the backend is `auto`, no endpoint is configured and Apple's model is absent (any
+platform but macOS) or cannot answer (a Mac without Apple Intelligence; see decide()), wisp
+starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
+`--backend openai --endpoint http://127.0.0.1:PORT/v1`.
 
 - The server binary: `--llama-server` / WISP_LLAMA_SERVER, else the per-machine cache that
   `scripts/build-llama-server.sh` fills (`make local-model`), else `llama-server` on PATH.

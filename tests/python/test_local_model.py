@@ -90,6 +90,32 @@ def test_describe_exit_names_the_signal_and_the_fix():
     assert "exited with status 3" in lm.describe_exit(Path("/x/llama-server"), 3)
 
 
+async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_local_model(tmp_path, model_file, monkeypatch):
+    """The macOS path, run here: this core's apple backend is unavailable, as on a Mac without
+    Apple Intelligence, so the probe must pick the local model (and start it) instead."""
+    from conftest import core_path
+    from wisp_shim.__main__ import LocalModelUse, core_config, parse_args
+    from wisp_shim.core import Core
+
+    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    binary = install_fake(tmp_path / "bin")
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "decode")
+    ns = parse_args(["--core", core_path(), "--llama-server", str(binary), "--model-path", str(model_file)])
+    config = core_config(ns)
+    use = LocalModelUse(ns, config, platform="darwin")
+    assert (use.plan.decision, use.active) == (PROBE_APPLE, False)
+    core = Core(config)
+    core.start()
+    try:
+        st = await core.status()
+        assert use.active and use.lm.proc is not None and use.lm.proc.poll() is None
+        assert (st.backend, st.model, st.available) == ("openai", lm.MODEL_ALIAS, True)
+    finally:
+        await core.aclose()
+    assert use.lm.proc.poll() is not None, "the local model server outlived the core"
+
+
 # --- the check the build script trusts ----------------------------------------------------------
 
 def test_verify_rejects_a_server_that_dies_by_sigill_on_its_first_decode(tmp_path, model_file):
