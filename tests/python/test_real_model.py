@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -78,6 +79,10 @@ def via(proxy: RecordingProxy, *args: str):
     return wisp("--endpoint", proxy.endpoint, "--model", local_model.MODEL_ALIAS, *args, backend="openai", env=shim_env())
 
 
+# The default these tests mean: on a Mac whose Apple model can answer, `auto` picks that instead.
+LOCAL = {"WISP_LOCAL_MODEL": "1"} if sys.platform == "darwin" else {}
+
+
 def _our_llama_servers() -> set[int]:
     """llama-server processes started by a shim that this test process started
     (other test runs on the same machine may have their own)."""
@@ -87,7 +92,7 @@ def _our_llama_servers() -> set[int]:
 async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):
     """What `make run` gives: no backend, no endpoint → wisp starts llama-server itself."""
     t0 = time.monotonic()
-    async with wisp(backend=None, env=shim_env()) as c:
+    async with wisp(backend=None, env=shim_env(**LOCAL)) as c:
         r = ok(await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS}))
         first_answer_s = time.monotonic() - t0
         assert "paris" in r["text"].lower(), r["text"]
@@ -240,7 +245,7 @@ async def test_make_run_gives_a_real_answer(llama):
 
     from conftest import REPO
 
-    params = StdioServerParameters(command="make", args=["-s", "run"], cwd=str(REPO), env=shim_env())
+    params = StdioServerParameters(command="make", args=["-s", "run"], cwd=str(REPO), env=shim_env(**LOCAL))
     with open(os.devnull, "w") as quiet:
         async with Client(stdio_client(params, errlog=quiet)) as c:
             r = ok(await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS}))
@@ -249,6 +254,8 @@ async def test_make_run_gives_a_real_answer(llama):
             assert (st["backend"], st["model"]) == ("openai", local_model.MODEL_ALIAS)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="PR_SET_PDEATHSIG is Linux-only: elsewhere a SIGKILLed shim cannot take its llama-server with it")
 def test_local_server_dies_with_a_killed_shim(llama):
     """SIGKILL leaves the shim no chance to clean up: PR_SET_PDEATHSIG must take llama-server down."""
     import signal
@@ -278,7 +285,7 @@ def test_local_server_dies_with_a_killed_shim(llama):
 async def test_local_server_is_restarted_if_it_dies(llama):
     import signal
 
-    async with wisp(backend=None, env=shim_env()) as c:
+    async with wisp(backend=None, env=shim_env(**LOCAL)) as c:
         ok(await c.call_tool("respond", {"prompt": "Say hi.", **SETTINGS}))
         (first,) = _our_llama_servers()
         os.kill(first, signal.SIGKILL)
