@@ -261,6 +261,21 @@ func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
         #expect(await wire.reply(3).body["text"] as? String == "echo 2: probe")
     }
 
+    /// The answer is ready after the deadline but before the watchdog (which looks every 50 ms)
+    /// has stopped the call, as when a stopped core resumes: the deadline is checked at commit.
+    @Test func theDeadlineIsCheckedAtCommitNotOnlyByTheWatchdog() async throws {
+        for k in 0..<5 {
+            let (server, wire) = pipeServer(EchoBackend())
+            await server.handle(.respond(Respond(id: 1, prompt: "first", thread_id: "t")))
+            #expect(await wire.reply(1).body["text"] as? String == "echo 1: first")
+            await server.handle(.respond(Respond(id: 2, prompt: "!sleep 25 late", thread_id: "t", options: RespondOptions(timeout_s: 0.01))))
+            let late = await wire.reply(2)
+            #expect(!late.ok && late.body["code"] as? String == "timeout", "trial \(k): \(late.body)")
+            await server.handle(.respond(Respond(id: 3, prompt: "probe", thread_id: "t")))
+            #expect(await wire.reply(3).body["text"] as? String == "echo 2: probe", "trial \(k)")
+        }
+    }
+
     @Test func aCancelThatCameFirstWinsOverAnAnswerThatCameAnyway() async throws {
         let gate = Gate()
         let (server, wire) = pipeServer(GateBackend(gate: gate))
