@@ -182,7 +182,7 @@ async def test_prompt_that_cannot_fit_is_an_error_that_says_what_to_do():
         msg = error_text(await c.call_tool("respond", {"prompt": "y" * 400, "thread_id": "big"}))
         # The ADR's advice first; that a shorter prompt would fit only after it.
         assert msg.startswith("context_overflow: Close this thread (close_thread) and start another"), msg
-        assert "shorter prompt" in msg
+        assert "Shorten the prompt (or the new thread's instructions)" in msg
         # The thread is still usable and unchanged.
         assert ok(await c.call_tool("respond", {"prompt": "ok", "thread_id": "big"}))["text"] == "echo 2: ok"
 

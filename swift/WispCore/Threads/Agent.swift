@@ -86,7 +86,7 @@ public final class Agent {
                     throw WispError(.contextOverflow, """
                         Close this thread (close_thread) and start another: the prompt does not fit in the model's \
                         \(context)-token context even with every earlier turn of this thread dropped (\(error.message)). \
-                        A shorter prompt, or shorter instructions for the new thread, would fit.
+                        Shorten the prompt (or the new thread's instructions) to make it fit.
                         """)
                 }
                 overflows += 1
@@ -103,7 +103,7 @@ public final class Agent {
                 throw WispError(.contextOverflow, """
                     Close this thread (close_thread) and start another: it outgrew the model's \(context)-token \
                     context, and rebuilding it with its \(dropped) oldest turn(s) dropped failed (\(e.message)). \
-                    A shorter prompt, or shorter instructions for the new thread, would fit better.
+                    In the new thread, a shorter prompt or shorter instructions leave more room.
                     """)
             }
         }

@@ -154,7 +154,7 @@ import Testing
             #expect(e.code == .contextOverflow)
             // The ADR's advice first; a shorter prompt or instructions only after it.
             #expect(e.message.hasPrefix("Close this thread (close_thread) and start another"), "\(e.message)")
-            #expect(e.message.contains("A shorter prompt, or shorter instructions"))
+            #expect(e.message.contains("Shorten the prompt (or the new thread's instructions)"))
         }
         #expect(try await call(registry, "t", "still here").outcome.text == "echo 2: still here")
     }
