@@ -70,7 +70,7 @@ def _respond_tool(max_threads: int) -> Tool:
             "thread; pass the thread_id from an earlier result to continue that conversation (the model "
             "sees the earlier turns). An unknown thread_id starts a new thread under that id "
             "(created=true says so). instructions and tools are fixed when a thread is created; passing "
-            "them for an existing thread is an error. Calls on one thread run in order; different threads "
+            "them for an existing thread is an error, even empty: omit them to continue. Calls on one thread run in order; different threads "
             "run in parallel. If a thread outgrows the model's context, its oldest turns are dropped "
             "(condensed=true). Retention: threads are kept in memory only, at most "
             f"{max_threads} (least recently used evicted first), and lost when wisp restarts."

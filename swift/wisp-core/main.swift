@@ -1,6 +1,7 @@
 // wisp-core: the child process the shim starts. Frames in on stdin, frames out on stdout,
-// logs on stderr. It exits 0 at stdin EOF (after stopping calls in flight), 64 on bad flags,
-// 65 on a frame it cannot decode (the shim then restarts it), 70 on the echo `!crash`.
+// logs on stderr. It exits 0 at stdin EOF (after stopping calls in flight, waiting for them at
+// most 2 s), 64 on bad flags, 65 on a frame it cannot decode (the shim then restarts it), 70 on
+// the echo `!crash`.
 import Foundation
 import Synchronization
 import WispCore
@@ -80,6 +81,8 @@ let (incoming, continuation) = AsyncStream<Incoming>.makeStream(bufferingPolicy:
 
 // Blocking reads belong on their own thread, not the cooperative pool (2 cores: 2 pool threads).
 let maxFrameBytes = config.maxFrameBytes
+/// How long calls get to end once stdin has closed.
+let shutdownGrace = Duration.seconds(2)
 Thread.detachNewThread {
     var decoder = FrameDecoder(maxBytes: maxFrameBytes)
     let json = JSONDecoder()
@@ -94,7 +97,13 @@ Thread.detachNewThread {
         if n <= 0 {
             do { try decoder.finish() } catch { protocolError(String(describing: error)) }
             continuation.finish()
-            return
+            // Exits from here, not from the dispatcher: a call that ignores cancellation may be
+            // holding every pool thread, and the core must go when the shim does all the same.
+            log(.info, "stdin closed: stopping \(server.callsInFlight) call(s) in flight and exiting")
+            if !server.stopAll(grace: shutdownGrace) {
+                log(.warning, "\(server.callsInFlight) call(s) did not stop within \(shutdownGrace); exiting anyway")
+            }
+            exit(0)
         }
         buffer.withUnsafeBytes { decoder.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
         do {
@@ -143,6 +152,6 @@ await Task.detached { [server, incoming] in
     }
 }.value
 
-log(.info, "stdin closed: stopping \(server.callsInFlight) call(s) in flight and exiting")
-await server.stopAll()
-exit(0)
+// stdin closed: the reader thread stops the calls and exits the process. Returning from here
+// would exit too, before the calls' replies are written.
+while true { try? await Task.sleep(for: .seconds(3600)) }

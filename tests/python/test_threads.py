@@ -72,14 +72,23 @@ async def test_unknown_supplied_id_creates_thread_under_that_id():
 
 async def test_instructions_and_tools_bind_at_creation():
     async with wisp() as c:
-        s = ok(await c.call_tool("respond", {"prompt": "hi", "thread_id": "bound", "instructions": "Be terse."}))
+        s = ok(await c.call_tool("respond", {"prompt": "hi", "thread_id": "bound", "instructions": "Be terse.", "tools": ["read_file"]}))
         assert s["created"] and s["text"] == "echo 1: hi"
-        for extra in ({"instructions": "Be verbose."}, {"tools": ["read_file"]}, {"instructions": "x", "tools": ["read_file"]}):
+        # Empty values too: `tools: []` on an existing thread is not "no tools now", silently ignored.
+        extras = (
+            {"instructions": "Be verbose."}, {"tools": ["read_file"]}, {"instructions": "x", "tools": ["read_file"]},
+            {"instructions": ""}, {"tools": []}, {"instructions": "", "tools": []},
+        )
+        for extra in extras:
             msg = error_text(await c.call_tool("respond", {"prompt": "again", "thread_id": "bound", **extra}))
-            assert msg.startswith("invalid_argument:")
-            assert "bound" in msg and ("instructions" in msg or "tools" in msg)
+            assert msg.startswith("invalid_argument:"), (extra, msg)
+            assert 'bound to instructions "Be terse." and tools [read_file]' in msg, (extra, msg)
+            assert f"Omit {' and '.join(extra)} (even an empty value) to continue it" in msg, (extra, msg)
         # The failed calls left the thread as it was.
         assert ok(await c.call_tool("respond", {"prompt": "next", "thread_id": "bound"}))["text"] == "echo 2: next"
+        # At creation, empty still means none.
+        s = ok(await c.call_tool("respond", {"prompt": "hi", "thread_id": "plain", "instructions": "", "tools": []}))
+        assert s["created"] and s["text"] == "echo 1: hi"
 
 
 async def test_close_thread_known_and_unknown():
@@ -171,8 +180,9 @@ async def test_prompt_that_cannot_fit_is_an_error_that_says_what_to_do():
     async with wisp("--context-size", "64") as c:
         ok(await c.call_tool("respond", {"prompt": "short", "thread_id": "big"}))
         msg = error_text(await c.call_tool("respond", {"prompt": "y" * 400, "thread_id": "big"}))
-        assert msg.startswith("context_overflow:"), msg
-        assert "close" in msg.lower() or "new thread" in msg.lower()
+        # The ADR's advice first; that a shorter prompt would fit only after it.
+        assert msg.startswith("context_overflow: Close this thread (close_thread) and start another"), msg
+        assert "Shorten the prompt (or the new thread's instructions)" in msg
         # The thread is still usable and unchanged.
         assert ok(await c.call_tool("respond", {"prompt": "ok", "thread_id": "big"}))["text"] == "echo 2: ok"
 

@@ -44,9 +44,14 @@ public struct AppleBackend: ModelBackend {
     }
 
     /// Read at run time: 4096 on macOS 26 (below 26.4 the property itself returns 4096), 8192 on
-    /// some Macs under 27, and 0 for a while after a cold start. ≤ 0 is unknown; never below 4096.
+    /// some Macs under 27, and 0 for a while after a cold start. Any positive value is the
+    /// model's; only ≤ 0 (unknown) falls back to 4096, macOS 26's window.
     public func contextSize() async -> Int {
-        max(systemModel.contextSize, 4096)
+        Self.contextSize(live: systemModel.contextSize)
+    }
+
+    static func contextSize(live: Int) -> Int {
+        live > 0 ? live : 4096
     }
 
     /// The model's own count on macOS 26.4+; nil below, or when the model cannot count now

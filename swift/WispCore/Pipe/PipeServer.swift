@@ -1,3 +1,4 @@
+import Dispatch
 import Foundation
 import Synchronization
 
@@ -17,7 +18,13 @@ public final class PipeServer: Sendable {
         var stop: WispError.Code?
         /// When the call's own time limit (`options.timeout_s`) runs out, if it has one.
         var deadline: ContinuousClock.Instant?
+        /// The call's turn is being committed: too late to stop it. Decided under the lock
+        /// together with `stop`, so a cancel either stops the call or is answered `false`.
+        var committed = false
     }
+
+    /// Set (under `inFlight`'s lock) once `stopAll` has run: a call accepted after it starts stopped.
+    private let stopping = Atomic<Bool>(false)
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
     private let watchdog = Mutex<Task<Void, Never>?>(nil)
@@ -73,14 +80,29 @@ public final class PipeServer: Sendable {
         fail(id, WispError(.invalidArgument, "protocol error: \(message)"))
     }
 
-    /// Stops every call in flight (at stdin EOF) and waits for them to end.
-    public func stopAll() async {
+    /// Stops every call in flight and any accepted later (at stdin EOF), and waits at most
+    /// `grace` for them to end. True when they all did. It blocks the calling thread: call it
+    /// from a thread of its own, since a call that ignores cancellation (a backend or tool
+    /// burning a CPU) may hold every thread of the cooperative pool, and the wait must still end.
+    public func stopAll(grace: Duration) -> Bool {
         let tasks = inFlight.withLock { calls in
-            calls.keys.forEach { calls[$0]?.stop = .cancelled }
+            stopping.store(true, ordering: .relaxed)
+            for id in calls.keys where calls[id]?.committed == false { calls[id]?.stop = .cancelled }
             return calls.values.compactMap(\.task)
         }
         for t in tasks { t.cancel() }
-        for t in tasks { await t.value }
+        let ended = DispatchSemaphore(value: 0)
+        Task.detached { [self] in
+            // Again until none is left: a request still in the dispatcher's queue may be accepted meanwhile.
+            while callsInFlight > 0 {
+                let running = inFlight.withLock { $0.values.compactMap(\.task) }
+                for t in running { await t.value }
+                if running.isEmpty { try? await Task.sleep(for: .milliseconds(1)) }
+            }
+            ended.signal()
+        }
+        let ns = grace.components.seconds * 1_000_000_000 + grace.components.attoseconds / 1_000_000_000
+        return ended.wait(timeout: .now() + .nanoseconds(Int(ns))) == .success
     }
 
     public var callsInFlight: Int { inFlight.withLock { $0.count } }
@@ -93,7 +115,7 @@ public final class PipeServer: Sendable {
         }
         let known = inFlight.withLock { calls in
             if calls[r.id] != nil { return true }
-            calls[r.id] = Call()
+            calls[r.id] = Call(stop: stopping.load(ordering: .relaxed) ? .cancelled : nil)
             return false
         }
         if known { return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight")) }
@@ -105,6 +127,8 @@ public final class PipeServer: Sendable {
             _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
             return fail(r.id, WispError.from(error))
         }
+        // Before this call's reply, so the shim never takes the evicted thread for alive.
+        if let evicted = acceptance.evicted { write(Evicted(thread_id: evicted)) }
 
         let task = Task { await self.run(r, acceptance) }
         let stoppedEarly = inFlight.withLock { calls -> Bool in
@@ -132,30 +156,48 @@ public final class PipeServer: Sendable {
             }
         }
 
+        let thread = acceptance.thread
         let reply: [UInt8]
-        var failed = false
+        var committed = false
         do {
             // Always called, even when already cancelled: the ticket must be served for the line to move.
-            let o = try await acceptance.thread.respond(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial)
-            reply = encode(Reply.success(r.id, RespondResult(
-                thread_id: acceptance.thread.id, created: acceptance.created, text: o.text, condensed: o.condensed,
-                turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens)))
+            let staged = try await thread.stage(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial)
+            // Commit, or not, in one step with `stop`: a cancel or time limit that came first wins,
+            // even when the model answered anyway (a backend that ignored cancellation, a core
+            // that was stopped past the deadline and resumed before the watchdog looked).
+            let stopped = inFlight.withLock { calls -> WispError.Code? in
+                guard var call = calls[r.id] else { return .cancelled }
+                if call.stop == nil, let deadline = call.deadline, deadline <= .now { call.stop = .timeout }
+                if call.stop == nil { call.committed = true }
+                calls[r.id] = call
+                return call.stop
+            }
+            if let stopped {
+                await thread.discard(acceptance.ticket, staged)
+                reply = encode(Failure.failure(r.id, stoppedError(stopped, r, thread.id)))
+            } else {
+                let o = await thread.commit(acceptance.ticket, staged)
+                committed = true
+                reply = encode(Reply.success(r.id, RespondResult(
+                    thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
+                    turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens)))
+            }
         } catch {
             var e = WispError.from(error)
             // Only a call that ended because it was stopped is reported as stopped; one that had
             // already failed for another reason keeps that reason.
-            let stop = e.code == .cancelled ? inFlight.withLock { $0[r.id]?.stop } : nil
-            if stop == .timeout {
-                e = WispError(.timeout, "no reply within \(r.options?.timeout_s ?? 0) s; the call was stopped and thread '\(acceptance.thread.id)' is unchanged")
-            } else if stop == .cancelled {
-                e = WispError(.cancelled, "the call was cancelled; thread '\(acceptance.thread.id)' is unchanged")
-            }
+            if e.code == .cancelled, let stop = inFlight.withLock({ $0[r.id]?.stop }) { e = stoppedError(stop, r, thread.id) }
             reply = encode(Failure.failure(r.id, e))
-            failed = true
         }
-        await registry.finished(acceptance, failed: failed)
+        await registry.finished(acceptance, committed: committed)
         _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
         send(fitting(reply, id: r.id))
+    }
+
+    private func stoppedError(_ code: WispError.Code, _ r: Respond, _ threadID: String) -> WispError {
+        code == .timeout
+            ? WispError(.timeout, "no reply within \(r.options?.timeout_s ?? 0) s; the call was stopped and thread '\(threadID)' is unchanged")
+            : WispError(.cancelled, "the call was cancelled; thread '\(threadID)' is unchanged")
     }
 
     /// Time limits are enforced by one watchdog task for all calls, not a sleeping task per call:
@@ -172,13 +214,13 @@ public final class PipeServer: Sendable {
             try? await Task.sleep(for: Self.watchInterval)
             let now = ContinuousClock.now
             let expired = inFlight.withLock { calls in
-                calls.compactMap { id, call in call.stop == nil && call.deadline.map { $0 <= now } == true ? id : nil }
+                calls.compactMap { id, call in call.stop == nil && !call.committed && call.deadline.map { $0 <= now } == true ? id : nil }
             }
             for id in expired { _ = stop(id, because: .timeout) }
             // Ends when no running call has a limit; checked under the watchdog's lock, so a
             // call that sets its deadline meanwhile either is seen here or starts a new watchdog.
             let done = watchdog.withLock { task in
-                let waiting = inFlight.withLock { $0.values.contains { $0.stop == nil && $0.deadline != nil } }
+                let waiting = inFlight.withLock { $0.values.contains { $0.stop == nil && !$0.committed && $0.deadline != nil } }
                 if !waiting { task = nil }
                 return !waiting
             }
@@ -186,10 +228,11 @@ public final class PipeServer: Sendable {
         }
     }
 
-    /// Stops an in-flight call. False when no such call is in flight.
+    /// Stops an in-flight call. False when no such call is in flight, or its turn is already
+    /// being committed (it ends as if the stop had come after its reply).
     private func stop(_ id: Int, because code: WispError.Code) -> Bool {
         let task: Task<Void, Never>?? = inFlight.withLock { calls in
-            guard calls[id] != nil else { return .none }
+            guard let call = calls[id], !call.committed else { return .none }
             if calls[id]?.stop == nil { calls[id]?.stop = code }
             return .some(calls[id]?.task)
         }

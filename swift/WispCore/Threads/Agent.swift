@@ -6,6 +6,8 @@
 public final class Agent {
     public struct Outcome: Sendable, Equatable {
         public var text: String
+        /// True when this call's turn is the thread's first: the thread was new to the caller.
+        public var created: Bool
         /// True when turns were dropped during this call to make room.
         public var condensed: Bool
         /// Turns the history holds after this call, this one included.
@@ -14,6 +16,17 @@ public final class Agent {
         public var dropped: Int
         public var promptTokens: Int?
         public var outputTokens: Int?
+    }
+
+    /// A turn the model has answered but the history does not hold yet: a call's result until
+    /// it is `commit`ted (the call ended un-stopped) or `discard`ed (cancelled, timed out).
+    public struct Staged: Sendable {
+        fileprivate let turn: Turn
+        /// The oldest turns of the history to drop when committing (condensing).
+        fileprivate let dropped: Int
+        fileprivate let promptTokens: Int?
+        fileprivate let outputTokens: Int?
+        public var text: String { turn.response }
     }
 
     private let backend: any ModelBackend
@@ -30,10 +43,10 @@ public final class Agent {
         self.tools = tools
     }
 
-    /// Answers `prompt` in this conversation. On success the turn joins the history (after
-    /// any condensing); on any failure, cancellation included, the history is left exactly as it was.
+    /// Answers `prompt` in this conversation, staging the turn: the history is left exactly as
+    /// it was until `commit`, which must come before any other call (the thread's gate sees to it).
     nonisolated(nonsending)
-    public func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Outcome {
+    public func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Staged {
         if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
         let context = max(1, await backend.contextSize())
         var kept = history[...]
@@ -66,24 +79,14 @@ public final class Agent {
                 let g = try await active.respond(to: prompt, settings: settings, onPartial: onPartial)
                 let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text,
                                 tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g))
-                if dropped == 0 {
-                    // The usual case: append in place. Releasing `kept` (a slice of `history`'s
-                    // buffer) first leaves the buffer uniquely referenced, so nothing is copied;
-                    // rebuilding the array cost O(turns) per call on a long thread.
-                    kept = []
-                    history.append(turn)
-                } else {
-                    history = Array(kept) + [turn]
-                }
-                return Outcome(text: g.text, condensed: dropped > 0, turns: history.count, dropped: dropped,
-                               promptTokens: g.promptTokens, outputTokens: g.outputTokens)
+                return Staged(turn: turn, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens)
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
                 guard !kept.isEmpty else {
                     throw WispError(.contextOverflow, """
-                        The prompt does not fit in the model's \(context)-token context even with every earlier turn \
-                        of this thread dropped (\(error.message)). Shorten the prompt; if the thread's instructions \
-                        take the room, close this thread (close_thread) and start another with shorter instructions.
+                        Close this thread (close_thread) and start another: the prompt does not fit in the model's \
+                        \(context)-token context even with every earlier turn of this thread dropped (\(error.message)). \
+                        Shorten the prompt (or the new thread's instructions) to make it fit.
                         """)
                 }
                 overflows += 1
@@ -93,9 +96,32 @@ public final class Agent {
             } catch {
                 session = nil
                 if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
-                throw WispError.from(error)
+                let e = WispError.from(error)
+                // A session rebuilt without the oldest turns that the model will not take (Apple's
+                // unsupportedTranscriptContent, say) means condensing cannot save this thread.
+                guard dropped > 0, e.code == .internal else { throw e }
+                throw WispError(.contextOverflow, """
+                    Close this thread (close_thread) and start another: it outgrew the model's \(context)-token \
+                    context, and rebuilding it with its \(dropped) oldest turn(s) dropped failed (\(e.message)). \
+                    In the new thread, a shorter prompt or shorter instructions leave more room.
+                    """)
             }
         }
+    }
+
+    /// Makes a staged turn part of the history, dropping what condensing dropped for it.
+    public func commit(_ staged: Staged) -> Outcome {
+        let created = history.isEmpty
+        // Appended in place: rebuilding the array cost O(turns) per call on a long thread.
+        if staged.dropped > 0 { history.removeFirst(staged.dropped) }
+        history.append(staged.turn)
+        return Outcome(text: staged.turn.response, created: created, condensed: staged.dropped > 0, turns: history.count,
+                       dropped: staged.dropped, promptTokens: staged.promptTokens, outputTokens: staged.outputTokens)
+    }
+
+    /// Forgets a staged turn. The live session heard it, so it goes too, rebuilt from the history next time.
+    public func discard(_ staged: Staged) {
+        session = nil
     }
 
     /// How many of the oldest turns to drop after the model reported an overflow: the first

@@ -6,18 +6,35 @@
 /// and a FoundationModels session throws if asked twice at once. The gate below does:
 /// each accepted call holds a ticket, and only the ticket being served runs.
 public actor ConversationThread {
+    /// What a thread is started with: its instructions and model tools.
+    public struct Binding: Sendable {
+        public let instructions: String?
+        public let tools: [ModelTool]
+        public init(instructions: String?, tools: [ModelTool]) {
+            self.instructions = instructions
+            self.tools = tools
+        }
+    }
+
     /// A place in this thread's line, handed out in arrival order by `enqueue()`.
-    public struct Ticket: Sendable, Hashable {
+    public struct Ticket: Sendable {
         fileprivate let number: UInt64
+        /// The binding this call starts the thread with if, when its turn comes, the thread has
+        /// no committed turn (every call before it failed or was cancelled); nil keeps the thread's own.
+        fileprivate let start: Binding?
+        /// The binding arguments this call passed (`instructions`, `tools`): an error if the thread
+        /// has a committed turn when its turn comes.
+        fileprivate let binds: [String]
     }
 
     public nonisolated let id: String
-    private let agent: Agent
+    private let backend: any ModelBackend
+    private var agent: Agent
     private let maxQueue: Int
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
-    public static let firstTicket = Ticket(number: 0)
+    public static let firstTicket = Ticket(number: 0, start: nil, binds: [])
 
     private var issued: UInt64 = 1
     private var serving: UInt64 = 0
@@ -27,6 +44,7 @@ public actor ConversationThread {
 
     public init(id: String, backend: any ModelBackend, instructions: String?, tools: [ModelTool], maxQueue: Int) {
         self.id = id
+        self.backend = backend
         self.agent = Agent(backend: backend, instructions: instructions, tools: tools)
         self.maxQueue = maxQueue
     }
@@ -40,22 +58,67 @@ public actor ConversationThread {
     public var pending: Int { Int(issued - serving) - abandoned.count }
 
     /// Takes a place in line, or fails with `busy` when `maxQueue` calls already wait.
-    public func enqueue() throws(WispError) -> Ticket {
+    /// `start` and `binds`: see `Ticket`.
+    public func enqueue(start: Binding? = nil, binds: [String] = []) throws(WispError) -> Ticket {
         let waiting = pending - (pending > 0 ? 1 : 0)
         guard pending == 0 || waiting < maxQueue else {
             throw WispError(.busy, "thread '\(id)' already has \(waiting) calls waiting (limit \(maxQueue)); wait for one to finish, or use another thread")
         }
         defer { issued += 1 }
-        return Ticket(number: issued)
+        return Ticket(number: issued, start: start, binds: binds)
     }
 
-    /// Waits for `ticket`'s turn, then answers. A call cancelled while waiting leaves the line
-    /// without running; a call cancelled while running leaves the history unchanged.
+    /// Waits for `ticket`'s turn, then answers and commits the turn at once.
     public func respond(_ ticket: Ticket, prompt: String, settings: GenerationSettings,
                         onPartial: PartialHandler?) async throws -> Agent.Outcome {
+        let staged = try await stage(ticket, prompt: prompt, settings: settings, onPartial: onPartial)
+        return commit(ticket, staged)
+    }
+
+    /// Waits for `ticket`'s turn, then answers without committing: on success the call keeps
+    /// the line until `commit` or `discard`, so that nothing runs on a history about to change.
+    /// A call cancelled while waiting leaves the line without running; one that fails leaves
+    /// the history unchanged and the line moves on.
+    public func stage(_ ticket: Ticket, prompt: String, settings: GenerationSettings,
+                      onPartial: PartialHandler?) async throws -> Agent.Staged {
         try await waitForTurn(ticket.number)
+        do {
+            if agent.history.isEmpty {
+                // As if the calls before it never happened: the thread starts with this call's binding.
+                if let start = ticket.start { agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools) }
+            } else if !ticket.binds.isEmpty {
+                throw bindingError(passed: ticket.binds)
+            }
+            return try await agent.respond(to: prompt, settings: settings, onPartial: onPartial)
+        } catch {
+            advance()
+            throw error
+        }
+    }
+
+    /// Makes the staged turn of the call being served part of the history, and moves the line on.
+    public func commit(_ ticket: Ticket, _ staged: Agent.Staged) -> Agent.Outcome {
+        precondition(ticket.number == serving, "commit by a call that is not being served")
         defer { advance() }
-        return try await agent.respond(to: prompt, settings: settings, onPartial: onPartial)
+        return agent.commit(staged)
+    }
+
+    /// Forgets the staged turn of the call being served (it was stopped), and moves the line on.
+    public func discard(_ ticket: Ticket, _ staged: Agent.Staged) {
+        precondition(ticket.number == serving, "discard by a call that is not being served")
+        agent.discard(staged)
+        advance()
+    }
+
+    /// The refusal of `instructions`/`tools` for this thread, which has committed turns: it says
+    /// what the thread is bound to, so the caller sees why its arguments do not apply.
+    public func bindingError(passed: [String]) -> WispError {
+        let what = passed.joined(separator: " and ")
+        let instructions = agent.instructions.map { $0.count > 80 ? String($0.prefix(80)) + "…" : $0 }
+        let tools = agent.tools.map(\.name)
+        let binding = (instructions.map { "instructions \($0.debugDescription)" } ?? "no instructions") + " and "
+            + (tools.isEmpty ? "no tools" : "tools [\(tools.joined(separator: ", "))]")
+        return WispError(.invalidArgument, "thread '\(id)' already exists and is bound to \(binding); instructions and tools bind only when a thread is created. Omit \(what) (even an empty value) to continue it, or close_thread it (or use a new thread_id) to start over with new ones.")
     }
 
     private func waitForTurn(_ number: UInt64) async throws(WispError) {

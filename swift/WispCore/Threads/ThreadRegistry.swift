@@ -5,11 +5,15 @@ import Foundation
 /// - `respond` without a thread id creates a thread under a generated id; with an unknown id
 ///   it creates a thread under that id; with a known id it continues that conversation.
 /// - Ids match `[A-Za-z0-9._-]{1,64}`. Generated ids carry 128 random bits.
-/// - `instructions` and `tools` bind at creation; passing either for an existing thread is an
-///   `invalid_argument` error. (An empty string or empty list counts as not passing them.)
+/// - `instructions` and `tools` bind at creation (where an empty string or list means none);
+///   passing either for an existing thread is an `invalid_argument` error, empty or not, that
+///   states the thread's binding.
+/// - A turn is committed only when its call ends un-stopped (`PipeServer` decides). A thread
+///   none of whose calls committed a turn is forgotten when its last call ends; a call that
+///   runs on it before then starts it afresh, with its own binding (`created: true`).
 /// - `close_thread` frees a thread; closing an unknown id is not an error (`closed: false`).
 /// - At most `capacity` live threads. Creating one more evicts the least recently used,
-///   preferring one with no call in flight. Calls already accepted for an evicted or closed
+///   preferring one with no call in flight (and says which, in `Acceptance.evicted`). Calls already accepted for an evicted or closed
 ///   thread still finish: they hold the thread itself, not its id.
 /// - Calls on one thread run one at a time in arrival order (the gate in `ConversationThread`);
 ///   calls on different threads run concurrently.
@@ -18,13 +22,19 @@ public actor ThreadRegistry {
     public struct Acceptance: Sendable {
         public let thread: ConversationThread
         public let ticket: ConversationThread.Ticket
-        public let created: Bool
+        /// The thread evicted to make room for this call's new one, if any.
+        public let evicted: String?
     }
+
+    /// Client roots one call may pass: each costs a `realpath` and widens every path check.
+    public static let maxRoots = 256
 
     private struct Entry {
         let thread: ConversationThread
         var lastUsed: UInt64
         var inFlight: Int
+        /// Some call committed a turn: the thread exists for its caller, binding and all.
+        var committed = false
     }
 
     public nonisolated let capacity: Int
@@ -71,27 +81,27 @@ public actor ThreadRegistry {
     // MARK: calls
 
     /// Accepts a `respond` call: finds or creates its thread and takes its place in that
-    /// thread's line. The caller must call `finished(_:)` when the call ends.
+    /// thread's line. The caller must call `finished(_:committed:)` when the call ends.
+    /// `instructions` and `tools` are as the caller passed them: nil when absent.
     public func accept(threadID: String?, instructions: String?, tools toolNames: [String]?,
                        roots: [String]? = nil) async throws(WispError) -> Acceptance {
-        let instructions = instructions.flatMap { $0.isEmpty ? nil : $0 }
-        let toolNames = toolNames.flatMap { $0.isEmpty ? nil : $0 }
         if let threadID { try Self.validate(threadID) }
+        if let roots { try Self.validate(roots: roots) }
+        let binds = [instructions != nil ? "instructions" : nil, toolNames != nil ? "tools" : nil].compactMap { $0 }
 
         clock += 1
         if let threadID, var entry = entries[threadID] {
-            if instructions != nil || toolNames != nil {
-                let what = [instructions != nil ? "instructions" : nil, toolNames != nil ? "tools" : nil].compactMap { $0 }.joined(separator: " and ")
-                throw WispError(.invalidArgument, "thread '\(threadID)' already exists, and \(what) bind only when a thread is created. Omit \(what) to continue it, or close_thread it (or use a new thread_id) to start over with new ones.")
-            }
             let thread = entry.thread
+            if entry.committed && !binds.isEmpty { throw await thread.bindingError(passed: binds) }
+            // Until a turn is committed the thread may yet start afresh with this call's binding.
+            let start = entry.committed ? nil : try binding(instructions: instructions, tools: toolNames, roots: roots)
             // Counted before the await below, so that a `finished` running meanwhile never takes
             // this thread for idle and empty and forgets it under the call being accepted.
             entry.lastUsed = clock
             entry.inFlight += 1
             entries[threadID] = entry
             do {
-                return Acceptance(thread: thread, ticket: try await thread.enqueue(), created: false)
+                return Acceptance(thread: thread, ticket: try await thread.enqueue(start: start, binds: binds), evicted: nil)
             } catch {
                 // The registry may have changed during that await (a close, say): undo only on the same thread.
                 if var now = entries[threadID], now.thread === thread {
@@ -102,32 +112,50 @@ public actor ThreadRegistry {
             }
         }
 
+        let start = try binding(instructions: instructions, tools: toolNames, roots: roots)
+        var id = threadID ?? Self.generateID()
+        while threadID == nil && entries[id] != nil { id = Self.generateID() }
+        let evicted = entries.count >= capacity ? evictOne() : nil
+        // No await between the lookup above and the insert below, so creation is atomic.
+        let thread = ConversationThread(id: id, backend: backend, instructions: start.instructions, tools: start.tools, maxQueue: maxQueue)
+        entries[id] = Entry(thread: thread, lastUsed: clock, inFlight: 1)
+        return Acceptance(thread: thread, ticket: ConversationThread.firstTicket, evicted: evicted)
+    }
+
+    /// Marks an accepted call as ended, so its thread counts as idle for eviction again.
+    /// `committed`: the call's turn joined the history. A thread none of whose calls committed
+    /// is forgotten when its last call ends: the caller never got a thread (or may retry with
+    /// the same instructions and tools).
+    public func finished(_ acceptance: Acceptance, committed: Bool) {
+        let id = acceptance.thread.id
+        guard var entry = entries[id], entry.thread === acceptance.thread else { return }
+        entry.inFlight -= 1
+        if committed { entry.committed = true }
+        if entry.inFlight == 0 && !entry.committed {
+            entries.removeValue(forKey: id)
+        } else {
+            entries[id] = entry
+        }
+    }
+
+    /// What a thread created by this call is bound to; empty means none.
+    private func binding(instructions: String?, tools toolNames: [String]?, roots: [String]?) throws(WispError) -> ConversationThread.Binding {
         var tools = try resolve(toolNames ?? [])
         if !tools.isEmpty, let roots, !roots.isEmpty, let catalogueWithRoots {
             let names = Set(tools.map(\.name))
             tools = catalogueWithRoots(roots).filter { names.contains($0.name) }
         }
-        var id = threadID ?? Self.generateID()
-        while threadID == nil && entries[id] != nil { id = Self.generateID() }
-        if entries.count >= capacity { evictOne() }
-        // No await between the lookup above and the insert below, so creation is atomic.
-        let thread = ConversationThread(id: id, backend: backend, instructions: instructions, tools: tools, maxQueue: maxQueue)
-        entries[id] = Entry(thread: thread, lastUsed: clock, inFlight: 1)
-        return Acceptance(thread: thread, ticket: ConversationThread.firstTicket, created: true)
+        return ConversationThread.Binding(instructions: instructions.flatMap { $0.isEmpty ? nil : $0 }, tools: tools)
     }
 
-    /// Marks an accepted call as ended, so its thread counts as idle for eviction again.
-    /// A thread whose creating call failed, and that holds nothing, is forgotten again: the
-    /// caller never got its id (or may retry with the same instructions and tools).
-    public func finished(_ acceptance: Acceptance, failed: Bool = false) async {
-        let id = acceptance.thread.id
-        guard var entry = entries[id], entry.thread === acceptance.thread else { return }
-        entry.inFlight -= 1
-        entries[id] = entry
-        guard failed, acceptance.created, entry.inFlight == 0 else { return }
-        let empty = await acceptance.thread.turnCount == 0
-        if empty, let now = entries[id], now.thread === acceptance.thread, now.inFlight == 0 {
-            entries.removeValue(forKey: id)
+    /// Client roots must be absolute paths a model tool can be confined to, and not too many.
+    static func validate(roots: [String]) throws(WispError) {
+        guard roots.count <= maxRoots else {
+            throw WispError(.invalidArgument, "the client offered \(roots.count) roots; wisp takes at most \(maxRoots) per call. Offer fewer roots (a common parent directory covers its subdirectories).")
+        }
+        for root in roots where !root.hasPrefix("/") || root.utf8.contains(0) {
+            let shown = root.count > 80 ? String(root.prefix(80)) + "…" : root
+            throw WispError(.invalidArgument, "client root \(shown.debugDescription) is not usable: a root must be an absolute path without NUL bytes")
         }
     }
 
@@ -166,11 +194,12 @@ public actor ThreadRegistry {
         return tools
     }
 
-    private func evictOne() {
+    /// Evicts the least recently used thread, preferring an idle one; returns its id.
+    private func evictOne() -> String? {
         let idle = entries.filter { $0.value.inFlight == 0 }
         let pool = idle.isEmpty ? entries : idle
-        if let victim = pool.min(by: { $0.value.lastUsed < $1.value.lastUsed })?.key {
-            entries.removeValue(forKey: victim)
-        }
+        guard let victim = pool.min(by: { $0.value.lastUsed < $1.value.lastUsed })?.key else { return nil }
+        entries.removeValue(forKey: victim)
+        return victim
     }
 }

@@ -26,15 +26,25 @@ private final class Partials: Sendable {
     let texts = Mutex<[String]>([])
 }
 
+/// The window rule alone, which needs no model: the live value whenever it is positive (a
+/// smaller window must not be taken for 4096), 4096 only while it reads ≤ 0 (cold start).
+@Test(arguments: [(-1, 4096), (0, 4096), (1, 1), (2048, 2048), (4096, 4096), (8192, 8192)])
+func appleContextSizeIsTheLiveValueWhenPositive(_ live: Int, _ expected: Int) {
+    if #available(macOS 26.0, *) {
+        #expect(AppleBackend.contextSize(live: live) == expected)
+    }
+}
+
 @Suite(.enabled(if: appleSkipReason == nil, Comment(rawValue: appleSkipReason ?? "")), .serialized)
 struct AppleModelTests {
     let brief = GenerationSettings(temperature: 0, maxOutputTokens: 120)
 
     @available(macOS 26.0, *)
-    @Test func reportsReadyAndAtLeast4096Tokens() async throws {
+    @Test func reportsReadyAndItsLiveContextSize() async throws {
         let backend = AppleBackend()
         #expect(await backend.availability() == .ready)
-        #expect(await backend.contextSize() >= 4096)
+        let live = SystemLanguageModel.default.contextSize
+        #expect(await backend.contextSize() == (live > 0 ? live : 4096))
         if #available(macOS 26.4, *) {
             let n = try await backend.tokenCount("Hello there, model.")
             #expect((n ?? 0) > 0)

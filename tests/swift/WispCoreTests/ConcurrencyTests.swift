@@ -54,7 +54,7 @@ import Testing
         #expect(try await call(registry, "other", "hi").outcome.text == "echo 1: hi")
         for a in [running, w1, w2] {
             _ = try await a.thread.respond(a.ticket, prompt: "x", settings: .init(), onPartial: nil)
-            await registry.finished(a)
+            await registry.finished(a, committed: true)
         }
         #expect(try await call(registry, "t", "after").outcome.text == "echo 4: after")
     }
@@ -152,7 +152,9 @@ import Testing
             Issue.record("must overflow")
         } catch let e as WispError {
             #expect(e.code == .contextOverflow)
-            #expect(e.message.contains("close this thread"))
+            // The ADR's advice first; a shorter prompt or instructions only after it.
+            #expect(e.message.hasPrefix("Close this thread (close_thread) and start another"), "\(e.message)")
+            #expect(e.message.contains("Shorten the prompt (or the new thread's instructions)"))
         }
         #expect(try await call(registry, "t", "still here").outcome.text == "echo 2: still here")
     }

@@ -10,10 +10,10 @@ func call(_ registry: ThreadRegistry, _ threadID: String?, _ prompt: String,
     let a = try await registry.accept(threadID: threadID, instructions: instructions, tools: tools)
     do {
         let o = try await a.thread.respond(a.ticket, prompt: prompt, settings: GenerationSettings(), onPartial: onPartial)
-        await registry.finished(a)
-        return (a.thread.id, o, a.created)
+        await registry.finished(a, committed: true)
+        return (a.thread.id, o, o.created)
     } catch {
-        await registry.finished(a, failed: true)
+        await registry.finished(a, committed: false)
         throw error
     }
 }
@@ -25,8 +25,8 @@ func startCall(_ registry: ThreadRegistry, _ threadID: String, _ prompt: String)
     let a = try await registry.accept(threadID: threadID, instructions: nil, tools: nil)
     return Task {
         let o = try await a.thread.respond(a.ticket, prompt: prompt, settings: GenerationSettings(), onPartial: nil)
-        await registry.finished(a)
-        return (a.thread.id, o, a.created)
+        await registry.finished(a, committed: true)
+        return (a.thread.id, o, o.created)
     }
 }
 

@@ -46,24 +46,46 @@ import Testing
     }
 
     @Test func instructionsAndToolsBindOnlyAtCreation() async throws {
-        let registry = ThreadRegistry(backend: EchoBackend())
-        try await call(registry, "t", "hi", instructions: "be brief")
-        do {
-            try await call(registry, "t", "again", instructions: "be long")
-            Issue.record("instructions on an existing thread must fail")
-        } catch let e as WispError {
-            #expect(e.code == .invalidArgument)
-            #expect(e.message.contains("bind only when a thread is created"))
+        let tool = ModelTool(name: "read_file", description: "reads", parametersSchema: "{}") { _ in "x" }
+        let registry = ThreadRegistry(backend: EchoBackend(), tools: [tool])
+        try await call(registry, "t", "hi", instructions: "be brief", tools: ["read_file"])
+        // Empty or not, a binding argument on an existing thread is refused, with the binding stated:
+        // `tools: []` must not be read as "no tools now" and silently ignored.
+        let attempts: [(String?, [String]?, String)] = [
+            ("be long", nil, "instructions"), ("", nil, "instructions"),
+            (nil, ["read_file"], "tools"), (nil, [], "tools"), ("", [], "instructions and tools"),
+        ]
+        for (instructions, tools, what) in attempts {
+            do {
+                try await call(registry, "t", "again", instructions: instructions, tools: tools)
+                Issue.record("\(what) on an existing thread must fail")
+            } catch let e as WispError {
+                #expect(e.code == .invalidArgument)
+                #expect(e.message.contains(#"bound to instructions "be brief" and tools [read_file]"#), "\(e.message)")
+                #expect(e.message.contains("Omit \(what) (even an empty value) to continue it"), "\(e.message)")
+            }
         }
+        // No error touched the thread.
+        #expect(try await call(registry, "t", "third").outcome.text == "echo 2: third")
+    }
+
+    @Test func theBindingErrorShortensLongInstructionsAndSaysNone() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        try await call(registry, "long", "hi", instructions: String(repeating: "i", count: 500))
+        try await call(registry, "plain", "hi", instructions: "", tools: [])   // empty at creation: none
         do {
-            try await call(registry, "t", "again", tools: ["read_file"])
+            try await call(registry, "long", "again", tools: [])
             Issue.record("tools on an existing thread must fail")
         } catch let e as WispError {
-            #expect(e.code == .invalidArgument)
-            #expect(e.message.contains("tools bind only when a thread is created"))
+            #expect(e.message.contains(String(repeating: "i", count: 80) + "…\" and no tools"), "\(e.message)")
+            #expect(!e.message.contains(String(repeating: "i", count: 81)))
         }
-        // Neither error touched the thread.
-        #expect(try await call(registry, "t", "third").outcome.text == "echo 2: third")
+        do {
+            try await call(registry, "plain", "again", instructions: "")
+            Issue.record("instructions on an existing thread must fail")
+        } catch let e as WispError {
+            #expect(e.message.contains("bound to no instructions and no tools"), "\(e.message)")
+        }
     }
 
     @Test func unknownToolAtCreationListsValidNames() async throws {
@@ -137,27 +159,25 @@ import Testing
 }
 
 @Suite struct RegistryRaces {
-    /// A thread whose creating call failed is forgotten, unless another call was accepted for it
-    /// meanwhile: that call's turn must not vanish with it.
-    @Test func aCallAcceptedWhileTheCreatingCallFailsKeepsItsThread() async throws {
+    /// A thread whose creating call failed is forgotten; a call accepted for it meanwhile starts
+    /// it afresh, as if the failed call had never happened, and keeps it.
+    @Test func aCallAcceptedWhileTheCreatingCallFailsStartsTheThreadAfresh() async throws {
         for _ in 0..<3000 {
             let registry = ThreadRegistry(backend: EchoBackend())
-            let a = try await registry.accept(threadID: "x", instructions: nil, tools: nil)
+            let a = try await registry.accept(threadID: "x", instructions: "first", tools: nil)
             await #expect(throws: WispError.self) {
                 _ = try await a.thread.respond(a.ticket, prompt: "!fail generation_failed", settings: .init(), onPartial: nil)
             }
-            async let done: Void = registry.finished(a, failed: true)
-            async let b = registry.accept(threadID: "x", instructions: nil, tools: nil)
+            async let done: Void = registry.finished(a, committed: false)
+            async let b = registry.accept(threadID: "x", instructions: "second", tools: nil)
             _ = await done
             let accepted = try await b
             let o = try await accepted.thread.respond(accepted.ticket, prompt: "kept", settings: .init(), onPartial: nil)
-            await registry.finished(accepted)
-            if !accepted.created {
-                // B continued X: X must still be there, holding B's turn.
-                #expect(await registry.contains("x"))
-                let next = try await call(registry, "x", "next")
-                #expect(!next.created && next.outcome.text == "echo \(o.turns + 1): next")
-            }
+            await registry.finished(accepted, committed: true)
+            #expect(o.created && o.text == "echo 1: kept")
+            #expect(await accepted.thread.instructions == "second")
+            let next = try await call(registry, "x", "next")
+            #expect(!next.created && next.outcome.text == "echo 2: next")
         }
     }
 }

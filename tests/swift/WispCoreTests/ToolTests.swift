@@ -137,7 +137,7 @@ struct Workspace {
         let outside = #"!tool read_file {"path": "\#(ws.base)/outside.txt"}"#
         let a = try await registry.accept(threadID: "with", instructions: nil, tools: ["read_file"], roots: [ws.base])
         _ = try await a.thread.respond(a.ticket, prompt: "hi", settings: .init(), onPartial: nil)
-        await registry.finished(a)
+        await registry.finished(a, committed: true)
         #expect(try await call(registry, "with", outside).outcome.text == "echo 2: tool read_file -> secret\n")
         try await call(registry, "without", "hi", tools: ["read_file"])
         #expect(try await call(registry, "without", outside).outcome.text.contains("outside the readable roots"))
