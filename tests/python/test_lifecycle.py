@@ -294,3 +294,51 @@ async def test_a_thread_closed_while_a_call_runs_is_not_reported_lost_later():
         # x was closed before the crash, so nothing of it was lost: it simply starts anew.
         s = ok(await c.call_tool("respond", {"prompt": "new", "thread_id": "x"}))
         assert (s["created"], s["text"]) == (True, "echo 1: new")
+
+
+async def test_the_time_limit_holds_while_the_core_is_stopped():
+    """--timeout 2 with the core SIGSTOPped mid-call: the timeout arrives at the user's limit
+    and names it; once the core runs again, the timed-out turn was not kept."""
+    import psutil
+
+    from test_faults import _core_pids
+
+    async with wisp("--timeout", "2") as c:
+        assert ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))["text"] == "echo 1: one"
+        core = psutil.Process(_core_pids(c)[-1])
+        call = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 3000 slow", "thread_id": "t"}))
+        start = time.monotonic()
+        await asyncio.sleep(0.3)
+        core.suspend()
+        try:
+            msg = error_text(await asyncio.wait_for(call, 10))
+            took = time.monotonic() - start
+            # Resumed after the 3 s sleep would have ended: only the core's commit-time check
+            # of the deadline (timeout_s, which the shim always sends) keeps that turn out.
+            await asyncio.sleep(max(0.0, 3.5 - (time.monotonic() - start)))
+        finally:
+            core.resume()
+        assert msg == (
+            "timeout: no reply within 2 s; the call was stopped and thread 't' is unchanged. "
+            "(--timeout / WISP_TIMEOUT sets the limit for respond.)"
+        ), msg
+        assert 2.0 <= took < 2.5, took
+        assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "two", "thread_id": "t"}), 10))["text"] == "echo 2: two"
+
+
+async def test_a_reply_that_beats_the_cancel_is_returned(tmp_path):
+    # The core answers 0.1 s after the limit (and ignores the cancel): the success stands.
+    stub = _stub_core(tmp_path, (
+        "import select\n"
+        "def read():\n"
+        "    n = struct.unpack('>I', sys.stdin.buffer.read(4))[0]\n"
+        "    return json.loads(sys.stdin.buffer.read(n))\n"
+        "req = read()\n"
+        "time.sleep(1.1)\n"
+        "frame({'id': req['id'], 'ok': True, 'result': {'thread_id': 'late', 'created': True, 'text': 'just in time',"
+        " 'condensed': False, 'turns': 1, 'dropped': 0}})\n"
+        "sys.stdin.buffer.read()\n"
+    ))
+    async with wisp("--timeout", "1", core=stub) as c:
+        r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "hurry", "thread_id": "late"}), 10))
+        assert r["text"] == "just in time"
