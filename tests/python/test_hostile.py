@@ -415,14 +415,105 @@ def test_raw_case(raw, case: RawCase):
     raw.sentinel.check(case.name)
 
 
-def test_raw_duplicate_request_ids_each_get_an_answer(raw):
-    # Two calls in flight under one id: the client broke the rules, but neither may hang.
-    raw.send(_call(7777, {"prompt": "!sleep 300 first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"}))
-    got = [raw.wait(7777), raw.wait(7777)]
-    texts = sorted(m["result"]["structuredContent"]["text"] for m in got)
-    assert texts == ["echo 1: !sleep 300 first", "echo 1: second"], got
-    ANSWERS.append(("raw", "two calls in flight under one request id", "both served, each answered once under that id"))
+def test_raw_a_request_id_already_in_flight_is_refused(raw):
+    # Two calls in flight under one id (or one the SDK reads as the same id, "7777"): the
+    # second is refused, so one reply per id, and the first is served normally.
+    raw.send(_call(7777, {"prompt": "!sleep 500 first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"})
+             + _call("7777", {"prompt": "third", "thread_id": "dup-c"}))
+    refused = [raw.wait(7777), raw.wait("7777")]
+    for m in refused:
+        assert m["error"]["code"] == -32600 and "already in flight" in m["error"]["message"], m
+    first = raw.wait(7777)
+    assert first["result"]["structuredContent"]["text"] == "echo 1: !sleep 500 first", first
+    assert raw.quiet_for(0.3) == []
+    # Refused calls ran nowhere: neither thread exists.
+    for tid in ("dup-b", "dup-c"):
+        assert raw.call("respond", {"prompt": "p", "thread_id": tid})["result"]["structuredContent"]["created"] is True
+    # Once answered, the id may be used again.
+    assert raw.call("respond", {"prompt": "reuse", "thread_id": "dup-a"}, rid=7777)["result"]["structuredContent"]["text"] == "echo 2: reuse"
+    ANSWERS.append(("raw", "a request whose id is already in flight (also as \"7777\" for 7777)", "JSON-RPC error -32600 under that id; the first call is served, once"))
     raw.sentinel.check("duplicate request ids")
+
+
+INVALID_IDS = {"1.5": b"1.5", "2.0": b"2.0", "an object": b'{"n":1}', "an array": b"[1]", "true": b"true", "null": b"null", "1e3": b"1e3"}
+
+
+@pytest.mark.parametrize("spelling", INVALID_IDS, ids=list(INVALID_IDS))
+def test_raw_a_request_whose_id_is_not_a_string_or_integer_is_invalid(raw, spelling):
+    raw.send(b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"respond","arguments":{"prompt":"p","thread_id":"bad-id"}}}\n' % INVALID_IDS[spelling])
+    msg = raw.wait(None, timeout=10)
+    assert msg["id"] is None and msg["error"]["code"] == -32600 and "string or an integer" in msg["error"]["message"], msg
+    assert raw.quiet_for(0.2) == []
+    ANSWERS.append(("raw", f"a request whose id is {spelling}", f"JSON-RPC error -32600 (id null): {msg['error']['message'][:80]}"))
+    raw.sentinel.check(f"id {spelling}")
+
+
+def test_raw_a_notification_and_a_response_with_odd_ids_stay_unanswered(raw):
+    raw.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n' + b'{"jsonrpc":"2.0","id":1.5,"result":{}}\n')
+    assert raw.quiet_for(0.5) == []
+    raw.sentinel.check("odd-id response")
+
+
+def test_cancels_that_spell_the_id_loosely_free_the_budget():
+    """notifications/cancelled with requestId "05" for request 5: the SDK cancels request 5
+    (it coerces "05" to 5), so wisp's in-flight budget must free that slot too. 140 such calls
+    are more than the 128 slots: a leak would leave the next call unanswered."""
+    ch = RawChannel()
+    try:
+        for i in range(140):
+            rid = 1000 + i
+            ch.send(_call(rid, {"prompt": f"!sleep 30000 call {i}", "thread_id": f"c{i % 8}"}))
+            time.sleep(0.005)  # let the SDK start the handler before the cancel reaches it
+            ch.send(jsonrpc("notifications/cancelled", {"requestId": f"0{rid}", "reason": "loose spelling"}))
+        start = time.monotonic()
+        msg = ch.call("respond", {"prompt": "prompt", "thread_id": "after"})
+        took = time.monotonic() - start
+        assert msg["result"]["structuredContent"]["text"] == "echo 1: prompt", msg
+        assert took < 5.0, took
+        # Cancelled requests get no reply.
+        assert not any(1000 <= k < 1140 for k in ch.by_id if isinstance(k, int) and ch.by_id[k])
+        ANSWERS.append(("raw", "140 calls, each cancelled with a requestId spelled \"0<id>\"", f"budget freed: the next call answered in {took:.2f} s"))
+    finally:
+        ch.close()
+
+
+def _reused_ids_growth(n: int) -> tuple[float, float]:
+    """RSS growth (MiB) of the shim and its core over `n` requests of 100 KB reusing the id
+    of a call still in flight; each must be refused."""
+    import psutil
+
+    from test_process import children
+
+    ch = RawChannel("--context-size", "1000000")  # the held 100 KB call must fit
+    try:
+        ch.call("respond", {"prompt": "warm", "thread_id": "w"})
+        shim = psutil.Process(ch.proc.pid)
+        core = psutil.Process(children(ch.proc.pid)[0])
+        big = "z" * 100_000
+        ch.send(_call(42, {"prompt": f"!sleep 120000 {big}", "thread_id": "held"}))
+        ch.call("list_threads", {})
+        base = (shim.memory_info().rss, core.memory_info().rss)
+        line = _call(42, {"prompt": big, "thread_id": "dup"})
+        batch = 50
+        for sent in range(0, n, batch):
+            ch.send(line * batch)
+            for _ in range(batch):
+                m = ch.wait(42)
+                assert m.get("error", {}).get("code") == -32600, str(m)[:500]
+        grew = ((shim.memory_info().rss - base[0]) / 2**20, (core.memory_info().rss - base[1]) / 2**20)
+        assert ch.call("respond", {"prompt": "alive"})["result"]["structuredContent"]["text"] == "echo 1: alive"
+        return grew
+    finally:
+        ch.close()
+
+
+def test_reused_ids_do_not_grow_the_shim():
+    n = int(os.environ.get("WISP_REUSED_IDS", "2000"))
+    shim, core = _reused_ids_growth(n)
+    print(f"{n} reused ids of 100 KB: shim +{shim:.1f} MiB, core +{core:.1f} MiB")
+    # Refused before the SDK starts a handler: nothing of them is kept (~710 MiB before).
+    assert shim < 8 and core < 8, (shim, core)
+    ANSWERS.append(("raw", f"{n} requests of 100 KB reusing an id in flight", f"each refused -32600; shim +{shim:.1f} MiB, core +{core:.1f} MiB"))
 
 
 def test_a_call_before_initialize_is_refused_and_the_session_still_starts():
