@@ -385,6 +385,18 @@ RAW_CASES = [
     RawCase("tools/call with a progress token that is an object", lambda i: jsonrpc("tools/call", {"name": "respond", "arguments": {"prompt": "p"}, "_meta": {"progressToken": {"a": 1}}}, id=i), rpc_error(-32602)),
     RawCase("max_output_tokens beyond 64 bits", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":123456789012345678901234567890}'), raw_tool_error("invalid_argument", "max_output_tokens")),
     RawCase("temperature NaN and Infinity literals", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":NaN}'), raw_tool_error("invalid_argument", "temperature")),
+    # Huge numbers: valid JSON that no float holds. Each names the field and its range, never `internal`.
+    RawCase("temperature as 1 followed by 400 zeros", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":1' + b"0" * 400 + b"}"), raw_tool_error("invalid_argument", "temperature", "from 0 to 2", "401 digits")),
+    RawCase("temperature as 1 followed by 5,000 zeros", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":1' + b"0" * 5000 + b"}"), rpc_error(-32700, "number out of range")),  # the SDK's JSON parser stops there
+    RawCase("temperature 1e400 (a float overflowing to infinity)", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":1e400}'), raw_tool_error("invalid_argument", "temperature", "from 0 to 2")),
+    RawCase("temperature -Infinity", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":-Infinity}'), raw_tool_error("invalid_argument", "temperature", "from 0 to 2")),
+    RawCase("temperature 2.5 (over the range)", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":2.5}'), raw_tool_error("invalid_argument", "temperature", "from 0 to 2", "2.5")),
+    RawCase("temperature 1e-400 (underflows to 0: valid)", lambda i: _raw_call_line(i, b'{"prompt":"tiny","temperature":1e-400}'), raw_served("echo 1: tiny")),
+    RawCase("max_output_tokens as 1 followed by 400 zeros", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":1' + b"0" * 400 + b"}"), raw_tool_error("invalid_argument", "max_output_tokens", "from 1 to 2147483647")),
+    RawCase("max_output_tokens 1e400", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":1e400}'), raw_tool_error("invalid_argument", "max_output_tokens", "from 1 to 2147483647")),
+    RawCase("max_output_tokens NaN", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":NaN}'), raw_tool_error("invalid_argument", "max_output_tokens", "from 1 to 2147483647")),
+    RawCase("max_output_tokens 2**31 (one over)", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":2147483648}'), raw_tool_error("invalid_argument", "max_output_tokens", "from 1 to 2147483647")),
+    RawCase("timeout_s as an argument (wisp has none) of 1e400", lambda i: _raw_call_line(i, b'{"prompt":"p","timeout_s":1e400}'), raw_tool_error("invalid_argument", "timeout_s")),
     RawCase("a string id of 1 MB", lambda i: jsonrpc("ping", None, id="i" * MB), None),  # answered with its id: checked below
     RawCase("a response to a request the server never made", lambda i: b'{"jsonrpc":"2.0","id":%d,"result":{}}\n' % i, None),
     RawCase("cancellation of a request that does not exist", lambda i: jsonrpc("notifications/cancelled", {"requestId": i}), None),
@@ -583,3 +595,77 @@ def table() -> str:
 
 if __name__ == "__main__":
     print(table())
+
+
+# --- the client's roots -------------------------------------------------------------------
+
+
+async def _with_roots(uris: list[str], *calls: dict) -> list[tuple[Any, float]]:
+    """Calls made by a client that offers `uris` as its roots; each result with its time."""
+    from mcp import Client, StdioServerParameters, stdio_client
+    from mcp.types import ListRootsResult, Root
+
+    async def list_roots(context) -> ListRootsResult:
+        return ListRootsResult(roots=[Root.model_construct(uri=u) for u in uris])
+
+    argv = shim_command("--backend", "echo")
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=shim_env(), cwd=str(REPO))
+    out = []
+    async with Client(stdio_client(params), mode="legacy", list_roots_callback=list_roots) as client:
+        await client.call_tool("respond", {"prompt": "warm"})
+        for args in calls:
+            start = time.monotonic()
+            r = await client.call_tool("respond", args)
+            out.append((r, time.monotonic() - start))
+    return out
+
+
+@pytest.mark.parametrize("uri, why", [
+    ("file:///tmp/x%00y", "a NUL after decoding"),
+    ("file://tmp/relative", "a host, not an absolute path"),
+    ("file:relative/dir", "a relative path"),
+    ("file:///tmp/%ff%fe", "percent-escapes that are not UTF-8"),
+], ids=["NUL", "host", "relative", "not UTF-8"])
+async def test_a_client_root_that_is_not_an_absolute_path_is_refused(uri, why):
+    [(r, _)] = await _with_roots([f"file://{REPO}", uri], {"prompt": "p", "thread_id": "t", "tools": ["read_file"]})
+    check = tool_error("invalid_argument", "root", "absolute local path")
+    ANSWERS.append(("client", f"a client root with {why} ({uri})", check(r)))
+
+
+def _raw_roots_call(uris: list[str]) -> tuple[dict, float]:
+    """A raw client that offers roots: calls respond with tools, answers the shim's roots/list
+    with `uris`, and returns the call's reply and the time from that answer to the reply."""
+    init = jsonrpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"roots": {"listChanged": False}},
+                                  "clientInfo": {"name": "wisp-tests", "version": "0"}}, id=1)
+    proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO)
+    try:
+        proc.stdin.write(init)
+        proc.stdin.flush()
+        assert "result" in json.loads(proc.stdout.readline())
+        proc.stdin.write(INITIALIZED + _call(2, {"prompt": "p", "thread_id": "r", "tools": ["read_file"]}))
+        proc.stdin.flush()
+        ask = json.loads(proc.stdout.readline())
+        assert ask.get("method") == "roots/list", ask
+        answer = (json.dumps({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": [{"uri": u} for u in uris]}}) + "\n").encode()
+        proc.stdin.write(answer)
+        proc.stdin.flush()
+        start = time.monotonic()
+        reply = json.loads(proc.stdout.readline())
+        return reply, time.monotonic() - start
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def test_too_many_client_roots_are_refused_at_once():
+    reply, took = _raw_roots_call([f"file:///nonexistent/wisp-root-{i}" for i in range(20_000)])
+    raw_tool_error("invalid_argument", "20000 roots", "256")(reply, 2)
+    print(f"20,000 roots refused {took * 1000:.0f} ms after the client's answer")
+    assert took < 0.3, took  # 0.9 s when the SDK validated every root's URL, twice
+    # The limit counts what the client offered: duplicates count too.
+    reply, _ = _raw_roots_call([f"file://{REPO}"] * 257)
+    raw_tool_error("invalid_argument", "257 roots")(reply, 2)
+    reply, _ = _raw_roots_call([f"file://{REPO}"] * 256)
+    assert reply["result"]["structuredContent"]["text"] == "echo 1: p", reply
+    ANSWERS.append(("raw", "a client offering 20,000 roots", f"tool error `invalid_argument` {took * 1000:.0f} ms after its answer: over the limit of 256"))
