@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import stat
@@ -342,3 +343,77 @@ async def test_a_reply_that_beats_the_cancel_is_returned(tmp_path):
     async with wisp("--timeout", "1", core=stub) as c:
         r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "hurry", "thread_id": "late"}), 10))
         assert r["text"] == "just in time"
+
+
+def test_help_lists_every_environment_variable_wisp_reads():
+    # Every WISP_* name that the package or the core's configuration reads (a quoted literal
+    # is a read there, or the name handed to one), against what --help says.
+    import re
+
+    sources = [*sorted((REPO / "python" / "wisp_shim").glob("*.py")), REPO / "swift" / "WispCore" / "Config.swift"]
+    read = set()
+    for path in sources:
+        read |= set(re.findall(r"[\"'](WISP_[A-Z_]+)[\"']", path.read_text()))
+    assert {"WISP_ROOTS", "WISP_LOCAL_MODEL", "WISP_LOCAL_THREADS", "WISP_API_KEY", "WISP_TIMEOUT"} <= read, read
+    run = subprocess.run([sys.executable, "-m", "wisp_shim", "--help"], capture_output=True, text=True, timeout=60)
+    listed = set(re.findall(r"WISP_[A-Z_]+", run.stdout))
+    assert read - listed == set(), f"read by wisp but not in --help: {sorted(read - listed)}"
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1", "0"])
+def test_a_time_limit_that_is_not_a_finite_positive_number_is_refused(value):
+    run = subprocess.run([*shim_command("--backend", "echo", "--timeout", value)], capture_output=True, text=True,
+                         timeout=60, env=shim_env(), cwd=REPO, stdin=subprocess.DEVNULL)
+    assert run.returncode != 0 and "--timeout / WISP_TIMEOUT must be a finite number of seconds above 0" in run.stderr, run.stderr
+    assert run.stdout == ""
+
+
+# --- signals and stdin EOF with a core that cannot answer ---------------------------------
+
+
+def _fake_core_argv(tmp_path) -> list[str]:
+    wrapper = tmp_path / "wisp-core"
+    fake = REPO / "tests" / "python" / "fake_core.py"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
+    wrapper.chmod(0o755)
+    return shim_command("--backend", "echo", core=str(wrapper))
+
+
+@pytest.mark.parametrize("how, core_state", [
+    ("SIGTERM", "stopped"), ("SIGHUP", "stopped"), ("SIGQUIT", "stopped"), ("SIGINT", "stopped"), ("stdin-eof", "stopped"),
+    ("SIGHUP", "wedged"), ("SIGQUIT", "wedged"), ("stdin-eof", "wedged"),
+])
+def test_stopping_wisp_with_a_stopped_or_wedged_core_leaves_no_orphan(tmp_path, how, core_state):
+    """SIGHUP and SIGQUIT are handled like SIGTERM, and every way of stopping wisp ends the
+    core within 2 s even when it is SIGSTOPped or wedged (it neither reads nor answers)."""
+    import psutil
+
+    from test_process import call, spawn_initialized
+
+    proc = spawn_initialized(argv=_fake_core_argv(tmp_path) if core_state == "wedged" else None)
+    shim = psutil.Process(proc.pid)
+    [core] = shim.children()
+    try:
+        prompt = "!stall" if core_state == "wedged" else "!sleep 30000 busy"
+        proc.stdin.write(call("respond", {"prompt": prompt, "thread_id": "busy"}, 3))
+        proc.stdin.flush()
+        time.sleep(0.3)
+        if core_state == "stopped":
+            core.suspend()
+        start = time.monotonic()
+        if how == "stdin-eof":
+            proc.stdin.close()
+        else:
+            proc.send_signal(getattr(signal, how))
+        proc.wait(timeout=5)
+        gone = psutil.wait_procs([core], timeout=max(0.0, 2.0 - (time.monotonic() - start)))[0]
+        took = time.monotonic() - start
+        assert gone, f"wisp-core {core.pid} outlived the shim's {how} ({core_state})"
+        assert took < 2.0, f"{how} with a {core_state} core: {took:.2f} s"
+        assert proc.returncode == 0, proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            core.kill()
