@@ -359,7 +359,6 @@ class Core:
                 call.progress_event.set()
         elif isinstance(msg, p.Evicted):
             gen.alive.pop(msg.thread_id, None)  # gone already: a later crash did not lose it
-            self.lost.pop(msg.thread_id, None)
         elif isinstance(msg, p.Ready):
             if gen.ready.done():
                 raise p.ProtocolError("a second ready frame")
