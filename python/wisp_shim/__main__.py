@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -36,9 +37,19 @@ examples:
   python -m wisp_shim --backend openai --endpoint http://127.0.0.1:8080/v1 --model qwen3
                                                    any OpenAI-compatible server (llama.cpp, Ollama, vLLM)
 
-The openai backend reads its API key from WISP_API_KEY (never from a flag, so it stays
-out of process listings). wisp-core not found? Run `make build` in the wisp repository.
-stdout carries only MCP messages; logs go to stderr.
+environment (a flag wins over its variable):
+  WISP_BACKEND, WISP_MODEL, WISP_ENDPOINT, WISP_MAX_THREADS, WISP_MAX_QUEUE,
+  WISP_CONTEXT_SIZE, WISP_LLAMA_SERVER, WISP_MODEL_PATH, WISP_ECHO_DELAY_MS, WISP_TIMEOUT,
+  WISP_CORE, WISP_LOG_LEVEL    the flags above
+  WISP_ROOTS                   --root: directories the model's file tools may read, ':'-separated
+  WISP_API_KEY                 API key for --endpoint (environment only: it stays out of process listings)
+  WISP_LOCAL_MODEL             0: never start the local model; 1: start it even on macOS
+  WISP_LOCAL_THREADS           local model: CPU threads (default half the CPUs, at most 4)
+  WISP_CACHE_DIR               where `make local-model` caches llama-server (default ~/.cache/wisp)
+
+wisp-core not found? Run `make build` in the wisp repository.
+stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT
+stop running calls and the core, and wisp exits.
 """
 
 
@@ -93,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--context-size", type=_at_least(1), metavar="N", help="context window in tokens, when the backend cannot tell (WISP_CONTEXT_SIZE)")
     ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
     ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
-    ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more")
+    ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
     ap.add_argument("--echo-delay-ms", type=_at_least(0), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
@@ -131,8 +142,8 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
     for root in ns.root or ():
         args += ["--root", root]
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
-    if not timeout > 0:
-        raise SystemExit("wisp: --timeout / WISP_TIMEOUT must be a positive number of seconds")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
     return CoreConfig(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
 
 
@@ -220,6 +231,9 @@ def _with_backend(args: list[str], backend: str) -> list[str]:
     return kept + ["--backend", backend]
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
 async def _serve(config: CoreConfig, max_threads: int) -> None:
     from .stdio import stdio_server  # the SDK's stdio transport on asyncio pipes (stdio.py)
 
@@ -233,7 +247,9 @@ async def _serve(config: CoreConfig, max_threads: int) -> None:
     async with anyio.create_task_group() as tg:
 
         async def on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            # SIGHUP comes when the terminal or the client's session closes, SIGQUIT from ^\ :
+            # left to their defaults they would end the shim without stopping the core.
+            with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
                 async for signum in signals:
                     log.info("got %s; stopping wisp-core and exiting", signal.Signals(signum).name)
                     with anyio.CancelScope(shield=True):

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import anyio
+import msgspec
 
 from . import protocol as p
 
@@ -32,18 +32,27 @@ BUILD_HINT = (
 
 # A core writes Ready before loading any model, so this only bounds a wedged start.
 READY_TIMEOUT_S = 15.0
-# The shim's own timer outlives the core's by this much: the core's `timeout` error is
-# the normal path, the shim's timer only catches a core that stopped answering.
-BACKSTOP_GRACE_S = 3.0
+# When a call's time limit passes, the shim cancels it in the core and waits this long for
+# the call's own reply: a reply that beat the cancel is the call's true outcome.
+CANCEL_GRACE_S = 0.25
 # close_thread and status never wait for a model.
 QUICK_CALL_TIMEOUT_S = 30.0
 RESTART_BACKOFF_MIN_S = 0.1
 RESTART_BACKOFF_MAX_S = 5.0
 # A core that lived this long was healthy; its crash restarts at the minimum delay.
 HEALTHY_RUN_S = 10.0
-# How long a closing core gets after stdin EOF, and then after SIGTERM.
+# How long a closing core gets after stdin EOF, and then after SIGTERM, before SIGKILL:
+# together well under the 2 s in which wisp promises to exit on a signal.
 EOF_GRACE_S = 0.5
-TERM_GRACE_S = 2.0
+TERM_GRACE_S = 1.0
+# The watchdog: while calls are pending and the core has sent nothing for PING_AFTER_S, the
+# shim sends a `ping` (answered by the core's dispatcher at once, whatever the model does);
+# if nothing at all comes back within PING_TIMEOUT_S, the core is wedged or stopped and is
+# restarted like a crashed one. It looks every WATCHDOG_TICK_S, so a wedged core is found
+# within PING_AFTER_S + PING_TIMEOUT_S + 2 ticks (6 s).
+PING_AFTER_S = 2.0
+PING_TIMEOUT_S = 3.0
+WATCHDOG_TICK_S = 0.5
 # Progress notifications at most this often: the partial text is cumulative, so
 # skipped events lose nothing.
 PROGRESS_INTERVAL_S = 0.1
@@ -103,18 +112,26 @@ def find_core(explicit: str | None = None) -> Path:
 
 
 class _Call:
-    __slots__ = ("id", "thread_id", "future", "latest", "progress_event", "sent", "answered")
+    __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "progress_event", "sent", "answered")
 
-    def __init__(self, call_id: int, thread_id: str | None, want_progress: bool) -> None:
+    def __init__(self, call_id: int, thread_id: str | None, want_progress: bool, result_type: type[msgspec.Struct]) -> None:
         self.id = call_id
         self.thread_id = thread_id
-        self.future: asyncio.Future[p.Reply] = asyncio.get_running_loop().create_future()
+        # What an ok reply's result must decode to; decoded as the frame arrives (_dispatch).
+        self.result_type = result_type
+        self.future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+        # Set once the call's time limit passed: its own reply may still come, for a moment.
+        self.late: asyncio.Future[_Answer] | None = None
         self.latest: tuple[int, str] | None = None
         self.progress_event = asyncio.Event() if want_progress else None
         # Tokens of the last progress notification sent: each must go higher.
         self.sent = 0
         # Set when the reply is in, so the progress pump flushes and stops.
         self.answered = asyncio.Event() if want_progress else None
+
+
+# A reply and, when it is ok, its decoded result.
+_Answer = tuple[p.Reply, msgspec.Struct | None]
 
 
 class _Generation:
@@ -128,9 +145,16 @@ class _Generation:
         # Threads this core created for us and that we have not seen closed, oldest first.
         self.alive: OrderedDict[str, None] = OrderedDict()
         self.dead = False
-        self.write_lock = asyncio.Lock()
         self.reader: asyncio.Task[tuple[int | None, str | None]] | None = None
         self.stdout_fd = -1  # the read end of the core's stdout
+        # The watchdog's view: when the core last sent anything, when we last wrote to it,
+        # and the ping it has not answered yet (with when it went out).
+        self.last_frame = time.monotonic()
+        self.last_send = self.last_frame
+        self.ping: tuple[int, float] | None = None
+        self.watchdog: asyncio.Task[None] | None = None
+        # Why the shim stopped this core itself (the watchdog), for the crash message.
+        self.fault: str | None = None
 
     def remember(self, thread_id: str) -> None:
         self.alive[thread_id] = None
@@ -175,6 +199,8 @@ class Core:
         gen = self._gen
         procs = [x for x in (self._starting, gen.proc if gen else None) if x is not None]
         if gen is not None:
+            if gen.watchdog is not None:
+                gen.watchdog.cancel()
             self._fail_pending(gen, ShimError("shutting_down", "wisp is shutting down; the call was not finished."))
         for proc in procs:
             await _stop_process(proc)
@@ -252,6 +278,7 @@ class Core:
             self._startup_error = None
             self.ready_info = ready
             log.info("wisp-core ready: pid %d, backend %s, model %s", ready.pid, ready.backend, ready.model)
+            gen.watchdog = asyncio.get_running_loop().create_task(self._watch(gen), name="wisp-core watchdog")
             self._notify()
             return gen
         # Died or hung before Ready: nothing was running on it, so nothing was lost.
@@ -306,12 +333,29 @@ class Core:
 
     def _dispatch(self, gen: _Generation, msg: p.Incoming) -> None:
         if isinstance(msg, p.Reply):
-            call = gen.pending.pop(msg.id, None)
+            call = gen.pending.get(msg.id)
             if call is None:
-                # A reply to a call we gave up on (cancelled, timed out) or to a cancel.
-                log.debug("reply for request %d nobody waits for", msg.id)
-            elif not call.future.done():
-                call.future.set_result(msg)
+                if gen.ping is not None and gen.ping[0] == msg.id:
+                    gen.ping = None
+                else:
+                    # A reply to a call we gave up on (cancelled) or to a cancel.
+                    log.debug("reply for request %d nobody waits for", msg.id)
+                return
+            result = None
+            if msg.ok:
+                # A result that does not decode is a broken frame like any other: the ProtocolError
+                # ends this core (the stream cannot be trusted, nor the shim's view of its threads),
+                # and every pending call, this one included, fails as in a crash.
+                result = p.decode_result(msg.result, call.result_type)
+                self._track(gen, result)
+            # An error reply goes to its caller as it is. That includes the core's invalid_argument
+            # for a request frame it could read an id from but not decode as an op: such a frame is
+            # the shim's own bug, not a sign that the core is broken, and restarting the core for it
+            # would lose every thread without fixing anything.
+            del gen.pending[msg.id]
+            target = call.future if not call.future.done() else call.late
+            if target is not None and not target.done():
+                target.set_result((msg, result))
         elif isinstance(msg, p.Progress):
             call = gen.pending.get(msg.id)
 
@@ -329,6 +373,44 @@ class Core:
         if not gen.ready.done():
             raise p.ProtocolError("the first frame was not ready")
 
+    @staticmethod
+    def _track(gen: _Generation, result: msgspec.Struct) -> None:
+        """The shim's view of the core's live threads, updated in frame order: an eviction
+        or a close that the core sent after this reply must win over it."""
+        if isinstance(result, p.RespondResult):
+            # A thread closed or evicted while this call ran is not alive again because the call finished.
+            if result.created or result.thread_id in gen.alive:
+                gen.remember(result.thread_id)
+        elif isinstance(result, p.CloseThreadResult):
+            gen.alive.pop(result.thread_id, None)
+
+    async def _watch(self, gen: _Generation) -> None:
+        """Restart a core that stopped answering while calls wait on it (see PING_AFTER_S)."""
+        while not gen.dead:
+            await asyncio.sleep(WATCHDOG_TICK_S)
+            if gen.dead:
+                return
+            now = time.monotonic()
+            if not gen.pending:
+                gen.ping = None  # nobody waits: an idle core may be as slow as it likes
+                continue
+            if gen.ping is not None and gen.last_frame >= gen.ping[1]:
+                gen.ping = None  # it said something since: alive
+            if gen.ping is None:
+                if now - max(gen.last_frame, gen.last_send) >= PING_AFTER_S:
+                    ping_id = self._new_id()
+                    gen.ping = (ping_id, now)
+                    self._write(gen, p.encode(p.Ping(id=ping_id)))
+                continue
+            if now - gen.ping[1] >= PING_TIMEOUT_S:
+                gen.fault = (
+                    f"stopped answering: no reply to a liveness ping within {PING_TIMEOUT_S:g} s while "
+                    f"{len(gen.pending)} call(s) waited, so wisp stopped it"
+                )
+                log.error("wisp-core (pid %d) %s", gen.proc.pid, gen.fault)
+                await _terminate(gen.proc)
+                return
+
     async def _serve(self, gen: _Generation) -> tuple[int | None, str | None]:
         reader = gen.reader
         assert reader is not None
@@ -342,9 +424,16 @@ class Core:
     def _on_death(self, gen: _Generation, rc: int | None, reason: str | None) -> None:
         gen.dead = True
         self._gen = None
-        how = f"exited with status {rc}" if rc is not None and rc >= 0 else f"was killed by signal {-(rc or 0)}"
-        if reason:
-            how += f" after a protocol error ({reason})"
+        if gen.watchdog is not None:
+            gen.watchdog.cancel()
+        if gen.fault:
+            how = gen.fault
+        elif reason:
+            how = f"was stopped after a protocol error ({reason})"
+        elif rc is not None and rc >= 0:
+            how = f"exited with status {rc}"
+        else:
+            how = f"was killed by signal {-(rc or 0)}"
         notified = {c.thread_id for c in gen.pending.values() if c.thread_id}
         for call in list(gen.pending.values()):
             if call.thread_id:
@@ -368,9 +457,10 @@ class Core:
 
     @staticmethod
     def _fail(call: _Call, exc: ShimError) -> None:
-        if not call.future.done():
-            call.future.set_exception(exc)
-            call.future.exception()  # the waiter may already be gone; don't warn about it
+        for fut in (call.future, call.late):
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # the waiter may already be gone; don't warn about it
 
     def _fail_pending(self, gen: _Generation, exc: ShimError) -> None:
         for call in list(gen.pending.values()):
@@ -402,25 +492,29 @@ class Core:
         self._next_id += 1
         return self._next_id
 
-    async def _send(self, gen: _Generation, data: bytes) -> None:
-        stdin = gen.proc.stdin
-        assert stdin is not None
-        async with gen.write_lock:
-            try:
-                stdin.write(data)
-                await stdin.drain()
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                # The reader sees the exit too and fails every pending call with the crash message.
-                log.warning("write to wisp-core failed: %s", exc)
+    @staticmethod
+    def _write(gen: _Generation, data: bytes) -> None:
+        """Queue a whole frame for the core without waiting for it to be read.
 
-    async def _send_cancel(self, gen: _Generation, request_id: int) -> None:
-        if gen.dead:
+        Never waiting is what lets a time limit, a cancel or a ping go out to a core that has
+        stopped reading; what can queue here is bounded by the MCP layer's in-flight limits
+        (transport.py: 128 calls, 64 MiB), not by the core."""
+        stdin = gen.proc.stdin
+        if gen.dead or stdin is None:
             return
-        with contextlib.suppress(Exception):
-            await self._send(gen, p.encode(p.Cancel(id=self._new_id(), request=request_id)))
+        gen.last_send = time.monotonic()
+        try:
+            stdin.write(data)
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
+            # The reader sees the exit too and fails every pending call with the crash message.
+            log.warning("write to wisp-core failed: %s", exc)
+
+    def _send_cancel(self, gen: _Generation, request_id: int) -> None:
+        self._write(gen, p.encode(p.Cancel(id=self._new_id(), request=request_id)))
 
     async def _request(self, gen: _Generation, call: _Call, data: bytes, timeout: float,
-                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> p.Reply:
+                       on_timeout: Callable[[], ShimError],
+                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> _Answer:
         if gen.dead:
             raise ShimError("core_crashed", "the wisp core crashed just before this call was sent and is restarting; call again.")
         gen.pending[call.id] = call
@@ -432,19 +526,13 @@ class Core:
         try:
             try:
                 # Inside the try: once the frame may be queued, a cancellation must reach the core.
-                await self._send(gen, data)
-                reply = await call.future
+                self._write(gen, data)
+                answer = await call.future
             except _Expired:
-                await self._send_cancel(gen, call.id)
-                raise ShimError(
-                    "timeout",
-                    f"wisp-core did not answer within {timeout:g} s, so wisp cancelled the call "
-                    "(--timeout / WISP_TIMEOUT sets the limit for respond).",
-                ) from None
+                answer = await self._after_expiry(gen, call, on_timeout)
             except asyncio.CancelledError:
                 # MCP cancellation: tell the core so the thread is freed, then let it propagate.
-                with anyio.CancelScope(shield=True):
-                    await self._send_cancel(gen, call.id)
+                self._send_cancel(gen, call.id)
                 raise
             if pump is not None:
                 # Let the pump send the last partial (it usually lands with the reply) before
@@ -455,7 +543,7 @@ class Core:
                 with contextlib.suppress(Exception):
                     await pump
                 pump = None
-            return reply
+            return answer
         finally:
             timer.cancel()
             gen.pending.pop(call.id, None)
@@ -463,6 +551,21 @@ class Core:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pump
+
+    async def _after_expiry(self, gen: _Generation, call: _Call, on_timeout: Callable[[], ShimError]) -> _Answer:
+        """The time limit passed: cancel the call in the core and give its own reply a moment.
+        A success (or a real failure) that beat the cancel is the call's outcome; the core's
+        own `timeout` or `cancelled` answer, or silence, is the shim's timeout error."""
+        late = call.late
+        assert late is not None  # made by _expire
+        self._send_cancel(gen, call.id)
+        try:
+            reply, result = await asyncio.wait_for(late, CANCEL_GRACE_S)
+        except asyncio.TimeoutError:
+            raise on_timeout() from None
+        if not reply.ok and reply.error is not None and reply.error.code in ("timeout", "cancelled"):
+            raise on_timeout()
+        return reply, result
 
     async def respond(
         self,
@@ -483,10 +586,11 @@ class Core:
                 "Nothing was sent to the model. Call respond again (with the same thread_id or none) to start "
                 "a new thread, and resend whatever context it needs.",
             )
-        timeout = self.config.timeout_s
+        limit = self.config.timeout_s
         gen = await self._generation()
         call_id = self._new_id()
-        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=timeout)
+        # The core gets the same limit, so that it can refuse to commit a turn that finishes late.
+        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit)
         msg = p.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
@@ -498,42 +602,49 @@ class Core:
                 f"the request is {len(payload)} bytes, over wisp's {p.MAX_FRAME_BYTES // (1024 * 1024)} MiB limit; "
                 "send a shorter prompt (or split the work across several calls).",
             )
-        call = _Call(call_id, thread_id, on_progress is not None)
+
+        def timed_out() -> ShimError:
+            left = f"thread {thread_id!r} is unchanged" if thread_id is not None else "no thread was created"
+            return ShimError(
+                "timeout",
+                f"no reply within {limit:g} s; the call was stopped and {left}. "
+                "(--timeout / WISP_TIMEOUT sets the limit for respond.)",
+            )
+
+        call = _Call(call_id, thread_id, on_progress is not None, p.RespondResult)
         started = time.monotonic()
-        reply = await self._request(gen, call, p.frame(payload), timeout + BACKSTOP_GRACE_S, on_progress)
+        reply, result = await self._request(gen, call, p.frame(payload), limit, timed_out, on_progress)
         if not reply.ok:
             assert reply.error is not None
             error = ShimError(reply.error.code, reply.error.message)
             if self.config.explain is not None:
                 error = await self.config.explain(error, started)
             raise error
-        result = p.decode_result(reply.result, p.RespondResult)
-        # A thread closed while this call ran is not alive again because the call finished.
-        if not gen.dead and (result.created or result.thread_id in gen.alive):
-            gen.remember(result.thread_id)
+        assert isinstance(result, p.RespondResult)
         return result
 
     async def close_thread(self, thread_id: str) -> p.CloseThreadResult:
         # Closing a lost thread is what the caller would do anyway: no notice needed.
         self.lost.pop(thread_id, None)
         gen = await self._generation()
-        call = _Call(self._new_id(), thread_id, False)
-        reply = await self._request(gen, call, p.encode(p.CloseThread(id=call.id, thread_id=thread_id)), QUICK_CALL_TIMEOUT_S)
+        call = _Call(self._new_id(), thread_id, False, p.CloseThreadResult)
+        frame = p.encode(p.CloseThread(id=call.id, thread_id=thread_id))
+        reply, result = await self._request(gen, call, frame, QUICK_CALL_TIMEOUT_S, _quick_timeout("close_thread"))
         if not reply.ok:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
-        result = p.decode_result(reply.result, p.CloseThreadResult)
-        gen.alive.pop(thread_id, None)
+        assert isinstance(result, p.CloseThreadResult)
         return result
 
     async def status(self) -> p.StatusResult:
         gen = await self._generation()
-        call = _Call(self._new_id(), None, False)
-        reply = await self._request(gen, call, p.encode(p.Status(id=call.id)), QUICK_CALL_TIMEOUT_S)
+        call = _Call(self._new_id(), None, False, p.StatusResult)
+        reply, result = await self._request(gen, call, p.encode(p.Status(id=call.id)), QUICK_CALL_TIMEOUT_S, _quick_timeout("status"))
         if not reply.ok:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
-        return p.decode_result(reply.result, p.StatusResult)
+        assert isinstance(result, p.StatusResult)
+        return result
 
     @property
     def pid(self) -> int | None:
@@ -547,7 +658,13 @@ class _Expired(Exception):
 
 def _expire(call: _Call) -> None:
     if not call.future.done():
+        # Before the waiter wakes: a reply arriving in between must find somewhere to land.
+        call.late = asyncio.get_running_loop().create_future()
         call.future.set_exception(_Expired())
+
+
+def _quick_timeout(op: str) -> Callable[[], ShimError]:
+    return lambda: ShimError("timeout", f"wisp-core did not answer `{op}` within {QUICK_CALL_TIMEOUT_S:g} s; call again.")
 
 
 class _CoreStdout(asyncio.Protocol):
@@ -563,6 +680,7 @@ class _CoreStdout(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._ended.done():
             return
+        self._gen.last_frame = time.monotonic()
         try:
             for payload in self._decoder.feed(data):
                 self._core._dispatch(self._gen, p.decode_message(payload))
@@ -600,18 +718,38 @@ async def _pump_progress(call: _Call, on_progress: Callable[[int, str], Awaitabl
             await asyncio.wait_for(call.answered.wait(), PROGRESS_INTERVAL_S)
 
 
+def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+
+
+async def _wait(proc: asyncio.subprocess.Process, grace: float | None) -> bool:
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL. SIGCONT goes with the SIGTERM: a stopped process (SIGSTOP) keeps
+    a SIGTERM pending until it runs again, and only SIGKILL or SIGCONT can change that."""
+    if proc.returncode is not None:
+        return
+    _signal(proc, signal.SIGTERM)
+    _signal(proc, signal.SIGCONT)
+    if not await _wait(proc, TERM_GRACE_S):
+        _signal(proc, signal.SIGKILL)
+        await _wait(proc, None)
+
+
 async def _stop_process(proc: asyncio.subprocess.Process) -> None:
+    """Close the core's stdin (a healthy core exits at EOF), then _terminate."""
     if proc.returncode is not None:
         return
     if proc.stdin is not None:
         with contextlib.suppress(Exception):
             proc.stdin.close()
-    for sig, grace in ((None, EOF_GRACE_S), (signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
-        if sig is not None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(sig)
-        try:
-            await asyncio.wait_for(proc.wait(), grace)
-            return
-        except asyncio.TimeoutError:
-            continue
+    _signal(proc, signal.SIGCONT)  # a stopped core could not even see the EOF
+    if not await _wait(proc, EOF_GRACE_S):
+        await _terminate(proc)

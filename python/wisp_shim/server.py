@@ -8,10 +8,9 @@ Built on the SDK's low-level Server: its high-level MCPServer masks plain except
 from __future__ import annotations
 
 import logging
-import math
 import re
 import warnings
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlsplit
 from typing import Any
 
 import anyio
@@ -46,6 +45,11 @@ MODEL_TOOLS = {
 ROOTS_TIMEOUT_S = 2.0
 # Above any model's reply length, and inside the core's 64-bit integers.
 MAX_OUTPUT_TOKENS = 2**31 - 1
+# OpenAI-compatible servers take 0-2; Apple's model clamps to 0-1.
+MAX_TEMPERATURE = 2
+# More roots than any real workspace offers; past this a call that binds tools is refused
+# (rather than some roots dropped without the caller knowing which).
+MAX_CLIENT_ROOTS = 256
 # Progress messages are shown to people in a status line, not read by the model.
 PROGRESS_MESSAGE_CHARS = 200
 
@@ -97,8 +101,8 @@ def _respond_tool(max_threads: int) -> Tool:
                         + ". Read-only, confined to wisp's roots (--root, the client's roots, else the directory wisp started in)."
                     ),
                 },
-                "temperature": {"type": "number", "minimum": 0, "description": "Sampling temperature for this call; omit for the model's default."},
-                "max_output_tokens": {"type": "integer", "minimum": 1, "description": "Upper bound on the reply's length in tokens for this call."},
+                "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE, "description": "Sampling temperature for this call; omit for the model's default."},
+                "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_TOKENS, "description": "Upper bound on the reply's length in tokens for this call."},
             },
             "required": ["prompt"],
             "additionalProperties": False,
@@ -195,6 +199,9 @@ def _opt(args: dict[str, Any], name: str, kind: type, what: str) -> Any:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        # repr of a huge int is slow, and past 4,300 digits refused by Python itself.
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -235,12 +242,14 @@ def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
     tools = _opt(args, "tools", list, "a list of tool names")
     if tools is not None and not all(isinstance(t, str) for t in tools):
         raise ArgumentError("`tools` must be a list of tool names (strings).")
-    temperature = _opt(args, "temperature", (int, float), "a number")  # type: ignore[arg-type]
-    if temperature is not None and (not math.isfinite(temperature) or temperature < 0):
-        raise ArgumentError(f"`temperature` must be a finite number >= 0, got {temperature}.")
-    max_tokens = _opt(args, "max_output_tokens", int, "an integer")
+    temperature = _opt(args, "temperature", (int, float), f"a number from 0 to {MAX_TEMPERATURE}")  # type: ignore[arg-type]
+    # Compared before any float(): a JSON integer of 400 digits is a valid Python int, and
+    # converting it would overflow. NaN fails both comparisons.
+    if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
+        raise ArgumentError(f"`temperature` must be a number from 0 to {MAX_TEMPERATURE}, got {_short(temperature)}.")
+    max_tokens = _opt(args, "max_output_tokens", int, f"an integer from 1 to {MAX_OUTPUT_TOKENS}")
     if isinstance(max_tokens, int) and not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
-        raise ArgumentError(f"`max_output_tokens` must be between 1 and {MAX_OUTPUT_TOKENS}, got {_short(max_tokens)}.")
+        raise ArgumentError(f"`max_output_tokens` must be an integer from 1 to {MAX_OUTPUT_TOKENS}, got {_short(max_tokens)}.")
     return {
         "prompt": prompt,
         "thread_id": _thread_id(args, required=False),
@@ -270,21 +279,65 @@ async def _client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
     caps = ctx.session.client_capabilities
     if caps is None or caps.roots is None:
         return None
+    # The raw request where the SDK offers it: its typed list_roots validates the result twice
+    # against pydantic URL types before anyone can count the roots (about 45 us a root: 0.9 s
+    # for 20,000), and it rewrites `file:relative` to `file:///relative`, which would hide a
+    # root that is not absolute. Only the uri strings are used, checked by _root_paths.
+    connection = getattr(ctx.session, "_connection", None)
     try:
         with anyio.fail_after(ROOTS_TIMEOUT_S), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            listed = await ctx.session.list_roots()
+            if callable(getattr(connection, "send_raw_request", None)):
+                raw = await connection.send_raw_request("roots/list", None)
+            else:
+                raw = (await ctx.session.list_roots()).model_dump(mode="json")
     except anyio.get_cancelled_exc_class():
         raise
     except Exception as exc:  # no back-channel, a slow client, or a client error: go on without
         log.debug("client roots unavailable: %s", exc)
         return None
-    paths = []
-    for root in listed.roots:
-        url = urlparse(str(root.uri))
-        if url.scheme == "file" and url.path:
-            paths.append(unquote(url.path))
-    return paths or None
+    listed = raw.get("roots") if isinstance(raw, dict) else None
+    if not isinstance(listed, list):
+        log.debug("client roots unusable: %s", _short(raw))
+        return None
+    uris = [r.get("uri") if isinstance(r, dict) else r for r in listed[: MAX_CLIENT_ROOTS + 1]]
+    return _root_paths(uris, offered=len(listed)) or None
+
+
+def _root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
+    """The local directories named by the client's file:// roots, each once, in order.
+
+    A root that does not decode to one absolute local path (a NUL inside, which the core's
+    file calls would cut the path at; a relative path; another host; bytes that are not
+    UTF-8) is refused rather than guessed at: the caller must not get a directory the client
+    never offered. Linear in the number of roots."""
+    offered = len(uris) if offered is None else offered
+    if offered > MAX_CLIENT_ROOTS:
+        raise ShimError(
+            "invalid_argument",
+            f"the MCP client offered {offered} roots, more than wisp's limit of {MAX_CLIENT_ROOTS}; offer fewer "
+            "roots to wisp, or start it with --root for the directories the model needs.",
+        )
+    paths: dict[str, None] = {}
+    for uri in uris:
+        if not isinstance(uri, str):
+            raise ShimError("invalid_argument", f"the MCP client offered a root whose uri is not a string ({_short(uri)}); fix that root in the client.")
+        url = urlsplit(uri)
+        if url.scheme != "file":
+            continue  # not a directory on this machine: nothing for the file tools
+        try:
+            path = unquote(url.path, errors="strict")
+        except UnicodeDecodeError:
+            path = ""
+        if url.netloc not in ("", "localhost") or not path.startswith("/") or "\x00" in path:
+            raise ShimError(
+                "invalid_argument",
+                f"the MCP client offered the root {_short(uri)}, which does not decode to an absolute local path "
+                "(file:///absolute/path, with no NUL and UTF-8 percent-escapes); fix that root in the client, or start "
+                "wisp with --root instead.",
+            )
+        paths[path] = None
+    return list(paths)
 
 
 def _progress_message(text: str) -> str:

@@ -26,6 +26,8 @@ import stat
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .transport import INVALID_ID_LINE, has_invalid_id
+
 # One JSON-RPC line may carry a 16 MiB prompt, escaped; a longer line is cut here (and
 # answered as a parse error) rather than buffered without limit.
 MAX_LINE_BYTES = 256 * 1024 * 1024
@@ -103,7 +105,8 @@ class _LineReader(asyncio.Protocol):
             if self._eof:
                 if self._buf:  # a last line without its newline
                     line, self._buf = bytes(self._buf), bytearray()
-                    return line.decode("utf-8", errors="replace")
+                    text = line.decode("utf-8", errors="replace")
+                    return INVALID_ID_LINE if has_invalid_id(text) else text
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -115,7 +118,9 @@ class _LineReader(asyncio.Protocol):
         if self._paused and self._queued < self.READ_AHEAD_BYTES // 2 and self._transport is not None:
             self._paused = False
             self._transport.resume_reading()
-        return line.decode("utf-8", errors="replace")
+        text = line.decode("utf-8", errors="replace")
+        # The SDK would read such a request as a notification and never answer it (transport.py).
+        return INVALID_ID_LINE if has_invalid_id(text) else text
 
 
 class _Writer:

@@ -9,6 +9,14 @@
   reading would grow the shim without bound. Here a request is only handed on while fewer
   than MAX_IN_FLIGHT requests (and MAX_IN_FLIGHT_BYTES of their string arguments) await
   their replies; past that, stdin is simply not read, and the client's writes block.
+- Request ids. The budget counts requests, keyed exactly as the SDK correlates ids
+  (`coerce_request_id`: "05" and 5 are one id), and a slot is freed when its request ends,
+  answered or not (the SDK's `on_request_unanswered` hook covers a cancelled one, however
+  its cancel spelled the id). A request whose id is already in flight is refused with
+  -32600 before the SDK sees it: the SDK would run both and send two replies under one id.
+  A request whose id is neither a string nor an integer parses in the SDK as a
+  notification and would go unanswered; stdio.py marks its line (INVALID_ID_LINE) so that
+  it is answered -32600 with id null, as JSON-RPC 2.0 asks.
 """
 
 from __future__ import annotations
@@ -19,8 +27,10 @@ import re
 from typing import Any
 
 import anyio
-from mcp.shared.message import SessionMessage
-from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest
+import msgspec
+from mcp.shared.dispatcher import coerce_request_id
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, JSONRPCRequest
 
 log = logging.getLogger("wisp.transport")
 
@@ -29,6 +39,33 @@ MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024
 
 # `"id": 12` or `"id": "abc"` in the part of a line before anything nests.
 _ID_RE = re.compile(r'"id"\s*:\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')
+
+
+# What stdio.py hands the SDK in place of a request line whose id is neither a string nor an
+# integer: not JSON, so the SDK reports it, and _answer_for knows it by its text.
+INVALID_ID_LINE = "\x00wisp: a request whose id is neither a string nor an integer\n"
+
+
+class _Head(msgspec.Struct):
+    id: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    method: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+_head_decoder = msgspec.json.Decoder(_Head)
+_INT_RE = re.compile(rb"-?(?:0|[1-9][0-9]*)")
+
+
+def has_invalid_id(line: str) -> bool:
+    """A request (it has a method) whose top-level id is present but neither a JSON string nor
+    a JSON integer: 1.5, 2.0, true, null, an object or an array."""
+    try:
+        head = _head_decoder.decode(line)
+    except (msgspec.DecodeError, ValueError):
+        return False  # not one JSON object: the SDK answers it
+    if head.id is msgspec.UNSET or head.method is msgspec.UNSET:
+        return False
+    raw = bytes(head.id)
+    return not (raw.startswith(b'"') or _INT_RE.fullmatch(raw))
 
 
 def _request_id(value: Any) -> int | str | None:
@@ -77,6 +114,15 @@ def _answer_for(exc: Exception) -> JSONRPCError | None:
             raw = d.get("input")
             if isinstance(raw, str) and not raw.strip():
                 return None  # a blank line is no message: nothing to answer
+            if raw == INVALID_ID_LINE:
+                return JSONRPCError(
+                    jsonrpc="2.0", id=None,
+                    error=ErrorData(
+                        code=INVALID_REQUEST,
+                        message="Invalid Request: a request's \"id\" must be a string or an integer (a message without "
+                        "an id is a notification); nothing was done.",
+                    ),
+                )
             rid = _id_from_line(raw) if isinstance(raw, str) else None
             why = (d.get("ctx") or {}).get("error") or d.get("msg") or "invalid JSON"
             return JSONRPCError(
@@ -117,30 +163,34 @@ def _weight(msg: JSONRPCRequest) -> int:
 
 class _Budget:
     def __init__(self) -> None:
-        self.calls: dict[Any, int] = {}
+        # One entry per request in flight, by the SDK's key for its id; the token tells this
+        # request's release from a stale one for an earlier request under the same id.
+        self.calls: dict[Any, tuple[object, int]] = {}
         self.bytes = 0
         self.changed = anyio.Event()
 
     def full(self) -> bool:
         return bool(self.calls) and (len(self.calls) >= MAX_IN_FLIGHT or self.bytes >= MAX_IN_FLIGHT_BYTES)
 
-    def add(self, rid: Any, weight: int) -> None:
-        self.release(rid)
-        self.calls[rid] = weight
+    def add(self, key: Any, weight: int) -> object:
+        token = object()
+        self.calls[key] = (token, weight)
         self.bytes += weight
+        return token
 
-    def release(self, rid: Any) -> None:
-        weight = self.calls.pop(rid, None)
-        if weight is None:
+    def release(self, key: Any, token: object | None = None) -> None:
+        entry = self.calls.get(key)
+        if entry is None or (token is not None and entry[0] is not token):
             return
-        self.bytes -= weight
+        del self.calls[key]
+        self.bytes -= entry[1]
         self.changed.set()
         self.changed = anyio.Event()
 
 
 def _key(rid: Any) -> Any:
-    # The SDK matches a cancel's requestId to a request id loosely ("5" cancels 5).
-    return str(rid)
+    # Exactly the SDK's correlation key, so that budget, duplicates and cancels agree with it.
+    return coerce_request_id(rid)
 
 
 class GuardedReadStream:
@@ -163,15 +213,31 @@ class GuardedReadStream:
                 log.warning("unreadable message from the client (%s)%s", str(item).splitlines()[0][:200],
                             "" if answer is None else f"; answered {answer.error.code}")
                 if answer is not None:
-                    await self._write.send(SessionMessage(answer))
+                    # Not through the budget: its id may be that of a request still in flight.
+                    await self._write.send_unbudgeted(SessionMessage(answer))
                 continue
             msg = getattr(item, "message", None)
             if isinstance(msg, JSONRPCRequest):
-                self._budget.add(_key(msg.id), _weight(msg))
-            elif isinstance(msg, JSONRPCNotification) and msg.method == "notifications/cancelled":
-                rid = (msg.params or {}).get("requestId") if isinstance(msg.params, dict) else None
-                if rid is not None:
-                    self._budget.release(_key(rid))  # a cancelled request gets no reply
+                key = _key(msg.id)
+                if key in self._budget.calls:
+                    log.warning("request id %s is already in flight; refused", _short_id(msg.id))
+                    await self._write.send_unbudgeted(SessionMessage(JSONRPCError(
+                        jsonrpc="2.0", id=msg.id,
+                        error=ErrorData(
+                            code=INVALID_REQUEST,
+                            message=f"Invalid Request: request id {_short_id(msg.id)} is already in flight; a request's id "
+                            "must differ from those of the client's requests still awaiting a reply. Nothing was done.",
+                        ),
+                    )))
+                    continue
+                token = self._budget.add(key, _weight(msg))
+
+                async def unanswered(key: Any = key, token: object = token) -> None:
+                    self._budget.release(key, token)
+
+                # stdio carries no metadata of its own; this hook is how the SDK says a request
+                # ended without a reply (it was cancelled), whatever spelling its cancel used.
+                item = SessionMessage(msg, metadata=ServerMessageMetadata(on_request_unanswered=unanswered))
             return item
 
     def __aiter__(self) -> GuardedReadStream:
@@ -210,6 +276,10 @@ class GuardedWriteStream:
             if rid is not None and getattr(msg, "method", None) is None:
                 self.budget.release(_key(rid))
 
+    async def send_unbudgeted(self, item: Any) -> None:
+        """An answer that ends no request in the budget (a refused line)."""
+        await self._inner.send(item)
+
     async def aclose(self) -> None:
         await self._inner.aclose()
 
@@ -221,6 +291,11 @@ class GuardedWriteStream:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _short_id(rid: Any) -> str:
+    text = repr(rid)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def guard(read: Any, write: Any) -> tuple[GuardedReadStream, GuardedWriteStream]:

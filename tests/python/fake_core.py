@@ -8,6 +8,13 @@ per thread), `close_thread` and `status`, until a prompt asks it to misbehave:
   !oversized   write a length prefix of 0x7fffffff (over the 16 MiB limit), then wait
   !truncated   write a length prefix of 100 and 10 bytes of payload, then exit 0
   !badjson     write a frame that is JSON but no message of the protocol, then wait
+  !badresult   reply ok with a RespondResult that lacks required fields, then go on serving
+  !evicted-at-once  reply (creating the thread) and, in the same write, an `evicted` event
+               for that very thread, as when another call evicts it right after
+  !stall       stop reading and answering (pings included), as a wedged core would
+
+`--max-threads N` (default 32) is honoured like the real core's LRU: creating a thread past
+it evicts the least recently used one and sends an `evicted` event before the reply.
 
 Each start appends its pid to the file named by WISP_FAKE_CORE_LOG, so a test can count
 restarts.
@@ -54,7 +61,9 @@ def main() -> None:
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
     send({"id": 0, "event": "ready", "protocol": 1, "backend": "fake", "model": "fake", "pid": os.getpid()})
-    threads: dict[str, int] = {}
+    args = sys.argv[1:]
+    capacity = int(args[args.index("--max-threads") + 1]) if "--max-threads" in args else 32
+    threads: dict[str, int] = {}  # insertion order is recency: least recently used first
     while True:
         head = read_exact(4)
         if head is None:
@@ -81,11 +90,29 @@ def main() -> None:
             if prompt.startswith("!badjson"):
                 send({"hello": "world"})
                 hang()
+            if prompt.startswith("!badresult"):
+                send({"id": rid, "ok": True, "result": {"thread_id": req.get("thread_id") or "x", "text": "half a result"}})
+                continue
+            if prompt.startswith("!evicted-at-once"):
+                tid = req["thread_id"]
+                reply = {"id": rid, "ok": True, "result": {"thread_id": tid, "created": True, "text": f"echo 1: {prompt}",
+                                                           "condensed": False, "turns": 1, "dropped": 0}}
+                both = [json.dumps(reply).encode(), json.dumps({"id": rid + 1000000, "event": "evicted", "thread_id": tid}).encode()]
+                out.write(b"".join(struct.pack(">I", len(b)) + b for b in both))
+                out.flush()
+                continue
+            if prompt.startswith("!stall"):
+                while True:
+                    time.sleep(3600)
             if prompt.startswith("!sleep"):
                 time.sleep(int(prompt.split()[1]) / 1000)
             tid = req.get("thread_id") or f"fake{rid}"
             created = tid not in threads
-            threads[tid] = threads.get(tid, 0) + 1
+            if created and len(threads) >= capacity:
+                victim = next(iter(threads))
+                del threads[victim]
+                send({"id": rid, "event": "evicted", "thread_id": victim})
+            threads[tid] = threads.pop(tid, 0) + 1
             send({"id": rid, "ok": True, "result": {
                 "thread_id": tid, "created": created, "text": f"echo {threads[tid]}: {prompt}",
                 "condensed": False, "turns": threads[tid], "dropped": 0}})
@@ -97,6 +124,8 @@ def main() -> None:
                 "max_queue": 16, "threads": [{"thread_id": t, "turns": n, "pending": 0} for t, n in threads.items()]}})
         elif op == "cancel":
             send({"id": rid, "ok": True, "result": {"cancelled": False}})
+        elif op == "ping":
+            send({"id": rid, "ok": True, "result": {}})
 
 
 if __name__ == "__main__":

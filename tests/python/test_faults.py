@@ -10,6 +10,7 @@ SIGTERM (test_process), a core that stops answering (test_lifecycle).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -223,3 +224,101 @@ async def test_a_reply_over_the_frame_limit_fails_that_call_not_the_pipe():
         msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": "/" * 9_000_000, "thread_id": "big"}), 60))
         assert msg.startswith("internal:") and "MiB limit" in msg, msg[:300]
         assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "keep"}))["text"] == "echo 2: again"
+
+
+def _fake_core(tmp_path) -> tuple[str, Path]:
+    """The fake core behind a wrapper (the shim's --core), and the file its starts are logged in."""
+    wrapper = tmp_path / "wisp-core"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_CORE}" "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), tmp_path / "starts"
+
+
+def _starts(log: Path) -> list[int]:
+    return [int(x) for x in log.read_text().split()]
+
+
+async def test_a_thread_evicted_before_a_crash_is_not_reported_lost(tmp_path):
+    """Lost means lost: after a crash only the threads the core still had are thread_lost.
+    One evicted by LRU before it was gone already, and its next call simply starts anew."""
+    core, starts = _fake_core(tmp_path)
+    async with wisp("--max-threads", "2", core=core, env=shim_env(WISP_FAKE_CORE_LOG=str(starts))) as c:
+        for tid in ("old", "live", "newest"):  # "newest" evicts "old" (least recently used)
+            assert ok(await c.call_tool("respond", {"prompt": "hi", "thread_id": tid}))["created"] is True
+        # A reply and the eviction of its own thread in one read: the eviction came later, so it wins.
+        assert ok(await c.call_tool("respond", {"prompt": "!evicted-at-once", "thread_id": "brief"}))["created"] is True
+        os.kill(_starts(starts)[-1], signal.SIGKILL)
+        await _wait_for(lambda: len(_starts(starts)) == 2, 10)
+        for tid in ("old", "brief"):
+            r = await c.call_tool("respond", {"prompt": "back?", "thread_id": tid})
+            assert (ok(r)["created"], ok(r)["text"]) == (True, "echo 1: back?"), tid
+            assert "no live thread had this id (evicted, closed or lost)" in r.content[0].text
+        # A thread that was alive at the crash is reported lost, once.
+        assert error_text(await c.call_tool("respond", {"prompt": "back?", "thread_id": "live"})).startswith("thread_lost:")
+        assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "live"}))["text"] == "echo 1: again"
+
+
+async def test_a_reply_whose_result_does_not_decode_restarts_the_core(tmp_path):
+    core, starts = _fake_core(tmp_path)
+    async with wisp(core=core, env=shim_env(WISP_FAKE_CORE_LOG=str(starts))) as c:
+        assert ok(await c.call_tool("respond", {"prompt": "keep", "thread_id": "keep"}))["text"] == "echo 1: keep"
+        broken = _starts(starts)[-1]
+        msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!badresult", "thread_id": "bad"}), 10))
+        assert msg.startswith("core_crashed:") and "protocol error" in msg and "RespondResult" in msg and "'bad'" in msg, msg
+        await _wait_for(lambda: not running(broken), 5)
+        r = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": "new"}))
+        assert (r["created"], r["text"]) == (True, "echo 1: after")
+        assert len(_starts(starts)) == 2
+        lost = error_text(await c.call_tool("respond", {"prompt": "keep?", "thread_id": "keep"}))
+        assert lost.startswith("thread_lost:") and "keep" in lost, lost
+
+
+@pytest.mark.parametrize("how", ["SIGSTOP", "stops reading"])
+async def test_a_core_that_stops_answering_is_restarted_by_the_watchdog(tmp_path, how):
+    """While calls wait, a core that answers no ping within a few seconds is restarted like a
+    crashed one: its calls fail saying so, its threads are reported lost, and other threads'
+    calls and list_threads are answered by the new core."""
+    import psutil
+
+    if how == "SIGSTOP":
+        core, starts, args = None, None, ()
+    else:
+        (core, starts), args = _fake_core(tmp_path), ()
+    env = shim_env(WISP_FAKE_CORE_LOG=str(starts)) if starts else None
+    async with wisp(*args, core=core, env=env) as c:
+        assert ok(await c.call_tool("respond", {"prompt": "hello", "thread_id": "idle"}))["created"]
+        pid = _starts(starts)[-1] if starts else _core_pids(c)[-1]
+        prompt = "!sleep 60000 slow" if how == "SIGSTOP" else "!stall"
+        calls = [asyncio.create_task(c.call_tool("respond", {"prompt": prompt, "thread_id": f"busy-{i}"})) for i in range(2)]
+        await asyncio.sleep(0.3)
+        if how == "SIGSTOP":
+            os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*calls), 15)
+        finally:
+            if how == "SIGSTOP" and psutil.pid_exists(pid):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).resume()
+        took = time.monotonic() - start
+        for i, r in enumerate(results):
+            msg = error_text(r)
+            assert msg.startswith("core_crashed:") and "stopped answering" in msg and f"busy-{i}" in msg, msg
+        # Ping after 2 s of silence, 3 s for its answer, two 0.5 s ticks: 6 s, plus TERM.
+        assert took < 8.0, took
+        await _wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 5)
+        listed = ok(await asyncio.wait_for(c.call_tool("list_threads", {}), 10))
+        assert listed["threads"] == []
+        assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "next", "thread_id": "other"}), 10))["text"] == "echo 1: next"
+        assert error_text(await c.call_tool("respond", {"prompt": "there?", "thread_id": "idle"})).startswith("thread_lost:")
+
+
+async def test_a_slow_call_on_a_healthy_core_is_not_taken_for_a_wedged_one():
+    # 7 s with no frame from the core: the watchdog's pings are answered, so nothing restarts.
+    async with wisp() as c:
+        ok(await c.call_tool("respond", {"prompt": "up"}))
+        core = _core_pids(c)
+        assert len(core) == 1
+        r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!sleep 7000 slow", "thread_id": "s"}), 20))
+        assert r["text"] == "echo 1: !sleep 7000 slow"
+        assert _core_pids(c) == core

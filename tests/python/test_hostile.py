@@ -385,6 +385,18 @@ RAW_CASES = [
     RawCase("tools/call with a progress token that is an object", lambda i: jsonrpc("tools/call", {"name": "respond", "arguments": {"prompt": "p"}, "_meta": {"progressToken": {"a": 1}}}, id=i), rpc_error(-32602)),
     RawCase("max_output_tokens beyond 64 bits", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":123456789012345678901234567890}'), raw_tool_error("invalid_argument", "max_output_tokens")),
     RawCase("temperature NaN and Infinity literals", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":NaN}'), raw_tool_error("invalid_argument", "temperature")),
+    # Huge numbers: valid JSON that no float holds. Each names the field and its range, never `internal`.
+    RawCase("temperature as 1 followed by 400 zeros", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":1' + b"0" * 400 + b"}"), raw_tool_error("invalid_argument", "temperature", "from 0 to 2", "401 digits")),
+    RawCase("temperature as 1 followed by 5,000 zeros", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":1' + b"0" * 5000 + b"}"), rpc_error(-32700, "number out of range")),  # the SDK's JSON parser stops there
+    RawCase("temperature 1e400 (a float overflowing to infinity)", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":1e400}'), raw_tool_error("invalid_argument", "temperature", "from 0 to 2")),
+    RawCase("temperature -Infinity", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":-Infinity}'), raw_tool_error("invalid_argument", "temperature", "from 0 to 2")),
+    RawCase("temperature 2.5 (over the range)", lambda i: _raw_call_line(i, b'{"prompt":"p","temperature":2.5}'), raw_tool_error("invalid_argument", "temperature", "from 0 to 2", "2.5")),
+    RawCase("temperature 1e-400 (underflows to 0: valid)", lambda i: _raw_call_line(i, b'{"prompt":"tiny","temperature":1e-400}'), raw_served("echo 1: tiny")),
+    RawCase("max_output_tokens as 1 followed by 400 zeros", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":1' + b"0" * 400 + b"}"), raw_tool_error("invalid_argument", "max_output_tokens", "from 1 to 2147483647")),
+    RawCase("max_output_tokens 1e400", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":1e400}'), raw_tool_error("invalid_argument", "max_output_tokens", "from 1 to 2147483647")),
+    RawCase("max_output_tokens NaN", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":NaN}'), raw_tool_error("invalid_argument", "max_output_tokens", "from 1 to 2147483647")),
+    RawCase("max_output_tokens 2**31 (one over)", lambda i: _raw_call_line(i, b'{"prompt":"p","max_output_tokens":2147483648}'), raw_tool_error("invalid_argument", "max_output_tokens", "from 1 to 2147483647")),
+    RawCase("timeout_s as an argument (wisp has none) of 1e400", lambda i: _raw_call_line(i, b'{"prompt":"p","timeout_s":1e400}'), raw_tool_error("invalid_argument", "timeout_s")),
     RawCase("a string id of 1 MB", lambda i: jsonrpc("ping", None, id="i" * MB), None),  # answered with its id: checked below
     RawCase("a response to a request the server never made", lambda i: b'{"jsonrpc":"2.0","id":%d,"result":{}}\n' % i, None),
     RawCase("cancellation of a request that does not exist", lambda i: jsonrpc("notifications/cancelled", {"requestId": i}), None),
@@ -415,14 +427,105 @@ def test_raw_case(raw, case: RawCase):
     raw.sentinel.check(case.name)
 
 
-def test_raw_duplicate_request_ids_each_get_an_answer(raw):
-    # Two calls in flight under one id: the client broke the rules, but neither may hang.
-    raw.send(_call(7777, {"prompt": "!sleep 300 first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"}))
-    got = [raw.wait(7777), raw.wait(7777)]
-    texts = sorted(m["result"]["structuredContent"]["text"] for m in got)
-    assert texts == ["echo 1: !sleep 300 first", "echo 1: second"], got
-    ANSWERS.append(("raw", "two calls in flight under one request id", "both served, each answered once under that id"))
+def test_raw_a_request_id_already_in_flight_is_refused(raw):
+    # Two calls in flight under one id (or one the SDK reads as the same id, "7777"): the
+    # second is refused, so one reply per id, and the first is served normally.
+    raw.send(_call(7777, {"prompt": "!sleep 500 first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"})
+             + _call("7777", {"prompt": "third", "thread_id": "dup-c"}))
+    refused = [raw.wait(7777), raw.wait("7777")]
+    for m in refused:
+        assert m["error"]["code"] == -32600 and "already in flight" in m["error"]["message"], m
+    first = raw.wait(7777)
+    assert first["result"]["structuredContent"]["text"] == "echo 1: !sleep 500 first", first
+    assert raw.quiet_for(0.3) == []
+    # Refused calls ran nowhere: neither thread exists.
+    for tid in ("dup-b", "dup-c"):
+        assert raw.call("respond", {"prompt": "p", "thread_id": tid})["result"]["structuredContent"]["created"] is True
+    # Once answered, the id may be used again.
+    assert raw.call("respond", {"prompt": "reuse", "thread_id": "dup-a"}, rid=7777)["result"]["structuredContent"]["text"] == "echo 2: reuse"
+    ANSWERS.append(("raw", "a request whose id is already in flight (also as \"7777\" for 7777)", "JSON-RPC error -32600 under that id; the first call is served, once"))
     raw.sentinel.check("duplicate request ids")
+
+
+INVALID_IDS = {"1.5": b"1.5", "2.0": b"2.0", "an object": b'{"n":1}', "an array": b"[1]", "true": b"true", "null": b"null", "1e3": b"1e3"}
+
+
+@pytest.mark.parametrize("spelling", INVALID_IDS, ids=list(INVALID_IDS))
+def test_raw_a_request_whose_id_is_not_a_string_or_integer_is_invalid(raw, spelling):
+    raw.send(b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"respond","arguments":{"prompt":"p","thread_id":"bad-id"}}}\n' % INVALID_IDS[spelling])
+    msg = raw.wait(None, timeout=10)
+    assert msg["id"] is None and msg["error"]["code"] == -32600 and "string or an integer" in msg["error"]["message"], msg
+    assert raw.quiet_for(0.2) == []
+    ANSWERS.append(("raw", f"a request whose id is {spelling}", f"JSON-RPC error -32600 (id null): {msg['error']['message'][:80]}"))
+    raw.sentinel.check(f"id {spelling}")
+
+
+def test_raw_a_notification_and_a_response_with_odd_ids_stay_unanswered(raw):
+    raw.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n' + b'{"jsonrpc":"2.0","id":1.5,"result":{}}\n')
+    assert raw.quiet_for(0.5) == []
+    raw.sentinel.check("odd-id response")
+
+
+def test_cancels_that_spell_the_id_loosely_free_the_budget():
+    """notifications/cancelled with requestId "05" for request 5: the SDK cancels request 5
+    (it coerces "05" to 5), so wisp's in-flight budget must free that slot too. 140 such calls
+    are more than the 128 slots: a leak would leave the next call unanswered."""
+    ch = RawChannel()
+    try:
+        for i in range(140):
+            rid = 1000 + i
+            ch.send(_call(rid, {"prompt": f"!sleep 30000 call {i}", "thread_id": f"c{i % 8}"}))
+            time.sleep(0.005)  # let the SDK start the handler before the cancel reaches it
+            ch.send(jsonrpc("notifications/cancelled", {"requestId": f"0{rid}", "reason": "loose spelling"}))
+        start = time.monotonic()
+        msg = ch.call("respond", {"prompt": "prompt", "thread_id": "after"})
+        took = time.monotonic() - start
+        assert msg["result"]["structuredContent"]["text"] == "echo 1: prompt", msg
+        assert took < 5.0, took
+        # Cancelled requests get no reply.
+        assert not any(1000 <= k < 1140 for k in ch.by_id if isinstance(k, int) and ch.by_id[k])
+        ANSWERS.append(("raw", "140 calls, each cancelled with a requestId spelled \"0<id>\"", f"budget freed: the next call answered in {took:.2f} s"))
+    finally:
+        ch.close()
+
+
+def _reused_ids_growth(n: int) -> tuple[float, float]:
+    """RSS growth (MiB) of the shim and its core over `n` requests of 100 KB reusing the id
+    of a call still in flight; each must be refused."""
+    import psutil
+
+    from test_process import children
+
+    ch = RawChannel("--context-size", "1000000")  # the held 100 KB call must fit
+    try:
+        ch.call("respond", {"prompt": "warm", "thread_id": "w"})
+        shim = psutil.Process(ch.proc.pid)
+        core = psutil.Process(children(ch.proc.pid)[0])
+        big = "z" * 100_000
+        ch.send(_call(42, {"prompt": f"!sleep 120000 {big}", "thread_id": "held"}))
+        ch.call("list_threads", {})
+        base = (shim.memory_info().rss, core.memory_info().rss)
+        line = _call(42, {"prompt": big, "thread_id": "dup"})
+        batch = 50
+        for sent in range(0, n, batch):
+            ch.send(line * batch)
+            for _ in range(batch):
+                m = ch.wait(42)
+                assert m.get("error", {}).get("code") == -32600, str(m)[:500]
+        grew = ((shim.memory_info().rss - base[0]) / 2**20, (core.memory_info().rss - base[1]) / 2**20)
+        assert ch.call("respond", {"prompt": "alive"})["result"]["structuredContent"]["text"] == "echo 1: alive"
+        return grew
+    finally:
+        ch.close()
+
+
+def test_reused_ids_do_not_grow_the_shim():
+    n = int(os.environ.get("WISP_REUSED_IDS", "2000"))
+    shim, core = _reused_ids_growth(n)
+    print(f"{n} reused ids of 100 KB: shim +{shim:.1f} MiB, core +{core:.1f} MiB")
+    # Refused before the SDK starts a handler: nothing of them is kept (~710 MiB before).
+    assert shim < 8 and core < 8, (shim, core)
+    ANSWERS.append(("raw", f"{n} requests of 100 KB reusing an id in flight", f"each refused -32600; shim +{shim:.1f} MiB, core +{core:.1f} MiB"))
 
 
 def test_a_call_before_initialize_is_refused_and_the_session_still_starts():
@@ -492,3 +595,77 @@ def table() -> str:
 
 if __name__ == "__main__":
     print(table())
+
+
+# --- the client's roots -------------------------------------------------------------------
+
+
+async def _with_roots(uris: list[str], *calls: dict) -> list[tuple[Any, float]]:
+    """Calls made by a client that offers `uris` as its roots; each result with its time."""
+    from mcp import Client, StdioServerParameters, stdio_client
+    from mcp.types import ListRootsResult, Root
+
+    async def list_roots(context) -> ListRootsResult:
+        return ListRootsResult(roots=[Root.model_construct(uri=u) for u in uris])
+
+    argv = shim_command("--backend", "echo")
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=shim_env(), cwd=str(REPO))
+    out = []
+    async with Client(stdio_client(params), mode="legacy", list_roots_callback=list_roots) as client:
+        await client.call_tool("respond", {"prompt": "warm"})
+        for args in calls:
+            start = time.monotonic()
+            r = await client.call_tool("respond", args)
+            out.append((r, time.monotonic() - start))
+    return out
+
+
+@pytest.mark.parametrize("uri, why", [
+    ("file:///tmp/x%00y", "a NUL after decoding"),
+    ("file://tmp/relative", "a host, not an absolute path"),
+    ("file:relative/dir", "a relative path"),
+    ("file:///tmp/%ff%fe", "percent-escapes that are not UTF-8"),
+], ids=["NUL", "host", "relative", "not UTF-8"])
+async def test_a_client_root_that_is_not_an_absolute_path_is_refused(uri, why):
+    [(r, _)] = await _with_roots([f"file://{REPO}", uri], {"prompt": "p", "thread_id": "t", "tools": ["read_file"]})
+    check = tool_error("invalid_argument", "root", "absolute local path")
+    ANSWERS.append(("client", f"a client root with {why} ({uri})", check(r)))
+
+
+def _raw_roots_call(uris: list[str]) -> tuple[dict, float]:
+    """A raw client that offers roots: calls respond with tools, answers the shim's roots/list
+    with `uris`, and returns the call's reply and the time from that answer to the reply."""
+    init = jsonrpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"roots": {"listChanged": False}},
+                                  "clientInfo": {"name": "wisp-tests", "version": "0"}}, id=1)
+    proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO)
+    try:
+        proc.stdin.write(init)
+        proc.stdin.flush()
+        assert "result" in json.loads(proc.stdout.readline())
+        proc.stdin.write(INITIALIZED + _call(2, {"prompt": "p", "thread_id": "r", "tools": ["read_file"]}))
+        proc.stdin.flush()
+        ask = json.loads(proc.stdout.readline())
+        assert ask.get("method") == "roots/list", ask
+        answer = (json.dumps({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": [{"uri": u} for u in uris]}}) + "\n").encode()
+        proc.stdin.write(answer)
+        proc.stdin.flush()
+        start = time.monotonic()
+        reply = json.loads(proc.stdout.readline())
+        return reply, time.monotonic() - start
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+
+
+def test_too_many_client_roots_are_refused_at_once():
+    reply, took = _raw_roots_call([f"file:///nonexistent/wisp-root-{i}" for i in range(20_000)])
+    raw_tool_error("invalid_argument", "20000 roots", "256")(reply, 2)
+    print(f"20,000 roots refused {took * 1000:.0f} ms after the client's answer")
+    assert took < 0.3, took  # 0.9 s when the SDK validated every root's URL, twice
+    # The limit counts what the client offered: duplicates count too.
+    reply, _ = _raw_roots_call([f"file://{REPO}"] * 257)
+    raw_tool_error("invalid_argument", "257 roots")(reply, 2)
+    reply, _ = _raw_roots_call([f"file://{REPO}"] * 256)
+    assert reply["result"]["structuredContent"]["text"] == "echo 1: p", reply
+    ANSWERS.append(("raw", "a client offering 20,000 roots", f"tool error `invalid_argument` {took * 1000:.0f} ms after its answer: over the limit of 256"))

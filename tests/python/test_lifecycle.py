@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import stat
@@ -211,14 +212,16 @@ def _stub_core(tmp_path, after_ready: str) -> str:
 
 
 async def test_shim_time_limit_catches_a_core_that_stops_answering(tmp_path):
-    # The core never replies: only the shim's own timer can end the call.
+    # The core never replies: only the shim's own timer can end the call, and it fires at the
+    # user's limit (plus the 0.25 s given to a reply racing the cancel), not at limit + 3 s.
     stub = _stub_core(tmp_path, "sys.stdin.buffer.read()\n")
     async with wisp("--timeout", "0.5", core=stub) as c:
         start = time.monotonic()
         with anyio.fail_after(10):
-            msg = error_text(await c.call_tool("respond", {"prompt": "anyone?"}))
-        assert msg.startswith("timeout:"), msg
-        assert 3.0 <= time.monotonic() - start < 6.0
+            msg = error_text(await c.call_tool("respond", {"prompt": "anyone?", "thread_id": "t"}))
+        took = time.monotonic() - start
+        assert msg.startswith("timeout: no reply within 0.5 s; the call was stopped and thread 't' is unchanged"), msg
+        assert 0.5 <= took < 1.5, took
 
 
 async def test_garbage_from_the_core_fails_calls_and_restarts_it(tmp_path):
@@ -292,3 +295,125 @@ async def test_a_thread_closed_while_a_call_runs_is_not_reported_lost_later():
         # x was closed before the crash, so nothing of it was lost: it simply starts anew.
         s = ok(await c.call_tool("respond", {"prompt": "new", "thread_id": "x"}))
         assert (s["created"], s["text"]) == (True, "echo 1: new")
+
+
+async def test_the_time_limit_holds_while_the_core_is_stopped():
+    """--timeout 2 with the core SIGSTOPped mid-call: the timeout arrives at the user's limit
+    and names it; once the core runs again, the timed-out turn was not kept."""
+    import psutil
+
+    from test_faults import _core_pids
+
+    async with wisp("--timeout", "2") as c:
+        assert ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))["text"] == "echo 1: one"
+        core = psutil.Process(_core_pids(c)[-1])
+        call = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 3000 slow", "thread_id": "t"}))
+        start = time.monotonic()
+        await asyncio.sleep(0.3)
+        core.suspend()
+        try:
+            msg = error_text(await asyncio.wait_for(call, 10))
+            took = time.monotonic() - start
+            # Resumed after the 3 s sleep would have ended: only the core's commit-time check
+            # of the deadline (timeout_s, which the shim always sends) keeps that turn out.
+            await asyncio.sleep(max(0.0, 3.5 - (time.monotonic() - start)))
+        finally:
+            core.resume()
+        assert msg == (
+            "timeout: no reply within 2 s; the call was stopped and thread 't' is unchanged. "
+            "(--timeout / WISP_TIMEOUT sets the limit for respond.)"
+        ), msg
+        assert 2.0 <= took < 2.5, took
+        assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "two", "thread_id": "t"}), 10))["text"] == "echo 2: two"
+
+
+async def test_a_reply_that_beats_the_cancel_is_returned(tmp_path):
+    # The core answers 0.1 s after the limit (and ignores the cancel): the success stands.
+    stub = _stub_core(tmp_path, (
+        "import select\n"
+        "def read():\n"
+        "    n = struct.unpack('>I', sys.stdin.buffer.read(4))[0]\n"
+        "    return json.loads(sys.stdin.buffer.read(n))\n"
+        "req = read()\n"
+        "time.sleep(1.1)\n"
+        "frame({'id': req['id'], 'ok': True, 'result': {'thread_id': 'late', 'created': True, 'text': 'just in time',"
+        " 'condensed': False, 'turns': 1, 'dropped': 0}})\n"
+        "sys.stdin.buffer.read()\n"
+    ))
+    async with wisp("--timeout", "1", core=stub) as c:
+        r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "hurry", "thread_id": "late"}), 10))
+        assert r["text"] == "just in time"
+
+
+def test_help_lists_every_environment_variable_wisp_reads():
+    # Every WISP_* name that the package or the core's configuration reads (a quoted literal
+    # is a read there, or the name handed to one), against what --help says.
+    import re
+
+    sources = [*sorted((REPO / "python" / "wisp_shim").glob("*.py")), REPO / "swift" / "WispCore" / "Config.swift"]
+    read = set()
+    for path in sources:
+        read |= set(re.findall(r"[\"'](WISP_[A-Z_]+)[\"']", path.read_text()))
+    assert {"WISP_ROOTS", "WISP_LOCAL_MODEL", "WISP_LOCAL_THREADS", "WISP_API_KEY", "WISP_TIMEOUT"} <= read, read
+    run = subprocess.run([sys.executable, "-m", "wisp_shim", "--help"], capture_output=True, text=True, timeout=60)
+    listed = set(re.findall(r"WISP_[A-Z_]+", run.stdout))
+    assert read - listed == set(), f"read by wisp but not in --help: {sorted(read - listed)}"
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1", "0"])
+def test_a_time_limit_that_is_not_a_finite_positive_number_is_refused(value):
+    run = subprocess.run([*shim_command("--backend", "echo", "--timeout", value)], capture_output=True, text=True,
+                         timeout=60, env=shim_env(), cwd=REPO, stdin=subprocess.DEVNULL)
+    assert run.returncode != 0 and "--timeout / WISP_TIMEOUT must be a finite number of seconds above 0" in run.stderr, run.stderr
+    assert run.stdout == ""
+
+
+# --- signals and stdin EOF with a core that cannot answer ---------------------------------
+
+
+def _fake_core_argv(tmp_path) -> list[str]:
+    wrapper = tmp_path / "wisp-core"
+    fake = REPO / "tests" / "python" / "fake_core.py"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
+    wrapper.chmod(0o755)
+    return shim_command("--backend", "echo", core=str(wrapper))
+
+
+@pytest.mark.parametrize("how, core_state", [
+    ("SIGTERM", "stopped"), ("SIGHUP", "stopped"), ("SIGQUIT", "stopped"), ("SIGINT", "stopped"), ("stdin-eof", "stopped"),
+    ("SIGHUP", "wedged"), ("SIGQUIT", "wedged"), ("stdin-eof", "wedged"),
+])
+def test_stopping_wisp_with_a_stopped_or_wedged_core_leaves_no_orphan(tmp_path, how, core_state):
+    """SIGHUP and SIGQUIT are handled like SIGTERM, and every way of stopping wisp ends the
+    core within 2 s even when it is SIGSTOPped or wedged (it neither reads nor answers)."""
+    import psutil
+
+    from test_process import call, spawn_initialized
+
+    proc = spawn_initialized(argv=_fake_core_argv(tmp_path) if core_state == "wedged" else None)
+    shim = psutil.Process(proc.pid)
+    [core] = shim.children()
+    try:
+        prompt = "!stall" if core_state == "wedged" else "!sleep 30000 busy"
+        proc.stdin.write(call("respond", {"prompt": prompt, "thread_id": "busy"}, 3))
+        proc.stdin.flush()
+        time.sleep(0.3)
+        if core_state == "stopped":
+            core.suspend()
+        start = time.monotonic()
+        if how == "stdin-eof":
+            proc.stdin.close()
+        else:
+            proc.send_signal(getattr(signal, how))
+        proc.wait(timeout=5)
+        gone = psutil.wait_procs([core], timeout=max(0.0, 2.0 - (time.monotonic() - start)))[0]
+        took = time.monotonic() - start
+        assert gone, f"wisp-core {core.pid} outlived the shim's {how} ({core_state})"
+        assert took < 2.0, f"{how} with a {core_state} core: {took:.2f} s"
+        assert proc.returncode == 0, proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            core.kill()

@@ -175,3 +175,36 @@ def test_garbage_never_escapes_as_another_exception(blob):
         p.decode_message(blob)
     except p.ProtocolError:
         pass
+
+
+# --- request ids as the MCP layer reads them (transport.py) --------------------------------
+
+
+@pytest.mark.parametrize("line, invalid", [
+    ('{"jsonrpc":"2.0","id":1.5,"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":2.0,"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":1e3,"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":true,"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":null,"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":[1],"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":-7,"method":"ping"}', False),
+    ('{"jsonrpc":"2.0","id":"05","method":"ping"}', False),
+    ('{"jsonrpc":"2.0","method":"notifications/initialized"}', False),  # a notification: no id member
+    ('{"jsonrpc":"2.0","id":1.5,"result":{}}', False),  # a response: never answered
+    ('not json', False),
+])
+def test_a_request_id_must_be_a_string_or_an_integer(line, invalid):
+    from wisp_shim.transport import has_invalid_id
+
+    assert has_invalid_id(line) is invalid
+
+
+def test_the_budget_keys_ids_as_the_sdk_correlates_them():
+    from mcp.shared.dispatcher import coerce_request_id
+
+    from wisp_shim.transport import _key
+
+    for spelling in ("05", "5", " 5", 5):
+        assert _key(spelling) == coerce_request_id(spelling) == 5
+    assert _key("abc") == "abc"
