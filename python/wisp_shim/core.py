@@ -750,6 +750,8 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
     if proc.stdin is not None:
         with contextlib.suppress(Exception):
             proc.stdin.close()
-    _signal(proc, signal.SIGCONT)  # a stopped core could not even see the EOF
+    # No signal yet: Popen.send_signal polls first, and that can reap a core that is just
+    # exiting under asyncio's child watcher, which then reports status 255. A stopped core,
+    # which cannot see the EOF, gets its SIGCONT with the SIGTERM.
     if not await _wait(proc, EOF_GRACE_S):
         await _terminate(proc)
