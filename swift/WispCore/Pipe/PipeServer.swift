@@ -160,27 +160,28 @@ public final class PipeServer: Sendable {
         let reply: [UInt8]
         var committed = false
         do {
-            // Always called, even when already cancelled: the ticket must be served for the line to move.
-            let staged = try await thread.stage(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial)
-            // Commit, or not, in one step with `stop`: a cancel or time limit that came first wins,
-            // even when the model answered anyway (a backend that ignored cancellation, a core
-            // that was stopped past the deadline and resumed before the watchdog looked).
-            let stopped = inFlight.withLock { calls -> WispError.Code? in
-                guard var call = calls[r.id] else { return .cancelled }
-                if call.stop == nil, let deadline = call.deadline, deadline <= .now { call.stop = .timeout }
-                if call.stop == nil { call.committed = true }
-                calls[r.id] = call
-                return call.stop
+            // Always called, even when already cancelled: the ticket must be served for the line to
+            // move. The turn is kept, or not, in one step with `stop`: a cancel or time limit that
+            // came first wins, even when the model answered anyway (a backend that ignored
+            // cancellation, a core stopped past the deadline that resumed before the watchdog looked).
+            let id = r.id
+            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial) {
+                self.inFlight.withLock { calls in
+                    guard var call = calls[id] else { return false }
+                    if call.stop == nil, let deadline = call.deadline, deadline <= .now { call.stop = .timeout }
+                    call.committed = call.stop == nil
+                    calls[id] = call
+                    return call.committed
+                }
             }
-            if let stopped {
-                await thread.discard(acceptance.ticket, staged)
-                reply = encode(Failure.failure(r.id, stoppedError(stopped, r, thread.id)))
-            } else {
-                let o = await thread.commit(acceptance.ticket, staged)
+            if let o = outcome {
                 committed = true
                 reply = encode(Reply.success(r.id, RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens)))
+            } else {
+                let stop = inFlight.withLock { $0[r.id]?.stop } ?? .cancelled
+                reply = encode(Failure.failure(r.id, stoppedError(stop, r, thread.id)))
             }
         } catch {
             var e = WispError.from(error)
