@@ -10,7 +10,7 @@ public final class PipeServer: Sendable {
     public let backend: any ModelBackend
     private let send: @Sendable ([UInt8]) -> Void
     private let log: Log
-    private let inFlight = Mutex<[Int: Call]>([:])
+    private let inFlight = Locked<[Int: Call]>([:])
 
     private struct Call {
         var task: Task<Void, Never>?
@@ -27,7 +27,7 @@ public final class PipeServer: Sendable {
     private let stopping = Atomic<Bool>(false)
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
-    private let watchdog = Mutex<Task<Void, Never>?>(nil)
+    private let watchdog = Locked<Task<Void, Never>?>(nil)
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
 
@@ -160,27 +160,28 @@ public final class PipeServer: Sendable {
         let reply: [UInt8]
         var committed = false
         do {
-            // Always called, even when already cancelled: the ticket must be served for the line to move.
-            let staged = try await thread.stage(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial)
-            // Commit, or not, in one step with `stop`: a cancel or time limit that came first wins,
-            // even when the model answered anyway (a backend that ignored cancellation, a core
-            // that was stopped past the deadline and resumed before the watchdog looked).
-            let stopped = inFlight.withLock { calls -> WispError.Code? in
-                guard var call = calls[r.id] else { return .cancelled }
-                if call.stop == nil, let deadline = call.deadline, deadline <= .now { call.stop = .timeout }
-                if call.stop == nil { call.committed = true }
-                calls[r.id] = call
-                return call.stop
+            // Always called, even when already cancelled: the ticket must be served for the line to
+            // move. The turn is kept, or not, in one step with `stop`: a cancel or time limit that
+            // came first wins, even when the model answered anyway (a backend that ignored
+            // cancellation, a core stopped past the deadline that resumed before the watchdog looked).
+            let id = r.id
+            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial) {
+                self.inFlight.withLock { calls in
+                    guard var call = calls[id] else { return false }
+                    if call.stop == nil, let deadline = call.deadline, deadline <= .now { call.stop = .timeout }
+                    call.committed = call.stop == nil
+                    calls[id] = call
+                    return call.committed
+                }
             }
-            if let stopped {
-                await thread.discard(acceptance.ticket, staged)
-                reply = encode(Failure.failure(r.id, stoppedError(stopped, r, thread.id)))
-            } else {
-                let o = await thread.commit(acceptance.ticket, staged)
+            if let o = outcome {
                 committed = true
                 reply = encode(Reply.success(r.id, RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens)))
+            } else {
+                let stop = inFlight.withLock { $0[r.id]?.stop } ?? .cancelled
+                reply = encode(Failure.failure(r.id, stoppedError(stop, r, thread.id)))
             }
         } catch {
             var e = WispError.from(error)
@@ -267,5 +268,22 @@ public final class PipeServer: Sendable {
             log(.error, "could not encode a reply: \(error)")
             return (try? Frame.encode(Failure.failure(0, WispError(.internal, "could not encode a reply")))) ?? []
         }
+    }
+}
+
+/// A lock around a value, as `Mutex` is, but over `NSLock` (a pthread mutex): on Linux the
+/// toolchain's `Synchronization.Mutex` locks with uninstrumented atomics and futexes, so
+/// ThreadSanitizer cannot see it and reports every access it guards as a race (`make sanitize`
+/// did, once the pipe server's calls were raced in tests).
+final class Locked<Value: Sendable>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: Value
+
+    init(_ value: Value) { self.value = value }
+
+    func withLock<R>(_ body: (inout Value) throws -> R) rethrows -> R {
+        lock.lock()
+        defer { lock.unlock() }
+        return try body(&value)
     }
 }

@@ -68,46 +68,33 @@ public actor ConversationThread {
         return Ticket(number: issued, start: start, binds: binds)
     }
 
-    /// Waits for `ticket`'s turn, then answers and commits the turn at once.
+    /// Waits for `ticket`'s turn, then answers and commits the turn.
     public func respond(_ ticket: Ticket, prompt: String, settings: GenerationSettings,
                         onPartial: PartialHandler?) async throws -> Agent.Outcome {
-        let staged = try await stage(ticket, prompt: prompt, settings: settings, onPartial: onPartial)
-        return commit(ticket, staged)
+        // `keep` always says yes, so there is always an outcome.
+        try await respond(ticket, prompt: prompt, settings: settings, onPartial: onPartial, keep: { true })!
     }
 
-    /// Waits for `ticket`'s turn, then answers without committing: on success the call keeps
-    /// the line until `commit` or `discard`, so that nothing runs on a history about to change.
-    /// A call cancelled while waiting leaves the line without running; one that fails leaves
-    /// the history unchanged and the line moves on.
-    public func stage(_ ticket: Ticket, prompt: String, settings: GenerationSettings,
-                      onPartial: PartialHandler?) async throws -> Agent.Staged {
+    /// Waits for `ticket`'s turn, then answers; the turn is committed only if `keep()`, asked once
+    /// the model has answered and before anything else runs on this thread, says so. Nil when it
+    /// did not (the call was stopped): the history is then exactly as it was. A call cancelled
+    /// while waiting leaves the line without running; one that fails leaves the history unchanged.
+    public func respond(_ ticket: Ticket, prompt: String, settings: GenerationSettings,
+                        onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Agent.Outcome? {
         try await waitForTurn(ticket.number)
-        do {
-            if agent.history.isEmpty {
-                // As if the calls before it never happened: the thread starts with this call's binding.
-                if let start = ticket.start { agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools) }
-            } else if !ticket.binds.isEmpty {
-                throw bindingError(passed: ticket.binds)
-            }
-            return try await agent.respond(to: prompt, settings: settings, onPartial: onPartial)
-        } catch {
-            advance()
-            throw error
-        }
-    }
-
-    /// Makes the staged turn of the call being served part of the history, and moves the line on.
-    public func commit(_ ticket: Ticket, _ staged: Agent.Staged) -> Agent.Outcome {
-        precondition(ticket.number == serving, "commit by a call that is not being served")
         defer { advance() }
+        if agent.history.isEmpty {
+            // As if the calls before it never happened: the thread starts with this call's binding.
+            if let start = ticket.start { agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools) }
+        } else if !ticket.binds.isEmpty {
+            throw bindingError(passed: ticket.binds)
+        }
+        let staged = try await agent.respond(to: prompt, settings: settings, onPartial: onPartial)
+        guard keep() else {
+            agent.discard(staged)
+            return nil
+        }
         return agent.commit(staged)
-    }
-
-    /// Forgets the staged turn of the call being served (it was stopped), and moves the line on.
-    public func discard(_ ticket: Ticket, _ staged: Agent.Staged) {
-        precondition(ticket.number == serving, "discard by a call that is not being served")
-        agent.discard(staged)
-        advance()
     }
 
     /// The refusal of `instructions`/`tools` for this thread, which has committed turns: it says
