@@ -62,7 +62,8 @@ let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPa
 if roots.paths.count < max(1, config.roots.count) { log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)") }
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
                               tools: ToolCatalogue.tools(roots: roots),
-                              toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots.adding(extra)) })
+                              toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots.adding(extra)) },
+                              fileRoots: roots)
 let server = PipeServer(registry: registry, backend: backend, log: log, send: writeFrame)
 server.ready()
 log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)")

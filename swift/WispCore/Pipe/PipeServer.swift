@@ -136,7 +136,8 @@ public final class PipeServer: Sendable {
         var failed = false
         do {
             // Always called, even when already cancelled: the ticket must be served for the line to move.
-            let o = try await acceptance.thread.respond(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial)
+            let files = r.files.flatMap { $0.isEmpty ? nil : FileRequest(paths: $0, roots: registry.fileRoots.adding(r.roots ?? [])) }
+            let o = try await acceptance.thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial)
             reply = encode(Reply.success(r.id, RespondResult(
                 thread_id: acceptance.thread.id, created: acceptance.created, text: o.text, condensed: o.condensed,
                 turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens)))

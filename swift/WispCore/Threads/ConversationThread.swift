@@ -51,11 +51,11 @@ public actor ConversationThread {
 
     /// Waits for `ticket`'s turn, then answers. A call cancelled while waiting leaves the line
     /// without running; a call cancelled while running leaves the history unchanged.
-    public func respond(_ ticket: Ticket, prompt: String, settings: GenerationSettings,
+    public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
                         onPartial: PartialHandler?) async throws -> Agent.Outcome {
         try await waitForTurn(ticket.number)
         defer { advance() }
-        return try await agent.respond(to: prompt, settings: settings, onPartial: onPartial)
+        return try await agent.respond(to: prompt, files: files, settings: settings, onPartial: onPartial)
     }
 
     private func waitForTurn(_ number: UInt64) async throws(WispError) {
