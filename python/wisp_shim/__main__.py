@@ -105,6 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
     ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
+    ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
     ap.add_argument("--echo-delay-ms", type=_at_least(0), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
@@ -141,6 +142,8 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
             args += [flag, str(value)]
     for root in ns.root or ():
         args += ["--root", root]
+    if ns.allow_hardlinks:
+        args.append("--allow-hardlinks")
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
     if not (math.isfinite(timeout) and timeout > 0):
         raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")

@@ -53,6 +53,8 @@ class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True)
     progress: bool | None = None
     # The MCP client's roots: model tools of a thread this call creates may read them too.
     roots: list[str] | None = None
+    # Text files the core reads under its roots (and `roots`) and gives the model with the prompt.
+    files: list[str] | None = None
 
 
 class CloseThread(msgspec.Struct, tag_field="op", tag="close_thread"):

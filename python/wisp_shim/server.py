@@ -101,6 +101,15 @@ def _respond_tool(max_threads: int) -> Tool:
                         + ". Read-only, confined to wisp's roots (--root, the client's roots, else the directory wisp started in)."
                     ),
                 },
+                "files": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": (
+                        "Paths of text files for the model to read with this prompt, read by wisp itself under its roots "
+                        "(--root, the client's roots); relative paths are taken from the first root. Their text never "
+                        "passes through you. Works on new and existing threads; the files join this turn."
+                    ),
+                },
                 "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE, "description": "Sampling temperature for this call; omit for the model's default."},
                 "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_TOKENS, "description": "Upper bound on the reply's length in tokens for this call."},
             },
@@ -229,7 +238,7 @@ def _check_unknown(args: dict[str, Any], allowed: tuple[str, ...]) -> None:
         raise ArgumentError(f"unknown argument(s) {named}{more}; this tool takes {', '.join(allowed) or 'no arguments'}.")
 
 
-_RESPOND_ARGS = ("prompt", "thread_id", "instructions", "tools", "temperature", "max_output_tokens")
+_RESPOND_ARGS = ("prompt", "thread_id", "instructions", "tools", "files", "temperature", "max_output_tokens")
 
 
 def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -242,6 +251,9 @@ def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
     tools = _opt(args, "tools", list, "a list of tool names")
     if tools is not None and not all(isinstance(t, str) for t in tools):
         raise ArgumentError("`tools` must be a list of tool names (strings).")
+    files = _opt(args, "files", list, "a list of file paths")
+    if files is not None and not all(isinstance(f, str) and f for f in files):
+        raise ArgumentError("`files` must be a list of file paths (non-empty strings).")
     temperature = _opt(args, "temperature", (int, float), f"a number from 0 to {MAX_TEMPERATURE}")  # type: ignore[arg-type]
     # Compared before any float(): a JSON integer of 400 digits is a valid Python int, and
     # converting it would overflow. NaN fails both comparisons.
@@ -255,6 +267,7 @@ def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
         "thread_id": _thread_id(args, required=False),
         "instructions": _opt(args, "instructions", str, "a string"),
         "tools": tools,
+        "files": files or None,
         "temperature": float(temperature) if temperature is not None else None,
         "max_output_tokens": max_tokens,
     }
@@ -271,7 +284,7 @@ def _respond_content(r: p.RespondResult, asked_for: str | None) -> str:
 
 
 async def _client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
-    """The client's file:// roots, for a call that binds tools; None when it offers none.
+    """The client's file:// roots, for a call that binds tools or attaches files; None when it offers none.
 
     Roots are deprecated in the 2026-07-28 protocol but still what Claude Code, Cursor and
     VS Code send; a client without them (or without a back-channel) simply gets wisp's own.
@@ -364,7 +377,7 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
             async def on_progress(tokens: int, text: str) -> None:
                 await ctx.session.report_progress(float(tokens), None, _progress_message(text))
 
-        roots = await _client_roots(ctx) if a["tools"] else None
+        roots = await _client_roots(ctx) if a["tools"] or a["files"] else None
         r = await core.respond(on_progress=on_progress, roots=roots, **a)
         structured = {
             "thread_id": r.thread_id,

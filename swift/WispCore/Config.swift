@@ -17,6 +17,8 @@ public struct CoreConfig: Sendable, Equatable {
     public var apiKey: String?
     /// Directories the model tools may read; default the working directory.
     public var roots: [String] = []
+    /// Whether model tools and `files` read regular files that have more than one hard link.
+    public var allowHardLinks = false
     public var maxFrameBytes = Frame.defaultMaxBytes
 
     public init() {}
@@ -31,6 +33,7 @@ public struct CoreConfig: Sendable, Equatable {
       --endpoint URL       OpenAI-compatible base URL               (WISP_ENDPOINT)
       --model NAME         model name for the openai backend        (WISP_MODEL)
       --root DIR           directory model tools may read; repeat   (WISP_ROOTS, ':'-separated)
+      --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
       --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
       API key: WISP_API_KEY (env only).
     """
@@ -73,6 +76,7 @@ public struct CoreConfig: Sendable, Equatable {
         if let roots = environment["WISP_ROOTS"], !roots.isEmpty {
             c.roots = roots.split(separator: ":").map(String.init)
         }
+        if let v = environment["WISP_ALLOW_HARDLINKS"], !v.isEmpty { c.allowHardLinks = !["0", "false", "no"].contains(v.lowercased()) }
         c.apiKey = environment["WISP_API_KEY"].flatMap { $0.isEmpty ? nil : $0 }
 
         var rootsFromFlags: [String] = []
@@ -81,6 +85,8 @@ public struct CoreConfig: Sendable, Equatable {
             var arg = arguments[i]
             guard arg.hasPrefix("--") else { throw WispError(.invalidArgument, "unexpected argument '\(arg)'") }
             arg.removeFirst(2)
+            // The one flag without a value.
+            if arg == "allow-hardlinks" { c.allowHardLinks = true; i += 1; continue }
             let key: String
             let value: String
             if let eq = arg.firstIndex(of: "=") {

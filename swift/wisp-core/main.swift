@@ -59,11 +59,12 @@ let stdoutLock = Mutex(())
     }
 }
 
-let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots)
+let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots, allowHardLinks: config.allowHardLinks)
 if roots.paths.count < max(1, config.roots.count) { log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)") }
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
                               tools: ToolCatalogue.tools(roots: roots),
-                              toolsWithRoots: { extra in ToolCatalogue.tools(roots: Roots(roots.paths + extra)) })
+                              toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots.adding(extra)) },
+                              fileRoots: roots)
 let server = PipeServer(registry: registry, backend: backend, log: log, send: writeFrame)
 server.ready()
 log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)")

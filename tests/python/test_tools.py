@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 
 import pytest
 
@@ -26,6 +28,8 @@ def workspace(tmp_path):
     os.mkfifo(root / "fifo")
     (root / "huge.txt").write_bytes(b"x" * 3_000_000)
     (root / "bin.dat").write_bytes(b"\x7fELF\x00\x01\x02")
+    (tmp_path / "linked.txt").write_text("linked secret\n")
+    os.link(tmp_path / "linked.txt", root / "hardlink")
     return root
 
 
@@ -41,7 +45,8 @@ ESCAPES = [
     ("absolute outside", {"path": "/etc/passwd"}, "outside the readable roots"),
     ("symlink pointing out", {"path": "escape"}, "outside the readable roots"),
     ("symlink loop", {"path": "loop1"}, "no such file"),
-    ("proc self", {"path": "/proc/self/environ"}, "outside the readable roots"),
+    ("hard link to an outside file", {"path": "hardlink"}, "hard links"),
+    *([("proc self", {"path": "/proc/self/environ"}, "outside the readable roots")] if sys.platform.startswith("linux") else []),
     ("fifo", {"path": "fifo"}, "not a regular file"),
     ("dev zero", {"path": "/dev/zero"}, "outside the readable roots"),
     ("nul byte", {"path": "a.txt\u0000.png"}, "NUL byte"),
@@ -79,7 +84,10 @@ async def test_only_tools_bound_at_creation_can_be_called(workspace):
         assert text == "echo 2: tool search_text failed: tool 'search_text' is not bound to this thread; bound: read_file"
         ok(await client.call_tool("respond", {"prompt": "hi", "thread_id": "s", "tools": ["search_text"]}))
         found = await tool(client, "s", "search_text", {"pattern": "needle"})
-        assert sorted(found.split(" -> ", 1)[1].split("\n")) == ["a.txt:3: needle here", "sub/b.txt:1: deep needle"]
+        lines = found.split(" -> ", 1)[1].split("\n")
+        assert sorted(lines[:-1]) == ["a.txt:3: needle here", "sub/b.txt:1: deep needle"]
+        # The hard link is skipped, and the answer says so and how to allow it.
+        assert lines[-1].startswith("[1 hard-linked") and "--allow-hardlinks" in lines[-1]
 
 
 async def test_unknown_tool_at_creation_lists_the_valid_names(workspace):
@@ -141,3 +149,27 @@ async def test_a_thread_with_tools_may_read_the_clients_roots(workspace, tmp_pat
     async with wisp("--root", str(workspace)) as client:
         ok(await client.call_tool("respond", {"prompt": "hi", "thread_id": "t", "tools": ["read_file"]}))
         assert "outside the readable roots" in await tool(client, "t", "read_file", {"path": str(offered / "notes.txt")})
+
+
+async def test_hard_links_are_read_only_with_allow_hardlinks(workspace):
+    async with wisp("--root", str(workspace)) as client:
+        ok(await client.call_tool("respond", {"prompt": "hi", "thread_id": "t", "tools": ["read_file"]}))
+        refused = await tool(client, "t", "read_file", {"path": "hardlink"})
+        assert "has 2 hard links" in refused and "--allow-hardlinks" in refused and "WISP_ALLOW_HARDLINKS=1" in refused
+    async with wisp("--root", str(workspace), "--allow-hardlinks") as client:
+        ok(await client.call_tool("respond", {"prompt": "hi", "thread_id": "t", "tools": ["read_file"]}))
+        assert await tool(client, "t", "read_file", {"path": "hardlink"}) == "echo 2: tool read_file -> linked secret\n"
+
+
+async def test_a_catastrophic_regex_answers_fast_and_unsupported_syntax_is_named(tmp_path):
+    (tmp_path / "bomb.txt").write_text("a" * 100_000 + "b\n")
+    async with wisp("--root", str(tmp_path)) as client:
+        ok(await client.call_tool("respond", {"prompt": "hi", "thread_id": "t", "tools": ["search_text"]}))
+        start = time.monotonic()
+        text = await tool(client, "t", "search_text", {"pattern": "(a+)+$", "regex": True})
+        elapsed = time.monotonic() - start
+        print(f"search_text (a+)+$ over a 100 KB line, end to end: {elapsed:.3f} s")
+        assert text == "echo 2: tool search_text -> no matches"
+        assert elapsed < 1.0
+        text = await tool(client, "t", "search_text", {"pattern": "(a)\\1", "regex": True})
+        assert text.startswith("echo 3: tool search_text failed: regex: backreference \\1 is not supported"), text

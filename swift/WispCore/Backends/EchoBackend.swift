@@ -41,12 +41,20 @@ final class EchoSession: ModelSession {
 
     nonisolated(nonsending)
     func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+        try await respond(to: ModelPrompt(text: prompt), settings: settings, onPartial: onPartial)
+    }
+
+    /// Directives are read from the caller's prompt; attached files are listed after the reply
+    /// (`file F: first line`) and count towards the context as part of the turn's prompt.
+    nonisolated(nonsending)
+    func respond(to message: ModelPrompt, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
         let n = turns.count + 1
         var sleepMs = 0
         var exchanges: [ToolExchange] = []
-        var body = prompt
+        let prompt = message.rendered
+        var body = message.text
 
-        switch try EchoDirective(prompt) {
+        switch try EchoDirective(message.text) {
         case .none:
             break
         case .crash:
@@ -62,7 +70,11 @@ final class EchoSession: ModelSession {
             body = exchange.failed ? "tool \(name) failed: \(exchange.output)" : "tool \(name) -> \(exchange.output)"
         }
 
-        let text = "echo \(n): \(body)"
+        var text = "echo \(n): \(body)"
+        for file in message.files {
+            let first = file.text.split(separator: "\n", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+            text += "\nfile \(file.path): \(first.hasSuffix("\r") ? first.dropLast() : first)"
+        }
         var used = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + estimatedTokens(text)
         for t in turns { used += t.tokens }
         for e in exchanges { used += estimatedTokens(e.name) + estimatedTokens(e.arguments) + estimatedTokens(e.output) }

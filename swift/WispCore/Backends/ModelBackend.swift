@@ -89,6 +89,11 @@ public protocol ModelSession: AnyObject {
     nonisolated(nonsending)
     func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation
 
+    /// A prompt with attached files. Default: the rendered text, as any other prompt (the echo
+    /// backend answers from its parts, as its contract says).
+    nonisolated(nonsending)
+    func respond(to prompt: ModelPrompt, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation
+
     /// Warm the model after a rebuild, where the backend can. Default: nothing.
     nonisolated(nonsending)
     func prewarm() async
@@ -96,4 +101,9 @@ public protocol ModelSession: AnyObject {
 
 extension ModelSession {
     public nonisolated(nonsending) func prewarm() async {}
+
+    public nonisolated(nonsending)
+    func respond(to prompt: ModelPrompt, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+        try await respond(to: prompt.rendered, settings: settings, onPartial: onPartial)
+    }
 }

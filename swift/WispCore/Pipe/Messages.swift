@@ -34,9 +34,12 @@ public struct Respond: Codable, Sendable, Equatable {
     /// Directories the MCP client offers (its roots): the model tools of a thread this call
     /// creates may read them as well as the core's own `--root`s.
     public var roots: [String]?
+    /// Paths of text files the core reads (under its roots and `roots`) and gives the model with the prompt.
+    public var files: [String]?
 
     public init(id: Int, prompt: String, thread_id: String? = nil, instructions: String? = nil,
-                tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil, roots: [String]? = nil) {
+                tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil, roots: [String]? = nil,
+                files: [String]? = nil) {
         self.id = id
         self.prompt = prompt
         self.thread_id = thread_id
@@ -45,6 +48,7 @@ public struct Respond: Codable, Sendable, Equatable {
         self.options = options
         self.progress = progress
         self.roots = roots
+        self.files = files
     }
 }
 

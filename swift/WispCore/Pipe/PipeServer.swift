@@ -165,7 +165,8 @@ public final class PipeServer: Sendable {
             // came first wins, even when the model answered anyway (a backend that ignored
             // cancellation, a core stopped past the deadline that resumed before the watchdog looked).
             let id = r.id
-            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, settings: settings, onPartial: onPartial) {
+            let files = r.files.flatMap { $0.isEmpty ? nil : FileRequest(paths: $0, roots: registry.fileRoots.adding(r.roots ?? [])) }
+            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
                 self.inFlight.withLock { calls in
                     guard var call = calls[id] else { return false }
                     if call.stop == nil, let deadline = call.deadline, deadline <= .now { call.stop = .timeout }

@@ -46,9 +46,14 @@ public final class Agent {
     /// Answers `prompt` in this conversation, staging the turn: the history is left exactly as
     /// it was until `commit`, which must come before any other call (the thread's gate sees to it).
     nonisolated(nonsending)
-    public func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Staged {
+    public func respond(to callerPrompt: String, files: FileRequest? = nil, settings: GenerationSettings,
+                        onPartial: PartialHandler?) async throws -> Staged {
         if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
         let context = max(1, await backend.contextSize())
+        // Attached files become part of this turn's prompt: counted once, kept with the turn.
+        let message = ModelPrompt(text: callerPrompt, files: try files.map { try FileAttachments.read($0, context: context) } ?? [])
+        if !message.files.isEmpty { try await checkFilesFit(message, context: context, settings: settings) }
+        let prompt = message.rendered
         var kept = history[...]
         var dropped = 0
 
@@ -76,7 +81,9 @@ public final class Agent {
                 session = active
             }
             do {
-                let g = try await active.respond(to: prompt, settings: settings, onPartial: onPartial)
+                let g = try await (message.files.isEmpty
+                    ? active.respond(to: prompt, settings: settings, onPartial: onPartial)
+                    : active.respond(to: message, settings: settings, onPartial: onPartial))
                 let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text,
                                 tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g))
                 return Staged(turn: turn, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens)
@@ -122,6 +129,26 @@ public final class Agent {
     /// Forgets a staged turn. The live session heard it, so it goes too, rebuilt from the history next time.
     public func discard(_ staged: Staged) {
         session = nil
+    }
+
+    /// Refuses, before the model is called, files that cannot fit even with every earlier turn
+    /// dropped, naming each with its size in tokens.
+    nonisolated(nonsending)
+    private func checkFilesFit(_ message: ModelPrompt, context: Int, settings: GenerationSettings) async throws {
+        var sizes: [(String, Int)] = []
+        for file in message.files {
+            sizes.append((file.path, try await backend.tokenCount(file.block) ?? estimatedTokens(file.block)))
+        }
+        let own = try await countInstructions() + (try await backend.tokenCount(message.text) ?? estimatedTokens(message.text))
+        let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
+        let total = own + reserve + sizes.reduce(0) { $0 + $1.1 }
+        guard total > context else { return }
+        let each = sizes.map { "\($0.0) (\($0.1) tokens)" }.joined(separator: ", ")
+        throw WispError(.contextOverflow, """
+            files: the attached files do not fit in the model's \(context)-token context even with every earlier \
+            turn of this thread dropped: \(each), beside \(own) tokens of prompt and instructions and \(reserve) kept \
+            for the reply. Attach fewer or smaller files.
+            """)
     }
 
     /// How many of the oldest turns to drop after the model reported an overflow: the first

@@ -69,17 +69,17 @@ public actor ConversationThread {
     }
 
     /// Waits for `ticket`'s turn, then answers and commits the turn.
-    public func respond(_ ticket: Ticket, prompt: String, settings: GenerationSettings,
+    public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
                         onPartial: PartialHandler?) async throws -> Agent.Outcome {
         // `keep` always says yes, so there is always an outcome.
-        try await respond(ticket, prompt: prompt, settings: settings, onPartial: onPartial, keep: { true })!
+        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: { true })!
     }
 
     /// Waits for `ticket`'s turn, then answers; the turn is committed only if `keep()`, asked once
     /// the model has answered and before anything else runs on this thread, says so. Nil when it
     /// did not (the call was stopped): the history is then exactly as it was. A call cancelled
     /// while waiting leaves the line without running; one that fails leaves the history unchanged.
-    public func respond(_ ticket: Ticket, prompt: String, settings: GenerationSettings,
+    public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
                         onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Agent.Outcome? {
         try await waitForTurn(ticket.number)
         defer { advance() }
@@ -89,7 +89,7 @@ public actor ConversationThread {
         } else if !ticket.binds.isEmpty {
             throw bindingError(passed: ticket.binds)
         }
-        let staged = try await agent.respond(to: prompt, settings: settings, onPartial: onPartial)
+        let staged = try await agent.respond(to: prompt, files: files, settings: settings, onPartial: onPartial)
         guard keep() else {
             agent.discard(staged)
             return nil

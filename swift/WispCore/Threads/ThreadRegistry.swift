@@ -43,12 +43,15 @@ public actor ThreadRegistry {
     private let catalogue: [String: ModelTool]
     /// The catalogue again, confined to the default roots plus the given ones (a client's roots).
     private let catalogueWithRoots: (@Sendable ([String]) -> [ModelTool])?
+    /// Where `respond`'s `files` may come from (with the calling client's roots added).
+    public nonisolated let fileRoots: Roots
     private var entries: [String: Entry] = [:]
     private var clock: UInt64 = 0
 
     public init(backend: any ModelBackend, capacity: Int = 32, maxQueue: Int = 16, tools: [ModelTool] = [],
-                toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil) {
+                toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([])) {
         self.catalogueWithRoots = toolsWithRoots
+        self.fileRoots = fileRoots
         self.backend = backend
         self.capacity = max(1, capacity)
         self.maxQueue = max(0, maxQueue)

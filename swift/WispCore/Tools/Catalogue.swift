@@ -47,13 +47,12 @@ public enum ToolCatalogue {
 
     static func readFile(roots: Roots, path: String, start: Int?, end: Int?, limits: Limits) throws(WispError) -> String {
         if let n = start ?? end, n < 1 { throw WispError(.invalidArgument, "line numbers start at 1") }
-        let real = try roots.resolve(path)
-        let fd = try openRegularFile(real, shown: path)
-        defer { close(fd) }
+        let file = try roots.open(path)
+        guard !file.isDirectory else { throw WispError(.invalidArgument, "\(path) is a directory; use list_directory") }
         // Read what a capped answer can use, and one byte more to know whether there was more.
         let wantsRange = start != nil || end != nil
         let budget = wantsRange ? limits.maxScanBytes : limits.maxOutputBytes * 4
-        let (data, complete) = readUpTo(fd, budget)
+        let (data, complete) = file.read(upTo: budget)
         guard let text = String(validating: data, as: UTF8.self), !data.contains(0) else {
             throw WispError(.invalidArgument, "\(path) is a binary file; read_file shows text only")
         }
@@ -86,21 +85,13 @@ public enum ToolCatalogue {
     // MARK: list_directory
 
     static func listDirectory(roots: Roots, path: String, limits: Limits) throws(WispError) -> String {
-        let real = try roots.resolve(path)
-        guard Roots.isDirectory(real) else { throw WispError(.invalidArgument, "\(path) is not a directory") }
-        let names: [String]
-        do {
-            names = try FileManager.default.contentsOfDirectory(atPath: real).sorted()
-        } catch {
-            throw WispError(.invalidArgument, "\(path): cannot list (\(error.localizedDescription))")
-        }
+        let dir = try roots.open(path)
+        guard dir.isDirectory else { throw WispError(.invalidArgument, "\(path) is not a directory") }
+        let names = dir.entries().sorted()
         var lines: [String] = []
         for name in names.prefix(limits.maxEntries) {
-            var s = stat()
-            let full = real == "/" ? "/" + name : real + "/" + name
-            let isDir = lstat(full, &s) == 0 && (s.st_mode & S_IFMT) == S_IFDIR
-            let isLink = (s.st_mode & S_IFMT) == S_IFLNK
-            lines.append(name + (isDir ? "/" : isLink ? "@" : ""))
+            let kind = dir.kind(of: name)
+            lines.append(name + (kind == S_IFDIR ? "/" : kind == S_IFLNK ? "@" : ""))
         }
         if names.count > limits.maxEntries { lines.append("[\(names.count - limits.maxEntries) more entries not shown]") }
         if names.isEmpty { return "(empty directory)" }
@@ -109,100 +100,61 @@ public enum ToolCatalogue {
 
     // MARK: search_text
 
+    /// Directories search_text descends below its start (each level holds one descriptor).
+    static let maxSearchDepth = 64
+
     static func searchText(roots: Roots, pattern: String, path: String, regex: Bool, limits: Limits) throws(WispError) -> String {
         guard !pattern.isEmpty else { throw WispError(.invalidArgument, "pattern is empty") }
-        let matcher: (Substring) -> Bool
+        let deadline = ContinuousClock.now + .milliseconds(Int(limits.maxScanSeconds * 1000))
+        let matcher: (Substring) -> Bool?
         if regex {
-            let re: NSRegularExpression
-            do { re = try NSRegularExpression(pattern: pattern) } catch {
-                throw WispError(.invalidArgument, "pattern is not a valid regular expression")
-            }
-            matcher = { line in
-                let s = String(line)
-                return re.firstMatch(in: s, range: NSRange(s.startIndex..., in: s)) != nil
-            }
+            let re = try LinearRegex(pattern)
+            matcher = { re.matches($0, deadline: deadline) }
         } else {
             matcher = { $0.contains(pattern) }
         }
-        let real = try roots.resolve(path)
-        let deadline = ContinuousClock.now + .milliseconds(Int(limits.maxScanSeconds * 1000))
+        let start = try roots.open(path)
         var scanned = 0
         var results: [String] = []
         var stoppedBy: String?
+        var hardLinked = 0
+        let timeLimit = "time limit \(limits.maxScanSeconds) s"
 
-        func scanFile(_ file: String) {
-            guard let fd = try? openRegularFile(file, shown: file) else { return }
-            defer { close(fd) }
-            let (data, _) = readUpTo(fd, min(limits.maxScanBytes - scanned, 4 * 1024 * 1024))
+        func scan(_ file: Roots.Opened) {
+            let (data, _) = file.read(upTo: min(limits.maxScanBytes - scanned, 4 * 1024 * 1024))
             scanned += data.count
             guard !data.prefix(8192).contains(0), let text = String(validating: data, as: UTF8.self) else { return }
-            for (n, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() where matcher(line) {
+            for (n, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+                // The clock is read per line (and inside the regex matcher per 1,024 scalars), so
+                // one huge file cannot hold the call past its time limit.
+                if n & 63 == 63, ContinuousClock.now > deadline { stoppedBy = timeLimit; return }
+                guard let hit = matcher(line) else { stoppedBy = timeLimit; return }
+                guard hit else { continue }
                 if results.count >= limits.maxMatches { stoppedBy = "match limit \(limits.maxMatches)"; return }
                 let shown = line.count > 200 ? line.prefix(200) + "…" : line
-                results.append("\(roots.display(file)):\(n + 1): \(shown)")
+                results.append("\(roots.display(file.real)):\(n + 1): \(shown)")
             }
         }
 
-        if Roots.isDirectory(real) {
-            var stack = [real]
-            walk: while let dir = stack.popLast() {
-                guard let names = try? FileManager.default.contentsOfDirectory(atPath: dir).sorted(by: >) else { continue }
-                for name in names where !name.hasPrefix(".") {
-                    if stoppedBy != nil { break walk }
-                    if ContinuousClock.now > deadline { stoppedBy = "time limit \(limits.maxScanSeconds) s"; break walk }
-                    if scanned >= limits.maxScanBytes { stoppedBy = "scan limit \(limits.maxScanBytes) bytes"; break walk }
-                    let full = dir + "/" + name
-                    var s = stat()
-                    // Symlinks are not followed while walking: one could lead out of the roots or round in a loop.
-                    guard lstat(full, &s) == 0 else { continue }
-                    switch s.st_mode & S_IFMT {
-                    case S_IFDIR: stack.append(full)
-                    case S_IFREG: scanFile(full)
-                    default: continue
-                    }
-                }
+        // Descends by descriptor, never by name: what is scanned is inside the directory that was
+        // opened, however the names under it are swapped meanwhile. Symlinks are not followed.
+        func walk(_ dir: Roots.Opened, depth: Int) {
+            for name in dir.entries().sorted() where !name.hasPrefix(".") {
+                if stoppedBy != nil { return }
+                if ContinuousClock.now > deadline { stoppedBy = timeLimit; return }
+                if scanned >= limits.maxScanBytes { stoppedBy = "scan limit \(limits.maxScanBytes) bytes"; return }
+                let child: Roots.Opened?
+                do { child = try roots.openChild(dir, name) } catch { hardLinked += 1; continue }
+                guard let child else { continue }
+                if !child.isDirectory { scan(child) } else if depth < maxSearchDepth { walk(child, depth: depth + 1) }
             }
-        } else {
-            scanFile(real)
         }
+
+        if start.isDirectory { walk(start, depth: 0) } else { scan(start) }
         var out = results.isEmpty ? "no matches" : results.joined(separator: "\n")
+        if hardLinked > 0 { out += "\n[\(hardLinked) hard-linked or changing files skipped; wisp reads hard-linked files only with --allow-hardlinks]" }
         if let stoppedBy { out += "\n[search stopped at the \(stoppedBy); narrow the path or pattern]" }
         return out
-    }
-
-    // MARK: files
-
-    /// Opens a regular file for reading without ever blocking: devices, FIFOs and sockets are
-    /// refused from `stat` before any open, and the open itself is non-blocking and re-checked.
-    static func openRegularFile(_ real: String, shown: String) throws(WispError) -> Int32 {
-        var s = stat()
-        guard stat(real, &s) == 0 else { throw WispError(.invalidArgument, "\(shown): cannot read") }
-        switch s.st_mode & S_IFMT {
-        case S_IFREG: break
-        case S_IFDIR: throw WispError(.invalidArgument, "\(shown) is a directory; use list_directory")
-        default: throw WispError(.invalidArgument, "\(shown) is not a regular file (device, FIFO or socket); refused")
-        }
-        let fd = open(real, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
-        guard fd >= 0 else { throw WispError(.invalidArgument, "\(shown): cannot open (\(String(cString: strerror(errno))))") }
-        var f = stat()
-        guard fstat(fd, &f) == 0, (f.st_mode & S_IFMT) == S_IFREG else {
-            close(fd)
-            throw WispError(.invalidArgument, "\(shown) is not a regular file; refused")
-        }
-        return fd
-    }
-
-    /// Up to `limit` bytes, and whether that was the whole file.
-    static func readUpTo(_ fd: Int32, _ limit: Int) -> ([UInt8], Bool) {
-        var data = [UInt8]()
-        var chunk = [UInt8](repeating: 0, count: 64 * 1024)
-        while data.count <= limit {
-            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            if n <= 0 { return (data, true) }
-            data.append(contentsOf: chunk[0..<n])
-        }
-        return (Array(data.prefix(limit)), false)
     }
 }
 

@@ -4,6 +4,8 @@ import Testing
 
 #if canImport(Glibc)
 import Glibc
+#elseif canImport(Darwin)
+import Darwin
 #endif
 
 /// A scratch workspace with an outside neighbour to escape to.
@@ -26,39 +28,53 @@ struct Workspace {
         mkfifo(root + "/fifo", 0o600)
         try Data([0x7F, 0x45, 0x4C, 0x46, 0, 1, 2, 0]).write(to: URL(fileURLWithPath: root + "/binary.bin"))
         try Data(repeating: UInt8(ascii: "x"), count: 3_000_000).write(to: URL(fileURLWithPath: root + "/huge.txt"))
+        // A second name, inside the root, for a file outside it.
+        try "linked secret\n".write(toFile: base + "/linked.txt", atomically: true, encoding: .utf8)
+        try fm.linkItem(atPath: base + "/linked.txt", toPath: root + "/sub/hardlink")
     }
 
-    func tool(_ name: String) -> ModelTool {
-        ToolCatalogue.tools(roots: Roots([root])).first { $0.name == name }!
+    /// The base directory's own name, for a `..` chain that climbs out and back into it.
+    var baseName: String { (base as NSString).lastPathComponent }
+
+    func tool(_ name: String, allowHardLinks: Bool = false) -> ModelTool {
+        ToolCatalogue.tools(roots: Roots([root], allowHardLinks: allowHardLinks)).first { $0.name == name }!
     }
 
     func remove() { try? FileManager.default.removeItem(atPath: base) }
 }
 
 @Suite(.serialized) struct ModelTools {
-    static let escapes: [(String, String, String)] = [
-        ("dotdot chain", #"{"path": "../outside.txt"}"#, "outside the readable roots"),
-        ("long dotdot chain", #"{"path": "sub/../../../../../../etc/passwd"}"#, "outside the readable roots"),
-        ("absolute outside", #"{"path": "/etc/passwd"}"#, "outside the readable roots"),
-        ("symlink pointing out", #"{"path": "escape"}"#, "outside the readable roots"),
-        ("symlink loop", #"{"path": "loop1"}"#, "no such file"),
-        ("proc self", #"{"path": "/proc/self/environ"}"#, "outside the readable roots"),
-        ("dev zero", #"{"path": "/dev/zero"}"#, "outside the readable roots"),
-        ("fifo", #"{"path": "fifo"}"#, "not a regular file"),
-        ("nul byte", #"{"path": "a.txt\u0000.png"}"#, "NUL"),
-        ("directory", #"{"path": "sub"}"#, "is a directory"),
-        ("binary", #"{"path": "binary.bin"}"#, "binary"),
-        ("missing", #"{"path": "nope.txt"}"#, "no such file"),
-        ("not an object", #"["a.txt"]"#, "JSON object"),
-        ("wrong type", #"{"path": 7}"#, "must be a string"),
-        ("bool for a line", #"{"path": "a.txt", "start_line": true}"#, "must be a whole number"),
-    ]
+    /// Every path here is one the workspace made, so the table means the same on Linux and macOS.
+    static func escapes(_ ws: Workspace) -> [(String, String, String)] {
+        var table: [(String, String, String)] = [
+            ("dotdot chain", #"{"path": "../outside.txt"}"#, "outside the readable roots"),
+            ("long dotdot chain", #"{"path": "sub/../../../\#(ws.baseName)/root/sub/../../outside.txt"}"#, "outside the readable roots"),
+            ("absolute outside", #"{"path": "\#(ws.base)/outside.txt"}"#, "outside the readable roots"),
+            ("symlink pointing out", #"{"path": "escape"}"#, "outside the readable roots"),
+            ("hard link to an outside file", #"{"path": "sub/hardlink"}"#, "--allow-hardlinks"),
+            ("symlink loop", #"{"path": "loop1"}"#, "no such file"),
+            ("dev zero", #"{"path": "/dev/zero"}"#, "outside the readable roots"),
+            ("fifo", #"{"path": "fifo"}"#, "not a regular file"),
+            ("nul byte", #"{"path": "a.txt\u0000.png"}"#, "NUL"),
+            ("directory", #"{"path": "sub"}"#, "is a directory"),
+            ("binary", #"{"path": "binary.bin"}"#, "binary"),
+            ("missing", #"{"path": "nope.txt"}"#, "no such file"),
+            ("not an object", #"["a.txt"]"#, "JSON object"),
+            ("wrong type", #"{"path": 7}"#, "must be a string"),
+            ("bool for a line", #"{"path": "a.txt", "start_line": true}"#, "must be a whole number"),
+        ]
+        #if os(Linux)
+        table.append(("proc self", #"{"path": "/proc/self/environ"}"#, "outside the readable roots"))
+        table.append(("proc root link", #"{"path": "/proc/self/root/etc/passwd"}"#, "outside the readable roots"))
+        #endif
+        return table
+    }
 
     @Test func escapesAreRefusedWithClearMessages() async throws {
         let ws = try Workspace()
         defer { ws.remove() }
         let read = ws.tool("read_file")
-        for (name, arguments, message) in Self.escapes {
+        for (name, arguments, message) in Self.escapes(ws) {
             let clock = ContinuousClock()
             let start = clock.now
             do {
@@ -70,6 +86,15 @@ struct Workspace {
             }
             #expect(seconds(clock.now - start) < 1, "\(name) must not block")
         }
+    }
+
+    @Test func hardLinksAreReadOnlyWhenAllowed() async throws {
+        let ws = try Workspace()
+        defer { ws.remove() }
+        #expect(try await ws.tool("read_file", allowHardLinks: true).call(#"{"path": "sub/hardlink"}"#) == "linked secret\n")
+        let refused = try await ws.tool("search_text").call(#"{"pattern": "secret", "path": "sub"}"#)
+        #expect(refused.hasPrefix("no matches") && refused.contains("1 hard-linked"))
+        #expect(try await ws.tool("search_text", allowHardLinks: true).call(#"{"pattern": "secret", "path": "sub"}"#) == "sub/hardlink:1: linked secret")
     }
 
     @Test func devicesInsideARootAreRefusedWithoutBlocking() async throws {
@@ -100,10 +125,10 @@ struct Workspace {
         await #expect(throws: WispError.self) { try await ws.tool("list_directory").call(#"{"path": ".."}"#) }
         let search = ws.tool("search_text")
         let found = try await search.call(#"{"pattern": "needle"}"#)
-        #expect(found.split(separator: "\n").sorted() == ["a.txt:3: needle here", "sub/b.txt:1: deep needle"])
-        // Symlinks are not followed while walking, so the escape link is never read.
-        #expect(try await search.call(#"{"pattern": "secret"}"#) == "no matches")
-        #expect(try await search.call(#"{"pattern": "ne+dle h", "regex": true}"#) == "a.txt:3: needle here")
+        #expect(found.split(separator: "\n").filter { !$0.contains("hard-linked") }.sorted() == ["a.txt:3: needle here", "sub/b.txt:1: deep needle"])
+        // Symlinks are not followed while walking, so the escape link is never read (nor the hard link).
+        #expect(try await search.call(#"{"pattern": "secret"}"#).hasPrefix("no matches"))
+        #expect(try await search.call(#"{"pattern": "ne+dle h", "regex": true, "path": "a.txt"}"#) == "a.txt:3: needle here")
         await #expect(throws: WispError.self) { try await search.call(#"{"pattern": "(", "regex": true}"#) }
         await #expect(throws: WispError.self) { try await search.call(#"{"pattern": "x", "path": "/etc"}"#) }
     }
