@@ -9,9 +9,9 @@ import Testing
         defer { try? FileManager.default.removeItem(atPath: base) }
         try ("header\n" + String(repeating: "l", count: 500) + "\n").write(toFile: base + "/log.txt", atomically: true, encoding: .utf8)
         let agent = Agent(backend: EchoBackend(contextSize: 512), instructions: nil, tools: [])
-        for _ in 0..<3 { _ = try await agent.respond(to: String(repeating: "p", count: 400), settings: .init(), onPartial: nil) }
+        for _ in 0..<3 { _ = agent.commit(try await agent.respond(to: String(repeating: "p", count: 400), settings: .init(), onPartial: nil)) }
         let files = FileRequest(paths: ["log.txt"], roots: Roots([base]))
-        let o = try await agent.respond(to: "summarise", files: files, settings: .init(), onPartial: nil)
+        let o = agent.commit(try await agent.respond(to: "summarise", files: files, settings: .init(), onPartial: nil))
         #expect(o.condensed)
         #expect(o.text == "echo \(o.turns): summarise\nfile log.txt: header")
         let turn = try #require(agent.history.last)
@@ -23,7 +23,7 @@ import Testing
 
     @Test func aRefusedFileLeavesTheHistoryAsItWas() async throws {
         let agent = Agent(backend: EchoBackend(), instructions: nil, tools: [])
-        _ = try await agent.respond(to: "hi", settings: .init(), onPartial: nil)
+        _ = agent.commit(try await agent.respond(to: "hi", settings: .init(), onPartial: nil))
         let files = FileRequest(paths: ["../nope"], roots: Roots([NSTemporaryDirectory()]))
         await #expect(throws: WispError.self) { try await agent.respond(to: "x", files: files, settings: .init(), onPartial: nil) }
         #expect(agent.history.count == 1)
