@@ -469,6 +469,7 @@ class Core:
         max_output_tokens: int | None = None,
         on_progress: Callable[[int, str], Awaitable[None]] | None = None,
         roots: list[str] | None = None,
+        schema: str | None = None,
     ) -> p.RespondResult:
         if thread_id is not None and thread_id in self.lost:
             del self.lost[thread_id]
@@ -485,6 +486,7 @@ class Core:
         msg = p.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
+            schema=schema,
         )
         payload = p.encode_payload(msg)
         if len(payload) > p.MAX_FRAME_BYTES:

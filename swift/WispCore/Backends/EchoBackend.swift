@@ -62,7 +62,8 @@ final class EchoSession: ModelSession {
             body = exchange.failed ? "tool \(name) failed: \(exchange.output)" : "tool \(name) -> \(exchange.output)"
         }
 
-        let text = "echo \(n): \(body)"
+        // With a schema, the reply is the value the contract builds from it (directives still act).
+        let text = settings.schema.map { $0.echoValue(n: n).jsonText } ?? "echo \(n): \(body)"
         var used = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + estimatedTokens(text)
         for t in turns { used += t.tokens }
         for e in exchanges { used += estimatedTokens(e.name) + estimatedTokens(e.arguments) + estimatedTokens(e.output) }

@@ -34,9 +34,14 @@ public struct Respond: Codable, Sendable, Equatable {
     /// Directories the MCP client offers (its roots): the model tools of a thread this call
     /// creates may read them as well as the core's own `--root`s.
     public var roots: [String]?
+    /// Structured output for this call: a JSON Schema as compact JSON text (text, not a JSON
+    /// value, so that the core keeps its key order; see OutputSchema.swift). The shim has
+    /// checked that it stays inside wisp's supported subset.
+    public var schema: String?
 
     public init(id: Int, prompt: String, thread_id: String? = nil, instructions: String? = nil,
-                tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil, roots: [String]? = nil) {
+                tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil, roots: [String]? = nil,
+                schema: String? = nil) {
         self.id = id
         self.prompt = prompt
         self.thread_id = thread_id
@@ -45,6 +50,7 @@ public struct Respond: Codable, Sendable, Equatable {
         self.options = options
         self.progress = progress
         self.roots = roots
+        self.schema = schema
     }
 }
 

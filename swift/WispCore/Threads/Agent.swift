@@ -64,6 +64,8 @@ public final class Agent {
             }
             do {
                 let g = try await active.respond(to: prompt, settings: settings, onPartial: onPartial)
+                // Before the turn is committed: a reply that misses the schema never joins the history.
+                try settings.schema?.check(g.text, maxOutputTokens: settings.maxOutputTokens)
                 let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text,
                                 tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g))
                 if dropped == 0 {
