@@ -149,7 +149,9 @@ final class AppleSession: ModelSession {
             if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
             // Guided output that cannot be decoded was cut off (maximumResponseTokens) or went astray.
             if settings.schema != nil, AppleBackend.isDecodingFailure(error) {
-                throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens)
+                if settings.maxOutputTokens != nil { throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens) }
+                throw WispError(.invalidOutput, OutputSchema.invalidOutputMessage(
+                    "Apple's model produced output that could not be decoded into the schema (\(error))", maxOutputTokens: nil))
             }
             throw AppleBackend.wispError(from: error)
         }
