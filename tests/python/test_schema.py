@@ -286,7 +286,7 @@ async def test_real_model_20_calls_all_validate():
                 started = time.monotonic()
                 for i in range(20):
                     s = ok(await c.call_tool("respond", {"prompt": REAL_PROMPTS[i % len(REAL_PROMPTS)], "schema": REAL_SCHEMA,
-                                                         "temperature": 0.7, "max_output_tokens": 96}))
+                                                         "temperature": 0.7, "max_output_tokens": 200}))
                     jsonschema.validate(s["output"], REAL_SCHEMA)
                     assert json.loads(s["text"]) == s["output"]
                 print(f"\n20 structured calls in {time.monotonic() - started:.1f} s")
