@@ -76,7 +76,9 @@ def check_schema(schema: Any) -> Checked:
     except MetaSchemaError as exc:
         raise SchemaError(f"`schema` is not valid JSON Schema: {exc.message} (at {_pointer(exc.path)}).") from None
     _check_node(schema, "#", 0, root=True)
-    return Checked(schema=schema, text=text, validator=cls(schema))
+    # Replies are checked with 2020-12 semantics whatever `$schema` says, as the core checks them
+    # (draft 4 alone would call 1.0 no integer): the subset's keywords mean the same in every draft.
+    return Checked(schema=schema, text=text, validator=jsonschema.Draft202012Validator(schema))
 
 
 def validate_output(checked: Checked, text: str) -> Any:

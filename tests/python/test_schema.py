@@ -6,7 +6,9 @@ server), and the real local model when it is installed."""
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -166,6 +168,17 @@ async def test_reply_that_misses_the_schema_is_invalid_output_and_leaves_history
         assert msg.startswith("invalid_output:"), msg
         s = ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "t2"}))
         assert s["text"] == "echo 2: again" and s["turns"] == 2
+
+
+async def test_shim_checks_the_reply_again(tmp_path):
+    # tests/python/fake_core.py knows nothing of schemas and replies "echo N: P": only the shim's
+    # own jsonschema check stands between that and the caller, and it says the turn was kept.
+    wrapper = tmp_path / "wisp-core"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).with_name("fake_core.py")}" "$@"\n')
+    wrapper.chmod(0o755)
+    async with wisp(core=str(wrapper)) as c:
+        msg = error_text(await c.call_tool("respond", {"prompt": "x", "thread_id": "t", "schema": {"type": "integer"}}))
+        assert msg.startswith("invalid_output:") and "not valid JSON" in msg and "in thread t's history" in msg, msg
 
 
 def openai(stub, *args: str):
