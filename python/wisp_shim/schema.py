@@ -158,6 +158,12 @@ def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
         lo, hi = node.get("minItems"), node.get("maxItems")
         if lo is not None and hi is not None and lo > hi:
             raise SchemaError(f"`minItems` ({lo}) is above `maxItems` ({hi}) at {path}.")
+    elif kind == "string" and "pattern" in node:
+        # llama-server's grammar compiler refuses any other pattern, and anchored, a pattern means
+        # the same whole-string match on every backend.
+        pattern = node["pattern"]
+        if not (len(pattern) >= 2 and pattern.startswith("^") and pattern.endswith("$")):
+            raise SchemaError(f"`pattern` at {path} must match the whole string: start it with ^ and end it with $ (e.g. ^[a-z_]+$).")
     elif kind in ("integer", "number"):
         lo, hi = node.get("minimum"), node.get("maximum")
         for name, bound in (("minimum", lo), ("maximum", hi)):

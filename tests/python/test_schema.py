@@ -131,6 +131,7 @@ BAD = [
     ({"enum": [True, False]}, "strings, numbers and null only"),
     ({"type": "string", "enum": ["a", 1]}, "not of the schema's type string"),
     ({"type": "string", "pattern": "("}, "is not a 'regex' (at #/pattern)"),
+    ({"type": "string", "pattern": "[0-9]+"}, "start it with ^ and end it with $"),
     ({"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 100} for i in range(200)}}, f"{MAX_SCHEMA_BYTES}-byte limit"),
 ]
 
