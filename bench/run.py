@@ -15,6 +15,8 @@ machine load. Sections (see README "Performance" for what each means):
               create/close cycles
   bytes       bytes a caller sends over a scripted 20-turn job: thread vs resending the history
   tokens      tokens/s through wisp vs straight to the same local llama-server (when installed)
+  schema      structured output on the local model: share of 20 calls with a schema whose value
+              validates, and call time with the schema / the same prompt without it (when installed)
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "rss_growth_10k_mb": (2, "max"),
     "caller_bytes_ratio": (0.15, "max"),
     "real_tokens_per_s_ratio": (0.95, "min"),
+    "schema_valid_rate": (1.0, "min"),
 }
 
 
@@ -370,7 +373,8 @@ def _direct_chat(endpoint: str, model: str, max_tokens: int) -> tuple[float, int
     return time.perf_counter() - t, tokens
 
 
-async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
+def _local_model() -> tuple[Path, Path] | str:
+    """The installed llama-server and GGUF, or why they are not there."""
     from wisp_shim import local_model
 
     try:
@@ -381,9 +385,18 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
     else:
         why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
     if binary is None or gguf is None:
-        reason = f"the local model is not installed ({why}; `make local-model` installs it)"
-        log(f"tokens: skipped: {reason}")
-        return {"real_tokens_per_s_ratio": None, "real_tokens_per_s_reason": reason}
+        return f"the local model is not installed ({why}; `make local-model` installs it)"
+    return binary, gguf
+
+
+async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
+    from wisp_shim import local_model
+
+    found = _local_model()
+    if isinstance(found, str):
+        log(f"tokens: skipped: {found}")
+        return {"real_tokens_per_s_ratio": None, "real_tokens_per_s_reason": found}
+    binary, gguf = found
 
     lm = local_model.LocalModel(binary=binary, model=gguf)
     await lm.ensure_running()
@@ -424,6 +437,93 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
         "real_tokens_per_s_direct": median([x["direct_tps"] for x in runs]),
         "real_tokens_model": f"{lm.alias} ({gguf.name}) on llama-server, {max_tokens} max tokens, temperature 0",
         "_runs": {"tokens": runs},
+    }
+
+
+# --- structured output --------------------------------------------------------------------
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "severity": {"type": "string", "enum": ["error", "warning", "note"]},
+        "line": {"type": "integer", "minimum": 1, "maximum": 10000},
+        "files": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+    },
+    "required": ["severity", "line", "files"],
+    "additionalProperties": False,
+}
+SCHEMA_PROMPTS = [
+    "main.c:12: error: 'x' undeclared. Classify this compiler message as JSON with severity, line and files.",
+    "util.h:40: warning: unused variable 'y'. Classify this compiler message as JSON with severity, line and files.",
+    "lib/io.c:7: note: declared here. Classify this compiler message as JSON with severity, line and files.",
+    "src/app.swift:88: error: cannot find 'foo' in scope. Classify this compiler message as JSON with severity, line and files.",
+]
+
+
+async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any]:
+    """Validity of constrained output over `calls` calls, and its cost: each schema call is paired
+    with the same prompt without the schema (order alternating), so both see the same load."""
+    import jsonschema
+
+    from wisp_shim import local_model
+
+    found = _local_model()
+    if isinstance(found, str):
+        log(f"schema: skipped: {found}")
+        return {"schema_valid_rate": None, "schema_latency_ratio": None, "schema_reason": found}
+    binary, gguf = found
+    lm = local_model.LocalModel(binary=binary, model=gguf)
+    await lm.ensure_running()
+    runs: list[dict[str, Any]] = []
+    try:
+        async with mcp_client(wisp_argv("--endpoint", lm.endpoint, "--model", lm.alias, backend="openai")) as wisp:
+
+            async def call(prompt: str, schema: dict | None) -> tuple[float, Any, int]:
+                args: dict[str, Any] = {"prompt": prompt, "temperature": 0.7, "max_output_tokens": max_tokens}
+                if schema is not None:
+                    args["schema"] = schema
+                t = time.perf_counter()
+                res = await wisp.call_tool("respond", args)
+                took = time.perf_counter() - t
+                if res.is_error:
+                    text = res.content[0].text if res.content else ""
+                    assert text.startswith("invalid_output:"), text  # anything else is a broken run
+                    return took, None, 0
+                sc = res.structured_content
+                await wisp.call_tool("close_thread", {"thread_id": sc["thread_id"]})
+                return took, sc.get("output", None) if schema is not None else sc["text"], int(sc.get("output_tokens") or 0)
+
+            await call(SCHEMA_PROMPTS[0], SCHEMA)  # warm: model pages, the schema's grammar path
+            await call(SCHEMA_PROMPTS[0], None)
+            for i in range(calls):
+                prompt = SCHEMA_PROMPTS[i % len(SCHEMA_PROMPTS)]
+                order = ((True, SCHEMA), (False, None)) if i % 2 == 0 else ((False, None), (True, SCHEMA))
+                run: dict[str, Any] = {}
+                for constrained, schema in order:
+                    took, value, tokens = await call(prompt, schema)
+                    key = "schema" if constrained else "plain"
+                    run[f"{key}_s"] = took
+                    run[f"{key}_tokens"] = tokens
+                    if constrained:
+                        valid = value is not None and jsonschema.Draft202012Validator(SCHEMA).is_valid(value)
+                        run["valid"] = valid
+                runs.append(run)
+                log(f"schema {i + 1}/{calls}: {'valid' if run['valid'] else 'INVALID'}, "
+                    f"{run['schema_s'] * 1000:.0f} ms ({run['schema_tokens']} tok) vs {run['plain_s'] * 1000:.0f} ms ({run['plain_tokens']} tok) without")
+    finally:
+        lm.stop()
+    return {
+        "schema_valid_rate": sum(r["valid"] for r in runs) / len(runs),
+        "schema_latency_ratio": median([r["schema_s"] for r in runs]) / median([r["plain_s"] for r in runs]),
+        "schema_ms_with": median([r["schema_s"] * 1000 for r in runs]),
+        "schema_ms_without": median([r["plain_s"] * 1000 for r in runs]),
+        "schema_tokens_with": median([r["schema_tokens"] for r in runs]),
+        "schema_tokens_without": median([r["plain_tokens"] for r in runs]),
+        # Prose without a schema usually runs longer than the JSON, so per token is the fairer cost.
+        "schema_ms_per_token_ratio": median([r["schema_s"] / max(r["schema_tokens"], 1) for r in runs])
+        / median([r["plain_s"] / max(r["plain_tokens"], 1) for r in runs]),
+        "schema_model": f"{lm.alias} ({gguf.name}) on llama-server, {calls} calls, {max_tokens} max tokens, temperature 0.7",
+        "_runs": {"schema": runs},
     }
 
 
@@ -477,6 +577,8 @@ ROWS = [
     ("rss_growth_10k_mb", "RSS growth over 10,000 create/close (MB)", "{:.2f}"),
     ("caller_bytes_ratio", "caller bytes, thread / resend history", "{:.3f}"),
     ("real_tokens_per_s_ratio", "tokens/s through wisp / direct", "{:.3f}"),
+    ("schema_valid_rate", "schema calls whose value validates", "{:.2f}"),
+    ("schema_latency_ratio", "call time with a schema / without", "{:.2f}"),
 ]
 
 
@@ -506,10 +608,12 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"{label:<44} {shown:>17} {target:>8}  {verdict(key, v)}")
     if res.get("real_tokens_per_s_ratio") is None and res.get("real_tokens_per_s_reason"):
         lines.append(f"  (tokens/s: {res['real_tokens_per_s_reason']})")
+    if res.get("schema_valid_rate") is None and res.get("schema_reason"):
+        lines.append(f"  (schema: {res['schema_reason']})")
     return "\n".join(lines)
 
 
-SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens")
+SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "schema")
 
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
@@ -522,6 +626,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "memory": lambda: memory(repeats=1 if q else 3, cycles=1000 if q else 10_000, growth_repeats=1 if q else 3),
         "bytes": caller_bytes,
         "tokens": lambda: real_tokens(repeats=2 if q else 6),
+        "schema": lambda: schema_output(calls=4 if q else 20),
     }
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}

@@ -578,6 +578,7 @@ class Core:
         on_progress: Callable[[int, str], Awaitable[None]] | None = None,
         roots: list[str] | None = None,
         files: list[str] | None = None,
+        schema: str | None = None,
     ) -> p.RespondResult:
         if thread_id is not None and thread_id in self.lost:
             del self.lost[thread_id]
@@ -596,6 +597,7 @@ class Core:
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
             files=files or None,
+            schema=schema,
         )
         payload = p.encode_payload(msg)
         if len(payload) > p.MAX_FRAME_BYTES:

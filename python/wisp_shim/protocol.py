@@ -23,6 +23,7 @@ ERROR_CODES = frozenset(
         "context_overflow",
         "model_unavailable",
         "generation_failed",
+        "invalid_output",
         "cancelled",
         "timeout",
         "busy",
@@ -55,6 +56,9 @@ class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True)
     roots: list[str] | None = None
     # Text files the core reads under its roots (and `roots`) and gives the model with the prompt.
     files: list[str] | None = None
+    # Structured output: the call's JSON Schema as compact JSON text (text keeps its key order
+    # through Swift's decoder), already checked against wisp's supported subset (schema.py).
+    schema: str | None = None
 
 
 class CloseThread(msgspec.Struct, tag_field="op", tag="close_thread"):

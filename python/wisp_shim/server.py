@@ -29,6 +29,7 @@ from mcp.types import (
 
 from . import __version__
 from . import protocol as p
+from . import schema as output_schema
 from .core import Core, ShimError
 
 log = logging.getLogger("wisp.server")
@@ -112,6 +113,15 @@ def _respond_tool(max_threads: int) -> Tool:
                 },
                 "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE, "description": "Sampling temperature for this call; omit for the model's default."},
                 "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_TOKENS, "description": "Upper bound on the reply's length in tokens for this call."},
+                "schema": {
+                    "type": "object",
+                    "description": (
+                        "A JSON Schema for this call's reply: the model can only produce JSON matching it, returned "
+                        "parsed as `output` (and as JSON text in `text`). Supported: " + output_schema.SUPPORTED + ". "
+                        "Anything else is refused. A reply that does not match (e.g. cut off by max_output_tokens) is an "
+                        "invalid_output error and is not added to the thread."
+                    ),
+                },
             },
             "required": ["prompt"],
             "additionalProperties": False,
@@ -127,6 +137,7 @@ def _respond_tool(max_threads: int) -> Tool:
                 "dropped": {"type": "integer", "description": "Turns dropped by condensing during this call."},
                 "prompt_tokens": {"type": "integer"},
                 "output_tokens": {"type": "integer"},
+                "output": {"description": "With `schema`: the reply as a JSON value that matches it."},
             },
             "required": ["thread_id", "created", "text", "condensed", "turns", "dropped"],
         },
@@ -238,7 +249,7 @@ def _check_unknown(args: dict[str, Any], allowed: tuple[str, ...]) -> None:
         raise ArgumentError(f"unknown argument(s) {named}{more}; this tool takes {', '.join(allowed) or 'no arguments'}.")
 
 
-_RESPOND_ARGS = ("prompt", "thread_id", "instructions", "tools", "files", "temperature", "max_output_tokens")
+_RESPOND_ARGS = ("prompt", "thread_id", "instructions", "tools", "files", "temperature", "max_output_tokens", "schema")
 
 
 def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -270,7 +281,31 @@ def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
         "files": files or None,
         "temperature": float(temperature) if temperature is not None else None,
         "max_output_tokens": max_tokens,
+        "schema": _schema(args),
     }
+
+
+def _schema(args: dict[str, Any]) -> output_schema.Checked | None:
+    if args.get("schema") is None:
+        return None
+    try:
+        return output_schema.check_schema(args["schema"])
+    except output_schema.SchemaError as exc:
+        raise ArgumentError(str(exc)) from None
+
+
+def _output(checked: output_schema.Checked, r: p.RespondResult) -> Any:
+    """The reply's value. The core has already checked it before committing the turn; this
+    second check (jsonschema) only fails if the two disagree, and then says the turn is kept."""
+    try:
+        return output_schema.validate_output(checked, r.text)
+    except ValueError as exc:
+        log.error("the core accepted a reply that jsonschema rejects (%s): %r", exc, r.text[:200])
+        raise ShimError(
+            "invalid_output",
+            f"the model's reply does not match the schema: {exc}. wisp's core accepted it, so this turn is in "
+            f"thread {r.thread_id}'s history. Try a simpler schema, or close the thread and start again.",
+        ) from None
 
 
 def _respond_content(r: p.RespondResult, asked_for: str | None) -> str:
@@ -378,7 +413,8 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
                 await ctx.session.report_progress(float(tokens), None, _progress_message(text))
 
         roots = await _client_roots(ctx) if a["tools"] or a["files"] else None
-        r = await core.respond(on_progress=on_progress, roots=roots, **a)
+        checked = a.pop("schema")
+        r = await core.respond(on_progress=on_progress, roots=roots, schema=checked.text if checked else None, **a)
         structured = {
             "thread_id": r.thread_id,
             "created": r.created,
@@ -391,6 +427,8 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
             structured["prompt_tokens"] = r.prompt_tokens
         if r.output_tokens is not None:
             structured["output_tokens"] = r.output_tokens
+        if checked is not None:
+            structured["output"] = _output(checked, r)
         return CallToolResult(
             content=[TextContent(type="text", text=_respond_content(r, a["thread_id"]))],
             structured_content=structured,

@@ -7,6 +7,8 @@ public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
         case contextOverflow = "context_overflow"
         case modelUnavailable = "model_unavailable"
         case generationFailed = "generation_failed"
+        /// A reply that does not match the call's `schema` (or was cut off before it could).
+        case invalidOutput = "invalid_output"
         case cancelled
         case timeout
         case busy

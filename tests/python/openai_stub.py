@@ -40,6 +40,8 @@ class StubConfig:
     status: int = 200                 # non-200: every chat request fails with this
     tool_call: dict | None = None     # first round answers with this tool call
     ignore_stream: bool = False       # answer with one JSON body even when asked to stream
+    reply: str | None = None          # stream this text (4 characters a token) instead of "reply N: …";
+                                      # past the request's max_tokens it stops with finish_reason "length"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -111,16 +113,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
         else:
             prompt = last["content"] if last["role"] == "user" else f"tool said {last['content']}"
-            pieces = [f"reply {len(users)}:", *f" {prompt}".split(" ")[1:]] + ["filler"] * cfg.words
+            pieces = [f"reply {len(users)}:", *[" " + w for w in prompt.split(" ")]] + [" filler"] * cfg.words
+            finish = "stop"
+            if cfg.reply is not None:
+                pieces = [cfg.reply[i : i + 4] for i in range(0, len(cfg.reply), 4)]
+                if body.get("max_tokens") is not None and len(pieces) > body["max_tokens"]:
+                    pieces, finish = pieces[: body["max_tokens"]], "length"
             try:
-                for i, piece in enumerate(pieces):
-                    self._event({"choices": [{"index": 0, "delta": {"content": piece if i == 0 else " " + piece}, "finish_reason": None}]})
+                for piece in pieces:
+                    self._event({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
                     if cfg.chunk_delay_s:
                         time.sleep(cfg.chunk_delay_s)
             except (BrokenPipeError, ConnectionResetError):
                 self.stub.disconnects += 1
                 return
-            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
             self._event({"choices": [], "usage": {"prompt_tokens": chars // 4, "completion_tokens": len(pieces), "total_tokens": 0}})
         self._raw(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")

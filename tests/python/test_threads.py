@@ -22,7 +22,7 @@ async def test_tools_are_described_and_declare_output_schemas():
             for name, prop in t.input_schema["properties"].items():
                 assert prop.get("description"), f"{t.name}.{name} has no description"
         assert respond.input_schema["required"] == ["prompt"]
-        assert set(respond.input_schema["properties"]) == {"prompt", "thread_id", "instructions", "tools", "files", "temperature", "max_output_tokens"}
+        assert set(respond.input_schema["properties"]) == {"prompt", "thread_id", "instructions", "tools", "files", "temperature", "max_output_tokens", "schema"}
         assert {"thread_id", "created", "text", "condensed"} <= set(respond.output_schema["required"])
         desc = respond.description.lower()
         assert "least recently used" in desc and "memory" in desc and "restart" in desc

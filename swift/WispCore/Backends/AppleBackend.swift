@@ -127,7 +127,18 @@ final class AppleSession: ModelSession {
         var text = ""
         // Response and ResponseStream stay in this method: they are not Sendable on the 26 SDK.
         do {
-            if let onPartial {
+            if let schema = settings.schema {
+                // Guided generation: the model can only produce values of this schema.
+                let guided = try AppleOutputSchema.generationSchema(schema)
+                if let onPartial {
+                    for try await snapshot in session.streamResponse(to: prompt, schema: guided, options: options) {
+                        text = snapshot.content.jsonString
+                        onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
+                    }
+                } else {
+                    text = try await session.respond(to: prompt, schema: guided, options: options).content.jsonString
+                }
+            } else if let onPartial {
                 // Snapshots are cumulative: each one holds the whole reply so far.
                 // A first snapshot of "null" has been seen in string streams (AnyLanguageModel): skipped.
                 for try await snapshot in session.streamResponse(to: prompt, options: options) {
@@ -141,6 +152,12 @@ final class AppleSession: ModelSession {
         } catch {
             // A cancelled call may surface as some other error: cancellation wins.
             if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
+            // Guided output that cannot be decoded was cut off (maximumResponseTokens) or went astray.
+            if settings.schema != nil, AppleBackend.isDecodingFailure(error) {
+                if settings.maxOutputTokens != nil { throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens) }
+                throw WispError(.invalidOutput, OutputSchema.invalidOutputMessage(
+                    "Apple's model produced output that could not be decoded into the schema (\(error))", maxOutputTokens: nil))
+            }
             throw AppleBackend.wispError(from: error)
         }
         // The tool calls this turn made, from the entries the session appended.
@@ -206,6 +223,15 @@ extension AppleBackend {
         }
         let ns = error as NSError
         return WispError(.generationFailed, "Apple's model failed (\(ns.domain) \(ns.code)): \(ns.localizedDescription)")
+    }
+
+    /// A reply the framework could not decode into the requested structure.
+    static func isDecodingFailure(_ error: any Error) -> Bool {
+        #if canImport(FoundationModels, _version: 2.0)
+        if #available(macOS 27.0, *), error is GeneratedContent.ParsingError { return true }
+        #endif
+        if let e = error as? LanguageModelSession.GenerationError, case .decodingFailure = e { return true }
+        return false
     }
 
     /// The macOS 26 error family (deprecated in the 27 SDK, still thrown on 26 runtimes).
@@ -287,6 +313,98 @@ extension AppleBackend {
         return nil
     }
     #endif
+}
+
+// MARK: - Structured output
+
+/// A `respond` schema (wisp's supported subset, OutputSchema.swift) as a FoundationModels
+/// `GenerationSchema`, so the model's decoding is constrained to it. Properties keep their order.
+@available(macOS 26.0, *)
+enum AppleOutputSchema {
+    static func generationSchema(_ schema: OutputSchema) throws(WispError) -> GenerationSchema {
+        do {
+            return try GenerationSchema(root: node(schema.root, name: "Output"), dependencies: [])
+        } catch let error as WispError {
+            throw error
+        } catch {
+            throw WispError(.invalidArgument, "schema: Apple's model cannot take it: \(error)")
+        }
+    }
+
+    /// `name` is the node's path, so every named node (object, choice) is unique in the schema.
+    static func node(_ s: JSONValue, name: String) throws -> DynamicGenerationSchema {
+        let description = s["description"]?.string
+        if let c = s["const"] { return try constant(c, name: name) }
+        if let members = s["enum"]?.array {
+            let strings = members.compactMap(\.string)
+            if strings.count == members.count {
+                return DynamicGenerationSchema(name: name, description: description, anyOf: strings)
+            }
+            return DynamicGenerationSchema(name: name, description: description, anyOf: try members.enumerated().map { k, m in
+                try constant(m, name: "\(name)_\(k)")
+            })
+        }
+        if let branches = (s["anyOf"] ?? s["oneOf"])?.array {
+            return DynamicGenerationSchema(name: name, description: description, anyOf: try branches.enumerated().map { k, b in
+                try node(b, name: "\(name)_\(k)")
+            })
+        }
+        switch s["type"]?.string {
+        case "object":
+            let required = Set(s["required"]?.array?.compactMap(\.string) ?? [])
+            return DynamicGenerationSchema(name: name, description: description, properties: try (s["properties"]?.members ?? []).map { m in
+                DynamicGenerationSchema.Property(name: m.key, description: m.value["description"]?.string,
+                                                 schema: try node(m.value, name: "\(name)_\(m.key)"),
+                                                 isOptional: !required.contains(m.key))
+            })
+        case "array":
+            return DynamicGenerationSchema(arrayOf: try node(s["items"] ?? [:], name: "\(name)_item"),
+                                           minimumElements: s["minItems"]?.integer, maximumElements: s["maxItems"]?.integer)
+        case "string":
+            let guides: [GenerationGuide<String>] = try s["pattern"]?.string.map { [.pattern(try Regex($0))] } ?? []
+            return DynamicGenerationSchema(type: String.self, guides: guides)
+        case "integer":
+            let lo = s["minimum"]?.number.flatMap { Int(exactly: $0.rounded(.up)) }
+            let hi = s["maximum"]?.number.flatMap { Int(exactly: $0.rounded(.down)) }
+            var guides: [GenerationGuide<Int>] = []
+            if let lo, let hi, lo <= hi { guides = [.range(lo...hi)] }
+            else if let lo { guides = [.minimum(lo)] }
+            else if let hi { guides = [.maximum(hi)] }
+            return DynamicGenerationSchema(type: Int.self, guides: guides)
+        case "number":
+            let lo = s["minimum"]?.number, hi = s["maximum"]?.number
+            var guides: [GenerationGuide<Double>] = []
+            if let lo, let hi, lo <= hi { guides = [.range(lo...hi)] }
+            else if let lo { guides = [.minimum(lo)] }
+            else if let hi { guides = [.maximum(hi)] }
+            return DynamicGenerationSchema(type: Double.self, guides: guides)
+        case "boolean":
+            return DynamicGenerationSchema(type: Bool.self)
+        case "null":
+            return try null(at: name)
+        default:
+            throw WispError(.invalidArgument, "schema: the node \(name) has no `type`, `enum`, `const` or `anyOf`")
+        }
+    }
+
+    /// One fixed value: a string as a constant guide, a number as a one-point range.
+    static func constant(_ value: JSONValue, name: String) throws -> DynamicGenerationSchema {
+        switch value {
+        case .string(let s): return DynamicGenerationSchema(type: String.self, guides: [.constant(s)])
+        case .number(let n):
+            if let i = value.integer { return DynamicGenerationSchema(type: Int.self, guides: [.range(i...i)]) }
+            return DynamicGenerationSchema(type: Double.self, guides: [.range(n...n)])
+        case .null: return try null(at: name)
+        default: throw WispError(.invalidArgument, "schema: `enum`/`const` at \(name) may hold strings, numbers and null only")
+        }
+    }
+
+    static func null(at name: String) throws -> DynamicGenerationSchema {
+        guard #available(macOS 26.4, *) else {
+            throw WispError(.invalidArgument, "schema: `null` (at \(name)) needs macOS 26.4 or later with Apple's model")
+        }
+        return .null
+    }
 }
 
 // MARK: - Tools

@@ -70,10 +70,14 @@ final class EchoSession: ModelSession {
             body = exchange.failed ? "tool \(name) failed: \(exchange.output)" : "tool \(name) -> \(exchange.output)"
         }
 
-        var text = "echo \(n): \(body)"
-        for file in message.files {
-            let first = file.text.split(separator: "\n", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-            text += "\nfile \(file.path): \(first.hasSuffix("\r") ? first.dropLast() : first)"
+        // With a schema, the reply is the value the contract builds from it (directives still act);
+        // otherwise `echo N: P` and a line per attached file.
+        var text = settings.schema.map { $0.echoValue(n: n).jsonText } ?? "echo \(n): \(body)"
+        if settings.schema == nil {
+            for file in message.files {
+                let first = file.text.split(separator: "\n", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+                text += "\nfile \(file.path): \(first.hasSuffix("\r") ? first.dropLast() : first)"
+            }
         }
         var used = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + estimatedTokens(text)
         for t in turns { used += t.tokens }

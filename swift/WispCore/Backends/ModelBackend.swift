@@ -5,10 +5,13 @@
 public struct GenerationSettings: Sendable, Equatable {
     public var temperature: Double?
     public var maxOutputTokens: Int?
+    /// Structured output for this call: the reply must be JSON matching it (OutputSchema.swift).
+    public var schema: OutputSchema?
 
-    public init(temperature: Double? = nil, maxOutputTokens: Int? = nil) {
+    public init(temperature: Double? = nil, maxOutputTokens: Int? = nil, schema: OutputSchema? = nil) {
         self.temperature = temperature
         self.maxOutputTokens = maxOutputTokens
+        self.schema = schema
     }
 }
 

@@ -88,7 +88,9 @@ final class OpenAISession: ModelSession {
         var outputTokens = 0
         var round = 0
         while true {
-            let offerTools = !tools.isEmpty
+            // llama-server cannot constrain a reply to a schema and offer tools in one request
+            // ("Cannot use custom grammar constraints with tools"), so a call with a schema offers none.
+            let offerTools = !tools.isEmpty && settings.schema == nil
             let mustAnswer = round >= Self.maxToolRounds
             let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: messages + added,
                                                  tools: offerTools ? tools : [], toolChoice: mustAnswer ? "none" : nil,
@@ -99,6 +101,10 @@ final class OpenAISession: ModelSession {
             }
             if promptTokens == nil { promptTokens = reply.promptTokens }
             outputTokens += reply.outputTokens ?? reply.chunks
+            // Cut-off JSON can still parse (a number, say), so the server's word decides.
+            if settings.schema != nil, reply.finishReason == "length" {
+                throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens)
+            }
 
             guard offerTools, !mustAnswer, !reply.toolCalls.isEmpty else {
                 added.append(.text("assistant", reply.text))
@@ -357,7 +363,13 @@ final class OpenAIServer: Sendable {
             }
             if let toolChoice { body["tool_choice"] = toolChoice }
         }
-        return try JSONSerialization.data(withJSONObject: body)
+        let data = try JSONSerialization.data(withJSONObject: body)
+        guard let schema = settings.schema, data.last == UInt8(ascii: "}") else { return data }
+        // Spliced in as text: JSONSerialization would lose the schema's property order, which is
+        // the order llama-server's grammar generates them in. `strict` is what OpenAI itself needs.
+        let format = #","response_format":{"type":"json_schema","json_schema":{"name":"output","strict":true,"schema":"#
+            + schema.text + "}}}"
+        return data.dropLast() + Data(format.utf8)
     }
 
     /// Sends one streamed chat request and folds its SSE events; `onDelta` sees the cumulative text.

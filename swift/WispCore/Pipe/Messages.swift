@@ -36,10 +36,14 @@ public struct Respond: Codable, Sendable, Equatable {
     public var roots: [String]?
     /// Paths of text files the core reads (under its roots and `roots`) and gives the model with the prompt.
     public var files: [String]?
+    /// Structured output for this call: a JSON Schema as compact JSON text (text, not a JSON
+    /// value, so that the core keeps its key order; see OutputSchema.swift). The shim has
+    /// checked that it stays inside wisp's supported subset.
+    public var schema: String?
 
     public init(id: Int, prompt: String, thread_id: String? = nil, instructions: String? = nil,
                 tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil, roots: [String]? = nil,
-                files: [String]? = nil) {
+                files: [String]? = nil, schema: String? = nil) {
         self.id = id
         self.prompt = prompt
         self.thread_id = thread_id
@@ -49,6 +53,7 @@ public struct Respond: Codable, Sendable, Equatable {
         self.progress = progress
         self.roots = roots
         self.files = files
+        self.schema = schema
     }
 }
 

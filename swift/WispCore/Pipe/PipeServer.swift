@@ -120,6 +120,15 @@ public final class PipeServer: Sendable {
         }
         if known { return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight")) }
 
+        // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a model.
+        let schema: OutputSchema?
+        do {
+            schema = try r.schema.map { text throws(WispError) in try OutputSchema(text: text) }
+        } catch {
+            _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
+            return fail(r.id, error)
+        }
+
         let acceptance: ThreadRegistry.Acceptance
         do {
             acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots)
@@ -130,7 +139,7 @@ public final class PipeServer: Sendable {
         // Before this call's reply, so the shim never takes the evicted thread for alive.
         if let evicted = acceptance.evicted { write(Evicted(thread_id: evicted)) }
 
-        let task = Task { await self.run(r, acceptance) }
+        let task = Task { await self.run(r, acceptance, schema: schema) }
         let stoppedEarly = inFlight.withLock { calls -> Bool in
             calls[r.id]?.task = task
             return calls[r.id]?.stop != nil
@@ -138,14 +147,15 @@ public final class PipeServer: Sendable {
         if stoppedEarly { task.cancel() }
     }
 
-    private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance) async {
+    private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance, schema: OutputSchema?) async {
         // Capped: a limit of decades is no limit, and `Duration` traps past Int64 seconds (1e300 crashed the core).
         if let seconds = r.options?.timeout_s.map({ min($0, 1e9) }), seconds > 0 {
             let deadline = ContinuousClock.now.advanced(by: .seconds(seconds))
             inFlight.withLock { $0[r.id]?.deadline = deadline }
             startWatchdog()
         }
-        let settings = GenerationSettings(temperature: r.options?.temperature, maxOutputTokens: r.options?.max_output_tokens)
+        let settings = GenerationSettings(temperature: r.options?.temperature, maxOutputTokens: r.options?.max_output_tokens,
+                                          schema: schema)
         var onPartial: PartialHandler?
         if r.progress == true {
             let id = r.id

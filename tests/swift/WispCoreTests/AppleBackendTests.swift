@@ -102,6 +102,27 @@ struct AppleModelTests {
         #expect(reply.toolExchanges.contains { $0.name == "get_secret" && !$0.failed })
         #expect(reply.text.contains("4817"))
     }
+
+    @available(macOS 26.0, *)
+    @Test func guidedGenerationFollowsTheSchema() async throws {
+        let schema = try OutputSchema(text: #"""
+            {"type":"object","properties":{"severity":{"type":"string","enum":["error","warning"]},
+             "line":{"type":"integer","minimum":1,"maximum":1000},
+             "files":{"type":"array","items":{"type":"string"},"minItems":1,"maxItems":3}},
+             "required":["severity","line","files"],"additionalProperties":false}
+            """#)
+        let settings = GenerationSettings(temperature: 0, maxOutputTokens: 200, schema: schema)
+        let session = AppleBackend().makeSession(instructions: nil, tools: [], history: [])
+        let reply = try await session.respond(to: "main.c:12: error: 'x' undeclared. Classify this compiler message.",
+                                              settings: settings, onPartial: nil)
+        #expect(schema.problem(with: reply.text) == nil, "\(reply.text)")
+        let partials = Partials()
+        let streamed = try await session.respond(to: "util.h:40: warning: unused variable 'y'. Classify it.", settings: settings) { p in
+            partials.texts.withLock { $0.append(p.text) }
+        }
+        #expect(schema.problem(with: streamed.text) == nil, "\(streamed.text)")
+        #expect(!partials.texts.withLock { $0.isEmpty })
+    }
 }
 #else
 @Test(.disabled("FoundationModels is not available on this platform: the real-model tests run on a Mac with Apple Intelligence; `make check-apple` typechecks the apple backend here"))

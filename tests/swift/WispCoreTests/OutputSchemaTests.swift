@@ -1,0 +1,136 @@
+import Foundation
+import Testing
+@testable import WispCore
+
+/// Structured output in the core: the ordered JSON parser and writer, the validator that
+/// decides whether a reply may join the history, the echo backend's value, the OpenAI
+/// request body, and the agent leaving the history alone when a reply misses its schema.
+@Suite struct OutputSchemaTests {
+    @Test func parsesAndWritesJSONKeepingKeyOrder() throws {
+        let text = #" {"z": [1, 2.5, -3e2, true, false, null], "a": "t\u00e9\"\n\ud83d\ude00", "m": {}} "#
+        let v = try JSONValue.parse(text)
+        #expect(v.members?.map(\.key) == ["z", "a", "m"])
+        #expect(v["a"] == .string("té\"\n😀"))
+        #expect(v.jsonText == #"{"z":[1,2.5,-300,true,false,null],"a":"té\"\n😀","m":{}}"#)
+        #expect(try JSONValue.parse(v.jsonText) == v)
+    }
+
+    @Test func rejectsWhatIsNotJSON() {
+        for bad in ["", "{", #"{"a":1"#, #"{"a" 1}"#, "[1,]", "01", "1.", "-", "tru", #""abc"#, "\"a\u{01}b\"", "{} x", "NaN", #"{'a':1}"#] {
+            #expect(throws: JSONParseError.self, "\(bad)") { try JSONValue.parse(bad) }
+        }
+        let deep = String(repeating: "[", count: 300) + String(repeating: "]", count: 300)
+        #expect(throws: JSONParseError.self) { try JSONValue.parse(deep) }
+    }
+
+    static let label = #"""
+        {"type":"object","properties":{
+          "severity":{"type":"string","enum":["error","warning"]},
+          "line":{"type":"integer","minimum":1,"maximum":100},
+          "files":{"type":"array","items":{"type":"string","pattern":"\\.[ch]$"},"minItems":1,"maxItems":2},
+          "hint":{"anyOf":[{"type":"string"},{"type":"null"}]},
+          "kind":{"const":"diag"}},
+         "required":["severity","line","files"],"additionalProperties":false}
+        """#
+
+    @Test func validatorAcceptsMatchingValues() throws {
+        let schema = try OutputSchema(text: Self.label)
+        for ok in [#"{"severity":"error","line":1,"files":["a.c"]}"#,
+                   #"{"files":["a.c","b.h"],"line":100.0,"severity":"warning","hint":null,"kind":"diag"}"#,
+                   #" {"severity":"error","line":7,"files":["x.h"],"hint":"look"} "#] {
+            #expect(schema.problem(with: ok) == nil, "\(ok)")
+        }
+    }
+
+    @Test func validatorSaysWhatIsWrongAndWhere() throws {
+        let schema = try OutputSchema(text: Self.label)
+        let cases: [(String, String)] = [
+            (#"{"severity":"error","line":1,"files":["a.c"]"#, "not valid JSON"),
+            (#"{"severity":"fatal","line":1,"files":["a.c"]}"#, "$.severity must be one of"),
+            (#"{"severity":"error","line":0,"files":["a.c"]}"#, "$.line must be at least 1"),
+            (#"{"severity":"error","line":101,"files":["a.c"]}"#, "$.line must be at most 100"),
+            (#"{"severity":"error","line":1.5,"files":["a.c"]}"#, "$.line must be an integer"),
+            (#"{"severity":"error","line":"1","files":["a.c"]}"#, "$.line must be an integer"),
+            (#"{"severity":"error","line":1,"files":[]}"#, "$.files must have at least 1"),
+            (#"{"severity":"error","line":1,"files":["a.c","b.c","c.c"]}"#, "$.files must have at most 2"),
+            (#"{"severity":"error","line":1,"files":["a.py"]}"#, "$.files[0] must match the pattern"),
+            (#"{"severity":"error","line":1}"#, #"missing the required property "files""#),
+            (#"{"severity":"error","line":1,"files":["a.c"],"x":1}"#, #""x", which the schema does not allow"#),
+            (#"{"severity":"error","line":1,"files":["a.c"],"hint":3}"#, "$.hint matches none of the `anyOf`"),
+            (#"{"severity":"error","line":1,"files":["a.c"],"kind":"other"}"#, #"$.kind must be "diag""#),
+            (#"{"severity":"error","severity":"error","line":1,"files":["a.c"]}"#, "twice"),
+            (#"["error"]"#, "$ must be an object"),
+        ]
+        for (reply, says) in cases {
+            let problem = schema.problem(with: reply)
+            #expect(problem?.contains(says) == true, "\(reply): \(problem ?? "accepted")")
+        }
+        let oneOf = try OutputSchema(text: #"{"oneOf":[{"type":"number"},{"type":"integer"}]}"#)
+        #expect(oneOf.problem(with: "1.5") == nil)
+        #expect(oneOf.problem(with: "2")?.contains("exactly one") == true)
+    }
+
+    @Test func badSchemaTextIsAnInvalidArgument() {
+        for bad in ["[]", "{", #"{"type":"string","pattern":"("}"#] {
+            let error = #expect(throws: WispError.self) { try OutputSchema(text: bad) }
+            #expect(error?.code == .invalidArgument, "\(bad)")
+        }
+    }
+
+    @Test func echoBuildsTheContractValue() throws {
+        let schema = try OutputSchema(text: Self.label)
+        #expect(schema.echoValue(n: 3).jsonText == #"{"severity":"error","line":1,"files":["echo 3"],"hint":"echo 3","kind":"diag"}"#)
+        let cases: [(String, String)] = [
+            (#"{"type":"integer"}"#, "4"), (#"{"type":"number","minimum":0.5}"#, "0.5"), (#"{"type":"boolean"}"#, "true"),
+            (#"{"type":"null"}"#, "null"), (#"{"type":"array","items":{"type":"integer"},"minItems":2}"#, "[4,4]"),
+            (#"{"enum":[null,1]}"#, "null"), (#"{"oneOf":[{"type":"string"}]}"#, #""echo 4""#),
+        ]
+        for (text, value) in cases {
+            #expect(try OutputSchema(text: text).echoValue(n: 4).jsonText == value, "\(text)")
+        }
+    }
+
+    @Test func echoSessionRepliesWithTheValueAndCountsTurns() async throws {
+        let session = EchoBackend().makeSession(instructions: nil, tools: [], history: [Turn(prompt: "a", response: "echo 1: a")])
+        let schema = try OutputSchema(text: #"{"type":"object","properties":{"n":{"type":"integer"},"s":{"type":"string"}}}"#)
+        let g = try await session.respond(to: "b", settings: GenerationSettings(schema: schema), onPartial: nil)
+        #expect(g.text == #"{"n":2,"s":"echo 2"}"#)
+    }
+
+    @Test func agentKeepsHistoryWhenTheReplyMissesTheSchema() async throws {
+        let agent = Agent(backend: EchoBackend(), instructions: nil, tools: [])
+        _ = try await agent.respond(to: "first", settings: GenerationSettings(), onPartial: nil)
+        let digits = try OutputSchema(text: #"{"type":"string","pattern":"^[0-9]+$"}"#)
+        await #expect(throws: WispError.self) {
+            do {
+                _ = try await agent.respond(to: "code?", settings: GenerationSettings(maxOutputTokens: 8, schema: digits), onPartial: nil)
+            } catch let e as WispError {
+                #expect(e.code == .invalidOutput && e.message.contains("max_output_tokens (this call allowed 8)"))
+                throw e
+            }
+        }
+        #expect(agent.history.map(\.prompt) == ["first"])
+        let next = try await agent.respond(to: "again", settings: GenerationSettings(), onPartial: nil)
+        #expect(next.text == "echo 2: again")
+    }
+
+    @Test func openAIBodyCarriesTheSchemaInOrder() throws {
+        let text = #"{"type":"object","properties":{"z":{"type":"string"},"a":{"type":"integer"}},"required":["z","a"]}"#
+        let schema = try OutputSchema(text: text)
+        let data = try OpenAIServer.chatBody(model: "m", messages: [.text("user", "hi")], tools: [], toolChoice: nil,
+                                             settings: GenerationSettings(maxOutputTokens: 9, schema: schema))
+        let body = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        #expect(body["max_tokens"] as? Int == 9)
+        let format = try #require(body["response_format"] as? [String: Any])
+        #expect(format["type"] as? String == "json_schema")
+        let wrapper = try #require(format["json_schema"] as? [String: Any])
+        #expect(wrapper["strict"] as? Bool == true && wrapper["name"] is String)
+        #expect(wrapper["schema"] is [String: Any])
+        // The server sees the properties in the order written (parsed here with the ordered parser).
+        let sent = try JSONValue.parse(String(decoding: data, as: UTF8.self))
+        #expect(sent["response_format"]?["json_schema"]?["schema"] == schema.root)
+        #expect(sent["response_format"]?["json_schema"]?["schema"]?["properties"]?.members?.map(\.key) == ["z", "a"])
+        let plain = try OpenAIServer.chatBody(model: "m", messages: [.text("user", "hi")], tools: [], toolChoice: nil, settings: .init())
+        #expect(try JSONValue.parse(String(decoding: plain, as: UTF8.self))["response_format"] == nil)
+    }
+}
