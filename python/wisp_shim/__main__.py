@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Callable, NoReturn
+from typing import Awaitable, Callable, NoReturn
 
 import anyio
 
@@ -136,27 +136,88 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
     return CoreConfig(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
 
 
-def use_local_model(ns: argparse.Namespace, config: CoreConfig) -> None:
-    """The default with no Apple model and no endpoint: wisp's own llama-server (local_model.py),
-    started before the core and stopped with it."""
-    try:
-        lm = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
-                              model_path=ns.model_path, context_size=ns.context_size)
-    except local_model.LocalModelError as exc:
-        log.warning("%s", exc)  # the core then explains that no backend is available
-        return
-    if lm is None:
-        return
-    config.args += lm.core_args()
+APPLE_ALTERNATIVES = (
+    "Without Apple's model, wisp can use its own local model: run `make local-model` in the wisp repository "
+    "(then `--backend auto` starts it whenever Apple's model is unavailable), or point --endpoint at an "
+    "OpenAI-compatible server."
+)
 
-    async def before_start() -> None:
+
+# The core's codes for a call the model server failed (down, or the connection broke mid-answer).
+MODEL_ERRORS = ("model_unavailable", "generation_failed")
+
+
+class LocalModelUse:
+    """What this run does about wisp's own local model (local_model.decide), as the core's hooks:
+    start it before the core, stop it after, and make a failed call's error say what the core
+    cannot know (the server was killed by a signal; the local model is not installed)."""
+
+    def __init__(self, ns: argparse.Namespace, config: CoreConfig, platform: str = sys.platform) -> None:
+        self.config = config
+        self.plan = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
+                                     model_path=ns.model_path, context_size=ns.context_size, platform=platform)
+        self.lm = self.plan.lm
+        self.active = False  # the core runs against self.lm
+        self._probed = False
+        decision = self.plan.decision
+        if decision == local_model.NOT_INSTALLED:
+            log.warning("%s", self.plan.missing)  # the core then explains that no backend is available
+        if decision == local_model.LOCAL:
+            self._activate()
+        if decision in (local_model.LOCAL, local_model.PROBE_APPLE, local_model.NOT_INSTALLED, local_model.APPLE_ONLY):
+            config.explain = self.explain
+        if decision in (local_model.LOCAL, local_model.PROBE_APPLE):
+            config.before_start = self.before_start
+            config.after_stop = self.after_stop
+
+    def _activate(self) -> None:
+        assert self.lm is not None
+        self.active = True
+        self.config.args += self.lm.core_args()
+
+    async def before_start(self) -> None:
+        if self.plan.decision == local_model.PROBE_APPLE and not self._probed:
+            # Asked once, of a core of its own: only the core can see FoundationModels.
+            apple, _ = await _status(CoreConfig(core=self.config.core, args=_with_backend(self.config.args, "apple"),
+                                                env=self.config.env))
+            self._probed = True
+            if apple.available:
+                log.info("Apple's on-device model is available; the local model is not started")
+            else:
+                log.info("Apple's model is not available (%s); using the local model", apple.reason)
+                self._activate()
+        if not self.active:
+            return
+        assert self.lm is not None
         try:
-            await lm.ensure_running()
+            await self.lm.ensure_running()
         except local_model.LocalModelError as exc:
             raise ShimError("model_unavailable", str(exc)) from None
 
-    config.before_start = before_start
-    config.after_stop = lm.stop
+    def after_stop(self) -> None:
+        if self.lm is not None:
+            self.lm.stop()
+
+    async def explain(self, error: ShimError, since: float) -> ShimError:
+        if error.code not in MODEL_ERRORS:
+            return error
+        if self.active and self.lm is not None:
+            died = await self.lm.died_since(since)
+            if died:
+                return ShimError(error.code, f"{died}. wisp restarts it; wisp-core saw: {error.message}")
+            return error
+        if self.plan.decision == local_model.NOT_INSTALLED:
+            other = "" if "--endpoint" in error.message else "; or point --endpoint at an OpenAI-compatible server"
+            return ShimError(error.code, f"{error.message.rstrip('.')}. {self.plan.missing}{other}")
+        if self.plan.decision in (local_model.APPLE_ONLY, local_model.PROBE_APPLE):
+            return ShimError(error.code, f"{error.message} {APPLE_ALTERNATIVES}")
+        return error
+
+
+def _with_backend(args: list[str], backend: str) -> list[str]:
+    """The core's args with any --backend replaced by this one."""
+    kept = [a for i, a in enumerate(args) if a != "--backend" and (i == 0 or args[i - 1] != "--backend")]
+    return kept + ["--backend", backend]
 
 
 async def _serve(config: CoreConfig, max_threads: int) -> None:
@@ -193,12 +254,18 @@ async def _serve(config: CoreConfig, max_threads: int) -> None:
             tg.cancel_scope.cancel()
 
 
-async def _status(config: CoreConfig) -> tuple[p.StatusResult, str]:
+async def _status(config: CoreConfig, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[p.StatusResult, str]:
+    """The core's status; with `then`, also what it says while the core still runs (None: fine)."""
     core = Core(config)
     core.start()
     try:
         with anyio.fail_after(60):
-            return await core.status(), str(core.binary)
+            st = await core.status()
+        if then is not None:
+            problem = await then()
+            if problem:
+                st.available, st.reason = False, problem
+        return st, str(core.binary)
     except TimeoutError:
         raise ShimError("timeout", "wisp-core did not answer `status` within 60 s") from None
     finally:
@@ -206,14 +273,19 @@ async def _status(config: CoreConfig) -> tuple[p.StatusResult, str]:
             await core.aclose()
 
 
-async def _check(config: CoreConfig) -> int:
+async def _check(config: CoreConfig, use: LocalModelUse | None = None) -> int:
+    async def decode() -> str | None:
+        # /health and the core's status never make the server compute: one short decode does.
+        if use is not None and use.active and use.lm is not None:
+            return await local_model.decode(use.lm, timeout=60)
+        return None
+
     try:
-        st, binary = await _status(config)
+        st, binary = await _status(config, decode)
         apple = None
         if st.backend != "apple":
             # Say why Apple's model is not the one in use: it is the default wherever it can run.
-            args = [a for i, a in enumerate(config.args) if a != "--backend" and (i == 0 or config.args[i - 1] != "--backend")]
-            apple, _ = await _status(CoreConfig(core=config.core, args=args + ["--backend", "apple"], env=config.env))
+            apple, _ = await _status(CoreConfig(core=config.core, args=_with_backend(config.args, "apple"), env=config.env))
     except ShimError as exc:
         print(f"wisp: {exc}", file=sys.stderr)
         return 1
@@ -225,8 +297,18 @@ async def _check(config: CoreConfig) -> int:
     print(f"max threads:  {st.max_threads}")
     if apple is not None:
         print(f"apple model:  {'available' if apple.available else 'not available'}" + (f" ({apple.reason})" if apple.reason else ""))
+    if use is not None:
+        print(f"local model:  {_local_model_line(use)}")
     print(f"core:         {binary}")
     return 0 if st.available else 1
+
+
+def _local_model_line(use: LocalModelUse) -> str:
+    if use.active and use.lm is not None:
+        return f"in use: {use.lm.binary} serving {use.lm.model}"
+    if use.plan.missing:
+        return use.plan.missing
+    return "installed, not in use (Apple's model is available)"
 
 
 def _exit_now() -> NoReturn:
@@ -247,9 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
     config = core_config(ns)
-    use_local_model(ns, config)
+    use = LocalModelUse(ns, config)
     if ns.check:
-        return anyio.run(_check, config)
+        return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None)
     max_threads = ns.max_threads or _env_int("WISP_MAX_THREADS") or 32
     anyio.run(_serve, config, max_threads)
     # Everything is shut down by now; interpreter teardown of the SDK's import graph

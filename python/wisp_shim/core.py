@@ -68,10 +68,15 @@ class CoreConfig:
     timeout_s: float = 300.0
     env: dict[str, str] | None = None
     # Awaited before each start of the core, e.g. to bring up the local model server it will
-    # talk to (local_model.py). A ShimError it raises fails the start like a missing binary.
+    # talk to (local_model.py); `args` is read after it, so it may add to them. A ShimError it
+    # raises fails the start like a missing binary.
     before_start: Callable[[], Awaitable[None]] | None = None
     # Called once the core is stopped for good (aclose), e.g. to stop that server.
     after_stop: Callable[[], None] | None = None
+    # Awaited when a respond call fails, with the call's start (time.monotonic()); returns the
+    # error the caller sees, e.g. one naming the signal that killed the local model server
+    # during the call (the core sees only a broken connection).
+    explain: Callable[[ShimError, float], Awaitable[ShimError]] | None = None
 
 
 def find_core(explicit: str | None = None) -> Path:
@@ -494,10 +499,14 @@ class Core:
                 "send a shorter prompt (or split the work across several calls).",
             )
         call = _Call(call_id, thread_id, on_progress is not None)
+        started = time.monotonic()
         reply = await self._request(gen, call, p.frame(payload), timeout + BACKSTOP_GRACE_S, on_progress)
         if not reply.ok:
             assert reply.error is not None
-            raise ShimError(reply.error.code, reply.error.message)
+            error = ShimError(reply.error.code, reply.error.message)
+            if self.config.explain is not None:
+                error = await self.config.explain(error, started)
+            raise error
         result = p.decode_result(reply.result, p.RespondResult)
         # A thread closed while this call ran is not alive again because the call finished.
         if not gen.dead and (result.created or result.thread_id in gen.alive):

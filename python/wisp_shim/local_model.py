@@ -1,9 +1,10 @@
 """The Linux default model: llama.cpp's `llama-server` with SmolLM2-135M-Instruct, started
 and stopped by the shim.
 
-When the backend is `auto`, there is no Apple model (any platform but macOS) and no
-endpoint is configured, wisp starts `llama-server` bound to 127.0.0.1 on a free port and
-runs the core with `--backend openai --endpoint http://127.0.0.1:PORT/v1`.
+When the backend is `auto`, no endpoint is configured and Apple's model is absent (any
+platform but macOS) or cannot answer (a Mac without Apple Intelligence; see decide()), wisp
+starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
+`--backend openai --endpoint http://127.0.0.1:PORT/v1`.
 
 - The server binary: `--llama-server` / WISP_LLAMA_SERVER, else the per-machine cache that
   `scripts/build-llama-server.sh` fills (`make local-model`), else `llama-server` on PATH.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import http.client
 import importlib.util
 import logging
 import os
@@ -70,16 +72,18 @@ _SIGNAL_ADVICE = {
 }
 
 
-def describe_exit(binary: Path, returncode: int) -> str:
-    """How a llama-server exit reads in an error: a signal by its name, with the fix."""
+def describe_exit(binary: Path, returncode: int, when: str = "") -> str:
+    """How a llama-server exit reads in an error: a signal by its name, with the fix.
+    `when` ("while starting", "during its first decode") goes before the advice."""
+    at = f" {when}" if when else ""
     if returncode >= 0:
-        return f"the local model server ({binary}) exited with status {returncode}"
+        return f"the local model server ({binary}) exited with status {returncode}{at} (its log is above on stderr)"
     try:
         sig = signal.Signals(-returncode)
     except ValueError:
-        return f"the local model server ({binary}) was killed by signal {-returncode}"
+        return f"the local model server ({binary}) was killed by signal {-returncode}{at} (its log is above on stderr)"
     advice = _SIGNAL_ADVICE.get(sig, "its log is above on stderr")
-    return f"the local model server ({binary}) was killed by {sig.name}: {advice}"
+    return f"the local model server ({binary}) was killed by {sig.name}{at}: {advice}"
 
 
 def cache_dir() -> Path:
@@ -125,17 +129,28 @@ def find_model(explicit: str | None = None) -> Path | None:
     return path if path.is_file() else None
 
 
-def wanted(backend: str | None, endpoint: str | None) -> bool:
-    """The rule for the default: backend auto, no Apple model, no endpoint.
-    WISP_LOCAL_MODEL=0 turns it off; =1 forces it (e.g. on a Mac without Apple Intelligence)."""
-    switch = os.environ.get("WISP_LOCAL_MODEL", "")
-    if switch == "0":
-        return False
-    backend = backend or os.environ.get("WISP_BACKEND") or "auto"
-    endpoint = endpoint or os.environ.get("WISP_ENDPOINT") or None
-    if backend != "auto" or endpoint:
-        return False
-    return switch == "1" or sys.platform != "darwin"
+# What the shim does about its local model (decide()).
+CORE = "core"                    # nothing: the core's own choice of backend stands
+LOCAL = "local"                  # start the local model and run the core against it
+NOT_INSTALLED = "not_installed"  # the local model is the backend here but is not installed
+PROBE_APPLE = "probe_apple"      # macOS, local model installed: use it only if Apple's model is unavailable
+APPLE_ONLY = "apple_only"        # macOS, no local model: Apple's model, whose errors name the other options
+
+
+def decide(platform: str, backend: str, endpoint: str | None, switch: str, installed: bool,
+           apple_available: bool | None = None) -> str:
+    """The default backend rule, as a pure function. `switch` is WISP_LOCAL_MODEL ("0" never,
+    "1" wherever Apple's model is not asked for by name, "" the default); `apple_available`
+    is None until asked (only macOS asks, and only when the answer changes the decision)."""
+    if switch == "0" or backend != "auto" or endpoint:
+        return CORE
+    if switch == "1" or platform != "darwin":
+        return LOCAL if installed else NOT_INSTALLED
+    if not installed:
+        return APPLE_ONLY
+    if apple_available is None:
+        return PROBE_APPLE
+    return CORE if apple_available else LOCAL
 
 
 def default_threads() -> int:
@@ -185,6 +200,11 @@ class LocalModel:
         self._monitor: asyncio.Task[None] | None = None
         self.started_at = 0.0
         self.ready_after_s: float | None = None
+        # The last exit seen (monotonic time it was seen, return code): the watcher restarts a
+        # dead server at once, so a call that failed against it asks here how it died.
+        self.last_exit: tuple[float, int] | None = None
+        self._noted: subprocess.Popen[bytes] | None = None
+        self._up = False  # the current process has answered /health
 
     @property
     def endpoint(self) -> str:
@@ -220,6 +240,35 @@ class LocalModel:
             close_fds=True,
         )
 
+    def _note_exit(self) -> bool:
+        """True when the server process has exited; records how, once per process."""
+        proc = self.proc
+        if proc is None or proc.poll() is None:
+            return False
+        if self._noted is not proc:
+            self._noted = proc
+            self.last_exit = (time.monotonic(), proc.returncode)
+            self._up = False
+        return True
+
+    async def died_since(self, since: float, wait: float = 0.5, when: str = "during this call") -> str | None:
+        """How the server died, if it exited at or after `since` (time.monotonic()) or is still
+        down (dead, or restarted and not yet healthy) after an exit; else None. Waits up to `wait`
+        s for a process whose connection just broke to be reaped: its socket closes a moment
+        before the kernel reports the exit."""
+        deadline = time.monotonic() + wait
+        while True:
+            self._note_exit()
+            if self.last_exit is not None:
+                at, returncode = self.last_exit
+                if at >= since:
+                    return describe_exit(self.binary, returncode, when)
+                if not self._up:
+                    return describe_exit(self.binary, returncode, "shortly before this call (wisp is restarting it)")
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.05)
+
     def healthy(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1.0) as r:
@@ -235,16 +284,17 @@ class LocalModel:
             self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="local model monitor")
 
     async def _start_and_wait(self, timeout: float) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or self._note_exit():
             if self.proc is not None:
                 log.warning("%s; restarting it", describe_exit(self.binary, self.proc.returncode))
             self.spawn()
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise LocalModelError(f"{describe_exit(self.binary, self.proc.returncode)} while starting (its log is above on stderr)")
+            if self._note_exit():
+                raise LocalModelError(describe_exit(self.binary, self.proc.returncode, "while starting"))
             if await asyncio.to_thread(self.healthy):
+                self._up = True
                 if self.ready_after_s is None:
                     self.ready_after_s = time.monotonic() - self.started_at
                     log.info("local model ready in %.2f s at %s", self.ready_after_s, self.endpoint)
@@ -258,7 +308,7 @@ class LocalModel:
         backoff = 1.0
         while not self._stopping:
             await asyncio.sleep(1.0)
-            if self._stopping or self.proc is None or self.proc.poll() is None:
+            if self._stopping or not self._note_exit():
                 continue
             try:
                 await self._start_and_wait(READY_TIMEOUT_S)
@@ -288,38 +338,80 @@ class LocalModel:
         log.info("local model server stopped")
 
 
+@dataclass
+class Plan:
+    decision: str               # one of decide()'s answers
+    lm: LocalModel | None       # for LOCAL and PROBE_APPLE: the server to start
+    missing: str | None = None  # why the local model is not installed, and how to install it
+
+
 def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None = None,
-         model_path: str | None = None, context_size: int | None = None) -> LocalModel | None:
-    """The local model to start for this configuration, or None when it does not apply.
-    Raises LocalModelError when it applies but is not installed."""
-    if not wanted(backend, endpoint):
-        return None
-    binary = find_llama_server(llama_server)
-    model = find_model(model_path)
-    missing = []
-    if binary is None:
-        missing.append(f"llama-server (looked for --llama-server/WISP_LLAMA_SERVER, {cached_llama_server()}, and PATH)")
-    if model is None:
-        missing.append(f"the model (--model-path/WISP_MODEL_PATH, or the {MODEL_PACKAGE} package)")
+         model_path: str | None = None, context_size: int | None = None,
+         platform: str = sys.platform) -> Plan:
+    """decide() for this configuration (flags, then the environment), with the server it needs."""
+    backend = backend or os.environ.get("WISP_BACKEND") or "auto"
+    endpoint = endpoint or os.environ.get("WISP_ENDPOINT") or None
+    switch = os.environ.get("WISP_LOCAL_MODEL", "")
+    if decide(platform, backend, endpoint, switch, installed=True) == CORE:
+        return Plan(CORE, None)  # without looking for it: a wrong WISP_LLAMA_SERVER is no error then
+    missing: list[str] = []
+    binary = model = None
+    try:
+        binary = find_llama_server(llama_server)
+        if binary is None:
+            missing.append(f"no llama-server (looked for --llama-server/WISP_LLAMA_SERVER, {cached_llama_server()}, and PATH)")
+    except LocalModelError as exc:
+        missing.append(str(exc))
+    try:
+        model = find_model(model_path)
+        if model is None:
+            missing.append(f"no model (--model-path/WISP_MODEL_PATH, or the {MODEL_PACKAGE} package)")
+    except LocalModelError as exc:
+        missing.append(str(exc))
+    decision = decide(platform, backend, endpoint, switch, installed=not missing)
     if missing:
-        raise LocalModelError("the local model is not installed: no " + " and no ".join(missing) + f"; {INSTALL_HINT}")
+        return Plan(decision, None, "the local model is not installed: " + " and ".join(missing) + f"; {INSTALL_HINT}")
     assert binary is not None and model is not None
     if context_size is None:
         env = os.environ.get("WISP_CONTEXT_SIZE")
         context_size = int(env) if env and env.isdigit() and int(env) > 0 else DEFAULT_CONTEXT
-    return LocalModel(binary=binary, model=model, context_size=context_size)
+    return Plan(decision, LocalModel(binary=binary, model=model, context_size=context_size))
 
 
 VERIFY_PROMPT = "The capital of France is"
 VERIFY_TOKENS = 4
 
 
-def verify(binary: Path, model: Path, timeout: float = READY_TIMEOUT_S) -> str | None:
-    """Start `binary` on `model`, decode a few tokens, stop it. None when it computed, else why not.
-    The decode is the point: matrix kernels (where an untrusted instruction would trap) run
+async def decode(lm: LocalModel, timeout: float = READY_TIMEOUT_S) -> str | None:
+    """One short decode on the running server: None when it computed, else why not. The decode
+    is the point: matrix kernels (where an instruction the CPU does not allow would trap) run
     only once a prompt is evaluated, never for --version or /health."""
     import json
 
+    body = json.dumps({"prompt": VERIFY_PROMPT, "n_predict": VERIFY_TOKENS, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{lm.port}/completion", data=body,
+                                 headers={"Content-Type": "application/json"})
+
+    def post() -> object:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    since = time.monotonic()
+    try:
+        answer = await asyncio.to_thread(post)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        died = await lm.died_since(since, wait=2.0, when="during a decode")
+        if died:
+            return died
+        return f"the local model server ({lm.binary}) gave no answer to a {VERIFY_TOKENS}-token decode: {exc}"
+    predicted = answer.get("tokens_predicted") if isinstance(answer, dict) else None
+    if not isinstance(predicted, int) or predicted < 1:
+        return f"the local model server ({lm.binary}) decoded no tokens (answer: {str(answer)[:200]})"
+    return None
+
+
+def verify(binary: Path, model: Path, timeout: float = READY_TIMEOUT_S) -> str | None:
+    """Start `binary` on `model`, decode a few tokens, stop it. None when it computed, else why not."""
     lm = LocalModel(binary=binary, model=model, context_size=512, threads=1)
 
     async def run() -> str | None:
@@ -327,30 +419,17 @@ def verify(binary: Path, model: Path, timeout: float = READY_TIMEOUT_S) -> str |
             await lm._start_and_wait(timeout)
         except LocalModelError as exc:
             return str(exc)
-        body = json.dumps({"prompt": VERIFY_PROMPT, "n_predict": VERIFY_TOKENS, "temperature": 0}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{lm.port}/completion", data=body,
-                                     headers={"Content-Type": "application/json"})
-
-        def post() -> dict:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                return json.loads(r.read())
-
-        try:
-            answer = await asyncio.to_thread(post)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            await asyncio.sleep(0.2)  # let a dying server be reaped, so its signal can be named
-            if lm.proc is not None and lm.proc.poll() is not None:
-                return f"{describe_exit(binary, lm.proc.returncode)} during its first decode"
-            return f"the local model server ({binary}) gave no answer to a {VERIFY_TOKENS}-token decode: {exc}"
-        predicted = answer.get("tokens_predicted") if isinstance(answer, dict) else None
-        if not isinstance(predicted, int) or predicted < 1:
-            return f"the local model server ({binary}) decoded no tokens (answer: {str(answer)[:200]})"
-        return None
+        return await decode(lm, timeout)
 
     try:
         return asyncio.run(run())
     finally:
         lm.stop()
+
+
+# The exit status of `check`/`verify` when the binary or the model is missing: `verify` could not
+# run, which says nothing about the binary (the build script must not rebuild over it).
+NOT_FOUND = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,12 +448,12 @@ def main(argv: list[str] | None = None) -> int:
         model = find_model(ns.model_path)
     except LocalModelError as exc:
         print(f"wisp: {exc}", file=sys.stderr)
-        return 1
+        return NOT_FOUND
     print(f"llama-server: {binary or 'not found'}", file=sys.stderr)
     print(f"model:        {model or 'not found'}", file=sys.stderr)
     if binary is None or model is None:
         print(f"wisp: {INSTALL_HINT}", file=sys.stderr)
-        return 1
+        return NOT_FOUND
     if ns.command == "check":
         return 0
     if ns.command == "verify":

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env  # noqa: E402
+from procs import children, rss_kib  # noqa: E402
 
 
 @dataclass
@@ -245,16 +246,8 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
 
 def core_pid(shim_pid: int) -> int | None:
     """The shim's running wisp-core child."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == shim_pid and fields[0] != "Z":
-                return int(entry.name)
-    return None
+    kids = children(shim_pid)
+    return kids[0] if kids else None
 
 
 def kill_core(shim_pid: int) -> int | None:
@@ -266,16 +259,6 @@ def kill_core(shim_pid: int) -> int | None:
     if pid is not None:
         os.kill(pid, signal.SIGKILL)
     return pid
-
-
-def rss_kib(pid: int | None) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except (OSError, TypeError):
-        pass
-    return 0
 
 
 def check_sequences(results: dict[str, list[tuple[bool, int, int]]]) -> list[str]:

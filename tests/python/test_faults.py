@@ -138,14 +138,7 @@ def test_client_disconnecting_mid_call(how):
                 os.kill(pid, signal.SIGKILL)
 
 
-def _rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+from procs import rss_kib as _rss_kib  # noqa: E402
 
 
 def flood_without_reading(seconds: float, prompt_bytes: int = 1024, argv: list[str] | None = None) -> dict:

@@ -8,11 +8,11 @@ import signal
 import subprocess
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env
+from procs import children, running, wait_gone  # noqa: F401 (other test files import them from here)
 
 
 def spawn(*args: str, stderr=None) -> subprocess.Popen:
@@ -40,27 +40,6 @@ def call(name: str, arguments: dict, id: int, progress_token: str | None = None)
     if progress_token:
         params["_meta"] = {"progressToken": progress_token}
     return jsonrpc("tools/call", params, id=id)
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has exited; only its parent's bookkeeping is left
 
 
 def test_stdout_carries_only_json_rpc():
@@ -136,15 +115,6 @@ def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:
     cores = children(proc.pid)
     assert len(cores) == 1, cores
     return proc, cores[0]
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not running(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.parametrize("how", ["stdin-eof", "sigterm", "sigint", "sigkill"])

@@ -1,0 +1,5 @@
+#!/bin/sh
+if [ "$(uname -s)" = Linux ]; then
+    n=$(nproc)
+    timeout 5 true
+fi

