@@ -346,8 +346,14 @@ class Core:
         if reason:
             how += f" after a protocol error ({reason})"
         notified = {c.thread_id for c in gen.pending.values() if c.thread_id}
+        durable = gen.ready.done() and gen.ready.exception() is None and gen.ready.result().durable
         for call in list(gen.pending.values()):
-            if call.thread_id:
+            if call.thread_id and durable and call.thread_id not in gen.alive:
+                tail = (
+                    f"Thread {call.thread_id!r} is stored: call respond again with it to continue from its last stored "
+                    "turn (this call's turn is in it only if it was stored just before the crash: `turns` tells)."
+                )
+            elif call.thread_id:
                 tail = (
                     f"Thread {call.thread_id!r}'s history was lost with it: call respond again "
                     "(with the same thread_id or none) to start a new thread."
@@ -358,6 +364,7 @@ class Core:
         gen.pending.clear()
         # Callers whose own call failed above were told already; everyone else
         # learns on their next call.
+        # With a state dir, `alive` holds only threads whose latest turn could not be stored.
         lost = [t for t in gen.alive if t not in notified]
         for t in lost:
             self.lost[t] = None
@@ -508,8 +515,12 @@ class Core:
                 error = await self.config.explain(error, started)
             raise error
         result = p.decode_result(reply.result, p.RespondResult)
-        # A thread closed while this call ran is not alive again because the call finished.
-        if not gen.dead and (result.created or result.thread_id in gen.alive):
+        durable = gen.ready.result().durable
+        if durable and result.store_error is None:
+            # Stored: a crash from here on loses nothing of it.
+            gen.alive.pop(result.thread_id, None)
+        elif not gen.dead and (durable or result.created or result.thread_id in gen.alive):
+            # A thread closed while this call ran is not alive again because the call finished.
             gen.remember(result.thread_id)
         return result
 

@@ -11,7 +11,7 @@ import Darwin
 /// - One file per thread, `thread-<id>.json` (ids `.` and `..` are valid ids, hence the prefix),
 ///   mode 0600, in a directory of mode 0700 created if missing; an existing directory that is
 ///   not ours or is group/world-writable is refused (someone else could plant or swap files).
-/// - A file is two lines of JSON: a header `{"format":1,"id":…,"turns":N}` (read alone by
+/// - A file is two lines of JSON: a header `{"format":1,"id":…,"turns":N,"written":T}` (read alone by
 ///   `list_threads`) and the state: binding (instructions, tool names, client roots) and the
 ///   canonical history. Anything else (garbage, truncated, another format, over `maxFileBytes`,
 ///   a directory or symlink in its place, a header that disagrees with its body) is corrupt:
@@ -25,7 +25,7 @@ import Darwin
 ///   read: every write renames a new inode into place, so a change is always seen. A lock file is
 ///   unlinked only by its holder, and a taker checks the path still names the inode it locked.
 /// - At most `maxStored` thread files; writing a new one deletes the least recently written
-///   (file mtime: every committed turn rewrites its file) that no process holds.
+///   (every committed turn rewrites its file, stamping the header) that no process holds.
 public final class ThreadStore: Sendable {
     public static let format = 1
     /// Over this, a file is corrupt: the pipe's frame limit bounds what one turn may add, and no
@@ -55,6 +55,9 @@ public final class ThreadStore: Sendable {
         var format: Int
         var id: String
         var turns: Int
+        /// When it was written (Unix seconds): the order for the cap, finer than a file's mtime,
+        /// which the kernel keeps to a clock tick (several writes may share one).
+        var written: Double?
     }
 
     /// A file's identity: which write of it this is.
@@ -217,7 +220,7 @@ public final class ThreadStore: Sendable {
         let encoder = JSONEncoder()
         var bytes: [UInt8]
         do {
-            bytes = Array(try encoder.encode(Header(format: Self.format, id: id, turns: state.history.count)))
+            bytes = Array(try encoder.encode(Header(format: Self.format, id: id, turns: state.history.count, written: Date().timeIntervalSince1970)))
             bytes.append(0x0A)
             bytes += try encoder.encode(state)
             bytes.append(0x0A)
@@ -290,7 +293,8 @@ public final class ThreadStore: Sendable {
             var st = stat()
             guard lstat(path(id), &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { continue }
             let s = Self.stamp(st)
-            out.append(Summary(id: id, turns: header(id)?.turns ?? 0, modified: Double(s.sec) + Double(s.nsec) / 1e9))
+            let h = header(id)
+            out.append(Summary(id: id, turns: h?.turns ?? 0, modified: h?.written ?? Double(s.sec) + Double(s.nsec) / 1e9))
         }
         return out.sorted { $0.modified > $1.modified }
     }
