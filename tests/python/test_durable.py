@@ -121,7 +121,8 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
     big = "w" * 20000  # a larger file takes longer to write, so kills land inside writes
     trials = 40
     for trial in range(trials):
-        proc = _spawn_core(state)
+        # A context that never condenses, so the history only grows and echo N counts every turn.
+        proc = _spawn_core(state, "--context-size", "100000000")
         ids = {}
 
         def reader():
@@ -155,8 +156,12 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
             responses = [h["response"] for h in files[tid]["history"]]
             assert [int(r.split(":")[0][5:]) for r in responses] == list(range(1, turns + 1))
             acked[tid] = turns
-        assert not [f for f in state.iterdir() if f.name.startswith(".tmp-")] or trial < trials - 1
-    assert sum(acked.values()) > 0
+    assert min(acked.values()) > 0  # the trials did store turns, in every thread
+    # What killed writers left behind is cleared by the next core on the directory.
+    last = _spawn_core(state)
+    last.kill()
+    last.wait()
+    assert not [f for f in state.iterdir() if f.name.startswith(".tmp-")]
     print(f"kill -9 during writes: {trials} trials, {sum(acked.values())} turns stored, every file old or new")
 
 

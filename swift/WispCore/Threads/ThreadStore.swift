@@ -15,7 +15,7 @@ import Darwin
 ///   `list_threads`) and the state: binding (instructions, tool names, client roots) and the
 ///   canonical history. Anything else (garbage, truncated, another format, over `maxFileBytes`,
 ///   a directory or symlink in its place, a header that disagrees with its body) is corrupt:
-///   moved aside to `thread-<id>.json.corrupt-<unix time>`, that call fails naming the file,
+///   moved aside to `thread-<id>.json.corrupt-<unix time>-<random>`, that call fails naming the file,
 ///   and the id starts afresh on the next call.
 /// - A write is atomic: a temporary file in the same directory, written, fsynced, renamed over
 ///   the old one, then the directory fsynced. A crash at any instant leaves the old or the new state.
@@ -205,7 +205,8 @@ public final class ThreadStore: Sendable {
     /// Moves a bad thread file aside and says so, as the error of the call that found it.
     public func corrupt(_ id: String, _ why: String) -> WispError {
         let file = path(id)
-        let aside = file + ".corrupt-\(Int(Date().timeIntervalSince1970))"
+        // Unique: a rename onto an earlier bad file would destroy it (or fail, for a directory).
+        let aside = file + ".corrupt-\(Int(Date().timeIntervalSince1970))-\(UInt32.random(in: 0...UInt32.max))"
         let moved = rename(file, aside) == 0
         let fate = moved ? "it was moved aside to \(aside)" : "moving it aside failed (\(Self.errorText())); remove it by hand"
         log(.error, "stored thread '\(id)': \(file) is unreadable: \(why); \(fate)")
