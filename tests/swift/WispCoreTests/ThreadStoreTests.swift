@@ -44,7 +44,7 @@ private func store(_ dir: String, max: Int = 1000) throws -> ThreadStore {
     @Test func aCorruptFileIsMovedAsideAndTheIDIsFreeAgain() throws {
         let dir = freshDir()
         let s = try store(dir)
-        FileManager.default.createFile(atPath: dir + "/thread-x.json", contents: Data("{\"format\":1,\"id\":\"x\",\"turns\":2}\n[]\n".utf8))
+        _ = FileManager.default.createFile(atPath: dir + "/thread-x.json", contents: Data("{\"format\":1,\"id\":\"x\",\"turns\":2}\n[]\n".utf8))
         let error = #expect(throws: WispError.self) { try s.load("x") }
         #expect(error?.message.contains("thread-x.json") == true)
         #expect(try s.load("x") == nil)
