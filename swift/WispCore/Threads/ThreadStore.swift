@@ -164,7 +164,8 @@ public final class ThreadStore: Sendable {
         #else
         let t = st.st_mtim
         #endif
-        return Stamp(dev: UInt64(st.st_dev), ino: UInt64(st.st_ino), size: Int64(st.st_size), sec: Int(t.tv_sec), nsec: Int(t.tv_nsec))
+        // dev_t is signed (Int32) on Darwin: its bits, not its value, identify the device.
+        return Stamp(dev: UInt64(bitPattern: Int64(st.st_dev)), ino: UInt64(st.st_ino), size: Int64(st.st_size), sec: Int(t.tv_sec), nsec: Int(t.tv_nsec))
     }
 
     /// The thread's stored state, nil when none is stored. A corrupt file is moved aside and
