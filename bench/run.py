@@ -17,6 +17,10 @@ machine load. Sections (see README "Performance" for what each means):
   tokens      tokens/s through wisp vs straight to the same local llama-server (when installed)
   schema      structured output on the local model: share of 20 calls with a schema whose value
               validates, and call time with the schema / the same prompt without it (when installed)
+  durable     a turn with --state-dir (written and fsynced before the reply) vs an in-memory
+              one, threads of up to 50 turns; the first call on a stored 50-turn thread after
+              a restart (resume). The state dir is made under bench/ (WISP_BENCH_STATE_PARENT
+              moves it), not in a tmpfs /tmp where fsync costs nothing.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "caller_bytes_ratio": (0.15, "max"),
     "real_tokens_per_s_ratio": (0.95, "min"),
     "schema_valid_rate": (1.0, "min"),
+    "durable_turn_ratio": (1.5, "max"),
 }
 
 
@@ -530,6 +535,63 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
 # --- the run ------------------------------------------------------------------------------
 
 
+# --- durable ------------------------------------------------------------------------------
+
+
+async def durable(calls: int, repeats: int, resume_repeats: int) -> dict[str, Any]:
+    import shutil
+    import tempfile
+
+    parent = os.environ.get("WISP_BENCH_STATE_PARENT") or str(REPO / "bench")
+    runs = []
+    resumes: list[dict[str, float]] = []
+    state = tempfile.mkdtemp(prefix=".durable-state-", dir=parent)
+    try:
+        for r in range(repeats):
+            async with mcp_client(wisp_argv()) as memory_, mcp_client(wisp_argv("--state-dir", state)) as stored:
+                clients = {"memory": memory_, "durable": stored}
+                times: dict[str, list[float]] = {k: [] for k in clients}
+                for i in range(calls + 20):
+                    for name in (list(clients) if i % 2 else list(clients)[::-1]):
+                        # A new thread every 50 turns: the write is O(the thread), so length is part of the figure.
+                        args = {"prompt": f"ping {i}", "thread_id": f"{name}-{r}-{i // 50}"}
+                        t = time.perf_counter()
+                        res = await clients[name].call_tool("respond", args)
+                        if i >= 20:
+                            times[name].append(time.perf_counter() - t)
+                        assert not res.is_error, res
+            run = {f"{k}_p50_us": pct(v, 0.5) * 1e6 for k, v in times.items()}
+            run["ratio_p50"] = run["durable_p50_us"] / run["memory_p50_us"]
+            runs.append(run)
+            log(f"durable {r + 1}/{repeats}: p50 in memory {run['memory_p50_us']:.0f} us, durable {run['durable_p50_us']:.0f} us, ratio {run['ratio_p50']:.2f}")
+        turn = "x" * 1000
+        for r in range(resume_repeats):
+            async with mcp_client(wisp_argv("--state-dir", state)) as c:
+                for i in range(50):
+                    assert not (await c.call_tool("respond", {"prompt": f"{i} {turn}", "thread_id": f"resume-{r}"})).is_error
+            async with mcp_client(wisp_argv("--state-dir", state)) as c:
+                await c.call_tool("respond", {"prompt": "warm", "thread_id": f"warm-{r}"})
+                t = time.perf_counter()
+                res = await c.call_tool("respond", {"prompt": "resume", "thread_id": f"resume-{r}"})
+                resume = time.perf_counter() - t
+                assert res.structured_content["turns"] == 51 and not res.structured_content["created"], res
+                t = time.perf_counter()
+                await c.call_tool("respond", {"prompt": "next", "thread_id": f"resume-{r}"})
+                after = time.perf_counter() - t
+            resumes.append({"resume_ms": resume * 1e3, "next_call_ms": after * 1e3})
+            log(f"resume {r + 1}/{resume_repeats}: 50-turn thread of 1 KB prompts resumed in {resume * 1e3:.2f} ms (next call {after * 1e3:.2f} ms)")
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    return {
+        "durable_turn_ratio": median([x["ratio_p50"] for x in runs]),
+        "durable_turn_p50_us": median([x["durable_p50_us"] for x in runs]),
+        "durable_memory_turn_p50_us": median([x["memory_p50_us"] for x in runs]),
+        "durable_resume_50_turns_ms": median([x["resume_ms"] for x in resumes]),
+        "durable_resume_next_call_ms": median([x["next_call_ms"] for x in resumes]),
+        "_runs": {"durable": runs, "durable_resume": resumes},
+    }
+
+
 def machine() -> dict[str, Any]:
     cpu = "unknown"
     try:
@@ -579,6 +641,9 @@ ROWS = [
     ("real_tokens_per_s_ratio", "tokens/s through wisp / direct", "{:.3f}"),
     ("schema_valid_rate", "schema calls whose value validates", "{:.2f}"),
     ("schema_latency_ratio", "call time with a schema / without", "{:.2f}"),
+    ("durable_turn_ratio", "durable turn / in-memory turn (p50)", "{:.2f}"),
+    ("durable_turn_p50_us", "  durable / in memory p50 (us)", None),
+    ("durable_resume_50_turns_ms", "resume a stored 50-turn thread (ms)", "{:.2f}"),
 ]
 
 
@@ -594,6 +659,8 @@ def table(res: dict[str, Any]) -> str:
             shown = f"{v:.0f} / {res['roundtrip_baseline_p99_us']:.0f}"
         elif key == "cold_start_wisp_ms":
             shown = f"{v:.0f} / {res['cold_start_baseline_ms']:.0f}"
+        elif key == "durable_turn_p50_us":
+            shown = f"{v:.0f} / {res['durable_memory_turn_p50_us']:.0f}"
         elif key == "pipe_p50_us":
             shown = f"{v:.0f} (p99 {res['pipe_p99_us']:.0f})"
         elif v is None:
@@ -613,7 +680,7 @@ def table(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "schema")
+SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "schema", "durable")
 
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
@@ -627,6 +694,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "bytes": caller_bytes,
         "tokens": lambda: real_tokens(repeats=2 if q else 6),
         "schema": lambda: schema_output(calls=4 if q else 20),
+        "durable": lambda: durable(calls=100 if q else 300, repeats=2 if q else 5, resume_repeats=2 if q else 5),
     }
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}

@@ -106,6 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
     ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
+    ap.add_argument("--state-dir", metavar="DIR", help="durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none (WISP_STATE_DIR; default: memory only)")
+    ap.add_argument("--max-stored-threads", type=_at_least(1), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
     ap.add_argument("--echo-delay-ms", type=_at_least(0), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
@@ -114,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-ENV_MINIMUMS = {"WISP_MAX_THREADS": 1, "WISP_MAX_QUEUE": 0, "WISP_CONTEXT_SIZE": 1, "WISP_ECHO_DELAY_MS": 0}
+ENV_MINIMUMS = {"WISP_MAX_THREADS": 1, "WISP_MAX_QUEUE": 0, "WISP_CONTEXT_SIZE": 1, "WISP_ECHO_DELAY_MS": 0, "WISP_MAX_STORED_THREADS": 1}
 
 
 def core_config(ns: argparse.Namespace) -> CoreConfig:
@@ -136,6 +138,8 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
         ("--max-queue", ns.max_queue),
         ("--context-size", ns.context_size),
         ("--echo-delay-ms", ns.echo_delay_ms),
+        ("--state-dir", ns.state_dir),
+        ("--max-stored-threads", ns.max_stored_threads),
         ("--log-level", ns.log_level),
     ):
         if value is not None:
@@ -314,6 +318,8 @@ async def _check(config: CoreConfig, use: LocalModelUse | None = None) -> int:
     print(f"available:    {'yes' if st.available else 'no'}" + (f" ({st.reason})" if st.reason else ""))
     print(f"context size: {st.context_size} tokens")
     print(f"max threads:  {st.max_threads}")
+    if st.state_dir or st.state_error:
+        print(f"state dir:    {st.state_dir or 'not in use: ' + (st.state_error or '')}")
     if apple is not None:
         print(f"apple model:  {'available' if apple.available else 'not available'}" + (f" ({apple.reason})" if apple.reason else ""))
     if use is not None:

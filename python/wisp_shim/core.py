@@ -378,8 +378,12 @@ class Core:
         """The shim's view of the core's live threads, updated in frame order: an eviction
         or a close that the core sent after this reply must win over it."""
         if isinstance(result, p.RespondResult):
+            durable = gen.ready.done() and gen.ready.result().durable
+            if durable and result.store_error is None:
+                # Stored: a crash from here on loses nothing of it.
+                gen.alive.pop(result.thread_id, None)
             # A thread closed or evicted while this call ran is not alive again because the call finished.
-            if result.created or result.thread_id in gen.alive:
+            elif durable or result.created or result.thread_id in gen.alive:
                 gen.remember(result.thread_id)
         elif isinstance(result, p.CloseThreadResult):
             gen.alive.pop(result.thread_id, None)
@@ -435,8 +439,14 @@ class Core:
         else:
             how = f"was killed by signal {-(rc or 0)}"
         notified = {c.thread_id for c in gen.pending.values() if c.thread_id}
+        durable = gen.ready.done() and gen.ready.exception() is None and gen.ready.result().durable
         for call in list(gen.pending.values()):
-            if call.thread_id:
+            if call.thread_id and durable and call.thread_id not in gen.alive:
+                tail = (
+                    f"Thread {call.thread_id!r} is stored: call respond again with it to continue from its last stored "
+                    "turn (this call's turn is in it only if it was stored just before the crash: `turns` tells)."
+                )
+            elif call.thread_id:
                 tail = (
                     f"Thread {call.thread_id!r}'s history was lost with it: call respond again "
                     "(with the same thread_id or none) to start a new thread."
@@ -447,6 +457,7 @@ class Core:
         gen.pending.clear()
         # Callers whose own call failed above were told already; everyone else
         # learns on their next call.
+        # With a state dir, `alive` holds only threads whose latest turn could not be stored.
         lost = [t for t in gen.alive if t not in notified]
         for t in lost:
             self.lost[t] = None

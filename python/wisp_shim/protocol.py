@@ -94,6 +94,8 @@ class Ready(msgspec.Struct):
     backend: str
     model: str
     pid: int
+    # Threads are stored (--state-dir): a crash of this core loses none of their committed turns.
+    durable: bool = False
 
 
 class Progress(msgspec.Struct):
@@ -138,6 +140,8 @@ class RespondResult(msgspec.Struct, omit_defaults=True):
     dropped: int
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    # Durable threads only: why this turn could not be stored (kept in memory only).
+    store_error: str | None = None
 
 
 class CloseThreadResult(msgspec.Struct):
@@ -157,6 +161,8 @@ class ThreadInfo(msgspec.Struct):
     thread_id: str
     turns: int
     pending: int
+    live: bool = True
+    stored: bool = False
 
 
 class StatusResult(msgspec.Struct):
@@ -169,6 +175,8 @@ class StatusResult(msgspec.Struct):
     threads: list[ThreadInfo]
     reason: str | None = None
     tools: list[str] = []
+    state_dir: str | None = None
+    state_error: str | None = None
 
 
 Incoming = Ready | Progress | Evicted | Reply

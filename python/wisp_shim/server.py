@@ -138,6 +138,7 @@ def _respond_tool(max_threads: int) -> Tool:
                 "prompt_tokens": {"type": "integer"},
                 "output_tokens": {"type": "integer"},
                 "output": {"description": "With `schema`: the reply as a JSON value that matches it."},
+                "store_error": {"type": "string", "description": "With --state-dir: why this turn could not be stored (the thread is in memory only)."},
             },
             "required": ["thread_id", "created", "text", "condensed", "turns", "dropped"],
         },
@@ -174,7 +175,7 @@ CLOSE_THREAD = Tool(
 LIST_THREADS = Tool(
     name="list_threads",
     title="List live threads",
-    description="List wisp's live threads (most recently used first) with their turn counts, plus the backend and model in use. Use it to recover thread ids.",
+    description="List wisp's threads: live ones (most recently used first), then stored ones not in memory (with --state-dir), with their turn counts, plus the backend and model in use. Use it to recover thread ids.",
     input_schema={"type": "object", "properties": {}, "additionalProperties": False},
     output_schema={
         "type": "object",
@@ -185,12 +186,19 @@ LIST_THREADS = Tool(
             "reason": {"type": "string"},
             "context_size": {"type": "integer"},
             "max_threads": {"type": "integer"},
+            "state_dir": {"type": "string", "description": "Where threads are stored (--state-dir), when they are."},
             "threads": {
                 "type": "array",
                 "items": {
                     "type": "object",
-                    "properties": {"thread_id": {"type": "string"}, "turns": {"type": "integer"}, "pending": {"type": "integer"}},
-                    "required": ["thread_id", "turns", "pending"],
+                    "properties": {
+                        "thread_id": {"type": "string"},
+                        "turns": {"type": "integer"},
+                        "pending": {"type": "integer"},
+                        "live": {"type": "boolean", "description": "In memory now."},
+                        "stored": {"type": "boolean", "description": "In the state dir (--state-dir); a stored thread that is not live resumes on its next respond."},
+                    },
+                    "required": ["thread_id", "turns", "pending", "live", "stored"],
                 },
             },
         },
@@ -314,6 +322,8 @@ def _respond_content(r: p.RespondResult, asked_for: str | None) -> str:
         lines.append("[note: no live thread had this id (evicted, closed or lost), so this started a new one]")
     if r.condensed:
         lines.append(f"[note: {r.dropped} older turn(s) were dropped to fit the model's context]")
+    if r.store_error:
+        lines.append(f"[warning: this turn was answered but not stored, so a crash or restart would lose the thread: {r.store_error}]")
     lines.append(f"[thread_id: {r.thread_id}]")
     return "\n".join(lines)
 
@@ -429,6 +439,8 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
             structured["output_tokens"] = r.output_tokens
         if checked is not None:
             structured["output"] = _output(checked, r)
+        if r.store_error is not None:
+            structured["store_error"] = r.store_error
         return CallToolResult(
             content=[TextContent(type="text", text=_respond_content(r, a["thread_id"]))],
             structured_content=structured,
@@ -454,13 +466,23 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
             "available": s.available,
             "context_size": s.context_size,
             "max_threads": s.max_threads,
-            "threads": [{"thread_id": t.thread_id, "turns": t.turns, "pending": t.pending} for t in s.threads],
+            "threads": [
+                {"thread_id": t.thread_id, "turns": t.turns, "pending": t.pending, "live": t.live, "stored": t.stored} for t in s.threads
+            ],
         }
+        if s.state_dir:
+            structured["state_dir"] = s.state_dir
         if s.reason:
             structured["reason"] = s.reason
         lines = [f"backend {s.backend}, model {s.model}, " + ("available" if s.available else f"unavailable: {s.reason or 'unknown reason'}")]
-        lines.append(f"{len(s.threads)} of {s.max_threads} threads live" + (":" if s.threads else "."))
-        lines += [f"- {t.thread_id}: {t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}" for t in s.threads]
+        live = sum(t.live for t in s.threads)
+        lines.append(f"{live} of {s.max_threads} threads live" + (f", {len(s.threads) - live} more stored in {s.state_dir}" if s.state_dir else "") + (":" if s.threads else "."))
+        if s.state_error:
+            lines.append(f"threads are not stored: {s.state_error}")
+        lines += [
+            f"- {t.thread_id}: {t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{'' if t.live else ' (stored)'}"
+            for t in s.threads
+        ]
         return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=structured)
 
     handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads}

@@ -20,6 +20,9 @@ public struct CoreConfig: Sendable, Equatable {
     /// Whether model tools and `files` read regular files that have more than one hard link.
     public var allowHardLinks = false
     public var maxFrameBytes = Frame.defaultMaxBytes
+    /// Durable threads: the directory they are stored in; nil keeps them in memory only.
+    public var stateDir: String?
+    public var maxStoredThreads = 1000
 
     public init() {}
 
@@ -34,6 +37,8 @@ public struct CoreConfig: Sendable, Equatable {
       --model NAME         model name for the openai backend        (WISP_MODEL)
       --root DIR           directory model tools may read; repeat   (WISP_ROOTS, ':'-separated)
       --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
+      --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
+      --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS, default 1000)
       --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
       API key: WISP_API_KEY (env only).
     """
@@ -59,6 +64,8 @@ public struct CoreConfig: Sendable, Equatable {
             case "endpoint": c.endpoint = value.isEmpty ? nil : value
             case "model": c.model = value.isEmpty ? nil : value
             case "root": c.roots.append(value)
+            case "state-dir": c.stateDir = value.isEmpty ? nil : value
+            case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, min: 1)
             case "log-level":
                 guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
                 c.logLevel = l
@@ -69,6 +76,7 @@ public struct CoreConfig: Sendable, Equatable {
             ("WISP_BACKEND", "backend"), ("WISP_MAX_THREADS", "max-threads"), ("WISP_MAX_QUEUE", "max-queue"),
             ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
             ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_LOG_LEVEL", "log-level"),
+            ("WISP_STATE_DIR", "state-dir"), ("WISP_MAX_STORED_THREADS", "max-stored-threads"),
         ]
         for (variable, key) in env {
             if let v = environment[variable], !v.isEmpty { try apply(key, v) }

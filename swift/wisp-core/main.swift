@@ -61,13 +61,25 @@ let stdoutLock = Mutex(())
 
 let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots, allowHardLinks: config.allowHardLinks)
 if roots.paths.count < max(1, config.roots.count) { log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)") }
+var store: ThreadStore?
+var storeError: String?
+if let dir = config.stateDir {
+    do {
+        store = try ThreadStore(directory: dir, maxStored: config.maxStoredThreads, log: log)
+    } catch {
+        // Serving in memory beats not serving; the shim is told (Ready.durable false) and says so.
+        log(.error, error.message)
+        storeError = error.message
+    }
+}
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
                               tools: ToolCatalogue.tools(roots: roots),
                               toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots.adding(extra)) },
-                              fileRoots: roots)
+                              fileRoots: roots, store: store, storeError: storeError)
 let server = PipeServer(registry: registry, backend: backend, log: log, send: writeFrame)
 server.ready()
-log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)")
+log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)"
+    + (store.map { ", threads stored in \($0.directory) (at most \($0.maxStored))" } ?? ""))
 
 /// What the reader thread hands the dispatcher.
 enum Incoming: Sendable {

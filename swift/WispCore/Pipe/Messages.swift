@@ -138,11 +138,14 @@ public struct Ready: Codable, Sendable, Equatable {
     public var backend: String
     public var model: String
     public var pid: Int32
+    /// Threads are stored (`--state-dir`): a crash of this core loses none of their committed turns.
+    public var durable = false
 
-    public init(backend: String, model: String, pid: Int32) {
+    public init(backend: String, model: String, pid: Int32, durable: Bool = false) {
         self.backend = backend
         self.model = model
         self.pid = pid
+        self.durable = durable
     }
 }
 
@@ -187,9 +190,13 @@ public struct RespondResult: Codable, Sendable, Equatable {
     public var dropped: Int
     public var prompt_tokens: Int?
     public var output_tokens: Int?
+    /// Durable threads only: why this turn could not be stored (it is kept in memory only, and
+    /// a crash would lose the thread).
+    public var store_error: String?
 
     public init(thread_id: String, created: Bool, text: String, condensed: Bool, turns: Int, dropped: Int,
-                prompt_tokens: Int? = nil, output_tokens: Int? = nil) {
+                prompt_tokens: Int? = nil, output_tokens: Int? = nil, store_error: String? = nil) {
+        self.store_error = store_error
         self.thread_id = thread_id
         self.created = created
         self.text = text
@@ -222,10 +229,16 @@ public struct ThreadInfo: Codable, Sendable, Equatable {
     public var turns: Int
     /// Calls accepted for this thread and not yet finished (running or waiting).
     public var pending: Int
-    public init(thread_id: String, turns: Int, pending: Int) {
+    /// In the core's memory now.
+    public var live: Bool
+    /// In the state dir (`--state-dir`).
+    public var stored: Bool
+    public init(thread_id: String, turns: Int, pending: Int, live: Bool = true, stored: Bool = false) {
         self.thread_id = thread_id
         self.turns = turns
         self.pending = pending
+        self.live = live
+        self.stored = stored
     }
 }
 
@@ -241,9 +254,16 @@ public struct StatusResult: Codable, Sendable, Equatable {
     public var threads: [ThreadInfo]
     /// The model-tool catalogue, by name.
     public var tools: [String]
+    /// The state dir threads are stored in, when durable.
+    public var state_dir: String?
+    /// Why a `--state-dir` that was given is not in use.
+    public var state_error: String?
 
     public init(backend: String, model: String, available: Bool, reason: String?, context_size: Int,
-                max_threads: Int, max_queue: Int, threads: [ThreadInfo], tools: [String]) {
+                max_threads: Int, max_queue: Int, threads: [ThreadInfo], tools: [String],
+                state_dir: String? = nil, state_error: String? = nil) {
+        self.state_dir = state_dir
+        self.state_error = state_error
         self.backend = backend
         self.model = model
         self.available = available

@@ -40,7 +40,8 @@ public final class PipeServer: Sendable {
 
     /// The first frame, before any model loads.
     public func ready() {
-        write(Ready(backend: backend.name, model: backend.model, pid: ProcessInfo.processInfo.processIdentifier))
+        write(Ready(backend: backend.name, model: backend.model, pid: ProcessInfo.processInfo.processIdentifier,
+                    durable: registry.store != nil))
     }
 
     /// Handles one request. Call in arrival order and await each: that is what keeps calls on
@@ -69,7 +70,7 @@ public final class PipeServer: Sendable {
                     backend: backend.name, model: backend.model, available: availability.available,
                     reason: availability.reason, context_size: await backend.contextSize(),
                     max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot(),
-                    tools: registry.toolNames)))
+                    tools: registry.toolNames, state_dir: registry.store?.directory, state_error: registry.storeError)))
             }
         }
     }
@@ -189,7 +190,8 @@ public final class PipeServer: Sendable {
                 committed = true
                 reply = encode(Reply.success(r.id, RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
-                    turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens)))
+                    turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
+                    store_error: o.storeError)))
             } else {
                 let stop = inFlight.withLock { $0[r.id]?.stop } ?? .cancelled
                 reply = encode(Failure.failure(r.id, stoppedError(stop, r, thread.id)))

@@ -16,6 +16,8 @@ public final class Agent {
         public var dropped: Int
         public var promptTokens: Int?
         public var outputTokens: Int?
+        /// Durable threads: why this turn could not be stored (it is kept in memory only).
+        public var storeError: String? = nil
     }
 
     /// A turn the model has answered but the history does not hold yet: a call's result until
@@ -37,10 +39,13 @@ public final class Agent {
     private var session: (any ModelSession)?
     private var instructionTokens: Int?
 
-    public init(backend: any ModelBackend, instructions: String?, tools: [ModelTool]) {
+    /// `history`: a stored thread's turns; its session is rebuilt from them on the first call,
+    /// the same way as after condensing.
+    public init(backend: any ModelBackend, instructions: String?, tools: [ModelTool], history: [Turn] = []) {
         self.backend = backend
         self.instructions = instructions
         self.tools = tools
+        self.history = history
     }
 
     /// Answers `prompt` in this conversation, staging the turn: the history is left exactly as

@@ -10,9 +10,22 @@ public actor ConversationThread {
     public struct Binding: Sendable {
         public let instructions: String?
         public let tools: [ModelTool]
-        public init(instructions: String?, tools: [ModelTool]) {
+        /// The client roots the tools were confined with: stored, so a resumed thread gets the same.
+        public let roots: [String]
+        public init(instructions: String?, tools: [ModelTool], roots: [String] = []) {
             self.instructions = instructions
             self.tools = tools
+            self.roots = roots
+        }
+    }
+
+    /// A durable thread's store, and how to turn stored tool names and roots back into tools.
+    public struct Durability: Sendable {
+        public let store: ThreadStore
+        public let resolve: @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]
+        public init(store: ThreadStore, resolve: @escaping @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]) {
+            self.store = store
+            self.resolve = resolve
         }
     }
 
@@ -31,10 +44,22 @@ public actor ConversationThread {
     private let backend: any ModelBackend
     private var agent: Agent
     private let maxQueue: Int
+    private var roots: [String]
+    private let durability: Durability?
+    /// The identity of the stored file as this thread last wrote or read it (nil: none seen).
+    private var stamp: ThreadStore.Stamp?
+    /// The store's lock, held by the call being served.
+    private var held: ThreadStore.Lock?
+    /// Closed: calls still running on it must not store it again.
+    private var closed = false
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
     public static let firstTicket = Ticket(number: 0, start: nil, binds: [])
+
+    /// The first ticket of a thread that may turn out to be stored: the binding arguments are
+    /// checked once its history is loaded.
+    public static func firstTicket(binds: [String]) -> Ticket { Ticket(number: 0, start: nil, binds: binds) }
 
     private var issued: UInt64 = 1
     private var serving: UInt64 = 0
@@ -42,11 +67,14 @@ public actor ConversationThread {
     /// Tickets whose caller gave up (cancelled) while waiting; skipped when their turn comes.
     private var abandoned: Set<UInt64> = []
 
-    public init(id: String, backend: any ModelBackend, instructions: String?, tools: [ModelTool], maxQueue: Int) {
+    public init(id: String, backend: any ModelBackend, instructions: String?, tools: [ModelTool], maxQueue: Int,
+                roots: [String] = [], durability: Durability? = nil) {
         self.id = id
         self.backend = backend
         self.agent = Agent(backend: backend, instructions: instructions, tools: tools)
         self.maxQueue = maxQueue
+        self.roots = roots
+        self.durability = durability
     }
 
     public var turnCount: Int { agent.history.count }
@@ -83,9 +111,16 @@ public actor ConversationThread {
                         onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Agent.Outcome? {
         try await waitForTurn(ticket.number)
         defer { advance() }
+        if let durability, !closed {
+            held = try await durability.store.lock(id)
+            try reload(durability)
+        }
         if agent.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
-            if let start = ticket.start { agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools) }
+            if let start = ticket.start {
+                agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools)
+                roots = start.roots
+            }
         } else if !ticket.binds.isEmpty {
             throw bindingError(passed: ticket.binds)
         }
@@ -94,7 +129,58 @@ public actor ConversationThread {
             agent.discard(staged)
             return nil
         }
-        return agent.commit(staged)
+        return commit(staged)
+    }
+
+    /// Makes the staged turn part of the history and, on a durable thread, stores it before the
+    /// caller hears of it (the store's lock is still held: `advance` releases it).
+    private func commit(_ staged: Agent.Staged) -> Agent.Outcome {
+        var outcome = agent.commit(staged)
+        if let durability, !closed {
+            let state = ThreadStore.State(instructions: agent.instructions, tools: agent.tools.map(\.name), roots: roots, history: agent.history)
+            do {
+                stamp = try durability.store.save(id, state)
+            } catch {
+                // Kept in memory and answered: the caller is told, and a stale file must not
+                // resume later as if it were this thread.
+                outcome.storeError = error.message
+                if let held { durability.store.delete(id, holding: held) }
+                stamp = nil
+            }
+        }
+        return outcome
+    }
+
+    /// Brings a durable thread up to its stored state when the file is not the one this thread
+    /// last saw: stored by another process, resumed after a restart, or deleted (closed elsewhere,
+    /// or over the cap), which leaves the thread empty with its binding.
+    private func reload(_ durability: Durability) throws(WispError) {
+        let now = durability.store.stamp(id)
+        guard now != stamp else { return }
+        guard let (state, seen) = try durability.store.load(id) else {
+            agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools)
+            stamp = nil
+            return
+        }
+        let tools: [ModelTool]
+        do {
+            tools = try durability.resolve(state.tools, state.roots)
+        } catch {
+            throw durability.store.corrupt(id, "it is bound to tools this wisp cannot give it (\(error.message))")
+        }
+        agent = Agent(backend: backend, instructions: state.instructions, tools: tools, history: state.history)
+        roots = state.roots
+        stamp = seen
+    }
+
+    /// Closes the thread for good: calls still running on it will not store it. When the call
+    /// being served holds the store's lock, the file is deleted under it here (returns true);
+    /// otherwise the caller deletes it after taking the lock (false).
+    public func close() -> Bool {
+        closed = true
+        guard let durability, let held else { return false }
+        durability.store.delete(id, holding: held)
+        return true
     }
 
     /// The refusal of `instructions`/`tools` for this thread, which has committed turns: it says
@@ -131,6 +217,7 @@ public actor ConversationThread {
     }
 
     private func advance() {
+        held = nil
         serving += 1
         while abandoned.remove(serving) != nil { serving += 1 }
         parked.removeValue(forKey: serving)?.resume()

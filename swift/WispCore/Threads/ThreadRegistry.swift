@@ -17,7 +17,10 @@ import Foundation
 ///   thread still finish: they hold the thread itself, not its id.
 /// - Calls on one thread run one at a time in arrival order (the gate in `ConversationThread`);
 ///   calls on different threads run concurrently.
-/// - Threads live in memory for the life of the process.
+/// - Threads live in memory for the life of the process, and with a `ThreadStore` (`--state-dir`)
+///   on disk too (see its header): a call on an id that is not live but stored resumes it, an
+///   evicted thread stays stored, `close` deletes the stored file, and `snapshot` lists stored
+///   threads after the live ones.
 public actor ThreadRegistry {
     public struct Acceptance: Sendable {
         public let thread: ConversationThread
@@ -47,9 +50,16 @@ public actor ThreadRegistry {
     public nonisolated let fileRoots: Roots
     private var entries: [String: Entry] = [:]
     private var clock: UInt64 = 0
+    /// Durable threads, when `--state-dir` is given and usable.
+    public nonisolated let store: ThreadStore?
+    /// Why `--state-dir` was given but is not in use.
+    public nonisolated let storeError: String?
 
     public init(backend: any ModelBackend, capacity: Int = 32, maxQueue: Int = 16, tools: [ModelTool] = [],
-                toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([])) {
+                toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
+                store: ThreadStore? = nil, storeError: String? = nil) {
+        self.store = store
+        self.storeError = storeError
         self.catalogueWithRoots = toolsWithRoots
         self.fileRoots = fileRoots
         self.backend = backend
@@ -120,9 +130,13 @@ public actor ThreadRegistry {
         while threadID == nil && entries[id] != nil { id = Self.generateID() }
         let evicted = entries.count >= capacity ? evictOne() : nil
         // No await between the lookup above and the insert below, so creation is atomic.
-        let thread = ConversationThread(id: id, backend: backend, instructions: start.instructions, tools: start.tools, maxQueue: maxQueue)
+        let thread = ConversationThread(id: id, backend: backend, instructions: start.instructions, tools: start.tools, maxQueue: maxQueue,
+                                        roots: start.roots, durability: durability)
         entries[id] = Entry(thread: thread, lastUsed: clock, inFlight: 1)
-        return Acceptance(thread: thread, ticket: ConversationThread.firstTicket, evicted: evicted)
+        // A stored thread is loaded when its call's turn comes (under its lock), and only then
+        // can binding arguments be told apart from a new thread's.
+        let ticket = durability != nil && threadID != nil ? ConversationThread.firstTicket(binds: binds) : ConversationThread.firstTicket
+        return Acceptance(thread: thread, ticket: ticket, evicted: evicted)
     }
 
     /// Marks an accepted call as ended, so its thread counts as idle for eviction again.
@@ -148,7 +162,25 @@ public actor ThreadRegistry {
             let names = Set(tools.map(\.name))
             tools = catalogueWithRoots(roots).filter { names.contains($0.name) }
         }
-        return ConversationThread.Binding(instructions: instructions.flatMap { $0.isEmpty ? nil : $0 }, tools: tools)
+        return ConversationThread.Binding(instructions: instructions.flatMap { $0.isEmpty ? nil : $0 }, tools: tools,
+                                          roots: !tools.isEmpty ? roots ?? [] : [])
+    }
+
+    private var durability: ConversationThread.Durability? {
+        guard let store else { return nil }
+        let catalogue = catalogue, catalogueWithRoots = catalogueWithRoots
+        return ConversationThread.Durability(store: store) { (names: [String], roots: [String]) throws(WispError) -> [ModelTool] in
+            var tools: [ModelTool] = []
+            for name in names {
+                guard let tool = catalogue[name] else { throw WispError(.invalidArgument, "unknown tool \(name.debugDescription)") }
+                tools.append(tool)
+            }
+            if !tools.isEmpty, !roots.isEmpty, let catalogueWithRoots {
+                let wanted = Set(names)
+                tools = catalogueWithRoots(roots).filter { wanted.contains($0.name) }
+            }
+            return tools
+        }
     }
 
     /// Client roots must be absolute paths a model tool can be confined to, and not too many.
@@ -162,10 +194,14 @@ public actor ThreadRegistry {
         }
     }
 
-    /// Frees a thread. True when it existed.
-    public func close(_ threadID: String) throws(WispError) -> Bool {
+    /// Frees a thread, and deletes it from the store. True when it existed (live or stored).
+    public func close(_ threadID: String) async throws(WispError) -> Bool {
         try Self.validate(threadID)
-        return entries.removeValue(forKey: threadID) != nil
+        let live = entries.removeValue(forKey: threadID)
+        guard let store else { return live != nil }
+        if let live, await live.thread.close() { return true }
+        let stored = try await store.delete(threadID)
+        return live != nil || stored
     }
 
     public func contains(_ threadID: String) -> Bool { entries[threadID] != nil }
@@ -174,13 +210,20 @@ public actor ThreadRegistry {
 
     public var count: Int { entries.count }
 
-    /// Live threads, most recently used first.
+    /// Live threads, most recently used first, then stored ones that are not live, most recently written first.
     public func snapshot() async -> [ThreadInfo] {
         var infos: [(UInt64, ThreadInfo)] = []
+        let stored = store?.summaries() ?? []
+        let storedIDs = Set(stored.map(\.id))
         for (id, entry) in entries {
-            infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight)))
+            infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,
+                                                     live: true, stored: storedIDs.contains(id))))
         }
-        return infos.sorted { $0.0 > $1.0 }.map(\.1)
+        let live = infos.sorted { $0.0 > $1.0 }.map(\.1)
+        let liveIDs = Set(entries.keys)
+        return live + stored.filter { !liveIDs.contains($0.id) }.map {
+            ThreadInfo(thread_id: $0.id, turns: $0.turns, pending: 0, live: false, stored: true)
+        }
     }
 
     private func resolve(_ names: [String]) throws(WispError) -> [ModelTool] {

@@ -1,0 +1,278 @@
+"""Durable threads (issue 18): `--state-dir` through the real shim and core, echo backend.
+
+The echo backend's `echo N:` is the number of prompts the thread's context holds, so a thread
+that continues with its full history after a crash or restart says so in its reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, core_path, error_text, ok, shim_env, text_of, wisp
+from test_faults import _core_pids, _wait_for
+
+sys.path.insert(0, str(REPO / "python"))
+from wisp_shim import protocol as p  # noqa: E402
+
+
+def stored(state: Path) -> dict[str, dict]:
+    """Every thread file, parsed as the core writes it (header line, state line)."""
+    out = {}
+    for f in state.iterdir():
+        if f.name.startswith("thread-") and f.name.endswith(".json"):
+            header, body, *rest = f.read_bytes().split(b"\n")
+            assert rest == [b""], f"{f.name}: trailing bytes"
+            h, b = json.loads(header), json.loads(body)
+            assert h["format"] == 1 and h["turns"] == len(b["history"]), f"{f.name}: header disagrees with its state"
+            out[h["id"]] = b
+    return out
+
+
+async def say(c, tid: str, prompt: str) -> dict:
+    return ok(await c.call_tool("respond", {"prompt": prompt, "thread_id": tid}))
+
+
+def echo_n(r: dict) -> int:
+    return int(r["text"].split(":", 1)[0].removeprefix("echo "))
+
+
+async def test_a_restarted_server_continues_every_thread_with_its_binding(tmp_path):
+    state = tmp_path / "state"
+    async with wisp("--state-dir", str(state)) as c:
+        first = ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "a", "instructions": "be brief"}))
+        assert first["created"]
+        await say(c, "a", "two")
+        await say(c, "b", "only")
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert {f.name for f in state.iterdir() if f.suffix == ".json"} == {"thread-a.json", "thread-b.json"}
+    for f in state.glob("thread-*.json"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert stored(state)["a"]["instructions"] == "be brief"
+
+    async with wisp("--state-dir", str(state)) as c:
+        listed = ok(await c.call_tool("list_threads", {}))["threads"]
+        assert {(t["thread_id"], t["turns"], t["live"], t["stored"]) for t in listed} == {("a", 2, False, True), ("b", 1, False, True)}
+        r = await say(c, "a", "three")
+        assert (r["created"], echo_n(r), r["turns"]) == (False, 3, 3)
+        # The binding came back with the history: passing it again is refused, as for a live thread.
+        refused = await c.call_tool("respond", {"prompt": "x", "thread_id": "a", "instructions": "other"})
+        assert "be brief" in error_text(refused)
+        assert echo_n(await say(c, "b", "again")) == 2
+
+
+async def test_kill_9_of_the_core_between_and_during_calls_loses_no_thread(tmp_path):
+    state = tmp_path / "state"
+    async with wisp("--state-dir", str(state)) as c:
+        for tid in ("x", "y", "z"):
+            for i in range(3):
+                await say(c, tid, f"{tid}{i}")
+        os.kill(_core_pids(c)[-1], signal.SIGKILL)
+        await _wait_for(lambda: len(_core_pids(c)) == 2, 10)
+        for tid in ("x", "y"):
+            r = await say(c, tid, "after the crash")
+            assert (r["created"], echo_n(r)) == (False, 4), r
+
+        # Mid-call: the running call fails, its thread keeps every turn answered before it.
+        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 20000 slow", "thread_id": "y"}))
+        await asyncio.sleep(0.5)
+        os.kill(_core_pids(c)[-1], signal.SIGKILL)
+        failed = error_text(await asyncio.wait_for(slow, 10))
+        assert failed.startswith("core_crashed") and "is stored" in failed, failed
+        for tid, n in (("x", 5), ("y", 5), ("z", 4)):
+            r = await say(c, tid, "after the second crash")
+            assert (r["created"], echo_n(r)) == (False, n), (tid, r)
+
+
+def _spawn_core(state: Path, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen([core_path(), "--backend", "echo", "--state-dir", str(state), *extra],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=shim_env())
+    ready = _read_frame(proc)
+    assert ready["event"] == "ready" and ready["durable"] is True
+    return proc
+
+
+def _read_frame(proc: subprocess.Popen) -> dict | None:
+    header = proc.stdout.read(4)
+    if len(header) < 4:
+        return None
+    (n,) = p._HEADER.unpack(header)
+    body = proc.stdout.read(n)
+    return json.loads(body) if len(body) == n else None
+
+
+def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
+    """Many trials: a core storing turns as fast as it can is SIGKILLed at a random instant."""
+    state = tmp_path / "state"
+    threads = ["t0", "t1", "t2"]
+    acked = dict.fromkeys(threads, 0)
+    rng = random.Random(18)
+    big = "w" * 20000  # a larger file takes longer to write, so kills land inside writes
+    trials = 40
+    for trial in range(trials):
+        # A context that never condenses, so the history only grows and echo N counts every turn.
+        proc = _spawn_core(state, "--context-size", "100000000")
+        ids = {}
+
+        def reader():
+            while (m := _read_frame(proc)) is not None:
+                if m.get("ok"):
+                    r = m["result"]
+                    acked[r["thread_id"]] = max(acked[r["thread_id"]], r["turns"])
+
+        t = threading.Thread(target=reader, daemon=True)
+        t.start()
+        try:
+            for i in range(60):
+                tid = threads[i % 3]
+                ids[i + 1] = tid
+                proc.stdin.write(p.encode(p.Respond(id=i + 1, prompt=f"{trial}-{i} {big}", thread_id=tid)))
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        time.sleep(rng.uniform(0.0, 0.08))
+        proc.kill()
+        proc.wait()
+        t.join(5)
+        files = stored(state)  # every file parses: none torn
+        for tid in threads:
+            if tid not in files:
+                assert acked[tid] == 0
+                continue
+            turns = len(files[tid]["history"])
+            # The reply is sent after the write: a file may be one turn ahead of what was seen, never behind.
+            assert turns in (acked[tid], acked[tid] + 1), (trial, tid, turns, acked[tid])
+            responses = [h["response"] for h in files[tid]["history"]]
+            assert [int(r.split(":")[0][5:]) for r in responses] == list(range(1, turns + 1))
+            acked[tid] = turns
+    assert min(acked.values()) > 0  # the trials did store turns, in every thread
+    # What killed writers left behind is cleared by the next core on the directory.
+    last = _spawn_core(state)
+    last.kill()
+    last.wait()
+    assert not [f for f in state.iterdir() if f.name.startswith(".tmp-")]
+    print(f"kill -9 during writes: {trials} trials, {sum(acked.values())} turns stored, every file old or new")
+
+
+async def test_two_servers_on_one_state_dir_lose_no_turn(tmp_path):
+    state = tmp_path / "state"
+    per_server = 25
+    async with wisp("--state-dir", str(state)) as one, wisp("--state-dir", str(state)) as two:
+        seen: list[int] = []
+
+        async def hammer(c, own: str):
+            for i in range(per_server):
+                seen.append(echo_n(await say(c, "shared", f"{own} {i}")))
+                await say(c, own, f"{own} {i}")
+
+        await asyncio.gather(hammer(one, "own-1"), hammer(two, "own-2"))
+        # Every call on the shared thread saw every turn before it: no two saw the same count.
+        assert sorted(seen) == list(range(1, 2 * per_server + 1))
+        last = await say(one, "shared", "count")
+        assert echo_n(last) == 2 * per_server + 1
+        assert echo_n(await say(two, "own-1", "count")) == per_server + 1
+    files = stored(state)
+    assert len(files["shared"]["history"]) == 2 * per_server + 1
+
+
+def _table(state: Path):
+    f = state / "thread-bad.json"
+    return {
+        "garbage": lambda: f.write_bytes(os.urandom(300)),
+        "truncated": lambda: f.write_bytes(b'{"format":1,"id":"bad","turns":1}\n{"instructions":null,"tools":[],"roots":[],"history":[{"pro'),
+        "version 999": lambda: f.write_bytes(b'{"format":999,"id":"bad","turns":0}\n{}\n'),
+        "another id": lambda: f.write_bytes(b'{"format":1,"id":"other","turns":0}\n{"instructions":null,"tools":[],"roots":[],"history":[]}\n'),
+        "oversized": lambda: os.truncate(f, 64 * 1024 * 1024 + 1) if f.touch() is None else None,
+        "a directory": lambda: f.mkdir(),
+        "a symlink": lambda: f.symlink_to(state / "thread-good.json"),
+    }
+
+
+async def test_a_bad_thread_file_affects_only_its_thread(tmp_path):
+    state = tmp_path / "state"
+    async with wisp("--state-dir", str(state)) as c:
+        await say(c, "good", "one")
+        for name, make in _table(state).items():
+            make()
+            failed = error_text(await c.call_tool("respond", {"prompt": "hi", "thread_id": "bad"}))
+            assert "thread-bad.json" in failed and "moved aside" in failed, (name, failed)
+            assert not (state / "thread-bad.json").is_symlink() and not (state / "thread-bad.json").exists(), name
+            again = await say(c, "bad", "hi")
+            assert (again["created"], echo_n(again)) == (True, 1), name
+            ok(await c.call_tool("close_thread", {"thread_id": "bad"}))
+            assert echo_n(await say(c, "good", name)) >= 2
+        aside = [f for f in state.iterdir() if ".corrupt-" in f.name]
+        assert aside, "the bad files were kept aside for a person to look at"
+
+
+async def test_eviction_keeps_the_file_close_and_the_cap_delete_it(tmp_path):
+    state = tmp_path / "state"
+    async with wisp("--state-dir", str(state), "--max-threads", "1", "--max-stored-threads", "3") as c:
+        await say(c, "a", "1")
+        await say(c, "b", "1")  # evicts a from memory
+        r = await say(c, "a", "2")
+        assert (r["created"], echo_n(r)) == (False, 2)
+        closed = ok(await c.call_tool("close_thread", {"thread_id": "b"}))
+        assert closed["closed"] and not (state / "thread-b.json").exists()
+        assert (await say(c, "b", "new"))["created"]
+        for tid in ("c", "d"):
+            await say(c, tid, "1")
+        # Four stored, three kept: a, written last before b's new start, goes.
+        assert sorted(stored(state)) == ["b", "c", "d"]
+        listed = ok(await c.call_tool("list_threads", {}))
+        assert [t["thread_id"] for t in listed["threads"]][0] == "d"
+        assert listed["state_dir"] == str(state)
+
+
+async def test_closing_a_stored_thread_that_is_not_live(tmp_path):
+    state = tmp_path / "state"
+    async with wisp("--state-dir", str(state)) as c:
+        await say(c, "keep", "1")
+    async with wisp("--state-dir", str(state)) as c:
+        assert ok(await c.call_tool("close_thread", {"thread_id": "keep"}))["closed"]
+        assert (await say(c, "keep", "again"))["created"]
+
+
+async def test_an_unusable_state_dir_serves_in_memory_and_says_so(tmp_path):
+    state = tmp_path / "open"
+    state.mkdir()
+    state.chmod(0o777)
+    async with wisp("--state-dir", str(state)) as c:
+        r = await say(c, "m", "1")
+        assert r["created"]
+        listed = text_of(await c.call_tool("list_threads", {}))
+        assert "not stored" in listed and "chmod 700" in listed, listed
+        assert not list(state.iterdir())
+        # Not durable, so a crash loses the thread, and the caller is told.
+        os.kill(_core_pids(c)[-1], signal.SIGKILL)
+        await _wait_for(lambda: len(_core_pids(c)) == 2, 10)
+        assert error_text(await c.call_tool("respond", {"prompt": "2", "thread_id": "m"})).startswith("thread_lost")
+
+
+async def test_without_a_state_dir_nothing_is_written(tmp_path):
+    """The default: the shim and core are run from an empty directory with an empty HOME and TMPDIR."""
+    from mcp import Client, StdioServerParameters, stdio_client
+
+    from conftest import shim_command
+
+    cwd, home, tmp = tmp_path / "cwd", tmp_path / "home", tmp_path / "tmp"
+    for d in (cwd, home, tmp):
+        d.mkdir()
+    argv = shim_command("--backend", "echo")
+    env = shim_env(HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=str(REPO / "python"))
+    async with Client(stdio_client(StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(cwd)))) as c:
+        await say(c, "t", "1")
+        assert echo_n(await say(c, "t", "2")) == 2
+        await c.call_tool("close_thread", {"thread_id": "t"})
+    assert [list(d.rglob("*")) for d in (cwd, home, tmp)] == [[], [], []]
