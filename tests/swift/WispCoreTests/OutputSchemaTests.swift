@@ -99,7 +99,7 @@ import Testing
 
     @Test func agentKeepsHistoryWhenTheReplyMissesTheSchema() async throws {
         let agent = Agent(backend: EchoBackend(), instructions: nil, tools: [])
-        _ = try await agent.respond(to: "first", settings: GenerationSettings(), onPartial: nil)
+        _ = agent.commit(try await agent.respond(to: "first", settings: GenerationSettings(), onPartial: nil))
         let digits = try OutputSchema(text: #"{"type":"string","pattern":"^[0-9]+$"}"#)
         await #expect(throws: WispError.self) {
             do {
@@ -110,7 +110,7 @@ import Testing
             }
         }
         #expect(agent.history.map(\.prompt) == ["first"])
-        let next = try await agent.respond(to: "again", settings: GenerationSettings(), onPartial: nil)
+        let next = agent.commit(try await agent.respond(to: "again", settings: GenerationSettings(), onPartial: nil))
         #expect(next.text == "echo 2: again")
     }
 
