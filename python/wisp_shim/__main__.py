@@ -147,6 +147,10 @@ APPLE_ALTERNATIVES = (
 MODEL_ERRORS = ("model_unavailable", "generation_failed")
 
 
+def max_threads(ns: argparse.Namespace) -> int:
+    return ns.max_threads or _env_int("WISP_MAX_THREADS") or 32
+
+
 class LocalModelUse:
     """What this run does about wisp's own local model (local_model.decide), as the core's hooks:
     start it before the core, stop it after, and make a failed call's error say what the core
@@ -155,7 +159,8 @@ class LocalModelUse:
     def __init__(self, ns: argparse.Namespace, config: CoreConfig, platform: str = sys.platform) -> None:
         self.config = config
         self.plan = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
-                                     model_path=ns.model_path, context_size=ns.context_size, platform=platform)
+                                     model_path=ns.model_path, context_size=ns.context_size,
+                                     max_threads=max_threads(ns), platform=platform)
         self.lm = self.plan.lm
         self.active = False  # the core runs against self.lm
         self._probed = False
@@ -332,8 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     use = LocalModelUse(ns, config)
     if ns.check:
         return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None)
-    max_threads = ns.max_threads or _env_int("WISP_MAX_THREADS") or 32
-    anyio.run(_serve, config, max_threads)
+    anyio.run(_serve, config, max_threads(ns))
     # Everything is shut down by now; interpreter teardown of the SDK's import graph
     # would add ~0.5 s that an MCP client waits through on every exit.
     _exit_now()
