@@ -473,14 +473,20 @@ def _direct_stream(endpoint: str, model: str, prompt: str, max_tokens: int, t0: 
 
 
 async def _at_once(ask: Callable[[str, float], Any], n: int) -> dict[str, float]:
-    """`n` callers at once, then one alone: aggregate tokens/s of each, and the last of the n
-    callers' time to first token. `ask(prompt, t0)` -> (first token s, done s, tokens)."""
+    """One caller alone, `n` at once, one alone again: aggregate tokens/s of the n against the
+    mean of the two alone (so that a load change around them weighs on both sides), and the
+    last of the n callers' time to first token. `ask(prompt, t0)` -> (first token s, done s, tokens)."""
+    async def one() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        first, done, tokens = await ask(CONCURRENT_PROMPTS[0], t0)
+        return first, tokens / done
+
+    first, before = await one()
     t0 = time.perf_counter()
     together = await asyncio.gather(*(ask(CONCURRENT_PROMPTS[i % len(CONCURRENT_PROMPTS)], t0) for i in range(n)))
     wall = max(done for _, done, _ in together)
-    t0 = time.perf_counter()
-    first, done, tokens = await ask(CONCURRENT_PROMPTS[0], t0)
-    alone = tokens / done
+    _, after = await one()
+    alone = (before + after) / 2
     aggregate = sum(t for _, _, t in together) / wall
     return {"alone_tps": alone, "together_tps": aggregate, "ratio": aggregate / alone,
             "last_first_token_s": max(f for f, _, _ in together), "alone_first_token_s": first}
