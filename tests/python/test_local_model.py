@@ -83,6 +83,107 @@ def test_plan_on_a_mac_without_apple_intelligence_has_the_server_ready_to_start(
     assert "absent.gguf" in p.missing and "make local-model" in p.missing
 
 
+# --- parallel slots: how many, and the argv that gives each thread its whole context -------------
+
+GiB = 1 << 30
+SMOLLM2_KV = 30 * 3 * (64 + 64) * 2  # layers x KV heads x (key + value dims) x f16 bytes
+LLAMA_8B_KV = 32 * 8 * (128 + 128) * 2
+
+
+@pytest.mark.parametrize("max_threads, context, kv, memory, want", [
+    (32, 4096, SMOLLM2_KV, 24 * GiB, 32),   # this machine: every thread gets a slot
+    (32, 4096, SMOLLM2_KV, 8 * GiB, 11),    # 1 GiB of KV / 90 MiB a slot
+    (4, 4096, SMOLLM2_KV, 64 * GiB, 4),     # never more slots than threads
+    (1, 4096, SMOLLM2_KV, 64 * GiB, 1),
+    (32, 8192, SMOLLM2_KV, 8 * GiB, 5),     # a longer context costs slots, never context
+    (32, 4096, SMOLLM2_KV, 256 << 20, 1),   # too little memory still serves, one at a time
+    (1000, 4096, SMOLLM2_KV, 1 << 40, 256), # llama.cpp's most
+    (32, 4096, LLAMA_8B_KV, 16 * GiB, 4),   # a bigger model: 512 MiB a slot
+    (32, 4096, None, 16 * GiB, 4),          # shape unknown: llama-server's own default
+    (32, 4096, SMOLLM2_KV, None, 4),
+    (2, 4096, None, None, 2),
+])
+def test_slot_count(max_threads, context, kv, memory, want):
+    assert lm.slot_count(max_threads, context, kv, memory) == want
+
+
+def _arg(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_argv_gives_every_slot_the_whole_per_thread_context(model_file):
+    argv = lm.LocalModel(binary=Path("/x/llama-server"), model=model_file, context_size=4096, slots=11, port=1).argv()
+    assert (_arg(argv, "-np"), _arg(argv, "-c")) == ("11", str(11 * 4096))
+    # A unified pool would let -c be shared, so one long thread could leave another short.
+    assert "--no-kv-unified" in argv and "--kv-unified" not in argv and "--cont-batching" in argv
+
+
+def _gguf(kvs: list[tuple[str, int, object]]) -> bytes:
+    """A GGUF v3 header with these (key, type, value) pairs and no tensors."""
+    import struct
+
+    def string(text: str) -> bytes:
+        raw = text.encode()
+        return struct.pack("<Q", len(raw)) + raw
+
+    out = b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs))
+    for key, kind, value in kvs:
+        out += string(key) + struct.pack("<I", kind)
+        if kind == 8:
+            out += string(value)
+        elif kind == 9:
+            item, items = value
+            out += struct.pack("<IQ", item, len(items))
+            out += b"".join(string(v) for v in items) if item == 8 else struct.pack(f"<{len(items)}i", *items)
+        else:
+            out += struct.pack({4: "<I", 6: "<f", 7: "<?"}[kind], value)
+    return out
+
+
+def test_kv_bytes_per_token_from_the_gguf_shape(tmp_path):
+    path = tmp_path / "m.gguf"
+    # SmolLM2-135M's shape, with a vocabulary after it that must be walked past.
+    path.write_bytes(_gguf([
+        ("general.architecture", 8, "llama"), ("tokenizer.ggml.tokens", 9, (8, ["a", "bc", ""] * 1000)),
+        ("llama.block_count", 4, 30), ("llama.embedding_length", 4, 576), ("llama.rope.freq_base", 6, 1e5),
+        ("llama.attention.head_count", 4, 9), ("llama.attention.head_count_kv", 4, 3), ("x.flag", 7, True),
+    ]))
+    assert lm.kv_bytes_per_token(path) == SMOLLM2_KV
+    # Per-layer KV heads (as some models store them) and explicit key/value widths.
+    path.write_bytes(_gguf([
+        ("general.architecture", 8, "m"), ("m.block_count", 4, 3), ("m.embedding_length", 4, 64),
+        ("m.attention.head_count", 4, 4), ("m.attention.head_count_kv", 9, (5, [1, 2, 0])),
+        ("m.attention.key_length", 4, 32), ("m.attention.value_length", 4, 16),
+    ]))
+    assert lm.kv_bytes_per_token(path) == (1 + 2 + 0) * (32 + 16) * 2
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF", b"GGML" + bytes(40), b"GGUF\x03\x00\x00\x00" + bytes(8) + b"\xff" * 8])
+def test_kv_bytes_per_token_of_an_unreadable_file_is_unknown(tmp_path, content):
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(content)
+    assert lm.kv_bytes_per_token(path) is None
+
+
+def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
+    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL", "WISP_CONTEXT_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    binary = install_fake(tmp_path / "bin")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(_gguf([("general.architecture", 8, "llama"), ("llama.block_count", 4, 30),
+                             ("llama.embedding_length", 4, 576), ("llama.attention.head_count", 4, 9),
+                             ("llama.attention.head_count_kv", 4, 3)]))
+    monkeypatch.setattr(lm, "physical_memory", lambda: 8 * GiB)
+    plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
+    assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
+    # The shim's --max-threads reaches the rule.
+    from conftest import core_path
+    from wisp_shim.__main__ import LocalModelUse, core_config, parse_args
+
+    ns = parse_args(["--core", core_path(), "--max-threads", "3", "--llama-server", str(binary), "--model-path", str(model)])
+    assert LocalModelUse(ns, core_config(ns), platform="linux").lm.slots == 3
+
+
 def test_describe_exit_names_the_signal_and_the_fix():
     text = lm.describe_exit(Path("/x/llama-server"), -signal.SIGILL, "while starting")
     assert text.startswith("the local model server (/x/llama-server) was killed by SIGILL while starting: ")

@@ -49,9 +49,9 @@ if isinstance(_found, str):
     pytestmark = pytest.mark.skip(reason=_found)
 
 
-def _serve(context_size: int):
+def _serve(context_size: int, slots: int = 1):
     assert not isinstance(_found, str)
-    lm = local_model.LocalModel(binary=_found[0], model=_found[1], context_size=context_size)
+    lm = local_model.LocalModel(binary=_found[0], model=_found[1], context_size=context_size, slots=slots)
     lm.spawn()
     deadline = time.monotonic() + 120
     while not lm.healthy():
@@ -61,9 +61,13 @@ def _serve(context_size: int):
     return lm
 
 
+PARALLEL = 4
+
+
 @pytest.fixture(scope="module")
 def llama():
-    lm = _serve(local_model.DEFAULT_CONTEXT)
+    # Several slots, as wisp starts it: each thread's context is a slot's, not the whole -c.
+    lm = _serve(local_model.DEFAULT_CONTEXT, slots=PARALLEL)
     yield lm
     lm.stop()
 
@@ -303,3 +307,55 @@ async def test_local_server_is_restarted_if_it_dies(llama):
                 break
             await asyncio.sleep(0.5)
         assert "paris" in ok(r)["text"].lower()
+
+
+def _props(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=5) as r:
+        return json.load(r)
+
+
+async def test_every_slot_has_the_whole_per_thread_context(llama):
+    props = _props(llama.port)
+    assert (props["total_slots"], props["default_generation_settings"]["n_ctx"]) == (PARALLEL, local_model.DEFAULT_CONTEXT)
+    with RecordingProxy(llama.port) as proxy:
+        async with via(proxy) as c:
+            st = ok(await c.call_tool("list_threads", {}))
+    assert st["context_size"] == local_model.DEFAULT_CONTEXT
+
+
+def test_check_reports_the_per_thread_context_of_wisps_own_server():
+    """--check starts the local model as wisp does (a slot per thread, -c = slots x 4096)."""
+    import subprocess
+
+    from conftest import REPO, shim_command
+
+    run = subprocess.run(shim_command("--check"), capture_output=True, text=True, timeout=180,
+                         env=shim_env(**LOCAL), cwd=REPO, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "context size: 4096 tokens" in run.stdout, run.stdout
+    slots = run.stderr.split(" -np ", 1)[1].split()[0] if " -np " in run.stderr else ""
+    assert slots.isdigit() and int(slots) > 1, run.stderr  # several slots, each of 4096
+
+
+async def test_threads_asking_at_once_are_answered_at_once(llama):
+    """With a slot each, every caller gets its first token before any caller's answer is done
+    (with one slot, the last waits for all the others to finish)."""
+    first: dict[int, float] = {}
+    done: dict[int, float] = {}
+    prompts = ["Write a short story about a lighthouse.", "Write a short story about a baker.",
+               "Write a short story about a radio.", "Write a short story about a dog."]
+    with RecordingProxy(llama.port) as proxy:
+        async with via(proxy) as c:
+            async def ask(i: int) -> None:
+                async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                    first.setdefault(i, time.monotonic())
+
+                ok(await c.call_tool("respond", {"prompt": prompts[i], "temperature": 0, "max_output_tokens": 64},
+                                     progress_callback=on_progress))
+                done[i] = time.monotonic()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(PARALLEL):
+                    tg.start_soon(ask, i)
+    assert sorted(first) == list(range(PARALLEL)), first
+    assert max(first.values()) < min(done.values()), (first, done)
