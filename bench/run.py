@@ -457,7 +457,7 @@ SCHEMA = {
     "properties": {
         "severity": {"type": "string", "enum": ["error", "warning", "note"]},
         "line": {"type": "integer", "minimum": 1, "maximum": 10000},
-        "files": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+        "files": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z0-9_./-]{1,40}$"}, "minItems": 1, "maxItems": 3},
     },
     "required": ["severity", "line", "files"],
     "additionalProperties": False,

@@ -278,7 +278,9 @@ REAL_SCHEMA = {
     "properties": {
         "severity": {"type": "string", "enum": ["error", "warning", "note"]},
         "line": {"type": "integer", "minimum": 1, "maximum": 10000},
-        "files": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+        # Bounded as a user would bound file names: an unbounded string lets a small model ramble
+        # past any output cap (seen: cut off at 200 tokens inside one string).
+        "files": {"type": "array", "items": {"type": "string", "pattern": "^[A-Za-z0-9_./-]{1,40}$"}, "minItems": 1, "maxItems": 3},
     },
     "required": ["severity", "line", "files"],
     "additionalProperties": False,
@@ -300,7 +302,7 @@ async def test_real_model_20_calls_all_validate():
                 started = time.monotonic()
                 for i in range(20):
                     s = ok(await c.call_tool("respond", {"prompt": REAL_PROMPTS[i % len(REAL_PROMPTS)], "schema": REAL_SCHEMA,
-                                                         "temperature": 0.7, "max_output_tokens": 200}))
+                                                         "temperature": 0.7, "max_output_tokens": 512}))
                     jsonschema.validate(s["output"], REAL_SCHEMA)
                     assert json.loads(s["text"]) == s["output"]
                 print(f"\n20 structured calls in {time.monotonic() - started:.1f} s")

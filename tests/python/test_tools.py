@@ -107,16 +107,24 @@ async def test_the_catalogue_in_respond_description_is_the_cores(tmp_path):
     from wisp_shim import protocol as p
     from wisp_shim.server import MODEL_TOOLS
 
-    proc = subprocess.run(
-        [core_path(), "--backend", "echo"],
-        input=p.frame(p.encode_payload(p.Status(id=1))), capture_output=True, timeout=30,
-    )
-    frames, data = [], proc.stdout
-    while data:
-        (n,) = struct.unpack(">I", data[:4])
-        frames.append(msgspec.json.decode(data[4:4 + n]))
-        data = data[4 + n:]
-    status = next(f for f in frames if f.get("id") == 1)
+    # stdin stays open until the reply is read: at EOF the core stops at once, and a status
+    # still being answered then is dropped.
+    proc = subprocess.Popen([core_path(), "--backend", "echo"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    try:
+        proc.stdin.write(p.frame(p.encode_payload(p.Status(id=1))))
+        proc.stdin.flush()
+        status = None
+        while status is None:
+            header = proc.stdout.read(4)
+            assert len(header) == 4, "the core closed its stdout before answering status"
+            (n,) = struct.unpack(">I", header)
+            frame = msgspec.json.decode(proc.stdout.read(n))
+            if frame.get("id") == 1:
+                status = frame
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
     assert sorted(status["result"]["tools"]) == sorted(MODEL_TOOLS)
     async with wisp() as client:
         respond = next(t for t in (await client.list_tools()).tools if t.name == "respond")
