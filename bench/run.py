@@ -610,7 +610,7 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
         return {"real_concurrency_throughput_ratio": None, "real_concurrency_reason": reason}
 
     # The slots wisp gives it by default (--max-threads 32).
-    slots = local_model.slot_count(32, local_model.DEFAULT_CONTEXT, local_model.kv_bytes_per_token(gguf), local_model.physical_memory())
+    slots = local_model.slot_count(32, local_model.DEFAULT_CONTEXT, local_model.kv_bytes_per_token(gguf), local_model.physical_memory(), os.cpu_count())
     out: dict[str, Any] = {"real_concurrency_slots": slots}
     runs: dict[str, list[dict[str, float]]] = {"wisp": [], "direct": [], "direct_np1": []}
 

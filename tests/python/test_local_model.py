@@ -107,6 +107,17 @@ def test_slot_count(max_threads, context, kv, memory, want):
     assert lm.slot_count(max_threads, context, kv, memory) == want
 
 
+@pytest.mark.parametrize("max_threads, memory, cpus, want", [
+    (32, 24 * GiB, 2, 8),     # this machine: 4 a CPU, though memory would allow 32
+    (32, 24 * GiB, 16, 32),   # enough CPUs: every thread gets a slot
+    (32, 8 * GiB, 16, 11),    # memory still limits
+    (3, 24 * GiB, 2, 3),      # never more slots than threads
+    (32, 24 * GiB, None, 32), # CPU count unknown: no CPU cap
+])
+def test_slot_count_per_cpu(max_threads, memory, cpus, want):
+    assert lm.slot_count(max_threads, 4096, SMOLLM2_KV, memory, cpus) == want
+
+
 def _arg(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
@@ -174,6 +185,7 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
                              ("llama.embedding_length", 4, 576), ("llama.attention.head_count", 4, 9),
                              ("llama.attention.head_count_kv", 4, 3)]))
     monkeypatch.setattr(lm, "physical_memory", lambda: 8 * GiB)
+    monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)  # memory, not CPUs, is the limit here
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
     # The shim's --max-threads reaches the rule.
