@@ -125,12 +125,13 @@ async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
 
 
 async def pipe(calls: int, repeats: int) -> dict[str, Any]:
-    """The shim's own core client (wisp_shim.core.Core) against wisp-core, no MCP at all."""
-    from wisp_shim.core import Core, CoreConfig
+    """The shim's own core client (wisp_shim.client.Core) against wisp-core, no MCP at all."""
+    from wisp_shim.client import Core
+    from wisp_shim.supervisor import CoreLaunch
 
     runs = []
     for r in range(repeats):
-        core = Core(CoreConfig(core=str(CORE), args=["--backend", "echo", "--context-size", "100000000", "--log-level", "warning"]))
+        core = Core(CoreLaunch(core=str(CORE), args=["--backend", "echo", "--context-size", "100000000", "--log-level", "warning"]))
         core.start()
         try:
             tid = (await core.respond("hello")).thread_id

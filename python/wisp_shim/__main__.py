@@ -15,7 +15,10 @@ import anyio
 
 from . import local_model
 from . import protocol as p
-from .core import Core, CoreConfig, ShimError
+from . import errors
+from .client import Core
+from .errors import ShimError
+from .supervisor import CoreLaunch
 
 log = logging.getLogger("wisp")
 
@@ -119,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 ENV_MINIMUMS = {"WISP_MAX_THREADS": 1, "WISP_MAX_QUEUE": 0, "WISP_CONTEXT_SIZE": 1, "WISP_ECHO_DELAY_MS": 0, "WISP_MAX_STORED_THREADS": 1}
 
 
-def core_config(ns: argparse.Namespace) -> CoreConfig:
+def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     # Flags become core flags; WISP_* variables reach the core through the inherited environment,
     # so they are checked here: a core refusing its configuration would only be restarted in vain.
     for name, minimum in ENV_MINIMUMS.items():
@@ -151,7 +154,7 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
     if not (math.isfinite(timeout) and timeout > 0):
         raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
-    return CoreConfig(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
+    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
 
 
 APPLE_ALTERNATIVES = (
@@ -162,7 +165,6 @@ APPLE_ALTERNATIVES = (
 
 
 # The core's codes for a call the model server failed (down, or the connection broke mid-answer).
-MODEL_ERRORS = ("model_unavailable", "generation_failed")
 
 
 def max_threads(ns: argparse.Namespace) -> int:
@@ -174,7 +176,7 @@ class LocalModelUse:
     start it before the core, stop it after, and make a failed call's error say what the core
     cannot know (the server was killed by a signal; the local model is not installed)."""
 
-    def __init__(self, ns: argparse.Namespace, config: CoreConfig, platform: str = sys.platform) -> None:
+    def __init__(self, ns: argparse.Namespace, config: CoreLaunch, platform: str = sys.platform) -> None:
         self.config = config
         self.plan = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
                                      model_path=ns.model_path, context_size=ns.context_size,
@@ -201,7 +203,7 @@ class LocalModelUse:
     async def before_start(self) -> None:
         if self.plan.decision == local_model.PROBE_APPLE and not self._probed:
             # Asked once, of a core of its own: only the core can see FoundationModels.
-            apple, _ = await _status(CoreConfig(core=self.config.core, args=_with_backend(self.config.args, "apple"),
+            apple, _ = await _status(CoreLaunch(core=self.config.core, args=_with_backend(self.config.args, "apple"),
                                                 env=self.config.env))
             self._probed = True
             if apple.available:
@@ -215,14 +217,14 @@ class LocalModelUse:
         try:
             await self.lm.ensure_running()
         except local_model.LocalModelError as exc:
-            raise ShimError("model_unavailable", str(exc)) from None
+            raise ShimError(errors.MODEL_UNAVAILABLE, str(exc)) from None
 
     def after_stop(self) -> None:
         if self.lm is not None:
             self.lm.stop()
 
     async def explain(self, error: ShimError, since: float) -> ShimError:
-        if error.code not in MODEL_ERRORS:
+        if error.code not in errors.MODEL_CODES:
             return error
         if self.active and self.lm is not None:
             died = await self.lm.died_since(since)
@@ -246,7 +248,7 @@ def _with_backend(args: list[str], backend: str) -> list[str]:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-async def _serve(config: CoreConfig, max_threads: int) -> None:
+async def _serve(config: CoreLaunch, max_threads: int) -> None:
     from .stdio import stdio_server  # the SDK's stdio transport on asyncio pipes (stdio.py)
 
     from .server import build_server
@@ -282,7 +284,7 @@ async def _serve(config: CoreConfig, max_threads: int) -> None:
             tg.cancel_scope.cancel()
 
 
-async def _status(config: CoreConfig, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[p.StatusResult, str]:
+async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[p.StatusResult, str]:
     """The core's status; with `then`, also what it says while the core still runs (None: fine)."""
     core = Core(config)
     core.start()
@@ -295,13 +297,13 @@ async def _status(config: CoreConfig, then: Callable[[], Awaitable[str | None]] 
                 st.available, st.reason = False, problem
         return st, str(core.binary)
     except TimeoutError:
-        raise ShimError("timeout", "wisp-core did not answer `status` within 60 s") from None
+        raise ShimError(errors.TIMEOUT, "wisp-core did not answer `status` within 60 s") from None
     finally:
         with anyio.CancelScope(shield=True):
             await core.aclose()
 
 
-async def _check(config: CoreConfig, use: LocalModelUse | None = None) -> int:
+async def _check(config: CoreLaunch, use: LocalModelUse | None = None) -> int:
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
@@ -313,7 +315,7 @@ async def _check(config: CoreConfig, use: LocalModelUse | None = None) -> int:
         apple = None
         if st.backend != "apple":
             # Say why Apple's model is not the one in use: it is the default wherever it can run.
-            apple, _ = await _status(CoreConfig(core=config.core, args=_with_backend(config.args, "apple"), env=config.env))
+            apple, _ = await _status(CoreLaunch(core=config.core, args=_with_backend(config.args, "apple"), env=config.env))
     except ShimError as exc:
         print(f"wisp: {exc}", file=sys.stderr)
         return 1
@@ -358,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if level != "debug":
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
-    config = core_config(ns)
+    config = core_launch(ns)
     use = LocalModelUse(ns, config)
     if ns.check:
         return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None)

@@ -30,7 +30,9 @@ from mcp.types import (
 from . import __version__
 from . import protocol as p
 from . import schema as output_schema
-from .core import Core, ShimError
+from . import errors
+from .client import Core
+from .errors import ShimError
 
 log = logging.getLogger("wisp.server")
 
@@ -310,7 +312,7 @@ def _output(checked: output_schema.Checked, r: p.RespondResult) -> Any:
     except ValueError as exc:
         log.error("the core accepted a reply that jsonschema rejects (%s): %r", exc, r.text[:200])
         raise ShimError(
-            "invalid_output",
+            errors.INVALID_OUTPUT,
             f"the model's reply does not match the schema: {exc}. wisp's core accepted it, so this turn is in "
             f"thread {r.thread_id}'s history. Try a simpler schema, or close the thread and start again.",
         ) from None
@@ -372,14 +374,14 @@ def _root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
     offered = len(uris) if offered is None else offered
     if offered > MAX_CLIENT_ROOTS:
         raise ShimError(
-            "invalid_argument",
+            errors.INVALID_ARGUMENT,
             f"the MCP client offered {offered} roots, more than wisp's limit of {MAX_CLIENT_ROOTS}; offer fewer "
             "roots to wisp, or start it with --root for the directories the model needs.",
         )
     paths: dict[str, None] = {}
     for uri in uris:
         if not isinstance(uri, str):
-            raise ShimError("invalid_argument", f"the MCP client offered a root whose uri is not a string ({_short(uri)}); fix that root in the client.")
+            raise ShimError(errors.INVALID_ARGUMENT, f"the MCP client offered a root whose uri is not a string ({_short(uri)}); fix that root in the client.")
         url = urlsplit(uri)
         if url.scheme != "file":
             continue  # not a directory on this machine: nothing for the file tools
@@ -389,7 +391,7 @@ def _root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
             path = ""
         if url.netloc not in ("", "localhost") or not path.startswith("/") or "\x00" in path:
             raise ShimError(
-                "invalid_argument",
+                errors.INVALID_ARGUMENT,
                 f"the MCP client offered the root {_short(uri)}, which does not decode to an absolute local path "
                 "(file:///absolute/path, with no NUL and UTF-8 percent-escapes); fix that root in the client, or start "
                 "wisp with --root instead.",
@@ -495,7 +497,7 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
         try:
             return await handler(ctx, args)
         except ArgumentError as exc:
-            return _error(f"invalid_argument: {exc}")
+            return _error(f"{errors.INVALID_ARGUMENT}: {exc}")
         except ShimError as exc:
             return _error(str(exc))
         except anyio.get_cancelled_exc_class():
@@ -503,7 +505,7 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
         except Exception as exc:
             # Anything else is a bug in wisp; the caller still gets a tool error, not a silent failure.
             log.exception("tool %s failed", params.name)
-            return _error(f"internal: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
+            return _error(f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
 
     return Server(
         "wisp",
