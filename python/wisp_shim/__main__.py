@@ -18,12 +18,11 @@ from . import protocol as p
 from . import errors
 from .client import Core
 from .errors import ShimError
-from .supervisor import CoreLaunch
+from .supervisor import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, CoreLaunch
 
 log = logging.getLogger("wisp")
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-BACKENDS = ("auto", "apple", "openai", "echo")
 
 DESCRIPTION = """\
 wisp: an MCP server (stdio) that hands work to a local language model and keeps
@@ -102,16 +101,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
     ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
     ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=_at_least(1), metavar="N", help="live threads kept before the least recently used is evicted; also the local model's parallel slots, as memory allows (WISP_MAX_THREADS; default 32)")
-    ap.add_argument("--max-queue", type=_at_least(0), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
-    ap.add_argument("--context-size", type=_at_least(1), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
+    ap.add_argument("--max-threads", type=_at_least(FLAG_MINIMUMS["--max-threads"]), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
+    ap.add_argument("--max-queue", type=_at_least(FLAG_MINIMUMS["--max-queue"]), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
+    ap.add_argument("--context-size", type=_at_least(FLAG_MINIMUMS["--context-size"]), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
     ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
     ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
     ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
     ap.add_argument("--state-dir", metavar="DIR", help="durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none (WISP_STATE_DIR; default: memory only)")
-    ap.add_argument("--max-stored-threads", type=_at_least(1), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
-    ap.add_argument("--echo-delay-ms", type=_at_least(0), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
+    ap.add_argument("--max-stored-threads", type=_at_least(FLAG_MINIMUMS["--max-stored-threads"]), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
+    ap.add_argument("--echo-delay-ms", type=_at_least(FLAG_MINIMUMS["--echo-delay-ms"]), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
     ap.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level for wisp and wisp-core (WISP_LOG_LEVEL; default info)")
@@ -119,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-ENV_MINIMUMS = {"WISP_MAX_THREADS": 1, "WISP_MAX_QUEUE": 0, "WISP_CONTEXT_SIZE": 1, "WISP_ECHO_DELAY_MS": 0, "WISP_MAX_STORED_THREADS": 1}
+ENV_MINIMUMS = {"WISP_" + flag[2:].replace("-", "_").upper(): minimum for flag, minimum in FLAG_MINIMUMS.items()}
 
 
 def core_launch(ns: argparse.Namespace) -> CoreLaunch:
@@ -168,7 +167,7 @@ APPLE_ALTERNATIVES = (
 
 
 def max_threads(ns: argparse.Namespace) -> int:
-    return ns.max_threads or _env_int("WISP_MAX_THREADS") or 32
+    return ns.max_threads or _env_int("WISP_MAX_THREADS") or DEFAULT_MAX_THREADS
 
 
 class LocalModelUse:

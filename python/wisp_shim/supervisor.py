@@ -34,6 +34,12 @@ BUILD_HINT = (
     "or point --core / WISP_CORE at an existing wisp-core binary."
 )
 
+# What the core's flags accept, for the shim to refuse a bad value before starting it (a core
+# that refuses its flags would fail to start again and again); a test checks they agree.
+BACKENDS = ("auto", "apple", "openai", "echo")
+DEFAULT_MAX_THREADS = 32
+FLAG_MINIMUMS = {"--max-threads": 1, "--max-queue": 0, "--context-size": 1, "--max-stored-threads": 1, "--echo-delay-ms": 0}
+
 # A core writes Ready before loading any model, so this only bounds a wedged start.
 READY_TIMEOUT_S = 15.0
 RESTART_BACKOFF_MIN_S = 0.1

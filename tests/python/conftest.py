@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import contextlib
 import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +22,43 @@ def core_path() -> str:
     if not os.access(path, os.X_OK):
         pytest.fail(f"wisp-core not found at {path}: run `make build` first (or set WISP_CORE)", pytrace=False)
     return path
+
+
+def core_exchange(args: list[str], stdin: bytes, want: tuple[int, ...] = (1,), timeout: float = 60) -> list[dict]:
+    """Run wisp-core with `args` and write `stdin` (frames) to it; the frames it wrote back
+    until it has answered every id in `want` (or exited). Its stdin stays open till then: at
+    EOF a core may exit before it answers what is still running."""
+    import struct
+    import subprocess
+    import threading
+
+    import msgspec
+
+    proc = subprocess.Popen([core_path(), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    frames: list[dict] = []
+    try:
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it stopped reading (a frame it refused): what it wrote still counts
+        waiting = set(want)
+        while waiting:
+            head = proc.stdout.read(4)
+            if len(head) < 4:
+                break
+            (n,) = struct.unpack(">I", head)
+            frames.append(msgspec.json.decode(proc.stdout.read(n)))
+            waiting.discard(frames[-1].get("id"))
+    finally:
+        timer.cancel()
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+        proc.wait(timeout)
+        proc.stdout.close()
+    return frames
 
 
 def shim_command(*args: str, core: str | None = None) -> list[str]:

@@ -98,24 +98,11 @@ async def test_unknown_tool_at_creation_lists_the_valid_names(workspace):
 
 async def test_the_catalogue_in_respond_description_is_the_cores(tmp_path):
     """tools/list is answered before the core is up, so the shim names the catalogue itself."""
-    import struct
-    import subprocess
-
-    import msgspec
-
-    from conftest import core_path
+    from conftest import core_exchange
     from wisp_shim import protocol as p
-    from wisp_shim.server import MODEL_TOOLS
+    from wisp_shim.tool_models import MODEL_TOOLS
 
-    proc = subprocess.run(
-        [core_path(), "--backend", "echo"],
-        input=p.frame(p.encode_payload(p.Status(id=1))), capture_output=True, timeout=30,
-    )
-    frames, data = [], proc.stdout
-    while data:
-        (n,) = struct.unpack(">I", data[:4])
-        frames.append(msgspec.json.decode(data[4:4 + n]))
-        data = data[4 + n:]
+    frames = core_exchange(["--backend", "echo"], p.frame(p.encode_payload(p.Status(id=1))), timeout=30)
     status = next(f for f in frames if f.get("id") == 1)
     assert sorted(status["result"]["tools"]) == sorted(MODEL_TOOLS)
     async with wisp() as client:
