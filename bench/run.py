@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from clients import CORE, REPO, RawClient, baseline_argv, mcp_client, rss_kb, wisp_argv  # noqa: E402
 
-# key: (target, "max" | "min", unit)
+# key: (target, "max" | "min": whether the figure must stay below or above it)
 TARGETS: dict[str, tuple[float, str]] = {
     "roundtrip_ratio_p50": (1.2, "max"),
     "pipe_p50_us": (100, "max"),

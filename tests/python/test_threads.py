@@ -1,4 +1,4 @@
-"""DESIGN §4 thread rules, through a real MCP client, shim and core (echo backend)."""
+"""The thread rules (ARCHITECTURE.md), through a real MCP client, shim and core (echo backend)."""
 
 from __future__ import annotations
 
