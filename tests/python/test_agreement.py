@@ -11,7 +11,7 @@ import subprocess
 import msgspec
 import pytest
 
-from conftest import REPO, core_exchange, core_path
+from harness import REPO, core_exchange, core_path
 from wisp_shim import errors
 from wisp_shim import protocol as p
 from wisp_shim.__main__ import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS
