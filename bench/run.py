@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from clients import CORE, REPO, RawClient, baseline_argv, mcp_client, rss_kb, wisp_argv  # noqa: E402
 
-# key: (target, "max" | "min", unit)
+# key: (target, "max" | "min": whether the figure must stay below or above it)
 TARGETS: dict[str, tuple[float, str]] = {
     "roundtrip_ratio_p50": (1.2, "max"),
     "pipe_p50_us": (100, "max"),
@@ -125,12 +125,13 @@ async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
 
 
 async def pipe(calls: int, repeats: int) -> dict[str, Any]:
-    """The shim's own core client (wisp_shim.core.Core) against wisp-core, no MCP at all."""
-    from wisp_shim.core import Core, CoreConfig
+    """The shim's own core client (wisp_shim.client.Core) against wisp-core, no MCP at all."""
+    from wisp_shim.client import Core
+    from wisp_shim.supervisor import CoreLaunch
 
     runs = []
     for r in range(repeats):
-        core = Core(CoreConfig(core=str(CORE), args=["--backend", "echo", "--context-size", "100000000", "--log-level", "warning"]))
+        core = Core(CoreLaunch(core=str(CORE), args=["--backend", "echo", "--context-size", "100000000", "--log-level", "warning"]))
         core.start()
         try:
             tid = (await core.respond("hello")).thread_id

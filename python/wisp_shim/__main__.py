@@ -15,12 +15,14 @@ import anyio
 
 from . import local_model
 from . import protocol as p
-from .core import Core, CoreConfig, ShimError
+from . import errors
+from .client import Core
+from .errors import ShimError
+from .supervisor import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, CoreLaunch
 
 log = logging.getLogger("wisp")
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-BACKENDS = ("auto", "apple", "openai", "echo")
 
 DESCRIPTION = """\
 wisp: an MCP server (stdio) that hands work to a local language model and keeps
@@ -99,16 +101,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
     ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
     ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=_at_least(1), metavar="N", help="live threads kept before the least recently used is evicted; also the local model's parallel slots, as memory allows (WISP_MAX_THREADS; default 32)")
-    ap.add_argument("--max-queue", type=_at_least(0), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
-    ap.add_argument("--context-size", type=_at_least(1), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
+    ap.add_argument("--max-threads", type=_at_least(FLAG_MINIMUMS["--max-threads"]), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
+    ap.add_argument("--max-queue", type=_at_least(FLAG_MINIMUMS["--max-queue"]), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
+    ap.add_argument("--context-size", type=_at_least(FLAG_MINIMUMS["--context-size"]), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
     ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
     ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
     ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
     ap.add_argument("--state-dir", metavar="DIR", help="durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none (WISP_STATE_DIR; default: memory only)")
-    ap.add_argument("--max-stored-threads", type=_at_least(1), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
-    ap.add_argument("--echo-delay-ms", type=_at_least(0), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
+    ap.add_argument("--max-stored-threads", type=_at_least(FLAG_MINIMUMS["--max-stored-threads"]), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
+    ap.add_argument("--echo-delay-ms", type=_at_least(FLAG_MINIMUMS["--echo-delay-ms"]), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
     ap.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level for wisp and wisp-core (WISP_LOG_LEVEL; default info)")
@@ -116,10 +118,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-ENV_MINIMUMS = {"WISP_MAX_THREADS": 1, "WISP_MAX_QUEUE": 0, "WISP_CONTEXT_SIZE": 1, "WISP_ECHO_DELAY_MS": 0, "WISP_MAX_STORED_THREADS": 1}
+ENV_MINIMUMS = {"WISP_" + flag[2:].replace("-", "_").upper(): minimum for flag, minimum in FLAG_MINIMUMS.items()}
 
 
-def core_config(ns: argparse.Namespace) -> CoreConfig:
+def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     # Flags become core flags; WISP_* variables reach the core through the inherited environment,
     # so they are checked here: a core refusing its configuration would only be restarted in vain.
     for name, minimum in ENV_MINIMUMS.items():
@@ -151,7 +153,7 @@ def core_config(ns: argparse.Namespace) -> CoreConfig:
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
     if not (math.isfinite(timeout) and timeout > 0):
         raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
-    return CoreConfig(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
+    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
 
 
 APPLE_ALTERNATIVES = (
@@ -162,11 +164,10 @@ APPLE_ALTERNATIVES = (
 
 
 # The core's codes for a call the model server failed (down, or the connection broke mid-answer).
-MODEL_ERRORS = ("model_unavailable", "generation_failed")
 
 
 def max_threads(ns: argparse.Namespace) -> int:
-    return ns.max_threads or _env_int("WISP_MAX_THREADS") or 32
+    return ns.max_threads or _env_int("WISP_MAX_THREADS") or DEFAULT_MAX_THREADS
 
 
 class LocalModelUse:
@@ -174,7 +175,7 @@ class LocalModelUse:
     start it before the core, stop it after, and make a failed call's error say what the core
     cannot know (the server was killed by a signal; the local model is not installed)."""
 
-    def __init__(self, ns: argparse.Namespace, config: CoreConfig, platform: str = sys.platform) -> None:
+    def __init__(self, ns: argparse.Namespace, config: CoreLaunch, platform: str = sys.platform) -> None:
         self.config = config
         self.plan = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
                                      model_path=ns.model_path, context_size=ns.context_size,
@@ -201,7 +202,7 @@ class LocalModelUse:
     async def before_start(self) -> None:
         if self.plan.decision == local_model.PROBE_APPLE and not self._probed:
             # Asked once, of a core of its own: only the core can see FoundationModels.
-            apple, _ = await _status(CoreConfig(core=self.config.core, args=_with_backend(self.config.args, "apple"),
+            apple, _ = await _status(CoreLaunch(core=self.config.core, args=_with_backend(self.config.args, "apple"),
                                                 env=self.config.env))
             self._probed = True
             if apple.available:
@@ -215,14 +216,14 @@ class LocalModelUse:
         try:
             await self.lm.ensure_running()
         except local_model.LocalModelError as exc:
-            raise ShimError("model_unavailable", str(exc)) from None
+            raise ShimError(errors.MODEL_UNAVAILABLE, str(exc)) from None
 
     def after_stop(self) -> None:
         if self.lm is not None:
             self.lm.stop()
 
     async def explain(self, error: ShimError, since: float) -> ShimError:
-        if error.code not in MODEL_ERRORS:
+        if error.code not in errors.MODEL_CODES:
             return error
         if self.active and self.lm is not None:
             died = await self.lm.died_since(since)
@@ -246,7 +247,7 @@ def _with_backend(args: list[str], backend: str) -> list[str]:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-async def _serve(config: CoreConfig, max_threads: int) -> None:
+async def _serve(config: CoreLaunch, max_threads: int) -> None:
     from .stdio import stdio_server  # the SDK's stdio transport on asyncio pipes (stdio.py)
 
     from .server import build_server
@@ -282,7 +283,7 @@ async def _serve(config: CoreConfig, max_threads: int) -> None:
             tg.cancel_scope.cancel()
 
 
-async def _status(config: CoreConfig, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[p.StatusResult, str]:
+async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[p.StatusResult, str]:
     """The core's status; with `then`, also what it says while the core still runs (None: fine)."""
     core = Core(config)
     core.start()
@@ -295,13 +296,13 @@ async def _status(config: CoreConfig, then: Callable[[], Awaitable[str | None]] 
                 st.available, st.reason = False, problem
         return st, str(core.binary)
     except TimeoutError:
-        raise ShimError("timeout", "wisp-core did not answer `status` within 60 s") from None
+        raise ShimError(errors.TIMEOUT, "wisp-core did not answer `status` within 60 s") from None
     finally:
         with anyio.CancelScope(shield=True):
             await core.aclose()
 
 
-async def _check(config: CoreConfig, use: LocalModelUse | None = None) -> int:
+async def _check(config: CoreLaunch, use: LocalModelUse | None = None) -> int:
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
@@ -313,7 +314,7 @@ async def _check(config: CoreConfig, use: LocalModelUse | None = None) -> int:
         apple = None
         if st.backend != "apple":
             # Say why Apple's model is not the one in use: it is the default wherever it can run.
-            apple, _ = await _status(CoreConfig(core=config.core, args=_with_backend(config.args, "apple"), env=config.env))
+            apple, _ = await _status(CoreLaunch(core=config.core, args=_with_backend(config.args, "apple"), env=config.env))
     except ShimError as exc:
         print(f"wisp: {exc}", file=sys.stderr)
         return 1
@@ -358,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if level != "debug":
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
-    config = core_config(ns)
+    config = core_launch(ns)
     use = LocalModelUse(ns, config)
     if ns.check:
         return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None)

@@ -1,4 +1,4 @@
-"""The pipe protocol between the shim and wisp-core, version 1 (DESIGN §3).
+"""The pipe protocol between the shim and wisp-core, version 1 (ARCHITECTURE.md).
 
 One msgspec Struct per message, under the same names as the Swift side
 (swift/WispCore/Pipe/Messages.swift); keep the two in step. Frames are a 4-byte
@@ -11,25 +11,16 @@ import struct
 
 import msgspec
 
+from . import errors
+
 PROTOCOL_VERSION = 1
 
 # The core treats a larger frame as a protocol error and exits, so the shim must
 # refuse to send one rather than let a single oversized prompt kill every thread.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 
-ERROR_CODES = frozenset(
-    {
-        "invalid_argument",
-        "context_overflow",
-        "model_unavailable",
-        "generation_failed",
-        "invalid_output",
-        "cancelled",
-        "timeout",
-        "busy",
-        "internal",
-    }
-)
+# The codes an error reply may carry (errors.py).
+ERROR_CODES = errors.CORE_CODES
 
 _HEADER = struct.Struct(">I")
 
@@ -179,7 +170,7 @@ class StatusResult(msgspec.Struct):
     state_error: str | None = None
 
 
-Incoming = Ready | Progress | Evicted | Reply
+CoreMessage = Ready | Progress | Evicted | Reply
 
 
 class _Envelope(msgspec.Struct):
@@ -217,7 +208,7 @@ def encode(message: Request) -> bytes:
     return frame(encode_payload(message))
 
 
-def decode_message(payload: bytes | memoryview) -> Incoming:
+def decode_message(payload: bytes | memoryview) -> CoreMessage:
     """Decode one core -> shim payload; raises ProtocolError when it is not one."""
     try:
         env = _envelope_decoder.decode(payload)

@@ -8,7 +8,6 @@ Built on the SDK's low-level Server: its high-level MCPServer masks plain except
 from __future__ import annotations
 
 import logging
-import re
 import warnings
 from urllib.parse import unquote, urlsplit
 from typing import Any
@@ -30,24 +29,27 @@ from mcp.types import (
 from . import __version__
 from . import protocol as p
 from . import schema as output_schema
-from .core import Core, ShimError
+from . import errors
+from .client import Core
+from .errors import ShimError
+from .tool_models import (
+    ArgumentError,
+    CloseThreadArgs,
+    CloseThreadOutput,
+    ListThreadsArgs,
+    ListThreadsOutput,
+    RespondArgs,
+    RespondOutput,
+    ThreadEntry,
+    parse_args,
+    short,
+    tool_schema,
+)
 
 log = logging.getLogger("wisp.server")
 
-THREAD_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-# The core's model-tool catalogue (swift/WispCore/Tools/Catalogue.swift), named here because
-# tools/list is answered before the core is up; a test checks the two agree.
-MODEL_TOOLS = {
-    "read_file": "read a text file, optionally a line range",
-    "list_directory": "list a directory",
-    "search_text": "find lines matching a literal or regex pattern, as file:line: text",
-}
 # How long a call waits for the client to list its roots before going on without them.
 ROOTS_TIMEOUT_S = 2.0
-# Above any model's reply length, and inside the core's 64-bit integers.
-MAX_OUTPUT_TOKENS = 2**31 - 1
-# OpenAI-compatible servers take 0-2; Apple's model clamps to 0-1.
-MAX_TEMPERATURE = 2
 # More roots than any real workspace offers; past this a call that binds tools is refused
 # (rather than some roots dropped without the caller knowing which).
 MAX_CLIENT_ROOTS = 256
@@ -80,68 +82,8 @@ def _respond_tool(max_threads: int) -> Tool:
             "(condensed=true). Retention: threads are kept in memory only, at most "
             f"{max_threads} (least recently used evicted first), and lost when wisp restarts."
         ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "prompt": {"type": "string", "description": "The message for the model: the task, with whatever context it needs."},
-                "thread_id": {
-                    "type": "string",
-                    "pattern": "^[A-Za-z0-9._-]{1,64}$",
-                    "description": "Continue this thread. Omit to start a new one with a generated id. 1-64 characters of A-Z a-z 0-9 . _ -.",
-                },
-                "instructions": {
-                    "type": "string",
-                    "description": "System instructions for a NEW thread (role, rules, output format). Only allowed when the call creates the thread.",
-                },
-                "tools": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": (
-                        "Tools the model may call in a NEW thread (only allowed when the call creates it): "
-                        + "; ".join(f"{name}: {what}" for name, what in MODEL_TOOLS.items())
-                        + ". Read-only, confined to wisp's roots (--root, the client's roots, else the directory wisp started in)."
-                    ),
-                },
-                "files": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": (
-                        "Paths of text files for the model to read with this prompt, read by wisp itself under its roots "
-                        "(--root, the client's roots); relative paths are taken from the first root. Their text never "
-                        "passes through you. Works on new and existing threads; the files join this turn."
-                    ),
-                },
-                "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE, "description": "Sampling temperature for this call; omit for the model's default."},
-                "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUT_TOKENS, "description": "Upper bound on the reply's length in tokens for this call."},
-                "schema": {
-                    "type": "object",
-                    "description": (
-                        "A JSON Schema for this call's reply: the model can only produce JSON matching it, returned "
-                        "parsed as `output` (and as JSON text in `text`). Supported: " + output_schema.SUPPORTED + ". "
-                        "Anything else is refused. A reply that does not match (e.g. cut off by max_output_tokens) is an "
-                        "invalid_output error and is not added to the thread."
-                    ),
-                },
-            },
-            "required": ["prompt"],
-            "additionalProperties": False,
-        },
-        output_schema={
-            "type": "object",
-            "properties": {
-                "thread_id": {"type": "string", "description": "Pass this back as thread_id to continue the conversation."},
-                "created": {"type": "boolean", "description": "True when this call started a new thread."},
-                "text": {"type": "string", "description": "The model's reply."},
-                "condensed": {"type": "boolean", "description": "True when older turns were dropped to fit the model's context."},
-                "turns": {"type": "integer", "description": "Turns the thread holds after this call."},
-                "dropped": {"type": "integer", "description": "Turns dropped by condensing during this call."},
-                "prompt_tokens": {"type": "integer"},
-                "output_tokens": {"type": "integer"},
-                "output": {"description": "With `schema`: the reply as a JSON value that matches it."},
-                "store_error": {"type": "string", "description": "With --state-dir: why this turn could not be stored (the thread is in memory only)."},
-            },
-            "required": ["thread_id", "created", "text", "condensed", "turns", "dropped"],
-        },
+        input_schema=tool_schema(RespondArgs),
+        output_schema=tool_schema(RespondOutput),
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False),
     )
 
@@ -153,22 +95,8 @@ CLOSE_THREAD = Tool(
         "Forget a thread and free its memory. Closing an unknown or already closed thread is not an error "
         "(closed=false). A call already running on the thread still finishes."
     ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "thread_id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$", "description": "The thread to close."},
-        },
-        "required": ["thread_id"],
-        "additionalProperties": False,
-    },
-    output_schema={
-        "type": "object",
-        "properties": {
-            "thread_id": {"type": "string"},
-            "closed": {"type": "boolean", "description": "True when a live thread was closed."},
-        },
-        "required": ["thread_id", "closed"],
-    },
+    input_schema=tool_schema(CloseThreadArgs),
+    output_schema=tool_schema(CloseThreadOutput),
     annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
 )
 
@@ -176,130 +104,14 @@ LIST_THREADS = Tool(
     name="list_threads",
     title="List live threads",
     description="List wisp's threads: live ones (most recently used first), then stored ones not in memory (with --state-dir), with their turn counts, plus the backend and model in use. Use it to recover thread ids.",
-    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
-    output_schema={
-        "type": "object",
-        "properties": {
-            "backend": {"type": "string"},
-            "model": {"type": "string"},
-            "available": {"type": "boolean"},
-            "reason": {"type": "string"},
-            "context_size": {"type": "integer"},
-            "max_threads": {"type": "integer"},
-            "state_dir": {"type": "string", "description": "Where threads are stored (--state-dir), when they are."},
-            "threads": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "thread_id": {"type": "string"},
-                        "turns": {"type": "integer"},
-                        "pending": {"type": "integer"},
-                        "live": {"type": "boolean", "description": "In memory now."},
-                        "stored": {"type": "boolean", "description": "In the state dir (--state-dir); a stored thread that is not live resumes on its next respond."},
-                    },
-                    "required": ["thread_id", "turns", "pending", "live", "stored"],
-                },
-            },
-        },
-        "required": ["backend", "model", "available", "context_size", "max_threads", "threads"],
-    },
+    input_schema=tool_schema(ListThreadsArgs),
+    output_schema=tool_schema(ListThreadsOutput),
     annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
 
 
-class ArgumentError(Exception):
-    pass
-
-
 def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
-
-
-def _opt(args: dict[str, Any], name: str, kind: type, what: str) -> Any:
-    value = args.get(name)
-    if value is None:
-        return None
-    # bool is an int in Python, but true is not a token count.
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise ArgumentError(f"`{name}` must be {what}, got {type(value).__name__} {_short(value)}.")
-    return value
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
-        # repr of a huge int is slow, and past 4,300 digits refused by Python itself.
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _thread_id(args: dict[str, Any], required: bool) -> str | None:
-    tid = _opt(args, "thread_id", str, "a string")
-    if tid is None:
-        if required:
-            raise ArgumentError("`thread_id` is required.")
-        return None
-    if not THREAD_ID_RE.fullmatch(tid):
-        raise ArgumentError(
-            f"`thread_id` {_short(tid)} is not a valid thread id: use 1-64 characters of A-Z a-z 0-9 . _ - "
-            "(or omit it to start a new thread)."
-        )
-    return tid
-
-
-def _check_unknown(args: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    extra = sorted(set(args) - set(allowed))
-    if extra:
-        # Name a few, each shortened: a hostile call may carry thousands, or huge names.
-        named = ", ".join(_short(x) if len(x) > 60 else x for x in extra[:5])
-        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
-        raise ArgumentError(f"unknown argument(s) {named}{more}; this tool takes {', '.join(allowed) or 'no arguments'}.")
-
-
-_RESPOND_ARGS = ("prompt", "thread_id", "instructions", "tools", "files", "temperature", "max_output_tokens", "schema")
-
-
-def _respond_args(args: dict[str, Any]) -> dict[str, Any]:
-    _check_unknown(args, _RESPOND_ARGS)
-    prompt = args.get("prompt")
-    if prompt is None:
-        raise ArgumentError("`prompt` is required: the message for the model.")
-    if not isinstance(prompt, str):
-        raise ArgumentError(f"`prompt` must be a string, got {type(prompt).__name__} {_short(prompt)}.")
-    tools = _opt(args, "tools", list, "a list of tool names")
-    if tools is not None and not all(isinstance(t, str) for t in tools):
-        raise ArgumentError("`tools` must be a list of tool names (strings).")
-    files = _opt(args, "files", list, "a list of file paths")
-    if files is not None and not all(isinstance(f, str) and f for f in files):
-        raise ArgumentError("`files` must be a list of file paths (non-empty strings).")
-    temperature = _opt(args, "temperature", (int, float), f"a number from 0 to {MAX_TEMPERATURE}")  # type: ignore[arg-type]
-    # Compared before any float(): a JSON integer of 400 digits is a valid Python int, and
-    # converting it would overflow. NaN fails both comparisons.
-    if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
-        raise ArgumentError(f"`temperature` must be a number from 0 to {MAX_TEMPERATURE}, got {_short(temperature)}.")
-    max_tokens = _opt(args, "max_output_tokens", int, f"an integer from 1 to {MAX_OUTPUT_TOKENS}")
-    if isinstance(max_tokens, int) and not 1 <= max_tokens <= MAX_OUTPUT_TOKENS:
-        raise ArgumentError(f"`max_output_tokens` must be an integer from 1 to {MAX_OUTPUT_TOKENS}, got {_short(max_tokens)}.")
-    return {
-        "prompt": prompt,
-        "thread_id": _thread_id(args, required=False),
-        "instructions": _opt(args, "instructions", str, "a string"),
-        "tools": tools,
-        "files": files or None,
-        "temperature": float(temperature) if temperature is not None else None,
-        "max_output_tokens": max_tokens,
-        "schema": _schema(args),
-    }
-
-
-def _schema(args: dict[str, Any]) -> output_schema.Checked | None:
-    if args.get("schema") is None:
-        return None
-    try:
-        return output_schema.check_schema(args["schema"])
-    except output_schema.SchemaError as exc:
-        raise ArgumentError(str(exc)) from None
 
 
 def _output(checked: output_schema.Checked, r: p.RespondResult) -> Any:
@@ -310,7 +122,7 @@ def _output(checked: output_schema.Checked, r: p.RespondResult) -> Any:
     except ValueError as exc:
         log.error("the core accepted a reply that jsonschema rejects (%s): %r", exc, r.text[:200])
         raise ShimError(
-            "invalid_output",
+            errors.INVALID_OUTPUT,
             f"the model's reply does not match the schema: {exc}. wisp's core accepted it, so this turn is in "
             f"thread {r.thread_id}'s history. Try a simpler schema, or close the thread and start again.",
         ) from None
@@ -356,7 +168,7 @@ async def _client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
         return None
     listed = raw.get("roots") if isinstance(raw, dict) else None
     if not isinstance(listed, list):
-        log.debug("client roots unusable: %s", _short(raw))
+        log.debug("client roots unusable: %s", short(raw))
         return None
     uris = [r.get("uri") if isinstance(r, dict) else r for r in listed[: MAX_CLIENT_ROOTS + 1]]
     return _root_paths(uris, offered=len(listed)) or None
@@ -372,14 +184,14 @@ def _root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
     offered = len(uris) if offered is None else offered
     if offered > MAX_CLIENT_ROOTS:
         raise ShimError(
-            "invalid_argument",
+            errors.INVALID_ARGUMENT,
             f"the MCP client offered {offered} roots, more than wisp's limit of {MAX_CLIENT_ROOTS}; offer fewer "
             "roots to wisp, or start it with --root for the directories the model needs.",
         )
     paths: dict[str, None] = {}
     for uri in uris:
         if not isinstance(uri, str):
-            raise ShimError("invalid_argument", f"the MCP client offered a root whose uri is not a string ({_short(uri)}); fix that root in the client.")
+            raise ShimError(errors.INVALID_ARGUMENT, f"the MCP client offered a root whose uri is not a string ({short(uri)}); fix that root in the client.")
         url = urlsplit(uri)
         if url.scheme != "file":
             continue  # not a directory on this machine: nothing for the file tools
@@ -389,8 +201,8 @@ def _root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
             path = ""
         if url.netloc not in ("", "localhost") or not path.startswith("/") or "\x00" in path:
             raise ShimError(
-                "invalid_argument",
-                f"the MCP client offered the root {_short(uri)}, which does not decode to an absolute local path "
+                errors.INVALID_ARGUMENT,
+                f"the MCP client offered the root {short(uri)}, which does not decode to an absolute local path "
                 "(file:///absolute/path, with no NUL and UTF-8 percent-escapes); fix that root in the client, or start "
                 "wisp with --root instead.",
             )
@@ -406,7 +218,7 @@ def _progress_message(text: str) -> str:
     return "…" + text[-(PROGRESS_MESSAGE_CHARS - 1):]
 
 
-def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
+def build_server(core: Core, max_threads: int) -> Server[Any]:
     respond_tool = _respond_tool(max_threads)
     tools = [respond_tool, CLOSE_THREAD, LIST_THREADS]
     listing = ListToolsResult(tools=tools)
@@ -415,65 +227,50 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
         return listing
 
     async def respond(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
-        a = _respond_args(args)
+        a: RespondArgs = parse_args(RespondArgs, args)
         token = ctx.meta.get("progress_token") if ctx.meta else None
         on_progress = None
         if token is not None:
             async def on_progress(tokens: int, text: str) -> None:
                 await ctx.session.report_progress(float(tokens), None, _progress_message(text))
 
-        roots = await _client_roots(ctx) if a["tools"] or a["files"] else None
-        checked = a.pop("schema")
-        r = await core.respond(on_progress=on_progress, roots=roots, schema=checked.text if checked else None, **a)
-        structured = {
-            "thread_id": r.thread_id,
-            "created": r.created,
-            "text": r.text,
-            "condensed": r.condensed,
-            "turns": r.turns,
-            "dropped": r.dropped,
-        }
-        if r.prompt_tokens is not None:
-            structured["prompt_tokens"] = r.prompt_tokens
-        if r.output_tokens is not None:
-            structured["output_tokens"] = r.output_tokens
+        roots = await _client_roots(ctx) if a.tools or a.files else None
+        checked: output_schema.Checked | None = a.output_schema
+        r = await core.respond(
+            a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,
+            temperature=a.temperature, max_output_tokens=a.max_output_tokens,
+            on_progress=on_progress, roots=roots, schema=checked.text if checked else None,
+        )
+        out = RespondOutput(
+            thread_id=r.thread_id, created=r.created, text=r.text, condensed=r.condensed, turns=r.turns, dropped=r.dropped,
+            prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens, store_error=r.store_error,
+        )
+        structured = out.model_dump(exclude_none=True)
         if checked is not None:
-            structured["output"] = _output(checked, r)
-        if r.store_error is not None:
-            structured["store_error"] = r.store_error
+            structured["output"] = _output(checked, r)  # may be null
         return CallToolResult(
-            content=[TextContent(type="text", text=_respond_content(r, a["thread_id"]))],
+            content=[TextContent(type="text", text=_respond_content(r, a.thread_id))],
             structured_content=structured,
         )
 
     async def close_thread(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
-        _check_unknown(args, ("thread_id",))
-        tid = _thread_id(args, required=True)
-        assert tid is not None
-        r = await core.close_thread(tid)
+        a: CloseThreadArgs = parse_args(CloseThreadArgs, args)
+        r = await core.close_thread(a.thread_id)
         text = f"Closed thread {r.thread_id}." if r.closed else f"No live thread {r.thread_id} (nothing to close)."
         return CallToolResult(
             content=[TextContent(type="text", text=text)],
-            structured_content={"thread_id": r.thread_id, "closed": r.closed},
+            structured_content=CloseThreadOutput(thread_id=r.thread_id, closed=r.closed).model_dump(),
         )
 
     async def list_threads(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
-        _check_unknown(args, ())
+        parse_args(ListThreadsArgs, args)
         s = await core.status()
-        structured: dict[str, Any] = {
-            "backend": s.backend,
-            "model": s.model,
-            "available": s.available,
-            "context_size": s.context_size,
-            "max_threads": s.max_threads,
-            "threads": [
-                {"thread_id": t.thread_id, "turns": t.turns, "pending": t.pending, "live": t.live, "stored": t.stored} for t in s.threads
-            ],
-        }
-        if s.state_dir:
-            structured["state_dir"] = s.state_dir
-        if s.reason:
-            structured["reason"] = s.reason
+        structured = ListThreadsOutput(
+            backend=s.backend, model=s.model, available=s.available, context_size=s.context_size, max_threads=s.max_threads,
+            threads=[ThreadEntry(thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored) for t in s.threads],
+            # An empty state_dir or reason says nothing: left out, as when absent.
+            state_dir=s.state_dir or None, reason=s.reason or None,
+        ).model_dump(exclude_none=True)
         lines = [f"backend {s.backend}, model {s.model}, " + ("available" if s.available else f"unavailable: {s.reason or 'unknown reason'}")]
         live = sum(t.live for t in s.threads)
         lines.append(f"{live} of {s.max_threads} threads live" + (f", {len(s.threads) - live} more stored in {s.state_dir}" if s.state_dir else "") + (":" if s.threads else "."))
@@ -490,12 +287,12 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
     async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
         handler = handlers.get(params.name)
         if handler is None:
-            raise MCPError(INVALID_PARAMS, f"Unknown tool: {_short(params.name)} (wisp has {', '.join(handlers)})")
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {short(params.name)} (wisp has {', '.join(handlers)})")
         args = params.arguments or {}
         try:
             return await handler(ctx, args)
         except ArgumentError as exc:
-            return _error(f"invalid_argument: {exc}")
+            return _error(f"{errors.INVALID_ARGUMENT}: {exc}")
         except ShimError as exc:
             return _error(str(exc))
         except anyio.get_cancelled_exc_class():
@@ -503,7 +300,7 @@ def build_server(core: Core, max_threads: int = 32) -> Server[Any]:
         except Exception as exc:
             # Anything else is a bug in wisp; the caller still gets a tool error, not a silent failure.
             log.exception("tool %s failed", params.name)
-            return _error(f"internal: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
+            return _error(f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
 
     return Server(
         "wisp",

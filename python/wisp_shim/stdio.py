@@ -123,12 +123,37 @@ class _LineReader(asyncio.Protocol):
         return INVALID_ID_LINE if has_invalid_id(text) else text
 
 
+class _WriteFlow(asyncio.Protocol):
+    """The stdout pipe's flow control: the transport calls pause_writing when its buffer
+    passes the high-water mark and resume_writing when it drains below the low one."""
+
+    def __init__(self) -> None:
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._lost = False
+
+    def pause_writing(self) -> None:
+        self._drained.clear()
+
+    def resume_writing(self) -> None:
+        self._drained.set()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._drained.set()  # nothing will drain any more: let a waiting flush see the close
+
+    async def drained(self) -> None:
+        await self._drained.wait()
+        if self._lost:
+            raise ConnectionResetError("stdout is closed")
+
+
 class _Writer:
     """`await stdout.write(text)` then `await stdout.flush()`, as stdio_server writes."""
 
-    def __init__(self, transport: asyncio.WriteTransport, protocol: Any) -> None:
+    def __init__(self, transport: asyncio.WriteTransport, flow: _WriteFlow) -> None:
         self._transport = transport
-        self._protocol = protocol
+        self._flow = flow
 
     async def write(self, text: str) -> None:
         if self._transport.is_closing():
@@ -138,7 +163,7 @@ class _Writer:
 
     async def flush(self) -> None:
         # Waits only while the transport's buffer is over its high-water mark (backpressure).
-        await self._protocol._drain_helper()
+        await self._flow.drained()
 
 
 @contextlib.asynccontextmanager
@@ -164,7 +189,7 @@ async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
         os.dup2(2, 1)
         rt, reader = await loop.connect_read_pipe(_LineReader, os.fdopen(wire_in, "rb", buffering=0))
         transports.append(rt)
-        wt, wp = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(wire_out, "wb", buffering=0))
+        wt, wp = await loop.connect_write_pipe(_WriteFlow, os.fdopen(wire_out, "wb", buffering=0))
         transports.append(wt)
         async with sdk_stdio_server(stdin=reader, stdout=_Writer(wt, wp)) as streams:  # type: ignore[arg-type]
             yield streams

@@ -29,8 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env  # noqa: E402
-from procs import children, rss_kib  # noqa: E402
+from harness import INITIALIZE, INITIALIZED, REPO, children, jsonrpc, rss_kib, shim_command, shim_env  # noqa: E402
 
 
 @dataclass

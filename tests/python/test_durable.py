@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, core_path, error_text, ok, shim_env, text_of, wisp
-from test_faults import _core_pids, _wait_for
+from harness import REPO, core_path, core_pids, error_text, ok, shim_env, text_of, wait_for, wisp
 
 sys.path.insert(0, str(REPO / "python"))
 from wisp_shim import protocol as p  # noqa: E402
@@ -78,8 +77,8 @@ async def test_kill_9_of_the_core_between_and_during_calls_loses_no_thread(tmp_p
         for tid in ("x", "y", "z"):
             for i in range(3):
                 await say(c, tid, f"{tid}{i}")
-        os.kill(_core_pids(c)[-1], signal.SIGKILL)
-        await _wait_for(lambda: len(_core_pids(c)) == 2, 10)
+        os.kill(core_pids(c)[-1], signal.SIGKILL)
+        await wait_for(lambda: len(core_pids(c)) == 2, 10)
         for tid in ("x", "y"):
             r = await say(c, tid, "after the crash")
             assert (r["created"], echo_n(r)) == (False, 4), r
@@ -87,7 +86,7 @@ async def test_kill_9_of_the_core_between_and_during_calls_loses_no_thread(tmp_p
         # Mid-call: the running call fails, its thread keeps every turn answered before it.
         slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 20000 slow", "thread_id": "y"}))
         await asyncio.sleep(0.5)
-        os.kill(_core_pids(c)[-1], signal.SIGKILL)
+        os.kill(core_pids(c)[-1], signal.SIGKILL)
         failed = error_text(await asyncio.wait_for(slow, 10))
         assert failed.startswith("core_crashed") and "is stored" in failed, failed
         for tid, n in (("x", 5), ("y", 5), ("z", 4)):
@@ -255,8 +254,8 @@ async def test_an_unusable_state_dir_serves_in_memory_and_says_so(tmp_path):
         assert "not stored" in listed and "chmod 700" in listed, listed
         assert not list(state.iterdir())
         # Not durable, so a crash loses the thread, and the caller is told.
-        os.kill(_core_pids(c)[-1], signal.SIGKILL)
-        await _wait_for(lambda: len(_core_pids(c)) == 2, 10)
+        os.kill(core_pids(c)[-1], signal.SIGKILL)
+        await wait_for(lambda: len(core_pids(c)) == 2, 10)
         assert error_text(await c.call_tool("respond", {"prompt": "2", "thread_id": "m"})).startswith("thread_lost")
 
 
@@ -264,7 +263,7 @@ async def test_without_a_state_dir_nothing_is_written(tmp_path):
     """The default: the shim and core are run from an empty directory with an empty HOME and TMPDIR."""
     from mcp import Client, StdioServerParameters, stdio_client
 
-    from conftest import shim_command
+    from harness import shim_command
 
     cwd, home, tmp = tmp_path / "cwd", tmp_path / "home", tmp_path / "tmp"
     for d in (cwd, home, tmp):

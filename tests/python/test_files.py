@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import error_text, ok, wisp
-from test_tools import ESCAPES, workspace  # noqa: F401  (the fixture, shared with the model-tools tests)
+from harness import error_text, ok, wisp
+from harness import ESCAPES, workspace  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conftest import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env, text_of, wisp
+from harness import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env, text_of, wisp
 
 MB = 1024 * 1024
 SENTINEL = "sentinel"
@@ -494,7 +494,7 @@ def _reused_ids_growth(n: int) -> tuple[float, float]:
     of a call still in flight; each must be refused."""
     import psutil
 
-    from test_process import children
+    from harness import children
 
     ch = RawChannel("--context-size", "1000000")  # the held 100 KB call must fit
     try:
@@ -529,7 +529,7 @@ def test_reused_ids_do_not_grow_the_shim():
 
 
 def test_a_call_before_initialize_is_refused_and_the_session_still_starts():
-    from test_process import read_until
+    from harness import read_until
 
     proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO)
@@ -555,7 +555,7 @@ def test_a_call_before_initialize_is_refused_and_the_session_still_starts():
 def test_requests_after_shutdown_starts_get_no_torn_output_and_no_orphan():
     """SIGTERM while calls run, then more requests: wisp exits at once with status 0, stdout
     stays whole JSON-RPC lines, and any answer to those calls says wisp is shutting down."""
-    from test_process import children, running
+    from harness import children, running
 
     ch = RawChannel()
     try:

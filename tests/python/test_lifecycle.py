@@ -1,10 +1,11 @@
-"""Crash recovery, cancellation, time limits, progress and bad arguments, end to end."""
+"""Cancellation, time limits, progress, bad arguments and configuration, and the start and
+stop of the shim, end to end. Crashes are in test_crashes, garbage from the core in
+test_core_garbage."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import stat
 import subprocess
@@ -14,31 +15,7 @@ import time
 import anyio
 import pytest
 
-from conftest import REPO, core_path, error_text, ok, shim_command, shim_env, wisp
-
-
-async def test_crash_fails_pending_calls_restarts_and_reports_lost_threads():
-    async with wisp() as c:
-        alive = ok(await c.call_tool("respond", {"prompt": "keep me", "thread_id": "alive"}))
-        assert alive["created"]
-        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 10000 slow", "thread_id": "slow"}))
-        await asyncio.sleep(0.3)
-        start = time.monotonic()
-        crash = await c.call_tool("respond", {"prompt": "!crash", "thread_id": "doomed"})
-        msg = error_text(crash)
-        assert msg.startswith("core_crashed:") and "doomed" in msg and "restarted" in msg
-        # The call that was running elsewhere fails at once, not after its 10 s.
-        slow_msg = error_text(await slow)
-        assert time.monotonic() - start < 5 and slow_msg.startswith("core_crashed:") and "slow" in slow_msg
-        # The next call naming a thread that was alive at the crash is told its history is gone...
-        lost = error_text(await c.call_tool("respond", {"prompt": "still there?", "thread_id": "alive"}))
-        assert lost.startswith("thread_lost:") and "alive" in lost and "lost" in lost
-        # ...once: calling again starts a new thread under that id, on the restarted core.
-        again = ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "alive"}))
-        assert (again["created"], again["text"]) == (True, "echo 1: again")
-        # Other work is served normally.
-        assert ok(await c.call_tool("respond", {"prompt": "fresh"}))["text"] == "echo 1: fresh"
-        assert ok(await c.call_tool("respond", {"prompt": "back", "thread_id": "doomed"}))["created"] is True
+from harness import REPO, core_path, error_text, ok, shim_command, shim_env, stub_core, wisp
 
 
 async def test_cancel_frees_the_thread_and_leaves_its_history_unchanged():
@@ -143,16 +120,6 @@ async def test_missing_core_is_a_tool_error_that_says_how_to_build_it(tmp_path):
         assert "make build" in msg and "wisp-core" in msg
 
 
-async def test_core_that_dies_before_ready_is_a_tool_error_not_a_hang(tmp_path):
-    broken = tmp_path / "wisp-core"
-    broken.write_text("#!/bin/sh\necho 'broken core' >&2\nexit 3\n")
-    broken.chmod(broken.stat().st_mode | stat.S_IXUSR)
-    async with wisp(core=str(broken)) as c:
-        with anyio.fail_after(10):
-            msg = error_text(await c.call_tool("respond", {"prompt": "hi"}))
-        assert msg.startswith("core_unavailable:") and "status 3" in msg
-
-
 async def test_initialize_and_list_do_not_wait_for_a_slow_core(tmp_path):
     # This core only starts once the test says so: no timing involved.
     go = tmp_path / "go"
@@ -194,77 +161,6 @@ def test_help_is_actionable():
         assert word in run.stdout, word
 
 
-def _stub_core(tmp_path, after_ready: str) -> str:
-    """A fake wisp-core: says ready, then runs `after_ready` (Python) with `out` = its stdout."""
-    stub = tmp_path / "wisp-core"
-    stub.write_text(
-        f"#!{sys.executable}\n"
-        "import json, struct, sys, time\n"
-        "out = sys.stdout.buffer\n"
-        "def frame(obj):\n"
-        "    b = obj if isinstance(obj, bytes) else json.dumps(obj).encode()\n"
-        "    out.write(struct.pack('>I', len(b)) + b); out.flush()\n"
-        "frame({'id': 0, 'event': 'ready', 'protocol': 1, 'backend': 'stub', 'model': 'stub', 'pid': 0})\n"
-        + after_ready
-    )
-    stub.chmod(0o755)
-    return str(stub)
-
-
-async def test_shim_time_limit_catches_a_core_that_stops_answering(tmp_path):
-    # The core never replies: only the shim's own timer can end the call, and it fires at the
-    # user's limit (plus the 0.25 s given to a reply racing the cancel), not at limit + 3 s.
-    stub = _stub_core(tmp_path, "sys.stdin.buffer.read()\n")
-    async with wisp("--timeout", "0.5", core=stub) as c:
-        start = time.monotonic()
-        with anyio.fail_after(10):
-            msg = error_text(await c.call_tool("respond", {"prompt": "anyone?", "thread_id": "t"}))
-        took = time.monotonic() - start
-        assert msg.startswith("timeout: no reply within 0.5 s; the call was stopped and thread 't' is unchanged"), msg
-        assert 0.5 <= took < 1.5, took
-
-
-async def test_garbage_from_the_core_fails_calls_and_restarts_it(tmp_path):
-    stub = _stub_core(tmp_path, "time.sleep(0.3)\nframe(b'this is not json')\nsys.stdin.buffer.read()\n")
-    async with wisp(core=stub) as c:
-        with anyio.fail_after(10):
-            msg = error_text(await c.call_tool("respond", {"prompt": "hi", "thread_id": "t"}))
-        assert msg.startswith("core_crashed:") and "protocol error" in msg, msg
-
-
-async def test_wrong_protocol_version_is_refused(tmp_path):
-    stub = tmp_path / "wisp-core"
-    stub.write_text(
-        f"#!{sys.executable}\nimport json, struct, sys\n"
-        "b = json.dumps({'id': 0, 'event': 'ready', 'protocol': 99, 'backend': 's', 'model': 's', 'pid': 0}).encode()\n"
-        "sys.stdout.buffer.write(struct.pack('>I', len(b)) + b); sys.stdout.buffer.flush(); sys.stdin.buffer.read()\n"
-    )
-    stub.chmod(0o755)
-    async with wisp(core=str(stub)) as c:
-        with anyio.fail_after(10):
-            msg = error_text(await c.call_tool("respond", {"prompt": "hi"}))
-        assert msg.startswith("core_unavailable:") and "protocol 99" in msg, msg
-
-
-async def test_a_core_killed_while_idle_loses_every_live_thread():
-    from test_process import children
-
-    async with wisp() as c:
-        for tid in ("a", "b"):
-            ok(await c.call_tool("respond", {"prompt": "hello", "thread_id": tid}))
-        ok(await c.call_tool("close_thread", {"thread_id": "b"}))
-        cores = [k for shim in children(os.getpid()) for k in children(shim)]
-        assert len(cores) == 1, cores
-        os.kill(cores[0], signal.SIGKILL)
-        await asyncio.sleep(0.5)
-        msg = error_text(await c.call_tool("respond", {"prompt": "still?", "thread_id": "a"}))
-        assert msg.startswith("thread_lost:"), msg
-        # b was closed before the crash: nothing was lost, it simply starts anew.
-        s = ok(await c.call_tool("respond", {"prompt": "new", "thread_id": "b"}))
-        assert (s["created"], s["text"]) == (True, "echo 1: new")
-        assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "a"}))["text"] == "echo 1: again"
-
-
 @pytest.mark.parametrize("args, env, message", [
     (["--max-threads", "0"], {}, "--max-threads: must be at least 1"),
     (["--context-size", "many"], {}, "--context-size: expected an integer"),
@@ -278,58 +174,9 @@ def test_bad_configuration_is_refused_at_start_with_a_clear_message(args, env, m
     assert run.stdout == ""
 
 
-async def test_a_thread_closed_while_a_call_runs_is_not_reported_lost_later():
-    async with wisp() as c:
-        ok(await c.call_tool("respond", {"prompt": "hello", "thread_id": "x"}))
-        async with anyio.create_task_group() as tg:
-            results = []
-
-            async def slow() -> None:
-                results.append(ok(await c.call_tool("respond", {"prompt": "!sleep 600 busy", "thread_id": "x"})))
-
-            tg.start_soon(slow)
-            await anyio.sleep(0.2)
-            assert ok(await c.call_tool("close_thread", {"thread_id": "x"}))["closed"] is True
-        assert results[0]["text"] == "echo 2: !sleep 600 busy"  # an accepted call still finishes
-        error_text(await c.call_tool("respond", {"prompt": "!crash", "thread_id": "other"}))
-        # x was closed before the crash, so nothing of it was lost: it simply starts anew.
-        s = ok(await c.call_tool("respond", {"prompt": "new", "thread_id": "x"}))
-        assert (s["created"], s["text"]) == (True, "echo 1: new")
-
-
-async def test_the_time_limit_holds_while_the_core_is_stopped():
-    """--timeout 2 with the core SIGSTOPped mid-call: the timeout arrives at the user's limit
-    and names it; once the core runs again, the timed-out turn was not kept."""
-    import psutil
-
-    from test_faults import _core_pids
-
-    async with wisp("--timeout", "2") as c:
-        assert ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))["text"] == "echo 1: one"
-        core = psutil.Process(_core_pids(c)[-1])
-        call = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 3000 slow", "thread_id": "t"}))
-        start = time.monotonic()
-        await asyncio.sleep(0.3)
-        core.suspend()
-        try:
-            msg = error_text(await asyncio.wait_for(call, 10))
-            took = time.monotonic() - start
-            # Resumed after the 3 s sleep would have ended: only the core's commit-time check
-            # of the deadline (timeout_s, which the shim always sends) keeps that turn out.
-            await asyncio.sleep(max(0.0, 3.5 - (time.monotonic() - start)))
-        finally:
-            core.resume()
-        assert msg == (
-            "timeout: no reply within 2 s; the call was stopped and thread 't' is unchanged. "
-            "(--timeout / WISP_TIMEOUT sets the limit for respond.)"
-        ), msg
-        assert 2.0 <= took < 2.5, took
-        assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "two", "thread_id": "t"}), 10))["text"] == "echo 2: two"
-
-
 async def test_a_reply_that_beats_the_cancel_is_returned(tmp_path):
     # The core answers 0.1 s after the limit (and ignores the cancel): the success stands.
-    stub = _stub_core(tmp_path, (
+    stub = stub_core(tmp_path, (
         "import select\n"
         "def read():\n"
         "    n = struct.unpack('>I', sys.stdin.buffer.read(4))[0]\n"
@@ -388,7 +235,7 @@ def test_stopping_wisp_with_a_stopped_or_wedged_core_leaves_no_orphan(tmp_path, 
     core within 2 s even when it is SIGSTOPped or wedged (it neither reads nor answers)."""
     import psutil
 
-    from test_process import call, spawn_initialized
+    from harness import call, spawn_initialized
 
     proc = spawn_initialized(argv=_fake_core_argv(tmp_path) if core_state == "wedged" else None)
     shim = psutil.Process(proc.pid)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import error_text, ok, wisp
+from harness import error_text, ok, wisp
 
 
 def _core_pid(client) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, error_text, shim_command, shim_env, wisp
+from harness import REPO, error_text, shim_command, shim_env, wisp
 from wisp_shim import local_model as lm
 from wisp_shim.local_model import APPLE_ONLY, CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
 
@@ -189,11 +189,11 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
     # The shim's --max-threads reaches the rule.
-    from conftest import core_path
-    from wisp_shim.__main__ import LocalModelUse, core_config, parse_args
+    from harness import core_path
+    from wisp_shim.__main__ import LocalModelUse, core_launch, parse_args
 
     ns = parse_args(["--core", core_path(), "--max-threads", "3", "--llama-server", str(binary), "--model-path", str(model)])
-    assert LocalModelUse(ns, core_config(ns), platform="linux").lm.slots == 3
+    assert LocalModelUse(ns, core_launch(ns), platform="linux").lm.slots == 3
 
 
 def test_describe_exit_names_the_signal_and_the_fix():
@@ -206,16 +206,16 @@ def test_describe_exit_names_the_signal_and_the_fix():
 async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_local_model(tmp_path, model_file, monkeypatch):
     """The macOS path, run here: this core's apple backend is unavailable, as on a Mac without
     Apple Intelligence, so the probe must pick the local model (and start it) instead."""
-    from conftest import core_path
-    from wisp_shim.__main__ import LocalModelUse, core_config, parse_args
-    from wisp_shim.core import Core
+    from harness import core_path
+    from wisp_shim.__main__ import LocalModelUse, core_launch, parse_args
+    from wisp_shim.client import Core
 
     for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL"):
         monkeypatch.delenv(name, raising=False)
     binary = install_fake(tmp_path / "bin")
     monkeypatch.setenv("FAKE_LLAMA_MODE", "decode")
     ns = parse_args(["--core", core_path(), "--llama-server", str(binary), "--model-path", str(model_file)])
-    config = core_config(ns)
+    config = core_launch(ns)
     use = LocalModelUse(ns, config, platform="darwin")
     assert (use.plan.decision, use.active) == (PROBE_APPLE, False)
     core = Core(config)

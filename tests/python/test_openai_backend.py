@@ -11,7 +11,7 @@ import time
 import anyio
 import pytest
 
-from conftest import error_text, ok, shim_env, wisp
+from harness import error_text, ok, shim_env, wisp
 from openai_stub import OpenAIStub, StubConfig, closed_port
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from harness import REPO
 
 SCRIPT = REPO / "scripts" / "check-portable-tests.py"
 SAMPLES = Path(__file__).with_name("portability_samples")

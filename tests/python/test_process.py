@@ -11,35 +11,7 @@ import time
 
 import pytest
 
-from conftest import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env
-from procs import children, running, wait_gone  # noqa: F401 (other test files import them from here)
-
-
-def spawn(*args: str, stderr=None) -> subprocess.Popen:
-    return subprocess.Popen(
-        shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=stderr if stderr is not None else subprocess.DEVNULL, env=shim_env(), cwd=REPO,
-    )
-
-
-def read_until(proc: subprocess.Popen, want_id: int, lines: list[bytes], timeout: float = 15) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"stdout closed before response {want_id}")
-        lines.append(line)
-        msg = json.loads(line)
-        if msg.get("id") == want_id:
-            return msg
-    raise AssertionError(f"no response {want_id} within {timeout} s")
-
-
-def call(name: str, arguments: dict, id: int, progress_token: str | None = None) -> bytes:
-    params: dict = {"name": name, "arguments": arguments}
-    if progress_token:
-        params["_meta"] = {"progressToken": progress_token}
-    return jsonrpc("tools/call", params, id=id)
+from harness import INITIALIZE, INITIALIZED, REPO, call, children, jsonrpc, read_until, running, shim_command, shim_env, spawn, spawn_initialized, wait_gone
 
 
 def test_stdout_carries_only_json_rpc():
@@ -89,22 +61,6 @@ def test_stdout_carries_only_json_rpc():
     assert all(b["progress"] > a["progress"] for a, b in zip(progress, progress[1:]))
     # The logs went somewhere: stderr, from both the shim and the core.
     assert "wisp-core" in log and "wisp INFO" in log
-
-
-def spawn_initialized(*args: str, argv: list[str] | None = None) -> subprocess.Popen:
-    """A shim (echo backend, or `argv`) past `initialize`, with one call answered, so its core runs."""
-    proc = subprocess.Popen(
-        argv or shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO,
-    )
-    lines: list[bytes] = []
-    proc.stdin.write(INITIALIZE)
-    proc.stdin.flush()
-    read_until(proc, 1, lines)
-    proc.stdin.write(INITIALIZED + call("respond", {"prompt": "hi"}, 2))
-    proc.stdin.flush()
-    read_until(proc, 2, lines)
-    return proc
 
 
 def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:

@@ -22,9 +22,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from conftest import error_text, ok, shim_env, wisp
+from harness import error_text, ok, shim_env, wisp
 from openai_stub import RecordingProxy
-from procs import grandchildren_named, ppid as _ppid, running as _alive
+from harness import grandchildren_named, ppid as _ppid, running as _alive
 from wisp_shim import local_model
 
 SETTINGS = {"temperature": 0, "max_output_tokens": 32}
@@ -247,7 +247,7 @@ async def test_make_run_gives_a_real_answer(llama):
     Linux it installs the local model if needed, builds, and serves a real model's answer."""
     from mcp import Client, StdioServerParameters, stdio_client
 
-    from conftest import REPO
+    from harness import REPO
 
     params = StdioServerParameters(command="make", args=["-s", "run"], cwd=str(REPO), env=shim_env(**LOCAL))
     with open(os.devnull, "w") as quiet:
@@ -266,7 +266,7 @@ def test_local_server_dies_with_a_killed_shim(llama):
     import subprocess
     import sys
 
-    from conftest import core_path
+    from harness import core_path
 
     shim = subprocess.Popen([sys.executable, "-m", "wisp_shim", "--core", core_path()], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=shim_env())
@@ -327,7 +327,7 @@ def test_check_reports_the_per_thread_context_of_wisps_own_server():
     """--check starts the local model as wisp does (a slot per thread, -c = slots x 4096)."""
     import subprocess
 
-    from conftest import REPO, shim_command
+    from harness import REPO, shim_command
 
     run = subprocess.run(shim_command("--check"), capture_output=True, text=True, timeout=180,
                          env=shim_env(**LOCAL), cwd=REPO, stdin=subprocess.DEVNULL)

@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 import test_real_model as real
-from conftest import error_text, ok, shim_env, wisp
+from harness import error_text, ok, shim_env, wisp
 from openai_stub import OpenAIStub, RecordingProxy, StubConfig
 from wisp_shim import local_model
 from wisp_shim.schema import MAX_SCHEMA_BYTES

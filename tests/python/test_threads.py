@@ -1,4 +1,4 @@
-"""DESIGN §4 thread rules, through a real MCP client, shim and core (echo backend)."""
+"""The thread rules (ARCHITECTURE.md), through a real MCP client, shim and core (echo backend)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 import re
 import time
 
-from conftest import error_text, ok, text_of, wisp
+from harness import error_text, ok, text_of, wisp
 
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 

@@ -4,57 +4,19 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 
 import pytest
 
-from conftest import error_text, ok, wisp
+from harness import ESCAPES, error_text, ok, wisp, workspace  # noqa: F401 (workspace: the fixture)
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def workspace(tmp_path):
-    root = tmp_path / "root"
-    (root / "sub").mkdir(parents=True)
-    (tmp_path / "outside.txt").write_text("secret\n")
-    (root / "a.txt").write_text("line one\nline two\nneedle here\n")
-    (root / "sub" / "b.txt").write_text("deep needle\n")
-    (root / "escape").symlink_to(tmp_path / "outside.txt")
-    (root / "loop1").symlink_to(root / "loop2")
-    (root / "loop2").symlink_to(root / "loop1")
-    os.mkfifo(root / "fifo")
-    (root / "huge.txt").write_bytes(b"x" * 3_000_000)
-    (root / "bin.dat").write_bytes(b"\x7fELF\x00\x01\x02")
-    (tmp_path / "linked.txt").write_text("linked secret\n")
-    os.link(tmp_path / "linked.txt", root / "hardlink")
-    return root
 
 
 async def tool(client, thread: str, name: str, args) -> str:
     payload = args if isinstance(args, str) else json.dumps(args)
     r = ok(await client.call_tool("respond", {"prompt": f"!tool {name} {payload}", "thread_id": thread}))
     return r["text"]
-
-
-ESCAPES = [
-    ("dotdot chain", {"path": "../outside.txt"}, "outside the readable roots"),
-    ("long dotdot chain", {"path": "sub/" + "../" * 12 + "etc/passwd"}, "outside the readable roots"),
-    ("absolute outside", {"path": "/etc/passwd"}, "outside the readable roots"),
-    ("symlink pointing out", {"path": "escape"}, "outside the readable roots"),
-    ("symlink loop", {"path": "loop1"}, "no such file"),
-    ("hard link to an outside file", {"path": "hardlink"}, "hard links"),
-    *([("proc self", {"path": "/proc/self/environ"}, "outside the readable roots")] if sys.platform.startswith("linux") else []),
-    ("fifo", {"path": "fifo"}, "not a regular file"),
-    ("dev zero", {"path": "/dev/zero"}, "outside the readable roots"),
-    ("nul byte", {"path": "a.txt\u0000.png"}, "NUL byte"),
-    ("directory to read_file", {"path": "sub"}, "is a directory; use list_directory"),
-    ("binary", {"path": "bin.dat"}, "binary file"),
-    ("wrong type", {"path": 5}, "'path' must be a string"),
-    ("not json", "{path: a.txt", "arguments must be a JSON object"),
-]
 
 
 async def test_escape_attempts_are_refused_with_clear_messages(workspace):
@@ -98,33 +60,12 @@ async def test_unknown_tool_at_creation_lists_the_valid_names(workspace):
 
 async def test_the_catalogue_in_respond_description_is_the_cores(tmp_path):
     """tools/list is answered before the core is up, so the shim names the catalogue itself."""
-    import struct
-    import subprocess
-
-    import msgspec
-
-    from conftest import core_path
+    from harness import core_exchange
     from wisp_shim import protocol as p
-    from wisp_shim.server import MODEL_TOOLS
+    from wisp_shim.tool_models import MODEL_TOOLS
 
-    # stdin stays open until the reply is read: at EOF the core stops at once, and a status
-    # still being answered then is dropped.
-    proc = subprocess.Popen([core_path(), "--backend", "echo"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
-    try:
-        proc.stdin.write(p.frame(p.encode_payload(p.Status(id=1))))
-        proc.stdin.flush()
-        status = None
-        while status is None:
-            header = proc.stdout.read(4)
-            assert len(header) == 4, "the core closed its stdout before answering status"
-            (n,) = struct.unpack(">I", header)
-            frame = msgspec.json.decode(proc.stdout.read(n))
-            if frame.get("id") == 1:
-                status = frame
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=30)
+    frames = core_exchange(["--backend", "echo"], p.frame(p.encode_payload(p.Status(id=1))), timeout=30)
+    status = next(f for f in frames if f.get("id") == 1)
     assert sorted(status["result"]["tools"]) == sorted(MODEL_TOOLS)
     async with wisp() as client:
         respond = next(t for t in (await client.list_tools()).tools if t.name == "respond")
@@ -136,7 +77,7 @@ async def test_a_thread_with_tools_may_read_the_clients_roots(workspace, tmp_pat
     from mcp import Client, StdioServerParameters, stdio_client
     from mcp.types import ListRootsResult, Root
 
-    from conftest import REPO, shim_command
+    from harness import REPO, shim_command
 
     offered = tmp_path / "client-root"
     offered.mkdir()

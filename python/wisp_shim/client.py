@@ -1,0 +1,361 @@
+"""The shim's client of wisp-core: sends respond, close_thread and status, enforces their time
+limits (cancelling in the core when one passes), forwards progress, and keeps the ids of
+threads lost in a crash so the next call naming one is told so.
+
+The process itself (start, restart, watchdog, stop) is the supervisor's (supervisor.py).
+Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP layer
+turns into tool errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import msgspec
+
+from . import errors
+from . import protocol as p
+from .errors import ShimError
+from .supervisor import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess, Supervisor
+
+log = logging.getLogger("wisp.core")
+
+# When a call's time limit passes, the shim cancels it in the core and waits this long for
+# the call's own reply: a reply that beat the cancel is the call's true outcome.
+CANCEL_GRACE_S = 0.25
+# close_thread and status never wait for a model.
+QUICK_CALL_TIMEOUT_S = 30.0
+# Progress notifications at most this often: the partial text is cumulative, so
+# skipped events lose nothing.
+PROGRESS_INTERVAL_S = 0.1
+
+
+class PendingCall:
+    __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "progress_event", "sent", "answered")
+
+    def __init__(self, call_id: int, thread_id: str | None, want_progress: bool, result_type: type[msgspec.Struct]) -> None:
+        self.id = call_id
+        self.thread_id = thread_id
+        # What an ok reply's result must decode to; decoded as the frame arrives (dispatch).
+        self.result_type = result_type
+        self.future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
+        # Set once the call's time limit passed: its own reply may still come, for a moment.
+        self.late: asyncio.Future[_Answer] | None = None
+        self.latest: tuple[int, str] | None = None
+        self.progress_event = asyncio.Event() if want_progress else None
+        # Tokens of the last progress notification sent: each must go higher.
+        self.sent = 0
+        # Set when the reply is in, so the progress pump flushes and stops.
+        self.answered = asyncio.Event() if want_progress else None
+
+
+# A reply and, when it is ok, its decoded result.
+_Answer = tuple[p.Reply, msgspec.Struct | None]
+
+
+
+class Core:
+    """Client of one wisp-core child, which its Supervisor restarts whenever it dies."""
+
+    def __init__(self, launch: CoreLaunch) -> None:
+        self.launch = launch
+        self._supervisor = Supervisor(launch, self)
+        self._next_id = 0
+        # Ids whose history died with a core; the next respond naming one is told so.
+        self.lost: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def binary(self) -> Path | None:
+        """The wisp-core binary last started."""
+        return self._supervisor.binary
+
+    def start(self) -> None:
+        """Begin starting the core in the background; calls wait for it to be ready."""
+        self._supervisor.start()
+
+    async def aclose(self) -> None:
+        """Stop the core: close its stdin, then SIGTERM, then SIGKILL."""
+        await self._supervisor.aclose()
+
+    # --- CoreListener: what the supervisor reports ----------------------------
+
+    def next_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def dispatch(self, run: CoreProcess, msg: p.CoreMessage) -> None:
+        if isinstance(msg, p.Reply):
+            call = run.pending.get(msg.id)
+            if call is None:
+                if run.ping is not None and run.ping[0] == msg.id:
+                    run.ping = None
+                else:
+                    # A reply to a call we gave up on (cancelled) or to a cancel.
+                    log.debug("reply for request %d nobody waits for", msg.id)
+                return
+            result = None
+            if msg.ok:
+                # A result that does not decode is a broken frame like any other: the ProtocolError
+                # ends this core (the stream cannot be trusted, nor the shim's view of its threads),
+                # and every pending call, this one included, fails as in a crash.
+                result = p.decode_result(msg.result, call.result_type)
+                self._track(run, result)
+            # An error reply goes to its caller as it is. That includes the core's invalid_argument
+            # for a request frame it could read an id from but not decode as an op: such a frame is
+            # the shim's own bug, not a sign that the core is broken, and restarting the core for it
+            # would lose every thread without fixing anything.
+            del run.pending[msg.id]
+            target = call.future if not call.future.done() else call.late
+            if target is not None and not target.done():
+                target.set_result((msg, result))
+        elif isinstance(msg, p.Progress):
+            call = run.pending.get(msg.id)
+
+            if call is not None and call.progress_event is not None:
+                call.latest = (msg.tokens, msg.text)
+                call.progress_event.set()
+        elif isinstance(msg, p.Evicted):
+            run.alive.pop(msg.thread_id, None)  # gone already: a later crash did not lose it
+
+    @staticmethod
+    def _track(run: CoreProcess, result: msgspec.Struct) -> None:
+        """The shim's view of the core's live threads, updated in frame order: an eviction
+        or a close that the core sent after this reply must win over it."""
+        if isinstance(result, p.RespondResult):
+            durable = run.durable
+            if durable and result.store_error is None:
+                # Stored: a crash from here on loses nothing of it.
+                run.alive.pop(result.thread_id, None)
+            # A thread closed or evicted while this call ran is not alive again because the call finished.
+            elif durable or result.created or result.thread_id in run.alive:
+                run.remember(result.thread_id)
+        elif isinstance(result, p.CloseThreadResult):
+            run.alive.pop(result.thread_id, None)
+
+    def core_exited(self, run: CoreProcess, how: str) -> None:
+        notified = {c.thread_id for c in run.pending.values() if c.thread_id}
+        durable = run.durable
+        for call in list(run.pending.values()):
+            if call.thread_id and durable and call.thread_id not in run.alive:
+                tail = (
+                    f"Thread {call.thread_id!r} is stored: call respond again with it to continue from its last stored "
+                    "turn (this call's turn is in it only if it was stored just before the crash: `turns` tells)."
+                )
+            elif call.thread_id:
+                tail = (
+                    f"Thread {call.thread_id!r}'s history was lost with it: call respond again "
+                    "(with the same thread_id or none) to start a new thread."
+                )
+            else:
+                tail = "No thread was created for this call: call respond again to start one."
+            self._fail(call, ShimError(errors.CORE_CRASHED, f"the wisp core crashed ({how}) while this call was running and has been restarted. {tail}"))
+        run.pending.clear()
+        # Callers whose own call failed above were told already; everyone else
+        # learns on their next call.
+        # With a state dir, `alive` holds only threads whose latest turn could not be stored.
+        lost = [t for t in run.alive if t not in notified]
+        for t in lost:
+            self.lost[t] = None
+        while len(self.lost) > MAX_REMEMBERED_IDS:
+            self.lost.popitem(last=False)
+        log.error("wisp-core %s; %d pending call(s) failed, %d thread(s) lost", how, len(notified), len(run.alive))
+
+    @staticmethod
+    def _fail(call: PendingCall, exc: ShimError) -> None:
+        for fut in (call.future, call.late):
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+                fut.exception()  # the waiter may already be gone; don't warn about it
+
+    def _fail_pending(self, run: CoreProcess, exc: ShimError) -> None:
+        for call in list(run.pending.values()):
+            self._fail(call, exc)
+        run.pending.clear()
+
+    def shutting_down(self, run: CoreProcess) -> None:
+        self._fail_pending(run, ShimError(errors.SHUTTING_DOWN, "wisp is shutting down; the call was not finished."))
+
+    # --- calls -------------------------------------------------------------
+
+    def _send_cancel(self, run: CoreProcess, request_id: int) -> None:
+        run.send(p.encode(p.Cancel(id=self.next_id(), request=request_id)))
+
+    async def _request(self, run: CoreProcess, call: PendingCall, data: bytes, timeout: float,
+                       on_timeout: Callable[[], ShimError],
+                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> _Answer:
+        if run.dead:
+            raise ShimError(errors.CORE_CRASHED, "the wisp core crashed just before this call was sent and is restarting; call again.")
+        run.pending[call.id] = call
+        # A timer handle rather than asyncio.wait_for: this path is on every call's round trip.
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, call)
+        pump = None
+        if on_progress is not None and call.progress_event is not None:
+            pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress))
+        try:
+            try:
+                # Inside the try: once the frame may be queued, a cancellation must reach the core.
+                run.send(data)
+                answer = await call.future
+            except _Expired:
+                answer = await self._after_expiry(run, call, on_timeout)
+            except asyncio.CancelledError:
+                # MCP cancellation: tell the core so the thread is freed, then let it propagate.
+                self._send_cancel(run, call.id)
+                raise
+            if pump is not None:
+                # Let the pump send the last partial (it usually lands with the reply) before
+                # the result goes out: cancelling it mid-send could lose or repeat one.
+                assert call.answered is not None and call.progress_event is not None
+                call.answered.set()
+                call.progress_event.set()
+                with contextlib.suppress(Exception):
+                    await pump
+                pump = None
+            return answer
+        finally:
+            timer.cancel()
+            run.pending.pop(call.id, None)
+            if pump is not None:
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pump
+
+    async def _after_expiry(self, run: CoreProcess, call: PendingCall, on_timeout: Callable[[], ShimError]) -> _Answer:
+        """The time limit passed: cancel the call in the core and give its own reply a moment.
+        A success (or a real failure) that beat the cancel is the call's outcome; the core's
+        own `timeout` or `cancelled` answer, or silence, is the shim's timeout error."""
+        late = call.late
+        assert late is not None  # made by _expire
+        self._send_cancel(run, call.id)
+        try:
+            reply, result = await asyncio.wait_for(late, CANCEL_GRACE_S)
+        except asyncio.TimeoutError:
+            raise on_timeout() from None
+        if not reply.ok and reply.error is not None and reply.error.code in (errors.TIMEOUT, errors.CANCELLED):
+            raise on_timeout()
+        return reply, result
+
+    async def respond(
+        self,
+        prompt: str,
+        thread_id: str | None = None,
+        instructions: str | None = None,
+        tools: list[str] | None = None,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+        on_progress: Callable[[int, str], Awaitable[None]] | None = None,
+        roots: list[str] | None = None,
+        files: list[str] | None = None,
+        schema: str | None = None,
+    ) -> p.RespondResult:
+        if thread_id is not None and thread_id in self.lost:
+            del self.lost[thread_id]
+            raise ShimError(
+                errors.THREAD_LOST,
+                f"thread {thread_id!r}'s history was lost when the wisp core crashed and restarted. "
+                "Nothing was sent to the model. Call respond again (with the same thread_id or none) to start "
+                "a new thread, and resend whatever context it needs.",
+            )
+        limit = self.launch.timeout_s
+        run = await self._supervisor.running()
+        call_id = self.next_id()
+        # The core gets the same limit, so that it can refuse to commit a turn that finishes late.
+        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit)
+        msg = p.Respond(
+            id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
+            options=options, progress=True if on_progress is not None else None, roots=roots or None,
+            files=files or None,
+            schema=schema,
+        )
+        payload = p.encode_payload(msg)
+        if len(payload) > p.MAX_FRAME_BYTES:
+            raise ShimError(
+                errors.INVALID_ARGUMENT,
+                f"the request is {len(payload)} bytes, over wisp's {p.MAX_FRAME_BYTES // (1024 * 1024)} MiB limit; "
+                "send a shorter prompt (or split the work across several calls).",
+            )
+
+        def timed_out() -> ShimError:
+            left = f"thread {thread_id!r} is unchanged" if thread_id is not None else "no thread was created"
+            return ShimError(
+                errors.TIMEOUT,
+                f"no reply within {limit:g} s; the call was stopped and {left}. "
+                "(--timeout / WISP_TIMEOUT sets the limit for respond.)",
+            )
+
+        call = PendingCall(call_id, thread_id, on_progress is not None, p.RespondResult)
+        started = time.monotonic()
+        reply, result = await self._request(run, call, p.frame(payload), limit, timed_out, on_progress)
+        if not reply.ok:
+            assert reply.error is not None
+            error = ShimError(reply.error.code, reply.error.message)
+            if self.launch.explain is not None:
+                error = await self.launch.explain(error, started)
+            raise error
+        assert isinstance(result, p.RespondResult)
+        return result
+
+    async def close_thread(self, thread_id: str) -> p.CloseThreadResult:
+        # Closing a lost thread is what the caller would do anyway: no notice needed.
+        self.lost.pop(thread_id, None)
+        run = await self._supervisor.running()
+        call = PendingCall(self.next_id(), thread_id, False, p.CloseThreadResult)
+        frame = p.encode(p.CloseThread(id=call.id, thread_id=thread_id))
+        reply, result = await self._request(run, call, frame, QUICK_CALL_TIMEOUT_S, _quick_timeout("close_thread"))
+        if not reply.ok:
+            assert reply.error is not None
+            raise ShimError(reply.error.code, reply.error.message)
+        assert isinstance(result, p.CloseThreadResult)
+        return result
+
+    async def status(self) -> p.StatusResult:
+        run = await self._supervisor.running()
+        call = PendingCall(self.next_id(), None, False, p.StatusResult)
+        reply, result = await self._request(run, call, p.encode(p.Status(id=call.id)), QUICK_CALL_TIMEOUT_S, _quick_timeout("status"))
+        if not reply.ok:
+            assert reply.error is not None
+            raise ShimError(reply.error.code, reply.error.message)
+        assert isinstance(result, p.StatusResult)
+        return result
+
+class _Expired(Exception):
+    """The shim's own time limit for a call passed before the core replied."""
+
+
+def _expire(call: PendingCall) -> None:
+    if not call.future.done():
+        # Before the waiter wakes: a reply arriving in between must find somewhere to land.
+        call.late = asyncio.get_running_loop().create_future()
+        call.future.set_exception(_Expired())
+
+
+def _quick_timeout(op: str) -> Callable[[], ShimError]:
+    return lambda: ShimError(errors.TIMEOUT, f"wisp-core did not answer `{op}` within {QUICK_CALL_TIMEOUT_S:g} s; call again.")
+
+
+async def _pump_progress(call: PendingCall, on_progress: Callable[[int, str], Awaitable[None]]) -> None:
+    """Forward the latest partial text, strictly increasing in tokens and rate-limited;
+    once the reply is in, send what is left and stop."""
+    assert call.progress_event is not None and call.answered is not None
+    while True:
+        await call.progress_event.wait()
+        call.progress_event.clear()
+        if call.latest is not None and call.latest[0] > call.sent:
+            tokens, text = call.latest
+            try:
+                await on_progress(tokens, text)
+            except Exception as exc:  # a progress hiccup must not fail the call itself
+                log.debug("progress notification failed: %s", exc)
+            call.sent = tokens
+        if call.answered.is_set():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(call.answered.wait(), PROGRESS_INTERVAL_S)
+
+

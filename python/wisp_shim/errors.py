@@ -1,0 +1,49 @@
+"""Every error code a wisp tool error can carry, and ShimError, the exception that carries one.
+
+A tool error reads `code: message`. The core's codes come in its error replies (the Swift
+side declares them in `WispError.Code`; a test checks the two lists agree); the shim adds
+its own for what only it can see: the core process itself failing, or the shim stopping.
+"""
+
+from __future__ import annotations
+
+# --- the core's codes (swift/WispCore/Errors.swift) ----------------------------------------
+INVALID_ARGUMENT = "invalid_argument"
+CONTEXT_OVERFLOW = "context_overflow"
+MODEL_UNAVAILABLE = "model_unavailable"
+GENERATION_FAILED = "generation_failed"
+INVALID_OUTPUT = "invalid_output"
+CANCELLED = "cancelled"
+TIMEOUT = "timeout"
+BUSY = "busy"
+INTERNAL = "internal"
+
+CORE_CODES = frozenset(
+    {INVALID_ARGUMENT, CONTEXT_OVERFLOW, MODEL_UNAVAILABLE, GENERATION_FAILED, INVALID_OUTPUT, CANCELLED, TIMEOUT, BUSY, INTERNAL}
+)
+
+# --- the shim's own -------------------------------------------------------------------------
+# The core died while the call ran (or just before it was sent); it has been restarted.
+CORE_CRASHED = "core_crashed"
+# The thread named was in a core that crashed and was not stored: its history is gone.
+THREAD_LOST = "thread_lost"
+# No wisp-core binary where --core / WISP_CORE or the search path says.
+CORE_MISSING = "core_missing"
+# A wisp-core binary exists but would not start, or did not say it was ready.
+CORE_UNAVAILABLE = "core_unavailable"
+# The shim is stopping (a signal, or the client closed stdin).
+SHUTTING_DOWN = "shutting_down"
+
+SHIM_CODES = frozenset({CORE_CRASHED, THREAD_LOST, CORE_MISSING, CORE_UNAVAILABLE, SHUTTING_DOWN})
+
+# Failures of the model itself, which the local-model layer may explain further.
+MODEL_CODES = (MODEL_UNAVAILABLE, GENERATION_FAILED)
+
+
+class ShimError(Exception):
+    """A failure the caller should see as a tool error: `code: message`."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message

@@ -1,0 +1,249 @@
+"""The MCP tools' arguments and results, one pydantic model each.
+
+Each model is the one declaration of its tool's fields: it gives the inputSchema or
+outputSchema that tools/list shows (`tool_schema`), checks a call's arguments
+(`parse_args`, with errors that name the field and what it takes), and builds the
+structured result.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.json_schema import GenerateJsonSchema
+
+from . import schema as output_schema
+
+# The thread-id rule, as the core enforces it too (a test checks they agree).
+THREAD_ID_CHARS = "[A-Za-z0-9._-]{1,64}"
+THREAD_ID_RE = re.compile(THREAD_ID_CHARS)
+THREAD_ID_RULE = "1-64 characters of A-Z a-z 0-9 . _ -"
+# The core's model-tool catalogue (swift/WispCore/Tools/Catalogue.swift), named here because
+# tools/list is answered before the core is up; a test checks the two agree.
+MODEL_TOOLS = {
+    "read_file": "read a text file, optionally a line range",
+    "list_directory": "list a directory",
+    "search_text": "find lines matching a literal or regex pattern, as file:line: text",
+}
+# Above any model's reply length, and inside the core's 64-bit integers.
+MAX_OUTPUT_TOKENS = 2**31 - 1
+# OpenAI-compatible servers take 0-2; Apple's model clamps to 0-1.
+MAX_TEMPERATURE = 2
+
+
+class ArgumentError(Exception):
+    """A tool call's arguments are wrong; the message says which and how."""
+
+
+@dataclass(frozen=True)
+class Says:
+    """How an argument's errors read: it must be `what`; `required` when it is missing;
+    `items` when the list holds something else."""
+
+    what: str
+    required: str | None = None
+    items: str | None = None
+
+
+def short(value: Any) -> str:
+    """A value as an error message may quote it: never long, never slow."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        # repr of a huge int is slow, and past 4,300 digits refused by Python itself.
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+ThreadId = Annotated[str, Field(pattern=f"^{THREAD_ID_CHARS}$")]
+
+
+class _Arguments(BaseModel):
+    # strict: true is not a number and 5.0 not a token count, as JSON says.
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class RespondArgs(_Arguments):
+    prompt: Annotated[str, Says("a string", required="`prompt` is required: the message for the model.")] = Field(
+        description="The message for the model: the task, with whatever context it needs.",
+    )
+    thread_id: Annotated[ThreadId | None, Says("a string")] = Field(
+        None,
+        description=f"Continue this thread. Omit to start a new one with a generated id. {THREAD_ID_RULE}.",
+    )
+    instructions: Annotated[str | None, Says("a string")] = Field(
+        None,
+        description="System instructions for a NEW thread (role, rules, output format). Only allowed when the call creates the thread.",
+    )
+    tools: Annotated[list[str] | None, Says("a list of tool names", items="`tools` must be a list of tool names (strings).")] = Field(
+        None,
+        description=(
+            "Tools the model may call in a NEW thread (only allowed when the call creates it): "
+            + "; ".join(f"{name}: {what}" for name, what in MODEL_TOOLS.items())
+            + ". Read-only, confined to wisp's roots (--root, the client's roots, else the directory wisp started in)."
+        ),
+    )
+    files: Annotated[
+        list[Annotated[str, Field(min_length=1)]] | None,
+        Says("a list of file paths", items="`files` must be a list of file paths (non-empty strings)."),
+    ] = Field(
+        None,
+        description=(
+            "Paths of text files for the model to read with this prompt, read by wisp itself under its roots "
+            "(--root, the client's roots); relative paths are taken from the first root. Their text never "
+            "passes through you. Works on new and existing threads; the files join this turn."
+        ),
+    )
+    temperature: Annotated[float | None, Says(f"a number from 0 to {MAX_TEMPERATURE}")] = Field(
+        None, ge=0, le=MAX_TEMPERATURE, description="Sampling temperature for this call; omit for the model's default.",
+    )
+    max_output_tokens: Annotated[int | None, Says(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
+        None, ge=1, le=MAX_OUTPUT_TOKENS, description="Upper bound on the reply's length in tokens for this call.",
+    )
+    # Any here: schema.py checks it, with its own messages, after the other fields.
+    output_schema: Annotated[Any, Says("a JSON Schema object")] = Field(
+        None,
+        alias="schema",
+        json_schema_extra={"type": "object"},
+        description=(
+            "A JSON Schema for this call's reply: the model can only produce JSON matching it, returned "
+            "parsed as `output` (and as JSON text in `text`). Supported: " + output_schema.SUPPORTED + ". "
+            "Anything else is refused. A reply that does not match (e.g. cut off by max_output_tokens) is an "
+            "invalid_output error and is not added to the thread."
+        ),
+    )
+
+
+class CloseThreadArgs(_Arguments):
+    thread_id: Annotated[ThreadId, Says("a string", required="`thread_id` is required.")] = Field(description="The thread to close.")
+
+
+class ListThreadsArgs(_Arguments):
+    pass
+
+
+class RespondOutput(BaseModel):
+    thread_id: str = Field(description="Pass this back as thread_id to continue the conversation.")
+    created: bool = Field(description="True when this call started a new thread.")
+    text: str = Field(description="The model's reply.")
+    condensed: bool = Field(description="True when older turns were dropped to fit the model's context.")
+    turns: int = Field(description="Turns the thread holds after this call.")
+    dropped: int = Field(description="Turns dropped by condensing during this call.")
+    prompt_tokens: int | None = Field(None, description="Tokens of context the model read for this reply, when the backend counts them.")
+    output_tokens: int | None = Field(None, description="Tokens the model wrote for this reply, when the backend counts them.")
+    # May be JSON null, when the schema allows it: present whenever the call had a schema.
+    output: Any = Field(None, description="With `schema`: the reply as a JSON value that matches it.")
+    store_error: str | None = Field(None, description="With --state-dir: why this turn could not be stored (the thread is in memory only).")
+
+
+class CloseThreadOutput(BaseModel):
+    thread_id: str = Field(description="The thread named.")
+    closed: bool = Field(description="True when a live thread was closed.")
+
+
+class ThreadEntry(BaseModel):
+    thread_id: str = Field(description="Pass this as thread_id to respond to continue the thread.")
+    turns: int = Field(description="Turns the thread holds.")
+    pending: int = Field(description="Calls running or waiting on the thread.")
+    live: bool = Field(description="In memory now.")
+    stored: bool = Field(description="In the state dir (--state-dir); a stored thread that is not live resumes on its next respond.")
+
+
+class ListThreadsOutput(BaseModel):
+    backend: str = Field(description="The model backend in use: apple, openai or echo.")
+    model: str = Field(description="The model the backend serves.")
+    available: bool = Field(description="True when the model can answer now.")
+    reason: str | None = Field(None, description="Why the model is not available, when it is not.")
+    context_size: int = Field(description="The model's context window in tokens.")
+    max_threads: int = Field(description="Live threads kept at most (least recently used evicted first).")
+    state_dir: str | None = Field(None, description="Where threads are stored (--state-dir), when they are.")
+    threads: list[ThreadEntry] = Field(description="Live threads (most recently used first), then stored ones not in memory.")
+
+
+class _CleanSchema(GenerateJsonSchema):
+    """The schema as a client reads it: an optional field is its type (absent means unset,
+    so no `anyOf` with null), and no generated titles or defaults."""
+
+    def nullable_schema(self, schema: Any) -> Any:
+        return self.generate_inner(schema["schema"])
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def model_schema(self, schema: Any) -> Any:
+        out = super().model_schema(schema)
+        out.pop("title", None)
+        return out
+
+    def default_schema(self, schema: Any) -> Any:
+        return self.generate_inner(schema["schema"])
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return _inline(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        return {k: _inline(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
+
+
+def tool_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON Schema a tool declares for this model, nested models written in place."""
+    schema = model.model_json_schema(by_alias=True, schema_generator=_CleanSchema)
+    defs = schema.pop("$defs", {})
+    return _inline(schema, defs)
+
+
+def _fields(model: type[BaseModel]) -> list[tuple[str, Says]]:
+    """Each argument's wire name and its error wording, in declaration order."""
+    out = []
+    for name, info in model.model_fields.items():
+        says = next((m for m in info.metadata if isinstance(m, Says)), None)
+        assert says is not None, f"{model.__name__}.{name} has no Says"
+        out.append((info.alias or name, says))
+    return out
+
+
+def parse_args(model: type[_Arguments], args: dict[str, Any]) -> Any:
+    """The call's arguments as `model`, or ArgumentError saying what is wrong.
+    An argument given as null is taken as absent."""
+    fields = _fields(model)
+    allowed = [name for name, _ in fields]
+    extra = sorted(set(args) - set(allowed))
+    if extra:
+        # Name a few, each shortened: a hostile call may carry thousands, or huge names.
+        named = ", ".join(short(x) if len(x) > 60 else x for x in extra[:5])
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        raise ArgumentError(f"unknown argument(s) {named}{more}; this tool takes {', '.join(allowed) or 'no arguments'}.")
+    for name, says in fields:
+        if says.required is not None and args.get(name) is None:
+            raise ArgumentError(says.required)
+    given = {k: v for k, v in args.items() if v is not None}
+    try:
+        parsed = model.model_validate(given)
+    except ValidationError as exc:
+        raise ArgumentError(_message(exc, dict(fields), given)) from None
+    if isinstance(parsed, RespondArgs) and parsed.output_schema is not None:
+        try:
+            parsed.output_schema = output_schema.check_schema(parsed.output_schema)
+        except output_schema.SchemaError as err:
+            raise ArgumentError(str(err)) from None
+    return parsed
+
+
+def _message(exc: ValidationError, says: dict[str, Says], given: dict[str, Any]) -> str:
+    error = exc.errors(include_url=False)[0]
+    name = str(error["loc"][0])
+    rule = says[name]
+    value = given.get(name)
+    if len(error["loc"]) > 1 and rule.items is not None:
+        return rule.items
+    if error["type"] == "string_pattern_mismatch":
+        return f"`{name}` {short(value)} is not a valid thread id: use {THREAD_ID_RULE} (or omit it to start a new thread)."
+    if error["type"].endswith("_type") or error["type"] in ("int_from_float", "float_parsing", "int_parsing"):
+        return f"`{name}` must be {rule.what}, got {type(value).__name__} {short(value)}."
+    return f"`{name}` must be {rule.what}, got {short(value)}."
