@@ -55,6 +55,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "rss_32x50_mb": (100, "max"),
     "rss_growth_10k_mb": (2, "max"),
     "caller_bytes_ratio": (0.15, "max"),
+    "files_caller_bytes_ratio": (0.02, "max"),
     "real_tokens_per_s_ratio": (0.95, "min"),
     "schema_valid_rate": (1.0, "min"),
     "durable_turn_ratio": (1.5, "max"),
@@ -346,11 +347,44 @@ async def caller_bytes() -> dict[str, Any]:
                 history += f"User: {prompt}\nAssistant: {reply}\n"
             resend_bytes = resent["bytes"]
     log(f"bytes: thread {thread_bytes} B, resend {resend_bytes} B")
+    files = await _files_caller_bytes()
     return {
         "caller_bytes_ratio": thread_bytes / resend_bytes,
         "caller_bytes_thread": thread_bytes,
         "caller_bytes_resend": resend_bytes,
+        **files,
     }
+
+
+def _build_log(size: int = 40 * 1024) -> str:
+    lines, n = [], 0
+    while sum(map(len, lines)) < size:
+        n += 1
+        lines.append(f"[{n:05d}] cc -c src/module{n % 97}.c -o build/module{n % 97}.o: ok\n")
+    return "".join(lines)[:size]
+
+
+async def _files_caller_bytes() -> dict[str, Any]:
+    """"Summarise this 40 KB build log": the caller's bytes for the tools/call with `files`
+    (wisp reads the file) against pasting the log into `prompt`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        Path(root, "build.log").write_text(_build_log())
+        prompt = "Summarise build.log: what failed, and why?"
+        sent = {"bytes": 0, "messages": 0}
+        async with mcp_client(wisp_argv("--root", root), sent) as wisp:
+            sent.update(bytes=0, messages=0)
+            res = await wisp.call_tool("respond", {"prompt": prompt, "files": ["build.log"]})
+            assert not res.is_error, res
+            with_files = sent["bytes"]
+            sent.update(bytes=0, messages=0)
+            res = await wisp.call_tool("respond", {"prompt": prompt + "\n\n" + Path(root, "build.log").read_text()})
+            assert not res.is_error, res
+            pasted = sent["bytes"]
+    log(f"bytes: 40 KB file attached {with_files} B, pasted {pasted} B")
+    return {"files_caller_bytes_ratio": with_files / pasted, "files_caller_bytes_attached": with_files,
+            "files_caller_bytes_pasted": pasted}
 
 
 # --- real model ---------------------------------------------------------------------------
@@ -777,6 +811,7 @@ ROWS = [
     ("rss_32x50_mb", "RSS, 32 threads x 50 turns of 1 KB (MB)", "{:.1f}"),
     ("rss_growth_10k_mb", "RSS growth over 10,000 create/close (MB)", "{:.2f}"),
     ("caller_bytes_ratio", "caller bytes, thread / resend history", "{:.3f}"),
+    ("files_caller_bytes_ratio", "caller bytes, 40 KB file attached / pasted", "{:.4f}"),
     ("real_tokens_per_s_ratio", "tokens/s through wisp / direct", "{:.3f}"),
     ("schema_valid_rate", "schema calls whose value validates", "{:.2f}"),
     ("schema_latency_ratio", "call time with a schema / without", "{:.2f}"),

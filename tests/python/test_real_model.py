@@ -359,3 +359,18 @@ async def test_threads_asking_at_once_are_answered_at_once(llama):
                     tg.start_soon(ask, i)
     assert sorted(first) == list(range(PARALLEL)), first
     assert max(first.values()) < min(done.values()), (first, done)
+
+
+async def test_a_fact_in_an_attached_file_is_answered_from_the_file(llama, tmp_path):
+    """`files` on the real model: wisp reads the file, the model gets it with the prompt, and
+    the caller never sent its text."""
+    (tmp_path / "notes.txt").write_text("Project notes\nThe release codename is Tangerine.\n")
+    question = "According to notes.txt, what is the release codename? Answer in one word."
+    with RecordingProxy(llama.port) as proxy:
+        async with via(proxy, "--root", str(tmp_path)) as c:
+            r = ok(await c.call_tool("respond", {"prompt": question, "files": ["notes.txt"], **SETTINGS}))
+            control = ok(await c.call_tool("respond", {"prompt": question, **SETTINGS}))
+        sent = proxy.chats()[0]["messages"][-1]["content"]
+    assert '<file path="notes.txt">' in sent and "Tangerine" in sent, sent
+    assert "tangerine" in r["text"].lower(), f"the model did not answer from the file: {r['text']!r}"
+    assert "tangerine" not in control["text"].lower(), control["text"]
