@@ -80,7 +80,6 @@ public actor ConversationThread {
     public var turnCount: Int { agent.history.count }
     public var history: [Turn] { agent.history }
     public var instructions: String? { agent.instructions }
-    public var toolNames: [String] { agent.tools.map(\.name) }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
     public var pending: Int { Int(issued - serving) - abandoned.count }

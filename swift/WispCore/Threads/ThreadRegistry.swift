@@ -1,6 +1,6 @@
 import Foundation
 
-/// Thread semantics, in one place (DESIGN §4, ADR 0007):
+/// Thread semantics, in one place (ARCHITECTURE.md):
 ///
 /// - `respond` without a thread id creates a thread under a generated id; with an unknown id
 ///   it creates a thread under that id; with a known id it continues that conversation.
@@ -55,7 +55,7 @@ public actor ThreadRegistry {
     /// Why `--state-dir` was given but is not in use.
     public nonisolated let storeError: String?
 
-    public init(backend: any ModelBackend, capacity: Int = 32, maxQueue: Int = 16, tools: [ModelTool] = [],
+    public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads, maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
                 toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
                 store: ThreadStore? = nil, storeError: String? = nil) {
         self.store = store

@@ -20,8 +20,7 @@ import Testing
         var decoder = FrameDecoder()
         var out: [Request] = []
         for chunk in chunks {
-            decoder.append(chunk)
-            while let payload = try decoder.next() { out.append(try JSONDecoder().decode(Request.self, from: Data(payload))) }
+            for payload in try decoder.feed(chunk) { out.append(try JSONDecoder().decode(Request.self, from: Data(payload))) }
         }
         try decoder.finish()
         return out
@@ -48,26 +47,23 @@ import Testing
         #expect(try decodeAll(bytes.indices.map { bytes[$0...$0] }) == requests)
     }
 
-    @Test func shortHeaderAtEndOfStream() {
+    @Test func shortHeaderAtEndOfStream() throws {
         var d = FrameDecoder()
-        d.append([0, 0])
-        #expect(throws: Never.self) { _ = try d.next() }
+        #expect(try d.feed([0, 0]).isEmpty)
+        #expect(d.buffered == 2)
         #expect(throws: FrameError.truncated(have: 2, need: 4)) { try d.finish() }
     }
 
     @Test func lengthOverTheLimit() {
         var d = FrameDecoder(maxBytes: 1024)
-        d.append([0, 0, 4, 1])
-        #expect(throws: FrameError.tooLarge(length: 1025, limit: 1024)) { _ = try d.next() }
+        #expect(throws: FrameError.tooLarge(length: 1025, limit: 1024)) { _ = try d.feed([0, 0, 4, 1]) }
         var big = FrameDecoder()
-        big.append([0xFF, 0xFF, 0xFF, 0xFF])
-        #expect(throws: FrameError.self) { _ = try big.next() }
+        #expect(throws: FrameError.self) { _ = try big.feed([0xFF, 0xFF, 0xFF, 0xFF]) }
     }
 
     @Test func truncatedPayload() throws {
         var d = FrameDecoder()
-        d.append(Array(try Frame.encode(Status(id: 1)).dropLast(3)))
-        #expect(try d.next() == nil)
+        #expect(try d.feed(Array(try Frame.encode(Status(id: 1)).dropLast(3))).isEmpty)
         #expect(throws: FrameError.self) { try d.finish() }
     }
 
@@ -87,8 +83,9 @@ import Testing
     ])
     func malformedPayloadsAreErrorsNotCrashes(_ payload: String) throws {
         var d = FrameDecoder()
-        d.append(Frame.encode(payload: Array(payload.utf8)))
-        let frame = try #require(try d.next())
+        let frames = try d.feed(Frame.encode(payload: Array(payload.utf8)))
+        #expect(frames.count == 1)
+        let frame = try #require(frames.first)
         #expect(throws: (any Error).self) { try JSONDecoder().decode(Request.self, from: Data(frame)) }
     }
 

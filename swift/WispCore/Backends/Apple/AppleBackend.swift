@@ -422,12 +422,12 @@ struct AppleTool: FoundationModels.Tool {
     let name: String
     let description: String
     let parameters: GenerationSchema
-    private let run: @Sendable (String) async throws -> String
+    private let tool: ModelTool
 
     init(_ tool: ModelTool) throws(WispError) {
         name = tool.name
         description = tool.description
-        run = tool.call
+        self.tool = tool
         do {
             let json = try JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))
             parameters = try GenerationSchema(root: Self.schema(json, name: tool.name), dependencies: [])
@@ -471,15 +471,8 @@ struct AppleTool: FoundationModels.Tool {
         guard case .structure = arguments.kind else {
             return Self.failurePrefix + "the arguments must be a JSON object"
         }
-        do {
-            return try await run(arguments.jsonString)
-        } catch let error as CancellationError {
-            throw error
-        } catch let error as WispError {
-            return Self.failurePrefix + error.message
-        } catch {
-            return Self.failurePrefix + String(describing: error)
-        }
+        let result = try await ToolRun.output(tool, arguments.jsonString)
+        return result.failed ? Self.failurePrefix + result.text : result.text
     }
 }
 #endif

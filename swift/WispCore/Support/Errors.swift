@@ -1,4 +1,4 @@
-/// The one error type that crosses the pipe. Its codes are the pipe protocol's (DESIGN §3),
+/// The one error type that crosses the pipe. Its codes are the pipe protocol's (ARCHITECTURE.md),
 /// so every failure, from a bad thread id to a model refusal, reaches the caller as a code
 /// the shim can map and a message a person can act on.
 public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {

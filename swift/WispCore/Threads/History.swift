@@ -1,5 +1,5 @@
 /// A thread's canonical history: wisp's own values, never a backend's. A backend session is
-/// disposable and is always rebuilt from these (DESIGN §5).
+/// disposable and is always rebuilt from these (ARCHITECTURE.md).
 
 /// One call the model made to a model tool inside a turn, with what the tool returned.
 public struct ToolExchange: Sendable, Codable, Equatable {
@@ -42,7 +42,7 @@ public struct Turn: Sendable, Codable, Equatable {
 }
 
 /// The fallback token estimate when a backend cannot count: ceil(UTF-8 bytes / 4).
-/// It is also the echo backend's exact rule (reference/echo-backend.md).
+/// It is also the echo backend's exact rule (ARCHITECTURE.md).
 @inlinable
 public func estimatedTokens(_ text: String) -> Int {
     (text.utf8.count + 3) / 4
