@@ -197,7 +197,7 @@ public actor ConversationThread {
         if number == serving { return }
         if Task.isCancelled {
             abandoned.insert(number)
-            throw WispError(.cancelled, "The call was cancelled while waiting for its thread.")
+            throw WispError.cancelledWhileWaiting
         }
         await withTaskCancellationHandler {
             await withCheckedContinuation { parked[number] = $0 }
@@ -205,7 +205,7 @@ public actor ConversationThread {
             Task { await self.abandon(number) }
         }
         if abandoned.contains(number) {
-            throw WispError(.cancelled, "The call was cancelled while waiting for its thread.")
+            throw WispError.cancelledWhileWaiting
         }
     }
 

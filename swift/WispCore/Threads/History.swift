@@ -16,6 +16,12 @@ public struct ToolExchange: Sendable, Codable, Equatable {
         self.output = output
         self.failed = failed
     }
+
+    /// What the exchange takes in a context when the backend cannot count: the estimate of its
+    /// name, arguments and output.
+    public var estimatedTokens: Int {
+        WispCore.estimatedTokens(name) + WispCore.estimatedTokens(arguments) + WispCore.estimatedTokens(output)
+    }
 }
 
 /// One whole exchange: the caller's prompt, any tool calls the model made, and its reply.
@@ -36,7 +42,7 @@ public struct Turn: Sendable, Codable, Equatable {
 
     static func estimateTokens(prompt: String, toolExchanges: [ToolExchange], response: String) -> Int {
         var n = estimatedTokens(prompt) + estimatedTokens(response)
-        for t in toolExchanges { n += estimatedTokens(t.name) + estimatedTokens(t.arguments) + estimatedTokens(t.output) }
+        for t in toolExchanges { n += t.estimatedTokens }
         return n
     }
 }

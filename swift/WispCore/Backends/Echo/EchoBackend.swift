@@ -88,7 +88,7 @@ final class EchoSession: ModelSession {
         }
         var used = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + estimatedTokens(text)
         for t in turns { used += t.tokens }
-        for e in exchanges { used += estimatedTokens(e.name) + estimatedTokens(e.arguments) + estimatedTokens(e.output) }
+        for e in exchanges { used += e.estimatedTokens }
         guard used <= context else {
             throw WispError(.contextOverflow, "echo backend: \(used) tokens exceed the \(context)-token context")
         }
@@ -107,7 +107,7 @@ final class EchoSession: ModelSession {
                 try await Self.sleep(ms: delay)
             }
         } catch {
-            throw WispError(.cancelled, "The call was cancelled.")
+            throw WispError.callCancelled
         }
         try Task.checkCancellation()
 

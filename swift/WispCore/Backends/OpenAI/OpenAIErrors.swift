@@ -60,7 +60,7 @@ extension OpenAIServer {
     /// A transport failure (no HTTP answer), as a WispError naming the endpoint.
     func mapTransport(_ error: any Error, what: String) -> WispError {
         if let e = error as? WispError { return e }
-        if error is CancellationError { return WispError(.cancelled, "The call was cancelled.") }
+        if error is CancellationError { return .callCancelled }
         let at = "the model server at \(endpointDescription)"
         let detail = (error as NSError).localizedDescription
         guard let code = (error as? URLError)?.code else {
@@ -74,7 +74,7 @@ extension OpenAIServer {
         case .networkConnectionLost:
             return WispError(.generationFailed, "\(at) closed the connection mid-answer (did it crash?): \(detail)")
         case .cancelled:
-            return WispError(.cancelled, "The call was cancelled.")
+            return .callCancelled
         default:
             return WispError(.modelUnavailable, "could not \(what) \(at): \(detail)")
         }
