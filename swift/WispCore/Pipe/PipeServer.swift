@@ -4,7 +4,8 @@ import Synchronization
 
 /// Serves the pipe protocol: takes decoded requests in arrival order, runs each `respond` in
 /// its own task, and hands every reply and event to `send` (a single writer, so frames never
-/// interleave). The process loop around it lives in `swift/wisp-core/main.swift`.
+/// interleave). Requests come from a `RequestReader`; the process loop around both lives in
+/// `swift/wisp-core/main.swift`.
 public final class PipeServer: Sendable {
     public let registry: ThreadRegistry
     public let backend: any ModelBackend

@@ -2,7 +2,6 @@ import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
-import Synchronization
 
 /// `openai`: any OpenAI-compatible chat server (llama.cpp's `llama-server`, Ollama, vLLM,
 /// LM Studio, OpenAI itself) over `POST {endpoint}/chat/completions` with streaming (SSE).
@@ -19,9 +18,9 @@ import Synchronization
 /// - overflow: llama.cpp's `exceed_context_size_error`, llama-cpp-python's and OpenAI's
 ///   `context_length_exceeded`, vLLM's "maximum context length" message → `contextOverflow`.
 ///
-/// Swift-corelibs-foundation on Linux has no `URLSession.bytes(for:)`, so a response is read
-/// through a `URLSessionDataDelegate` that feeds an `AsyncThrowingStream`; ending the stream
-/// (Task cancellation included) cancels the HTTP request, which closes the connection.
+/// Here the facade; the conversation and its tool loop are `OpenAISession`, what the server says
+/// about itself `OpenAIServer`, the chat request and its stream `OpenAIChat.swift`, the servers'
+/// error dialects `OpenAIErrors.swift`, and the HTTP underneath `HTTP/`.
 public struct OpenAIBackend: ModelBackend {
     public let name = "openai"
     let server: OpenAIServer
