@@ -1,25 +1,26 @@
-// libFuzzer target for the core's frame decoder and request decoding: any bytes on stdin
-// must give frames, a decoding error or a FrameError, never a crash or a hang.
-// Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address with the Pipe sources).
+// libFuzzer target for the core's request reader (framing, request decoding, the `rejected`
+// path): any bytes on stdin must give requests, rejections or a PipeProtocolError, never a
+// crash or a hang. Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address with the
+// Pipe sources).
 import Foundation
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     let bytes = UnsafeRawBufferPointer(start: start, count: count)
-    var decoder = FrameDecoder(maxBytes: 1 << 20)
+    var reader = RequestReader(maxFrameBytes: 1 << 20)
     // Feed in two uneven pieces so split handling is exercised too.
     let cut = count / 3
-    let decoderJSON = JSONDecoder()
     for piece in [bytes[0..<cut], bytes[cut..<count]] {
-        decoder.append(UnsafeRawBufferPointer(rebasing: piece))
         do {
-            while let payload = try decoder.next() {
-                _ = try? decoderJSON.decode(Request.self, from: Data(payload))
+            for item in try reader.feed(UnsafeRawBufferPointer(rebasing: piece)) {
+                if case .rejected(let id, let message) = item, id <= 0 || message.isEmpty {
+                    fatalError("a rejection must name a positive id and a reason")
+                }
             }
         } catch {
             return 0
         }
     }
-    _ = try? decoder.finish()
+    _ = try? reader.finish()
     return 0
 }

@@ -31,7 +31,10 @@ let log = Log(level: config.logLevel)
 
 let backend: any ModelBackend
 do {
-    backend = try makeBackend(config)
+    backend = try makeBackend(config, echoCrash: {
+        FileHandle.standardError.write(Data("wisp-core: echo !crash: exiting with status 70 as a crash would\n".utf8))
+        exit(70)
+    })
 } catch {
     // Stay up and say why on every call: the shim reports it better than a dead child would.
     log(.warning, error.message)
@@ -81,34 +84,23 @@ server.ready()
 log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)"
     + (store.map { ", threads stored in \($0.directory) (at most \($0.maxStored))" } ?? ""))
 
-/// What the reader thread hands the dispatcher.
-enum Incoming: Sendable {
-    case request(Request)
-    /// Parsed with an id but not as any op: answered with an error, the process goes on.
-    case rejected(id: Int, message: String)
-}
+let (incoming, continuation) = AsyncStream<RequestReader.Item>.makeStream(bufferingPolicy: .unbounded)
 
-struct RequestID: Decodable { var id: Int }
-
-let (incoming, continuation) = AsyncStream<Incoming>.makeStream(bufferingPolicy: .unbounded)
-
-// Blocking reads belong on their own thread, not the cooperative pool (2 cores: 2 pool threads).
-let maxFrameBytes = config.maxFrameBytes
 /// How long calls get to end once stdin has closed.
 let shutdownGrace = Duration.seconds(2)
+// Blocking reads belong on their own thread, not the cooperative pool (2 cores: 2 pool threads).
 Thread.detachNewThread {
-    var decoder = FrameDecoder(maxBytes: maxFrameBytes)
-    let json = JSONDecoder()
+    var reader = RequestReader()
     var buffer = [UInt8](repeating: 0, count: 1 << 16)
-    func protocolError(_ message: String) -> Never {
-        FileHandle.standardError.write(Data("wisp-core: protocol error: \(message); exiting so the shim restarts a clean core\n".utf8))
+    func protocolError(_ error: any Error) -> Never {
+        FileHandle.standardError.write(Data("wisp-core: protocol error: \(error); exiting so the shim restarts a clean core\n".utf8))
         exit(65)
     }
     while true {
         let n = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress!, $0.count) }
         if n < 0 && errno == EINTR { continue }
         if n <= 0 {
-            do { try decoder.finish() } catch { protocolError(String(describing: error)) }
+            do { try reader.finish() } catch { protocolError(error) }
             continuation.finish()
             // Exits from here, not from the dispatcher: a call that ignores cancellation may be
             // holding every pool thread, and the core must go when the shim does all the same.
@@ -118,39 +110,12 @@ Thread.detachNewThread {
             }
             exit(0)
         }
-        buffer.withUnsafeBytes { decoder.append(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
         do {
-            while let payload = try decoder.next() {
-                let data = Data(payload)
-                if let request = try? json.decode(Request.self, from: data) {
-                    continuation.yield(.request(request))
-                } else if let rid = try? json.decode(RequestID.self, from: data), rid.id > 0 {
-                    let reason: String
-                    do { _ = try json.decode(Request.self, from: data); reason = "undecodable request" } catch { reason = describe(error) }
-                    continuation.yield(.rejected(id: rid.id, message: reason))
-                } else {
-                    protocolError("a frame of \(data.count) bytes is not a JSON request with an integer id")
-                }
-            }
+            for item in try reader.feed(buffer[0..<n]) { continuation.yield(item) }
         } catch {
-            protocolError(String(describing: error))
+            protocolError(error)
         }
     }
-}
-
-/// A decoding error as one line a person can act on.
-func describe(_ error: any Error) -> String {
-    switch error as? DecodingError {
-    case .typeMismatch(let type, let c)?: return "field '\(path(c))' should be \(type)"
-    case .valueNotFound(let type, let c)?: return "field '\(path(c))' is missing (\(type))"
-    case .keyNotFound(let key, let c)?: return "field '\(path(c, key))' is missing"
-    case .dataCorrupted(let c)?: return "field '\(path(c))': \(c.debugDescription)"
-    default: return String(describing: error)
-    }
-}
-
-func path(_ c: DecodingError.Context, _ last: (any CodingKey)? = nil) -> String {
-    (c.codingPath + (last.map { [$0] } ?? [])).map(\.stringValue).joined(separator: ".")
 }
 
 // The dispatcher runs on the cooperative pool, not on the main actor (top-level code's

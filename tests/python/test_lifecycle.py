@@ -197,7 +197,7 @@ def test_help_lists_every_environment_variable_wisp_reads():
     # is a read there, or the name handed to one), against what --help says.
     import re
 
-    sources = [*sorted((REPO / "python" / "wisp_shim").glob("*.py")), REPO / "swift" / "WispCore" / "Config.swift"]
+    sources = [*sorted((REPO / "python" / "wisp_shim").glob("*.py")), REPO / "swift" / "WispCore" / "Support" / "Config.swift"]
     read = set()
     for path in sources:
         read |= set(re.findall(r"[\"'](WISP_[A-Z_]+)[\"']", path.read_text()))

@@ -1,5 +1,5 @@
 /// The seam between wisp's thread layer and a model. It is wisp's own protocol, so the actor
-/// layer runs on Linux exactly as on a Mac, and each backend lives in one file beside this one.
+/// layer runs on Linux exactly as on a Mac; each backend lives in its own folder beside this file.
 
 /// Per-call generation settings, as the caller passed them.
 public struct GenerationSettings: Sendable, Equatable {

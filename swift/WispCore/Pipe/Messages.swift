@@ -1,11 +1,12 @@
-/// The pipe protocol, version 1 (DESIGN §3): one type per message. The Python side
+/// The pipe protocol, version 1 (ARCHITECTURE.md): one type per message. The Python side
 /// (`python/wisp_shim/protocol.py`) declares the same types under the same names; keep them in step.
 ///
 /// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `Ping`, each tagged by `op`.
 /// Core → shim: `Ready` (first frame), `Progress` and `Evicted` (events), `Reply` (one per
 /// request, ok or not).
 
-public let pipeProtocolVersion = 1
+/// The pipe protocol version `Ready` announces (the shim's `PROTOCOL_VERSION`).
+public let protocolVersion = 1
 
 // MARK: shim → core
 
@@ -134,7 +135,7 @@ extension Request: Codable {
 public struct Ready: Codable, Sendable, Equatable {
     public var id = 0
     public var event = "ready"
-    public var `protocol` = pipeProtocolVersion
+    public var `protocol` = protocolVersion
     public var backend: String
     public var model: String
     public var pid: Int32

@@ -4,7 +4,8 @@ import Synchronization
 
 /// Serves the pipe protocol: takes decoded requests in arrival order, runs each `respond` in
 /// its own task, and hands every reply and event to `send` (a single writer, so frames never
-/// interleave). The process loop around it lives in `swift/wisp-core/main.swift`.
+/// interleave). Requests come from a `RequestReader`; the process loop around both lives in
+/// `swift/wisp-core/main.swift`.
 public final class PipeServer: Sendable {
     public let registry: ThreadRegistry
     public let backend: any ModelBackend
@@ -163,7 +164,7 @@ public final class PipeServer: Sendable {
             onPartial = { @Sendable p in
                 // Over the frame limit, a partial text is skipped: the final reply says what happened.
                 let frame = self.encode(Progress(id: id, text: p.text, tokens: p.tokens))
-                if frame.count <= 4 + Frame.defaultMaxBytes { self.send(frame) }
+                if Frame.fits(frame) { self.send(frame) }
             }
         }
 
@@ -269,9 +270,9 @@ public final class PipeServer: Sendable {
     /// every thread (a 9 MB prompt of "/" came back as 18 MB: JSONEncoder escapes "/"), so it
     /// becomes an error for this call alone.
     private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
-        guard frame.count > 4 + Frame.defaultMaxBytes else { return frame }
-        log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(Frame.defaultMaxBytes)-byte frame limit; sent an error instead")
-        return encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(Frame.defaultMaxBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
+        guard !Frame.fits(frame) else { return frame }
+        log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(maxFrameBytes)-byte frame limit; sent an error instead")
+        return encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
     }
 
     private func encode<T: Encodable>(_ message: T) -> [UInt8] {
@@ -281,22 +282,5 @@ public final class PipeServer: Sendable {
             log(.error, "could not encode a reply: \(error)")
             return (try? Frame.encode(Failure.failure(0, WispError(.internal, "could not encode a reply")))) ?? []
         }
-    }
-}
-
-/// A lock around a value, as `Mutex` is, but over `NSLock` (a pthread mutex): on Linux the
-/// toolchain's `Synchronization.Mutex` locks with uninstrumented atomics and futexes, so
-/// ThreadSanitizer cannot see it and reports every access it guards as a race (`make sanitize`
-/// did, once the pipe server's calls were raced in tests).
-final class Locked<Value: Sendable>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: Value
-
-    init(_ value: Value) { self.value = value }
-
-    func withLock<R>(_ body: (inout Value) throws -> R) rethrows -> R {
-        lock.lock()
-        defer { lock.unlock() }
-        return try body(&value)
     }
 }

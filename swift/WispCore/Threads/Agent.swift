@@ -1,5 +1,5 @@
 /// One thread's conversation with the model: its canonical history, the live backend
-/// session, and context condensing (DESIGN §5).
+/// session, and context condensing (ARCHITECTURE.md).
 ///
 /// Not Sendable on purpose: it lives inside one `ConversationThread` actor and its async
 /// method is `nonisolated(nonsending)`, so it runs on that actor and is never sent anywhere.
@@ -53,7 +53,7 @@ public final class Agent {
     nonisolated(nonsending)
     public func respond(to callerPrompt: String, files: FileRequest? = nil, settings: GenerationSettings,
                         onPartial: PartialHandler?) async throws -> Staged {
-        if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
+        if Task.isCancelled { throw WispError.callCancelled }
         let context = max(1, await backend.contextSize())
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let message = ModelPrompt(text: callerPrompt, files: try files.map { try FileAttachments.read($0, context: context) } ?? [])
@@ -109,7 +109,7 @@ public final class Agent {
                 dropped += n
             } catch {
                 session = nil
-                if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
+                if Task.isCancelled { throw WispError.callCancelled }
                 let e = WispError.from(error)
                 // A session rebuilt without the oldest turns that the model will not take (Apple's
                 // unsupportedTranscriptContent, say) means condensing cannot save this thread.
@@ -183,7 +183,7 @@ public final class Agent {
 
     private func turnTokens(prompt: String, promptTokens: Int?, generation g: Generation) -> Int {
         var n = (promptTokens ?? estimatedTokens(prompt)) + (g.outputTokens ?? estimatedTokens(g.text))
-        for e in g.toolExchanges { n += estimatedTokens(e.name) + estimatedTokens(e.arguments) + estimatedTokens(e.output) }
+        for e in g.toolExchanges { n += e.estimatedTokens }
         return n
     }
 }

@@ -80,7 +80,6 @@ public actor ConversationThread {
     public var turnCount: Int { agent.history.count }
     public var history: [Turn] { agent.history }
     public var instructions: String? { agent.instructions }
-    public var toolNames: [String] { agent.tools.map(\.name) }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
     public var pending: Int { Int(issued - serving) - abandoned.count }
@@ -198,7 +197,7 @@ public actor ConversationThread {
         if number == serving { return }
         if Task.isCancelled {
             abandoned.insert(number)
-            throw WispError(.cancelled, "The call was cancelled while waiting for its thread.")
+            throw WispError.cancelledWhileWaiting
         }
         await withTaskCancellationHandler {
             await withCheckedContinuation { parked[number] = $0 }
@@ -206,7 +205,7 @@ public actor ConversationThread {
             Task { await self.abandon(number) }
         }
         if abandoned.contains(number) {
-            throw WispError(.cancelled, "The call was cancelled while waiting for its thread.")
+            throw WispError.cancelledWhileWaiting
         }
     }
 

@@ -1,6 +1,6 @@
 import Foundation
 
-/// Thread semantics, in one place (DESIGN §4, ADR 0007):
+/// Thread semantics, in one place (ARCHITECTURE.md):
 ///
 /// - `respond` without a thread id creates a thread under a generated id; with an unknown id
 ///   it creates a thread under that id; with a known id it continues that conversation.
@@ -55,7 +55,7 @@ public actor ThreadRegistry {
     /// Why `--state-dir` was given but is not in use.
     public nonisolated let storeError: String?
 
-    public init(backend: any ModelBackend, capacity: Int = 32, maxQueue: Int = 16, tools: [ModelTool] = [],
+    public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads, maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
                 toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
                 store: ThreadStore? = nil, storeError: String? = nil) {
         self.store = store
@@ -70,9 +70,12 @@ public actor ThreadRegistry {
 
     // MARK: ids
 
+    /// The thread-id rule (the shim checks the same): 1 to `maxIDLength` characters from A-Z a-z 0-9 . _ -
+    public static let maxIDLength = 64
+
     public static func isValidID(_ id: String) -> Bool {
         let bytes = id.utf8
-        guard (1...64).contains(bytes.count) else { return false }
+        guard (1...maxIDLength).contains(bytes.count) else { return false }
         return bytes.allSatisfy { b in
             (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2E || b == 0x5F || b == 0x2D
         }
@@ -81,7 +84,7 @@ public actor ThreadRegistry {
     public static func validate(_ id: String) throws(WispError) {
         guard isValidID(id) else {
             let shown = id.count > 80 ? String(id.prefix(80)) + "…" : id
-            throw WispError(.invalidArgument, "thread_id \(shown.debugDescription) is not valid: use 1 to 64 characters from A-Z a-z 0-9 . _ - (or omit it to start a new thread)")
+            throw WispError(.invalidArgument, "thread_id \(shown.debugDescription) is not valid: use 1 to \(maxIDLength) characters from A-Z a-z 0-9 . _ - (or omit it to start a new thread)")
         }
     }
 

@@ -120,7 +120,7 @@ public final class ThreadStore: Sendable {
         let deadline = ContinuousClock.now.advanced(by: Self.lockWait)
         while true {
             if let lock = try tryLock(id) { return lock }
-            if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled while waiting for its thread.") }
+            if Task.isCancelled { throw WispError.cancelledWhileWaiting }
             guard ContinuousClock.now < deadline else {
                 throw WispError(.busy, "thread '\(id)' is in use by another call or another wisp process sharing state dir \(directory) (its lock \(lockPath(id)) was held for \(Self.lockWait)); try again when that call has finished, or use another thread")
             }

@@ -21,22 +21,29 @@ public enum ToolCatalogue {
         public init() {}
     }
 
-    public static let names = ["read_file", "list_directory", "search_text"]
-
     public static func tools(roots: Roots, limits: Limits = Limits()) -> [ModelTool] {
         [
             ModelTool(name: "read_file", description: "Read a text file (optionally lines start_line..end_line).",
-                      parametersSchema: #"{"type":"object","properties":{"path":{"type":"string","description":"file path, relative to the workspace root"},"start_line":{"type":"integer","minimum":1},"end_line":{"type":"integer","minimum":1}},"required":["path"],"additionalProperties":false}"#) { json in
+                      parametersSchema: ToolSchema(properties: [
+                          .string("path", "file path, relative to the workspace root"),
+                          .integer("start_line", minimum: 1), .integer("end_line", minimum: 1),
+                      ], required: ["path"]).json) { json in
                 let a = try arguments(ReadFileArguments.self, json)
                 return try readFile(roots: roots, path: a.path, start: a.start_line, end: a.end_line, limits: limits)
             },
             ModelTool(name: "list_directory", description: "List a directory's entries (directories end with /).",
-                      parametersSchema: #"{"type":"object","properties":{"path":{"type":"string","description":"directory path, relative to the workspace root; '.' for the root"}},"required":["path"],"additionalProperties":false}"#) { json in
+                      parametersSchema: ToolSchema(properties: [
+                          .string("path", "directory path, relative to the workspace root; '.' for the root"),
+                      ], required: ["path"]).json) { json in
                 let a = try arguments(ListDirectoryArguments.self, json)
                 return try listDirectory(roots: roots, path: a.path, limits: limits)
             },
             ModelTool(name: "search_text", description: "Find lines matching a literal or regex pattern under a path; prints file:line: text.",
-                      parametersSchema: #"{"type":"object","properties":{"pattern":{"type":"string"},"path":{"type":"string","description":"file or directory to search; '.' for the root"},"regex":{"type":"boolean","description":"treat pattern as a regular expression (default false: literal)"}},"required":["pattern"],"additionalProperties":false}"#) { json in
+                      parametersSchema: ToolSchema(properties: [
+                          .string("pattern"),
+                          .string("path", "file or directory to search; '.' for the root"),
+                          .boolean("regex", "treat pattern as a regular expression (default false: literal)"),
+                      ], required: ["pattern"]).json) { json in
                 let a = try arguments(SearchTextArguments.self, json)
                 return try searchText(roots: roots, pattern: a.pattern, path: a.path ?? ".", regex: a.regex ?? false, limits: limits)
             },

@@ -1,3 +1,4 @@
+// Framing and message encoding: the pipe's bytes (Pipe/Frame.swift, Pipe/Messages.swift).
 import Foundation
 import Testing
 @testable import WispCore
@@ -20,8 +21,7 @@ import Testing
         var decoder = FrameDecoder()
         var out: [Request] = []
         for chunk in chunks {
-            decoder.append(chunk)
-            while let payload = try decoder.next() { out.append(try JSONDecoder().decode(Request.self, from: Data(payload))) }
+            for payload in try decoder.feed(chunk) { out.append(try JSONDecoder().decode(Request.self, from: Data(payload))) }
         }
         try decoder.finish()
         return out
@@ -48,26 +48,23 @@ import Testing
         #expect(try decodeAll(bytes.indices.map { bytes[$0...$0] }) == requests)
     }
 
-    @Test func shortHeaderAtEndOfStream() {
+    @Test func shortHeaderAtEndOfStream() throws {
         var d = FrameDecoder()
-        d.append([0, 0])
-        #expect(throws: Never.self) { _ = try d.next() }
+        #expect(try d.feed([0, 0]).isEmpty)
+        #expect(d.buffered == 2)
         #expect(throws: FrameError.truncated(have: 2, need: 4)) { try d.finish() }
     }
 
     @Test func lengthOverTheLimit() {
         var d = FrameDecoder(maxBytes: 1024)
-        d.append([0, 0, 4, 1])
-        #expect(throws: FrameError.tooLarge(length: 1025, limit: 1024)) { _ = try d.next() }
+        #expect(throws: FrameError.tooLarge(length: 1025, limit: 1024)) { _ = try d.feed([0, 0, 4, 1]) }
         var big = FrameDecoder()
-        big.append([0xFF, 0xFF, 0xFF, 0xFF])
-        #expect(throws: FrameError.self) { _ = try big.next() }
+        #expect(throws: FrameError.self) { _ = try big.feed([0xFF, 0xFF, 0xFF, 0xFF]) }
     }
 
     @Test func truncatedPayload() throws {
         var d = FrameDecoder()
-        d.append(Array(try Frame.encode(Status(id: 1)).dropLast(3)))
-        #expect(try d.next() == nil)
+        #expect(try d.feed(Array(try Frame.encode(Status(id: 1)).dropLast(3))).isEmpty)
         #expect(throws: FrameError.self) { try d.finish() }
     }
 
@@ -87,8 +84,9 @@ import Testing
     ])
     func malformedPayloadsAreErrorsNotCrashes(_ payload: String) throws {
         var d = FrameDecoder()
-        d.append(Frame.encode(payload: Array(payload.utf8)))
-        let frame = try #require(try d.next())
+        let frames = try d.feed(Frame.encode(payload: Array(payload.utf8)))
+        #expect(frames.count == 1)
+        let frame = try #require(frames.first)
         #expect(throws: (any Error).self) { try JSONDecoder().decode(Request.self, from: Data(frame)) }
     }
 
@@ -100,44 +98,5 @@ import Testing
         #expect(bad["ok"] as? Bool == false && (bad["error"] as? [String: Any])?["code"] as? String == "busy")
         let ready = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Ready(backend: "echo", model: "echo", pid: 1))) as! [String: Any]
         #expect(ready["id"] as? Int == 0 && ready["event"] as? String == "ready" && ready["protocol"] as? Int == 1)
-    }
-}
-
-@Suite struct EchoContract {
-    @Test func directives() async throws {
-        let registry = ThreadRegistry(backend: EchoBackend())
-        #expect(try await call(registry, "t", "!sleep 10 hi").outcome.text == "echo 1: !sleep 10 hi")
-        do {
-            try await call(registry, "t", "!fail busy")
-            Issue.record("!fail must fail")
-        } catch let e as WispError {
-            #expect(e.code == .busy)
-        }
-        await #expect(throws: WispError.self) { try await call(registry, "t", "!fail nonsense") }
-        await #expect(throws: WispError.self) { try await call(registry, "t", "!sleep soon") }
-        // A failed call leaves N where it was; a non-directive "!" is plain text.
-        #expect(try await call(registry, "t", "!wave").outcome.text == "echo 2: !wave")
-        let tool = try await call(registry, "t", "!tool read_file {}")
-        #expect(tool.outcome.text == "echo 3: tool read_file failed: no tools are bound to this thread (bind them with `tools` when the thread is created)")
-    }
-
-    @Test func progressGivesAtLeastTwoCumulativePartials() async throws {
-        let registry = ThreadRegistry(backend: EchoBackend())
-        let seen = Probe()
-        let r = try await call(registry, nil, "stream me", onPartial: { p in
-            seen.spans.withLock { $0.append(.init(prompt: "\(p.tokens)|\(p.text)", start: .now, end: .now)) }
-        })
-        let partials = seen.spans.withLock { $0.map(\.prompt) }
-        #expect(partials.count >= 2)
-        #expect(partials.last == "\(estimatedTokens(r.outcome.text))|\(r.outcome.text)")
-        let tokens = partials.map { Int($0.split(separator: "|")[0])! }
-        #expect(tokens == tokens.sorted() && Set(tokens).count == tokens.count)
-    }
-
-    @Test func echoDelayIsAddedToEveryReply() async throws {
-        let registry = ThreadRegistry(backend: EchoBackend(delayMs: 150))
-        let clock = ContinuousClock()
-        let elapsed = try await clock.measure { try await call(registry, nil, "slow") }
-        #expect(seconds(elapsed) >= 0.15)
     }
 }

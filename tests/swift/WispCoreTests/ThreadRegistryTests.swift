@@ -181,3 +181,59 @@ import Testing
         }
     }
 }
+
+@Suite struct Recovery {
+    @Test func aRebuildThatFailsAdvisesClosingTheThreadNotABareInternalError() async throws {
+        let registry = ThreadRegistry(backend: RebuildFailsBackend())
+        var failure: WispError?
+        for i in 1...12 {
+            do {
+                try await call(registry, "t", "turn \(i) with some padding")
+            } catch let e as WispError {
+                failure = e
+                break
+            }
+        }
+        let e = try #require(failure, "the thread never had to be rebuilt")
+        #expect(e.code == .contextOverflow)
+        #expect(e.message.hasPrefix("Close this thread (close_thread) and start another"), "\(e.message)")
+        #expect(e.message.contains("unsupported transcript content"))
+        // A failure that is not part of recovery keeps its own code.
+        let fresh = ThreadRegistry(backend: RebuildFailsBackend())
+        await #expect(throws: WispError(.generationFailed, "echo backend: failed on purpose (!fail generation_failed)")) {
+            try await call(fresh, "u", "!fail generation_failed")
+        }
+    }
+}
+
+@Suite struct ClientRootLimits {
+    @Test func tooManyRootsAreRefusedAtOnceWithTheCap() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        let many = (0..<20_000).map { "/nonexistent/root\($0)" }
+        let clock = ContinuousClock()
+        let start = clock.now
+        do {
+            _ = try await registry.accept(threadID: "t", instructions: nil, tools: [], roots: many)
+            Issue.record("20,000 roots must be refused")
+        } catch {
+            #expect(error.code == .invalidArgument)
+            #expect(error.message.contains("20000 roots") && error.message.contains("at most \(ThreadRegistry.maxRoots)"), "\(error.message)")
+        }
+        #expect(seconds(clock.now - start) < 0.5)
+        #expect(await !registry.contains("t"))
+        // The cap itself is allowed.
+        let a = try await registry.accept(threadID: "t", instructions: nil, tools: [], roots: Array(many.prefix(ThreadRegistry.maxRoots)))
+        await registry.finished(a, committed: false)
+    }
+
+    @Test(arguments: ["relative/dir", "", "/tmp/x\u{0}y", "~/x"])
+    func aRootThatIsNotAnAbsolutePathIsRefused(_ root: String) async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        do {
+            _ = try await registry.accept(threadID: "t", instructions: nil, tools: [], roots: ["/tmp", root])
+            Issue.record("\(root.debugDescription) must be refused")
+        } catch {
+            #expect(error.code == .invalidArgument && error.message.contains("must be an absolute path without NUL bytes"), "\(error.message)")
+        }
+    }
+}

@@ -168,3 +168,25 @@ struct Workspace {
         #expect(try await call(registry, "without", outside).outcome.text.contains("outside the readable roots"))
     }
 }
+
+@Suite struct ToolSchemas {
+    @Test func everyCatalogueSchemaIsAClosedObjectWhoseRequiredKeysAreProperties() throws {
+        for tool in ToolCatalogue.tools(roots: Roots([FileManager.default.temporaryDirectory.path])) {
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8)) as? [String: Any], "\(tool.name)")
+            let properties = try #require(object["properties"] as? [String: [String: Any]], "\(tool.name)")
+            #expect(object["type"] as? String == "object")
+            #expect(object["additionalProperties"] as? Bool == false)
+            #expect(Set(object["required"] as? [String] ?? ["?"]).isSubset(of: properties.keys), "\(tool.name)")
+            #expect(properties.values.allSatisfy { ["string", "integer", "boolean"].contains($0["type"] as? String ?? "") })
+        }
+    }
+
+    @Test func descriptionsAreEscapedAsJSON() throws {
+        let schema = ToolSchema(properties: [.string("q\"uote", "a \"b\"\\c\nd\u{1}"), .integer("n", minimum: 2)], required: ["n"])
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(schema.json.utf8)) as? [String: Any])
+        let properties = try #require(object["properties"] as? [String: [String: Any]])
+        #expect(properties["q\"uote"]?["description"] as? String == "a \"b\"\\c\nd\u{1}")
+        #expect(properties["n"]?["minimum"] as? Int == 2)
+        #expect(object["required"] as? [String] == ["n"])
+    }
+}

@@ -1,8 +1,9 @@
-/// Chooses the backend for a configuration. Each backend lives in its own file beside this one.
-public func makeBackend(_ config: CoreConfig) throws(WispError) -> any ModelBackend {
+/// Chooses the backend for a configuration. Each backend lives in its own folder beside this
+/// file. `echoCrash` is what the echo backend's `!crash` does (see `EchoBackend`).
+public func makeBackend(_ config: CoreConfig, echoCrash: @escaping @Sendable () -> Never) throws(WispError) -> any ModelBackend {
     switch config.backend {
     case "echo":
-        return EchoBackend(contextSize: config.contextSize ?? 4096, delayMs: config.echoDelayMs)
+        return EchoBackend(contextSize: config.contextSize, delayMs: config.echoDelayMs, crash: echoCrash)
     case "openai":
         return try OpenAIBackend(config)
     case "apple":
@@ -18,7 +19,7 @@ public func makeBackend(_ config: CoreConfig) throws(WispError) -> any ModelBack
         if config.endpoint != nil {
             var c = config
             c.backend = "openai"
-            return try makeBackend(c)
+            return try makeBackend(c, echoCrash: echoCrash)
         }
         throw WispError(.modelUnavailable, "no model backend is available: set --endpoint (an OpenAI-compatible server), or use --backend echo to try wisp without a model")
     }

@@ -7,7 +7,7 @@ import Glibc
 import Synchronization
 
 /// HTTP/1.1 for `http://` endpoints on Linux over a plain socket, read on its own thread; the
-/// same events as `HTTPStream` (status, then body bytes as they arrive). `https://` and every
+/// same events as `HTTPClient.open` (status, then body bytes as they arrive). `https://` and every
 /// other platform still use URLSession.
 ///
 /// Why: swift-corelibs-foundation's URLSession leaves the socket's write source armed after the

@@ -151,7 +151,7 @@ final class AppleSession: ModelSession {
             }
         } catch {
             // A cancelled call may surface as some other error: cancellation wins.
-            if Task.isCancelled { throw WispError(.cancelled, "The call was cancelled.") }
+            if Task.isCancelled { throw WispError.callCancelled }
             // Guided output that cannot be decoded was cut off (maximumResponseTokens) or went astray.
             if settings.schema != nil, AppleBackend.isDecodingFailure(error) {
                 if settings.maxOutputTokens != nil { throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens) }
@@ -210,7 +210,7 @@ extension AppleBackend {
     /// which starts the core's condensing; the rest name what happened and what to do.
     static func wispError(from error: any Error) -> WispError {
         if let e = error as? WispError { return e }
-        if error is CancellationError { return WispError(.cancelled, "The call was cancelled.") }
+        if error is CancellationError { return .callCancelled }
         // Built with the 27 SDK (FoundationModels 2.x), a 27 runtime throws the new types;
         // a 26 runtime still throws GenerationError, handled below.
         #if canImport(FoundationModels, _version: 2.0)
@@ -218,7 +218,7 @@ extension AppleBackend {
         #endif
         if let e = error as? LanguageModelSession.GenerationError { return wispError(from: e) }
         if let e = error as? LanguageModelSession.ToolCallError {
-            if e.underlyingError is CancellationError { return WispError(.cancelled, "The call was cancelled.") }
+            if e.underlyingError is CancellationError { return .callCancelled }
             return WispError(.generationFailed, "tool '\(e.tool.name)' failed: \(e.underlyingError.localizedDescription)")
         }
         let ns = error as NSError
@@ -422,12 +422,12 @@ struct AppleTool: FoundationModels.Tool {
     let name: String
     let description: String
     let parameters: GenerationSchema
-    private let run: @Sendable (String) async throws -> String
+    private let tool: ModelTool
 
     init(_ tool: ModelTool) throws(WispError) {
         name = tool.name
         description = tool.description
-        run = tool.call
+        self.tool = tool
         do {
             let json = try JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))
             parameters = try GenerationSchema(root: Self.schema(json, name: tool.name), dependencies: [])
@@ -471,15 +471,8 @@ struct AppleTool: FoundationModels.Tool {
         guard case .structure = arguments.kind else {
             return Self.failurePrefix + "the arguments must be a JSON object"
         }
-        do {
-            return try await run(arguments.jsonString)
-        } catch let error as CancellationError {
-            throw error
-        } catch let error as WispError {
-            return Self.failurePrefix + error.message
-        } catch {
-            return Self.failurePrefix + String(describing: error)
-        }
+        let result = try await ToolRun.output(tool, arguments.jsonString)
+        return result.failed ? Self.failurePrefix + result.text : result.text
     }
 }
 #endif

@@ -1,5 +1,5 @@
 /// A thread's canonical history: wisp's own values, never a backend's. A backend session is
-/// disposable and is always rebuilt from these (DESIGN §5).
+/// disposable and is always rebuilt from these (ARCHITECTURE.md).
 
 /// One call the model made to a model tool inside a turn, with what the tool returned.
 public struct ToolExchange: Sendable, Codable, Equatable {
@@ -15,6 +15,12 @@ public struct ToolExchange: Sendable, Codable, Equatable {
         self.arguments = arguments
         self.output = output
         self.failed = failed
+    }
+
+    /// What the exchange takes in a context when the backend cannot count: the estimate of its
+    /// name, arguments and output.
+    public var estimatedTokens: Int {
+        WispCore.estimatedTokens(name) + WispCore.estimatedTokens(arguments) + WispCore.estimatedTokens(output)
     }
 }
 
@@ -36,13 +42,13 @@ public struct Turn: Sendable, Codable, Equatable {
 
     static func estimateTokens(prompt: String, toolExchanges: [ToolExchange], response: String) -> Int {
         var n = estimatedTokens(prompt) + estimatedTokens(response)
-        for t in toolExchanges { n += estimatedTokens(t.name) + estimatedTokens(t.arguments) + estimatedTokens(t.output) }
+        for t in toolExchanges { n += t.estimatedTokens }
         return n
     }
 }
 
 /// The fallback token estimate when a backend cannot count: ceil(UTF-8 bytes / 4).
-/// It is also the echo backend's exact rule (reference/echo-backend.md).
+/// It is also the echo backend's exact rule (ARCHITECTURE.md).
 @inlinable
 public func estimatedTokens(_ text: String) -> Int {
     (text.utf8.count + 3) / 4

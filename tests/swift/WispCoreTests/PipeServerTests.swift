@@ -1,168 +1,29 @@
-// A call's lifecycle through the pipe server: eviction notices, transactional commit (a
-// cancelled or timed-out call never keeps its turn), recovery failures, shutdown with a call
-// that ignores cancellation, and the client-roots limits.
+// The pipe server: dispatch that a slow request does not hold up, eviction notices, transactional
+// commit (a cancelled or timed-out call never keeps its turn), and shutdown with a call that
+// ignores cancellation.
 import Dispatch
 import Foundation
 import Testing
 @testable import WispCore
 
-/// What a pipe server wrote, frame by frame, for a test to read back.
-final class Wire: Sendable {
-    private struct State {
-        var frames: [String] = []
-        /// Where the reply to each request id sits in `frames`.
-        var replies: [Int: Int] = [:]
-        /// A test waiting for the reply to an id (woken, not polling: the race tests must not
-        /// take the cooperative pool from the timing tests that run beside them).
-        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
-    }
-    /// `Locked`, not `Mutex`: ThreadSanitizer cannot see a `Mutex` on Linux.
-    private let state = Locked(State())
-
-    func send(_ bytes: [UInt8]) {
-        let text = String(decoding: bytes.dropFirst(4), as: UTF8.self)
-        let o = Wire.object(text)
-        let reply = o["event"] == nil ? o["id"] as? Int : nil
-        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
-            defer { s.frames.append(text) }
-            guard let reply, s.replies[reply] == nil else { return nil }
-            s.replies[reply] = s.frames.count
-            return s.waiters.removeValue(forKey: reply)
+@Suite struct Dispatcher {
+    @Test func aSlowStatusDoesNotHoldUpOtherRequests() async throws {
+        let backend = SlowToAnswerBackend()
+        let frames = Probe()
+        let server = PipeServer(registry: ThreadRegistry(backend: backend), backend: backend, log: Log(level: .error)) { bytes in
+            frames.spans.withLock { $0.append(.init(prompt: String(decoding: bytes.dropFirst(4), as: UTF8.self), start: .now, end: .now)) }
         }
-        waiter?.resume()
+        let clock = ContinuousClock()
+        let start = clock.now
+        await server.handle(.status(Status(id: 1)))
+        await server.handle(.closeThread(CloseThread(id: 2, thread_id: "t")))
+        #expect(seconds(clock.now - start) < 1, "the dispatcher waited for status")
+        try await Task.sleep(for: .seconds(3))
+        let replies = frames.spans.withLock { $0.map(\.prompt) }
+        #expect(replies.count == 2)
+        #expect(replies.first?.contains("\"closed\":false") == true)
+        #expect(replies.last?.contains("\"backend\":\"slow\"") == true)
     }
-
-    var all: [String] { state.withLock { $0.frames } }
-
-    static func object(_ frame: String) -> [String: Any] {
-        (try? JSONSerialization.jsonObject(with: Data(frame.utf8))) as? [String: Any] ?? [:]
-    }
-
-    /// Where the reply to request `id` sits in `all`, waiting for it up to `within`.
-    func replyIndex(_ id: Int, within: Duration = .seconds(10)) async -> Int? {
-        if let found = state.withLock({ $0.replies[id] }) { return found }
-        let timer = Task {
-            try? await Task.sleep(for: within)
-            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
-        }
-        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-            let there = state.withLock { s -> Bool in
-                if s.replies[id] != nil { return true }
-                s.waiters[id] = c
-                return false
-            }
-            if there { c.resume() }
-        }
-        timer.cancel()
-        return state.withLock { $0.replies[id] }
-    }
-
-    /// The reply to request `id`: its `result` when ok, else its `error`, with `ok` alongside.
-    func reply(_ id: Int, within: Duration = .seconds(10)) async -> (ok: Bool, body: [String: Any]) {
-        guard let i = await replyIndex(id, within: within) else {
-            Issue.record("no reply to request \(id)")
-            return (false, [:])
-        }
-        let o = Wire.object(all[i])
-        let ok = o["ok"] as? Bool ?? false
-        return (ok, (ok ? o["result"] : o["error"]) as? [String: Any] ?? [:])
-    }
-}
-
-func pipeServer(_ backend: any ModelBackend, capacity: Int = 32) -> (PipeServer, Wire) {
-    let wire = Wire()
-    let server = PipeServer(registry: ThreadRegistry(backend: backend, capacity: capacity), backend: backend,
-                            log: Log(level: .error)) { wire.send($0) }
-    return (server, wire)
-}
-
-/// Released by the test, not by cancellation: a model that goes on answering after it was told to stop.
-final class Gate: Sendable {
-    private let state = Locked<(open: Bool, entered: Int, waiters: [CheckedContinuation<Void, Never>])>((false, 0, []))
-
-    var entered: Int { state.withLock { $0.entered } }
-
-    func pass() async {
-        await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
-            let go = state.withLock { s -> Bool in
-                s.entered += 1
-                if s.open { return true }
-                s.waiters.append(c)
-                return false
-            }
-            if go { c.resume() }
-        }
-    }
-
-    func open() {
-        let waiters = state.withLock { s in
-            s.open = true
-            defer { s.waiters = [] }
-            return s.waiters
-        }
-        for w in waiters { w.resume() }
-    }
-
-    func waitUntilEntered(_ n: Int = 1) async {
-        while entered < n { try? await Task.sleep(for: .milliseconds(2)) }
-    }
-}
-
-/// Echo-like replies (`echo N: prompt`), never checking for cancellation; a prompt starting
-/// with `gate` first waits for the gate, one starting `nap MS` takes MS milliseconds.
-struct GateBackend: ModelBackend {
-    let name = "gate"
-    let model = "gate"
-    let gate: Gate
-    func availability() async -> Availability { .ready }
-    func contextSize() async -> Int { 4096 }
-    func tokenCount(_ text: String) async throws -> Int? { nil }
-    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
-        GateSession(gate: gate, turns: history.count)
-    }
-}
-
-final class GateSession: ModelSession {
-    let gate: Gate
-    var turns: Int
-    init(gate: Gate, turns: Int) { self.gate = gate; self.turns = turns }
-
-    nonisolated(nonsending)
-    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
-        if prompt.hasPrefix("gate") { await gate.pass() }
-        if prompt.hasPrefix("nap "), let ms = Int(prompt.split(separator: " ")[1]) {
-            // In a task of its own, which the call's cancellation does not reach.
-            await Task { try? await Task.sleep(for: .milliseconds(ms)) }.value
-        }
-        turns += 1
-        return Generation(text: "echo \(turns): \(prompt)")
-    }
-}
-
-/// A model that overflows at a small window like echo, and cannot take a rebuilt transcript
-/// (as Apple's model may answer `unsupportedTranscriptContent`).
-struct RebuildFailsBackend: ModelBackend {
-    let name = "rebuild-fails"
-    let model = "rebuild-fails"
-    let echo = EchoBackend(contextSize: 60)
-    func availability() async -> Availability { .ready }
-    func contextSize() async -> Int { 60 }
-    func tokenCount(_ text: String) async throws -> Int? { nil }
-    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
-        history.isEmpty ? echo.makeSession(instructions: instructions, tools: tools, history: history) : RefusingSession()
-    }
-}
-
-final class RefusingSession: ModelSession {
-    nonisolated(nonsending)
-    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
-        throw WispError(.internal, "unsupported transcript content")
-    }
-}
-
-/// Runs a blocking call on a thread of its own, so it takes no thread from the cooperative pool.
-func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-    await withCheckedContinuation { c in Thread.detachNewThread { c.resume(returning: body()) } }
 }
 
 @Suite struct Eviction {
@@ -179,30 +40,6 @@ func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
         let reply3 = try #require(await wire.replyIndex(3))
         #expect(notices.first.map { $0.offset < reply3 } == true)
         #expect(await !server.registry.contains("a"))
-    }
-}
-
-@Suite struct Recovery {
-    @Test func aRebuildThatFailsAdvisesClosingTheThreadNotABareInternalError() async throws {
-        let registry = ThreadRegistry(backend: RebuildFailsBackend())
-        var failure: WispError?
-        for i in 1...12 {
-            do {
-                try await call(registry, "t", "turn \(i) with some padding")
-            } catch let e as WispError {
-                failure = e
-                break
-            }
-        }
-        let e = try #require(failure, "the thread never had to be rebuilt")
-        #expect(e.code == .contextOverflow)
-        #expect(e.message.hasPrefix("Close this thread (close_thread) and start another"), "\(e.message)")
-        #expect(e.message.contains("unsupported transcript content"))
-        // A failure that is not part of recovery keeps its own code.
-        let fresh = ThreadRegistry(backend: RebuildFailsBackend())
-        await #expect(throws: WispError(.generationFailed, "echo backend: failed on purpose (!fail generation_failed)")) {
-            try await call(fresh, "u", "!fail generation_failed")
-        }
     }
 }
 
@@ -349,37 +186,5 @@ func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
         // A request the dispatcher takes after stdin closed starts stopped.
         await server.handle(.respond(Respond(id: 2, prompt: "!sleep 10000 late", thread_id: "u")))
         #expect(await wire.reply(2, within: .seconds(2)).body["code"] as? String == "cancelled")
-    }
-}
-
-@Suite struct ClientRootLimits {
-    @Test func tooManyRootsAreRefusedAtOnceWithTheCap() async throws {
-        let registry = ThreadRegistry(backend: EchoBackend())
-        let many = (0..<20_000).map { "/nonexistent/root\($0)" }
-        let clock = ContinuousClock()
-        let start = clock.now
-        do {
-            _ = try await registry.accept(threadID: "t", instructions: nil, tools: [], roots: many)
-            Issue.record("20,000 roots must be refused")
-        } catch {
-            #expect(error.code == .invalidArgument)
-            #expect(error.message.contains("20000 roots") && error.message.contains("at most \(ThreadRegistry.maxRoots)"), "\(error.message)")
-        }
-        #expect(seconds(clock.now - start) < 0.5)
-        #expect(await !registry.contains("t"))
-        // The cap itself is allowed.
-        let a = try await registry.accept(threadID: "t", instructions: nil, tools: [], roots: Array(many.prefix(ThreadRegistry.maxRoots)))
-        await registry.finished(a, committed: false)
-    }
-
-    @Test(arguments: ["relative/dir", "", "/tmp/x\u{0}y", "~/x"])
-    func aRootThatIsNotAnAbsolutePathIsRefused(_ root: String) async throws {
-        let registry = ThreadRegistry(backend: EchoBackend())
-        do {
-            _ = try await registry.accept(threadID: "t", instructions: nil, tools: [], roots: ["/tmp", root])
-            Issue.record("\(root.debugDescription) must be refused")
-        } catch {
-            #expect(error.code == .invalidArgument && error.message.contains("must be an absolute path without NUL bytes"), "\(error.message)")
-        }
     }
 }

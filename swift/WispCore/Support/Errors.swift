@@ -1,4 +1,4 @@
-/// The one error type that crosses the pipe. Its codes are the pipe protocol's (DESIGN §3),
+/// The one error type that crosses the pipe. Its codes are the pipe protocol's (ARCHITECTURE.md),
 /// so every failure, from a bad thread id to a model refusal, reaches the caller as a code
 /// the shim can map and a message a person can act on.
 public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
@@ -25,10 +25,15 @@ public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
 
     public var description: String { "\(code.rawValue): \(message)" }
 
+    /// A call stopped by cancellation, wherever it was stopped.
+    public static let callCancelled = WispError(.cancelled, "The call was cancelled.")
+    /// A call cancelled before its turn on the thread came.
+    public static let cancelledWhileWaiting = WispError(.cancelled, "The call was cancelled while waiting for its thread.")
+
     /// Any error, as a WispError: Swift cancellation becomes `cancelled`, anything foreign `internal`.
     public static func from(_ error: any Error) -> WispError {
         if let e = error as? WispError { return e }
-        if error is CancellationError { return WispError(.cancelled, "The call was cancelled.") }
+        if error is CancellationError { return .callCancelled }
         return WispError(.internal, String(describing: error))
     }
 }

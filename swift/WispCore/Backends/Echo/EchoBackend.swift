@@ -1,16 +1,22 @@
 import Foundation
 
 /// The `echo` backend: no model, fully deterministic. Its behaviour is a public contract
-/// (reference/echo-backend.md) that outside checks rely on; change it only on purpose.
+/// (ARCHITECTURE.md) that outside checks rely on; change it only on purpose.
 public struct EchoBackend: ModelBackend {
     public let name = "echo"
     public let model = "echo"
+    /// The context window when `--context-size` does not set one.
+    public static let defaultContextSize = 4096
     let context: Int
     let delayMs: Int
+    let crash: @Sendable () -> Never
 
-    public init(contextSize: Int = 4096, delayMs: Int = 0) {
-        self.context = contextSize
+    /// `crash` is what `!crash` does: the process ends it (wisp-core exits 70); library code never exits.
+    public init(contextSize: Int? = nil, delayMs: Int = 0,
+                crash: @escaping @Sendable () -> Never = { fatalError("echo backend: !crash") }) {
+        self.context = contextSize ?? Self.defaultContextSize
         self.delayMs = delayMs
+        self.crash = crash
     }
 
     public func availability() async -> Availability { .ready }
@@ -20,7 +26,7 @@ public struct EchoBackend: ModelBackend {
     public func tokenCount(_ text: String) async throws -> Int? { nil }
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
-        EchoSession(instructions: instructions, tools: tools, turns: history, context: context, delayMs: delayMs)
+        EchoSession(instructions: instructions, tools: tools, turns: history, context: context, delayMs: delayMs, crash: crash)
     }
 }
 
@@ -30,8 +36,10 @@ final class EchoSession: ModelSession {
     private var turns: [Turn]
     private let context: Int
     private let delayMs: Int
+    private let crash: @Sendable () -> Never
 
-    init(instructions: String?, tools: [ModelTool], turns: [Turn], context: Int, delayMs: Int) {
+    init(instructions: String?, tools: [ModelTool], turns: [Turn], context: Int, delayMs: Int, crash: @escaping @Sendable () -> Never) {
+        self.crash = crash
         self.instructions = instructions
         self.tools = Dictionary(tools.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
         self.turns = turns
@@ -58,8 +66,7 @@ final class EchoSession: ModelSession {
         case .none:
             break
         case .crash:
-            FileHandle.standardError.write(Data("wisp-core: echo !crash: exiting with status 70 as a crash would\n".utf8))
-            exit(70)
+            crash()
         case .sleep(let ms):
             sleepMs = ms
         case .fail(let code):
@@ -81,7 +88,7 @@ final class EchoSession: ModelSession {
         }
         var used = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + estimatedTokens(text)
         for t in turns { used += t.tokens }
-        for e in exchanges { used += estimatedTokens(e.name) + estimatedTokens(e.arguments) + estimatedTokens(e.output) }
+        for e in exchanges { used += e.estimatedTokens }
         guard used <= context else {
             throw WispError(.contextOverflow, "echo backend: \(used) tokens exceed the \(context)-token context")
         }
@@ -100,7 +107,7 @@ final class EchoSession: ModelSession {
                 try await Self.sleep(ms: delay)
             }
         } catch {
-            throw WispError(.cancelled, "The call was cancelled.")
+            throw WispError.callCancelled
         }
         try Task.checkCancellation()
 
@@ -115,17 +122,11 @@ final class EchoSession: ModelSession {
 
     nonisolated(nonsending)
     private func callTool(_ name: String, _ arguments: String) async -> ToolExchange {
-        guard let tool = tools[name] else {
+        await ToolRun.exchange(tools[name], name: name, arguments: arguments) {
             let bound = tools.keys.sorted()
-            let message = bound.isEmpty
+            return bound.isEmpty
                 ? "no tools are bound to this thread (bind them with `tools` when the thread is created)"
                 : "tool '\(name)' is not bound to this thread; bound: \(bound.joined(separator: ", "))"
-            return ToolExchange(name: name, arguments: arguments, output: message, failed: true)
-        }
-        do {
-            return ToolExchange(name: name, arguments: arguments, output: try await tool.call(arguments))
-        } catch {
-            return ToolExchange(name: name, arguments: arguments, output: WispError.from(error).message, failed: true)
         }
     }
 }

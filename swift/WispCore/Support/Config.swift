@@ -4,8 +4,11 @@ import Foundation
 public struct CoreConfig: Sendable, Equatable {
     /// `auto`, `echo`, `openai` or `apple`.
     public var backend = "auto"
-    public var maxThreads = 32
-    public var maxQueue = 16
+    public static let defaultMaxThreads = 32
+    public static let defaultMaxQueue = 16
+    public static let defaultMaxStoredThreads = 1000
+    public var maxThreads = defaultMaxThreads
+    public var maxQueue = defaultMaxQueue
     /// Overrides the context size the backend reports (echo: its window; openai: used when the server does not say).
     public var contextSize: Int?
     public var echoDelayMs = 0
@@ -19,18 +22,17 @@ public struct CoreConfig: Sendable, Equatable {
     public var roots: [String] = []
     /// Whether model tools and `files` read regular files that have more than one hard link.
     public var allowHardLinks = false
-    public var maxFrameBytes = Frame.defaultMaxBytes
     /// Durable threads: the directory they are stored in; nil keeps them in memory only.
     public var stateDir: String?
-    public var maxStoredThreads = 1000
+    public var maxStoredThreads = defaultMaxStoredThreads
 
     public init() {}
 
     public static let usage = """
     usage: wisp-core [options]   (speaks wisp's pipe protocol on stdin/stdout; started by `python -m wisp_shim`)
       --backend NAME       auto | echo | openai | apple            (WISP_BACKEND, default auto)
-      --max-threads N      live threads before LRU eviction         (WISP_MAX_THREADS, default 32)
-      --max-queue N        calls waiting per thread before `busy`   (WISP_MAX_QUEUE, default 16)
+      --max-threads N      live threads before LRU eviction         (WISP_MAX_THREADS, default \(defaultMaxThreads))
+      --max-queue N        calls waiting per thread before `busy`   (WISP_MAX_QUEUE, default \(defaultMaxQueue))
       --context-size N     context window in tokens                 (WISP_CONTEXT_SIZE)
       --echo-delay-ms N    extra latency per echo reply             (WISP_ECHO_DELAY_MS, default 0)
       --endpoint URL       OpenAI-compatible base URL               (WISP_ENDPOINT)
@@ -38,7 +40,7 @@ public struct CoreConfig: Sendable, Equatable {
       --root DIR           directory model tools may read; repeat   (WISP_ROOTS, ':'-separated)
       --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
       --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
-      --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS, default 1000)
+      --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS, default \(defaultMaxStoredThreads))
       --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
       API key: WISP_API_KEY (env only).
     """
@@ -111,32 +113,5 @@ public struct CoreConfig: Sendable, Equatable {
         }
         if !rootsFromFlags.isEmpty { c.roots = rootsFromFlags }
         return c
-    }
-}
-
-public enum LogLevel: String, Sendable, Comparable {
-    case debug, info, warning, error
-
-    private var rank: Int {
-        switch self {
-        case .debug: 0
-        case .info: 1
-        case .warning: 2
-        case .error: 3
-        }
-    }
-
-    public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rank < b.rank }
-}
-
-/// Logs to stderr, never stdout: stdout carries protocol bytes only.
-public struct Log: Sendable {
-    public var level: LogLevel
-
-    public init(level: LogLevel) { self.level = level }
-
-    public func callAsFunction(_ level: LogLevel, _ message: @autoclosure () -> String) {
-        guard level >= self.level else { return }
-        FileHandle.standardError.write(Data("wisp-core \(level.rawValue): \(message())\n".utf8))
     }
 }

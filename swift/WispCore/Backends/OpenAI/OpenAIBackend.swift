@@ -1,0 +1,51 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+
+/// `openai`: any OpenAI-compatible chat server (llama.cpp's `llama-server`, Ollama, vLLM,
+/// LM Studio, OpenAI itself) over `POST {endpoint}/chat/completions` with streaming (SSE).
+///
+/// The endpoint is the API's base URL, the same value an OpenAI SDK takes as `base_url`:
+/// `http://127.0.0.1:8080/v1`. A bare `http://host:port` gets `/v1` appended (every server
+/// above serves the API there); a trailing `/chat/completions` is ignored.
+///
+/// Beyond the OpenAI API it reads what a server says about itself, once, and caches it:
+/// - context size: llama.cpp `GET /props` (`default_generation_settings.n_ctx`), vLLM
+///   `GET /v1/models` (`max_model_len`), Ollama `POST /api/show` (`num_ctx` in `parameters`);
+///   else `--context-size`, else 4096.
+/// - token counts: llama.cpp's (and vLLM's) `POST /tokenize`; else nil (the core estimates).
+/// - overflow: llama.cpp's `exceed_context_size_error`, llama-cpp-python's and OpenAI's
+///   `context_length_exceeded`, vLLM's "maximum context length" message → `contextOverflow`.
+///
+/// Here the facade; the conversation and its tool loop are `OpenAISession`, what the server says
+/// about itself `OpenAIServer`, the chat request and its stream `OpenAIChat.swift`, the servers'
+/// error dialects `OpenAIErrors.swift`, and the HTTP underneath `HTTP/`.
+public struct OpenAIBackend: ModelBackend {
+    public let name = "openai"
+    let server: OpenAIServer
+
+    /// Throws when `endpoint` is not an http(s) URL.
+    public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?) throws(WispError) {
+        server = try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize)
+    }
+
+    public init(_ config: CoreConfig) throws(WispError) {
+        guard let endpoint = config.endpoint else {
+            throw WispError(.modelUnavailable, "the openai backend needs --endpoint (an OpenAI-compatible base URL such as http://127.0.0.1:8080/v1)")
+        }
+        try self.init(endpoint: endpoint, model: config.model, apiKey: config.apiKey, contextSize: config.contextSize)
+    }
+
+    public var model: String { server.modelName }
+
+    public func availability() async -> Availability { await server.availability() }
+
+    public func contextSize() async -> Int { await server.contextSize() }
+
+    public func tokenCount(_ text: String) async throws -> Int? { try await server.tokenCount(text) }
+
+    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
+        OpenAISession(server: server, instructions: instructions, tools: tools, history: history)
+    }
+}

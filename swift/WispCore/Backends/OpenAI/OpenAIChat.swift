@@ -1,0 +1,128 @@
+import Foundation
+
+/// What one streamed completion produced.
+struct ChatReply: Sendable {
+    var text = ""
+    var toolCalls: [ToolCall] = []
+    var finishReason: String?
+    var promptTokens: Int?
+    var outputTokens: Int?
+    /// Content chunks received: a token count when the server does not report usage.
+    var chunks = 0
+}
+
+/// The chat request: its body, and the SSE stream folded into one `ChatReply`.
+extension OpenAIServer {
+    static func chatBody(model: String, messages: [ChatMessage], tools: [ModelTool], toolChoice: String?,
+                         settings: GenerationSettings) throws -> Data {
+        var body: [String: Any] = [
+            "model": model,
+            "messages": messages.map(\.json),
+            "stream": true,
+            "stream_options": ["include_usage": true],
+        ]
+        if let t = settings.temperature { body["temperature"] = t }
+        if let n = settings.maxOutputTokens { body["max_tokens"] = n }
+        if !tools.isEmpty {
+            body["tools"] = tools.map { tool -> [String: Any] in
+                let schema = (try? JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))) ?? ["type": "object"]
+                return ["type": "function",
+                        "function": ["name": tool.name, "description": tool.description, "parameters": schema] as [String: Any]]
+            }
+            if let toolChoice { body["tool_choice"] = toolChoice }
+        }
+        let data = try JSONSerialization.data(withJSONObject: body)
+        guard let schema = settings.schema, data.last == UInt8(ascii: "}") else { return data }
+        // Spliced in as text: JSONSerialization would lose the schema's property order, which is
+        // the order llama-server's grammar generates them in. `strict` is what OpenAI itself needs.
+        let format = #","response_format":{"type":"json_schema","json_schema":{"name":"output","strict":true,"schema":"#
+            + schema.text + "}}}"
+        return data.dropLast() + Data(format.utf8)
+    }
+
+    /// Sends one streamed chat request and folds its SSE events; `onDelta` sees the cumulative text.
+    nonisolated(nonsending)
+    func streamChat(body: Data, onDelta: (_ partial: (text: String, tokens: Int)) -> Void) async throws -> ChatReply {
+        let url = base.appendingPathComponent("chat/completions")
+        let request = makeRequest("POST", url, body: body, timeout: Self.chatIdleTimeout, streaming: true)
+        var reply = ChatReply()
+        var status = 0
+        var errorBody = Data()
+        var lines = SSELineSplitter()
+        var calls: [Int: ToolCall] = [:]
+        do {
+            for try await event in chatClient.open(request) {
+                switch event {
+                case .response(let s):
+                    status = s
+                case .data(let chunk):
+                    guard (200..<300).contains(status) else {
+                        if errorBody.count < 65_536 { errorBody.append(chunk) }
+                        continue
+                    }
+                    for line in lines.push(chunk) {
+                        if try fold(line, into: &reply, calls: &calls) { onDelta((reply.text, reply.chunks)) }
+                    }
+                }
+            }
+            for line in lines.finish() where (200..<300).contains(status) {
+                if try fold(line, into: &reply, calls: &calls) { onDelta((reply.text, reply.chunks)) }
+            }
+        } catch let error as WispError {
+            throw error
+        } catch {
+            try Task.checkCancellation()
+            throw mapTransport(error, what: "get an answer from")
+        }
+        try Task.checkCancellation() // a cancelled stream ends quietly
+        guard (200..<300).contains(status) else { throw httpError(status, errorBody) }
+        facts.withLock { $0.lastReachable = .now }
+        reply.toolCalls = calls.sorted { $0.key < $1.key }.map { index, call in
+            var c = call
+            if c.id.isEmpty { c.id = "call_\(index)" }
+            return c
+        }.filter { !$0.name.isEmpty }
+        return reply
+    }
+
+    /// Folds one SSE line into the reply. Returns true when the text changed.
+    private func fold(_ line: String, into reply: inout ChatReply, calls: inout [Int: ToolCall]) throws -> Bool {
+        let payload: Substring
+        if line.hasPrefix("data:") {
+            payload = line.dropFirst(5)
+        } else if line.hasPrefix("error:") { // llama.cpp reports an error inside an open stream this way
+            payload = line.dropFirst(6)
+        } else if line.hasPrefix("{") { // a server that ignored `stream` and answered with one JSON body
+            payload = Substring(line)
+        } else {
+            return false // comments, event names, blank separators
+        }
+        let text = payload.trimmingCharacters(in: .whitespaces)
+        if text == "[DONE]" || text.isEmpty { return false }
+        guard let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else { return false }
+        if object["error"] != nil { throw httpError(200, Data(text.utf8)) }
+        if let usage = object["usage"] as? [String: Any] {
+            reply.promptTokens = Self.int(usage["prompt_tokens"]) ?? reply.promptTokens
+            reply.outputTokens = Self.int(usage["completion_tokens"]) ?? reply.outputTokens
+        }
+        guard let choice = (object["choices"] as? [[String: Any]])?.first else { return false }
+        if let reason = choice["finish_reason"] as? String { reply.finishReason = reason }
+        guard let delta = (choice["delta"] as? [String: Any]) ?? (choice["message"] as? [String: Any]) else { return false }
+        for raw in delta["tool_calls"] as? [[String: Any]] ?? [] {
+            let index = Self.int(raw["index"]) ?? calls.count
+            var call = calls[index] ?? ToolCall(id: "", name: "", arguments: "")
+            if let id = raw["id"] as? String, !id.isEmpty { call.id = id }
+            if let function = raw["function"] as? [String: Any] {
+                if let name = function["name"] as? String { call.name += name }
+                if let arguments = function["arguments"] as? String { call.arguments += arguments }
+            }
+            calls[index] = call
+        }
+        if let content = delta["content"] as? String, !content.isEmpty {
+            reply.text += content
+            reply.chunks += 1
+            return true
+        }
+        return false
+    }
+}

@@ -1,0 +1,207 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Synchronization
+
+/// The HTTP side, shared by every session of a backend. Facts learnt from the server are cached.
+final class OpenAIServer: Sendable {
+    /// The base the OpenAI paths hang off, e.g. http://127.0.0.1:8080/v1 (no trailing slash).
+    let base: URL
+    /// The server's root (base without a trailing /v1): llama.cpp's /props and /tokenize, Ollama's /api/show.
+    let root: URL
+    let configuredModel: String?
+    let configuredContextSize: Int?
+    private let apiKey: String?
+
+    /// Idle time-out for a chat request: a long prompt on a small CPU can take minutes before
+    /// the first byte. The shim's own time limit and cancellation bound a call anyway.
+    static let chatIdleTimeout: TimeInterval = 600
+    static let probeTimeout: TimeInterval = 5
+    static let fallbackContextSize = 4096
+
+    struct Facts: Sendable {
+        var model: String?
+        var contextSize: Int?
+        var contextProbed = false
+        var tokenize: Bool?
+        var lastReachable: ContinuousClock.Instant?
+    }
+    let facts = Mutex(Facts())
+    let chatClient = HTTPClient(idleTimeout: OpenAIServer.chatIdleTimeout)
+    private let probeClient = HTTPClient(idleTimeout: OpenAIServer.probeTimeout)
+
+    init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?) throws(WispError) {
+        var text = endpoint.trimmingCharacters(in: .whitespaces)
+        while text.hasSuffix("/") { text.removeLast() }
+        if text.hasSuffix("/chat/completions") { text.removeLast("/chat/completions".count) }
+        guard var components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
+              scheme == "http" || scheme == "https", components.host?.isEmpty == false else {
+            throw WispError(.invalidArgument, "--endpoint must be an http(s) URL such as http://127.0.0.1:8080/v1, got '\(endpoint)'")
+        }
+        if components.path.isEmpty || components.path == "/" { components.path = "/v1" }
+        guard let base = components.url else {
+            throw WispError(.invalidArgument, "--endpoint is not a valid URL: '\(endpoint)'")
+        }
+        var rootComponents = components
+        if rootComponents.path.hasSuffix("/v1") { rootComponents.path.removeLast(3) }
+        self.base = base
+        self.root = rootComponents.url ?? base
+        self.configuredModel = model
+        self.configuredContextSize = contextSize.flatMap { $0 > 0 ? $0 : nil }
+        self.apiKey = apiKey
+    }
+
+    /// For messages: the base URL, never with credentials.
+    var endpointDescription: String { base.absoluteString }
+
+    var modelName: String { configuredModel ?? facts.withLock { $0.model } ?? "default" }
+
+    // MARK: availability, model, context, tokens
+
+    func availability() async -> Availability {
+        if let last = facts.withLock({ $0.lastReachable }), ContinuousClock.now - last < .seconds(10) { return .ready }
+        do {
+            let (status, data) = try await fetch("GET", base.appendingPathComponent("models"), timeout: Self.probeTimeout)
+            switch status {
+            case 200..<300, 404, 405:
+                learnModels(data)
+                facts.withLock { $0.lastReachable = .now }
+                return .ready
+            case 401, 403:
+                return .unavailable("the model server at \(endpointDescription) refused the credentials (HTTP \(status)): check WISP_API_KEY")
+            case 503:
+                return .unavailable("the model server at \(endpointDescription) is not ready yet (HTTP 503, e.g. still loading the model): \(Self.errorMessage(data) ?? "")")
+            default:
+                return .unavailable("the model server at \(endpointDescription) answered HTTP \(status): \(Self.errorMessage(data) ?? "")")
+            }
+        } catch {
+            return .unavailable(mapTransport(error, what: "reach").message)
+        }
+    }
+
+    /// The model name a request carries: --model, else the server's first listed model.
+    func requestModel() async -> String {
+        if let configuredModel { return configuredModel }
+        if let known = facts.withLock({ $0.model }) { return known }
+        if let (status, data) = try? await fetch("GET", base.appendingPathComponent("models"), timeout: Self.probeTimeout),
+           (200..<300).contains(status) {
+            learnModels(data)
+        }
+        return facts.withLock { $0.model } ?? "default"
+    }
+
+    private func learnModels(_ data: Data) {
+        guard let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+              let list = object["data"] as? [[String: Any]], !list.isEmpty else { return }
+        let mine = list.first { ($0["id"] as? String) == configuredModel } ?? list[0]
+        facts.withLock { f in
+            if f.model == nil { f.model = mine["id"] as? String }
+            // vLLM says its window in the model list.
+            if f.contextSize == nil, let n = Self.int(mine["max_model_len"]), n > 0 { f.contextSize = n }
+        }
+    }
+
+    func contextSize() async -> Int {
+        let known = facts.withLock { f -> Int? in f.contextSize ?? (f.contextProbed ? (configuredContextSize ?? Self.fallbackContextSize) : nil) }
+        if let known { return known }
+        var reached = false
+        var found: Int?
+        // llama.cpp
+        if let (status, data) = try? await fetch("GET", root.appendingPathComponent("props"), timeout: Self.probeTimeout) {
+            reached = true
+            if status == 200, let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] {
+                let settings = object["default_generation_settings"] as? [String: Any]
+                found = Self.int(settings?["n_ctx"]) ?? Self.int(object["n_ctx"])
+            }
+        }
+        // vLLM (max_model_len in /v1/models)
+        if found == nil, let (status, data) = try? await fetch("GET", base.appendingPathComponent("models"), timeout: Self.probeTimeout) {
+            reached = true
+            if status == 200 { learnModels(data) }
+            found = facts.withLock { $0.contextSize }
+        }
+        // Ollama: the window it really runs with is num_ctx; its model_info context_length is only
+        // the trained maximum (Ollama truncates silently past num_ctx, so do not overstate it).
+        if found == nil, let (status, data) = try? await fetch("POST", root.appendingPathComponent("api/show"),
+                                                              json: ["model": await requestModel()], timeout: Self.probeTimeout) {
+            reached = true
+            if status == 200, let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
+               let parameters = object["parameters"] as? String {
+                for line in parameters.split(separator: "\n") {
+                    let parts = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
+                    if parts.count >= 2, parts[0] == "num_ctx", let n = Int(parts[1]) { found = n }
+                }
+            }
+        }
+        if let found, found <= 0 { return configuredContextSize ?? Self.fallbackContextSize } // loading: ask again later
+        if reached {
+            facts.withLock { f in
+                if let found { f.contextSize = found }
+                f.contextProbed = true
+            }
+        }
+        return found ?? configuredContextSize ?? Self.fallbackContextSize
+    }
+
+    func tokenCount(_ text: String) async throws -> Int? {
+        if facts.withLock({ $0.tokenize }) == false { return nil }
+        do {
+            // llama.cpp reads `content`, vLLM `prompt` (+ `model`); each ignores the other's keys.
+            let body: [String: Any] = ["content": text, "add_special": false,
+                                       "prompt": text, "add_special_tokens": false, "model": await requestModel()]
+            let (status, data) = try await fetch("POST", root.appendingPathComponent("tokenize"), json: body,
+                                                 timeout: Self.probeTimeout)
+            let object = status == 200 ? (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] : nil
+            guard let n = (object?["tokens"] as? [Any])?.count ?? Self.int(object?["count"]) else {
+                if status != 503 { facts.withLock { $0.tokenize = false } }
+                return nil
+            }
+            facts.withLock { $0.tokenize = true }
+            return n
+        } catch {
+            try Task.checkCancellation()
+            return nil // unreachable now: the chat request will say so clearly
+        }
+    }
+
+    // MARK: HTTP
+
+    func makeRequest(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval, streaming: Bool = false) -> URLRequest {
+        var r = URLRequest(url: url)
+        r.httpMethod = method
+        r.timeoutInterval = timeout
+        if let body {
+            r.httpBody = body
+            r.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        }
+        r.setValue(streaming ? "text/event-stream" : "application/json", forHTTPHeaderField: "Accept")
+        if let apiKey { r.setValue("Bearer \(apiKey)", forHTTPHeaderField: "Authorization") }
+        return r
+    }
+
+    /// One short request, whole answer collected. Throws only on transport failure.
+    nonisolated(nonsending)
+    func fetch(_ method: String, _ url: URL, json: [String: Any]? = nil, timeout: TimeInterval) async throws -> (Int, Data) {
+        let body = try json.map { try JSONSerialization.data(withJSONObject: $0) }
+        var status = 0
+        var data = Data()
+        for try await event in probeClient.open(makeRequest(method, url, body: body, timeout: timeout)) {
+            switch event {
+            case .response(let s): status = s
+            case .data(let d): data.append(d)
+            }
+        }
+        try Task.checkCancellation()
+        return (status, data)
+    }
+
+    static func int(_ value: Any?) -> Int? {
+        switch value {
+        case let n as Int: n
+        case let n as Double: Int(n)
+        case let n as NSNumber: n.intValue
+        default: nil
+        }
+    }
+}

@@ -1,0 +1,84 @@
+// Condensing: what an overflowing thread drops and keeps (Threads/Agent.swift).
+import Foundation
+import Testing
+@testable import WispCore
+
+@Suite struct Condensing {
+    @Test func overflowDropsOldestTurnsKeepsInstructionsAndSetsCondensed() async throws {
+        let probe = Probe()
+        // 60 tokens: instructions (5) + a few turns of ~10 tokens each.
+        let registry = ThreadRegistry(backend: ProbeBackend(contextSize: 60, probe: probe))
+        var last: Agent.Outcome?
+        var sawCondensed = false
+        for i in 1...10 {
+            let r = try await call(registry, "t", "turn number \(i) padding", instructions: i == 1 ? "be brief, friend" : nil)
+            last = r.outcome
+            if r.outcome.condensed {
+                sawCondensed = true
+                #expect(r.outcome.dropped >= 1)
+                // N counts only the turns kept, this one included.
+                #expect(r.outcome.text.hasPrefix("echo \(r.outcome.turns): "))
+                #expect(r.outcome.turns < i)
+            } else {
+                #expect(r.outcome.text.hasPrefix("echo \(i): ") || sawCondensed)
+            }
+        }
+        #expect(sawCondensed)
+        #expect(last!.turns < 10)
+        // Every rebuild kept the instructions first.
+        let builds = probe.builds.withLock { $0 }
+        #expect(builds.count > 1)
+        #expect(builds.allSatisfy { $0.instructions == "be brief, friend" })
+        // Kept the most turns that fit: one more would overflow (60 tokens).
+        let thread = try await registry.accept(threadID: "t", instructions: nil, tools: nil)
+        let history = await thread.thread.history
+        let used = estimatedTokens("be brief, friend") + history.reduce(0) { $0 + $1.tokens }
+        #expect(used <= 60)
+        _ = try await thread.thread.respond(thread.ticket, prompt: "x", settings: .init(), onPartial: nil)
+    }
+
+    @Test func instructionsCountTowardsTheContext() async throws {
+        let plain = ThreadRegistry(backend: EchoBackend(contextSize: 80))
+        let heavy = ThreadRegistry(backend: EchoBackend(contextSize: 80))
+        var plainFirst = 0, heavyFirst = 0
+        for i in 1...12 {
+            let p = try await call(plain, "t", "turn \(i) with some padding")
+            let h = try await call(heavy, "t", "turn \(i) with some padding", instructions: i == 1 ? String(repeating: "i", count: 120) : nil)
+            if p.outcome.condensed && plainFirst == 0 { plainFirst = i }
+            if h.outcome.condensed && heavyFirst == 0 { heavyFirst = i }
+        }
+        #expect(heavyFirst > 0 && plainFirst > 0)
+        #expect(heavyFirst < plainFirst)
+    }
+
+    @Test func promptThatCannotFitIsAnUnrecoverableOverflowAndHistoryIsUnchanged() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend(contextSize: 50))
+        try await call(registry, "t", "small")
+        do {
+            try await call(registry, "t", String(repeating: "y", count: 400))
+            Issue.record("must overflow")
+        } catch let e as WispError {
+            #expect(e.code == .contextOverflow)
+            // The ADR's advice first; a shorter prompt or instructions only after it.
+            #expect(e.message.hasPrefix("Close this thread (close_thread) and start another"), "\(e.message)")
+            #expect(e.message.contains("Shorten the prompt (or the new thread's instructions)"))
+        }
+        #expect(try await call(registry, "t", "still here").outcome.text == "echo 2: still here")
+    }
+
+    @Test func preflightTrimsWhereTheBackendCounts() async throws {
+        let probe = Probe()
+        // With counting, the reserve (a quarter of the context) makes room before the model is asked.
+        let registry = ThreadRegistry(backend: ProbeBackend(contextSize: 100, counts: true, probe: probe))
+        var condensedAt = 0
+        for i in 1...12 {
+            let r = try await call(registry, "t", "turn \(i) with padding here")
+            if r.outcome.condensed && condensedAt == 0 { condensedAt = i }
+        }
+        #expect(condensedAt > 0)
+        // Pre-flight dropping means the model never had to report an overflow: every session
+        // build after the first came from a pre-flight trim, one per condensed call at most.
+        let spans = probe.spans.withLock { $0.count }
+        #expect(spans == 12)
+    }
+}

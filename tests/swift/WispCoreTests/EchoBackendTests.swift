@@ -1,0 +1,43 @@
+// The echo backend's contract: directives, replies, tools and files as the registry sees them.
+import Foundation
+import Testing
+@testable import WispCore
+
+@Suite struct EchoContract {
+    @Test func directives() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        #expect(try await call(registry, "t", "!sleep 10 hi").outcome.text == "echo 1: !sleep 10 hi")
+        do {
+            try await call(registry, "t", "!fail busy")
+            Issue.record("!fail must fail")
+        } catch let e as WispError {
+            #expect(e.code == .busy)
+        }
+        await #expect(throws: WispError.self) { try await call(registry, "t", "!fail nonsense") }
+        await #expect(throws: WispError.self) { try await call(registry, "t", "!sleep soon") }
+        // A failed call leaves N where it was; a non-directive "!" is plain text.
+        #expect(try await call(registry, "t", "!wave").outcome.text == "echo 2: !wave")
+        let tool = try await call(registry, "t", "!tool read_file {}")
+        #expect(tool.outcome.text == "echo 3: tool read_file failed: no tools are bound to this thread (bind them with `tools` when the thread is created)")
+    }
+
+    @Test func progressGivesAtLeastTwoCumulativePartials() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        let seen = Probe()
+        let r = try await call(registry, nil, "stream me", onPartial: { p in
+            seen.spans.withLock { $0.append(.init(prompt: "\(p.tokens)|\(p.text)", start: .now, end: .now)) }
+        })
+        let partials = seen.spans.withLock { $0.map(\.prompt) }
+        #expect(partials.count >= 2)
+        #expect(partials.last == "\(estimatedTokens(r.outcome.text))|\(r.outcome.text)")
+        let tokens = partials.map { Int($0.split(separator: "|")[0])! }
+        #expect(tokens == tokens.sorted() && Set(tokens).count == tokens.count)
+    }
+
+    @Test func echoDelayIsAddedToEveryReply() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend(delayMs: 150))
+        let clock = ContinuousClock()
+        let elapsed = try await clock.measure { try await call(registry, nil, "slow") }
+        #expect(seconds(elapsed) >= 0.15)
+    }
+}
