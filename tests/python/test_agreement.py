@@ -39,7 +39,7 @@ def test_the_error_codes_agree_with_the_cores():
 
 def test_the_pipe_version_and_frame_limit_agree_with_the_cores():
     source = _swift_sources()
-    version = re.search(r"pipeProtocolVersion\s*=\s*(\d+)", source)
+    version = re.search(r"\bprotocolVersion\s*=\s*(\d+)", source)
     assert version and int(version.group(1)) == p.PROTOCOL_VERSION
     # A frame of exactly the limit is read; one byte more is refused before it is read.
     status = msgspec.json.encode(p.Status(id=1))
