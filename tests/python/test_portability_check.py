@@ -1,5 +1,5 @@
 """scripts/check-portable-tests.py, run by `make test`, against deliberately bad samples
-(portability_samples/): it must flag every Linux-only use that nothing guards, and no guarded one."""
+(scripts/portability-samples/): it must flag every Linux-only use that nothing guards, and no guarded one."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 from harness import REPO
 
 SCRIPT = REPO / "scripts" / "check-portable-tests.py"
-SAMPLES = Path(__file__).with_name("portability_samples")
+# Outside tests/, so that nothing that scans the tests takes the deliberate samples for real ones.
+SAMPLES = Path(__file__).resolve().parents[2] / "scripts" / "portability-samples"
 
 spec = importlib.util.spec_from_file_location("check_portable_tests", SCRIPT)
 check = importlib.util.module_from_spec(spec)
