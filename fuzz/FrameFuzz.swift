@@ -1,12 +1,16 @@
 // libFuzzer target for the core's request reader (framing, request decoding, the `rejected`
 // path): any bytes on stdin must give requests, rejections or a PipeProtocolError, never a
-// crash or a hang. Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address with the
-// Pipe sources).
+// crash or a hang; and the hand-written fast path (PipeJSON) must read the input as one JSON
+// payload exactly as JSONDecoder does, or leave it alone. Built and run by `make fuzz`
+// (swiftc -sanitize=fuzzer,address with the Pipe sources).
 import Foundation
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     let bytes = UnsafeRawBufferPointer(start: start, count: count)
+    if let fast = PipeJSON.request(bytes), (try? JSONDecoder().decode(Request.self, from: Data(bytes))) != fast {
+        fatalError("PipeJSON read \(fast) where JSONDecoder disagrees")
+    }
     var reader = RequestReader(maxFrameBytes: 1 << 20)
     // Feed in two uneven pieces so split handling is exercised too.
     let cut = count / 3

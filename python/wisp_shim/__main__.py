@@ -18,6 +18,7 @@ from . import protocol as p
 from . import errors
 from .client import Core
 from .errors import ShimError
+from .loop import WispEventLoop
 from .supervisor import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, CoreLaunch
 
 log = logging.getLogger("wisp")
@@ -363,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     use = LocalModelUse(ns, config)
     if ns.check:
         return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None)
-    anyio.run(_serve, config, max_threads(ns))
+    # wisp's event loop polls briefly for the core's reply before sleeping (loop.py).
+    anyio.run(_serve, config, max_threads(ns), backend_options={"loop_factory": WispEventLoop})
     # Everything is shut down by now; interpreter teardown of the SDK's import graph
     # would add ~0.5 s that an MCP client waits through on every exit.
     _exit_now()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from . import errors
 from . import protocol as p
 from .errors import ShimError
+from .loop import reply_due
 
 if TYPE_CHECKING:
     from .client import PendingCall
@@ -148,12 +149,14 @@ class CoreProcess:
         stdin = self.proc.stdin
         if self.dead or stdin is None:
             return
-        self.last_send = time.monotonic()
+        now = self.last_send = time.monotonic()
         try:
             stdin.write(data)
         except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
             # The reader sees the exit too and fails every pending call with the crash message.
             log.warning("write to wisp-core failed: %s", exc)
+            return
+        reply_due(now - self.last_frame)
 
 
 class CoreListener(Protocol):

@@ -8,6 +8,7 @@ structured result.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -198,8 +199,10 @@ def tool_schema(model: type[BaseModel]) -> dict[str, Any]:
     return _inline(schema, defs)
 
 
+@functools.cache
 def _fields(model: type[BaseModel]) -> list[tuple[str, Says]]:
-    """Each argument's wire name and its error wording, in declaration order."""
+    """Each argument's wire name and its error wording, in declaration order (once per model:
+    it is on every call's path)."""
     out = []
     for name, info in model.model_fields.items():
         says = next((m for m in info.metadata if isinstance(m, Says)), None)

@@ -79,7 +79,8 @@ let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, max
                               tools: ToolCatalogue.tools(roots: roots),
                               toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots.adding(extra)) },
                               fileRoots: roots, store: store, storeError: storeError)
-let server = PipeServer(registry: registry, backend: backend, log: log, send: writeFrame)
+let loop = PipeLoop()
+let server = PipeServer(registry: registry, backend: backend, log: log, executor: loop, send: writeFrame)
 server.ready()
 log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)"
     + (store.map { ", threads stored in \($0.directory) (at most \($0.maxStored))" } ?? ""))
@@ -88,48 +89,43 @@ let (incoming, continuation) = AsyncStream<RequestReader.Item>.makeStream(buffer
 
 /// How long calls get to end once stdin has closed.
 let shutdownGrace = Duration.seconds(2)
-// Blocking reads belong on their own thread, not the cooperative pool (2 cores: 2 pool threads).
-Thread.detachNewThread {
-    var reader = RequestReader()
-    var buffer = [UInt8](repeating: 0, count: 1 << 16)
-    func protocolError(_ error: any Error) -> Never {
-        FileHandle.standardError.write(Data("wisp-core: protocol error: \(error); exiting so the shim restarts a clean core\n".utf8))
-        exit(65)
-    }
-    while true {
-        let n = buffer.withUnsafeMutableBytes { read(0, $0.baseAddress!, $0.count) }
-        if n < 0 && errno == EINTR { continue }
-        if n <= 0 {
-            do { try reader.finish() } catch { protocolError(error) }
-            continuation.finish()
-            // Exits from here, not from the dispatcher: a call that ignores cancellation may be
-            // holding every pool thread, and the core must go when the shim does all the same.
-            log(.info, "stdin closed: stopping \(server.callsInFlight) call(s) in flight and exiting")
-            if !server.stopAll(grace: shutdownGrace) {
-                log(.warning, "\(server.callsInFlight) call(s) did not stop within \(shutdownGrace); exiting anyway")
-            }
-            exit(0)
-        }
-        do {
-            for item in try reader.feed(buffer[0..<n]) { continuation.yield(item) }
-        } catch {
-            protocolError(error)
-        }
-    }
-}
 
-// The dispatcher runs on the cooperative pool, not on the main actor (top-level code's
-// executor): `handle` is nonisolated, so from the main actor every request cost a hop to a
-// pool thread and another back, each a thread wake-up (~20 us of a ~60 us round trip on 2 cores).
-await Task.detached { [server, incoming] in
+// The dispatcher takes requests in arrival order (that order is each thread's order) and runs
+// on the pipe loop, as the calls it starts do (PipeLoop says why).
+Task(executorPreference: loop) { [server, incoming] in
     for await item in incoming {
         switch item {
         case .request(let request): await server.handle(request)
         case .rejected(let id, let message): server.reject(id: id, message)
         }
     }
-}.value
+}
 
-// stdin closed: the reader thread stops the calls and exits the process. Returning from here
-// would exit too, before the calls' replies are written.
-while true { try? await Task.sleep(for: .seconds(3600)) }
+func protocolError(_ error: any Error) -> Never {
+    FileHandle.standardError.write(Data("wisp-core: protocol error: \(error); exiting so the shim restarts a clean core\n".utf8))
+    exit(65)
+}
+
+// The main thread becomes the pipe loop for good: it reads stdin and runs the pipe's work.
+var reader = RequestReader()
+loop.run(input: 0) { bytes in
+    guard !bytes.isEmpty else {
+        do { try reader.finish() } catch { protocolError(error) }
+        continuation.finish()
+        log(.info, "stdin closed: stopping \(server.callsInFlight) call(s) in flight and exiting")
+        // The wait for calls to end blocks, so it has a thread of its own: the calls may need
+        // this loop to finish, and one that ignores cancellation must not keep the core alive.
+        Thread.detachNewThread {
+            if !server.stopAll(grace: shutdownGrace) {
+                log(.warning, "\(server.callsInFlight) call(s) did not stop within \(shutdownGrace); exiting anyway")
+            }
+            exit(0)
+        }
+        return
+    }
+    do {
+        for item in try reader.feed(bytes) { continuation.yield(item) }
+    } catch {
+        protocolError(error)
+    }
+}

@@ -11,6 +11,8 @@ public final class PipeServer: Sendable {
     public let backend: any ModelBackend
     private let send: @Sendable ([UInt8]) -> Void
     private let log: Log
+    /// Where calls run: the pipe loop in the core (nil: the global pool, as in unit tests).
+    private let executor: (any TaskExecutor)?
     private let inFlight = Locked<[Int: Call]>([:])
 
     private struct Call {
@@ -32,10 +34,12 @@ public final class PipeServer: Sendable {
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
 
-    public init(registry: ThreadRegistry, backend: any ModelBackend, log: Log, send: @escaping @Sendable ([UInt8]) -> Void) {
+    public init(registry: ThreadRegistry, backend: any ModelBackend, log: Log, executor: (any TaskExecutor)? = nil,
+                send: @escaping @Sendable ([UInt8]) -> Void) {
         self.registry = registry
         self.backend = backend
         self.log = log
+        self.executor = executor
         self.send = send
     }
 
@@ -84,8 +88,9 @@ public final class PipeServer: Sendable {
 
     /// Stops every call in flight and any accepted later (at stdin EOF), and waits at most
     /// `grace` for them to end. True when they all did. It blocks the calling thread: call it
-    /// from a thread of its own, since a call that ignores cancellation (a backend or tool
-    /// burning a CPU) may hold every thread of the cooperative pool, and the wait must still end.
+    /// from a thread of its own, neither the pipe loop (the calls may need it to end) nor the
+    /// pool, since a call that ignores cancellation (a backend or tool burning a CPU) may hold
+    /// every thread of the cooperative pool, and the wait must still end.
     public func stopAll(grace: Duration) -> Bool {
         let tasks = inFlight.withLock { calls in
             stopping.store(true, ordering: .relaxed)
@@ -141,7 +146,7 @@ public final class PipeServer: Sendable {
         // Before this call's reply, so the shim never takes the evicted thread for alive.
         if let evicted = acceptance.evicted { write(Evicted(thread_id: evicted)) }
 
-        let task = Task { await self.run(r, acceptance, schema: schema) }
+        let task = Task(executorPreference: executor) { await self.run(r, acceptance, schema: schema) }
         let stoppedEarly = inFlight.withLock { calls -> Bool in
             calls[r.id]?.task = task
             return calls[r.id]?.stop != nil
@@ -220,7 +225,7 @@ public final class PipeServer: Sendable {
     /// (~20 us of ~80 us on 2 cores). It runs only while some call has a limit.
     private func startWatchdog() {
         watchdog.withLock { task in
-            if task == nil { task = Task { await self.watch() } }
+            if task == nil { task = Task(executorPreference: executor) { await self.watch() } }
         }
     }
 
@@ -262,12 +267,12 @@ public final class PipeServer: Sendable {
         write(Failure.failure(id, error))
     }
 
-    private func write<T: Encodable>(_ message: T) {
+    private func write(_ message: some PipeMessage) {
         send(encode(message))
     }
 
     /// A reply over the frame limit would make the shim treat the whole pipe as broken and lose
-    /// every thread (a 9 MB prompt of "/" came back as 18 MB: JSONEncoder escapes "/"), so it
+    /// every thread (a 9 MB prompt of "/" came back as 18 MB: the pipe's JSON escapes "/"), so it
     /// becomes an error for this call alone.
     private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
         guard !Frame.fits(frame) else { return frame }
@@ -275,12 +280,7 @@ public final class PipeServer: Sendable {
         return encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
     }
 
-    private func encode<T: Encodable>(_ message: T) -> [UInt8] {
-        do {
-            return try Frame.encode(message)
-        } catch {
-            log(.error, "could not encode a reply: \(error)")
-            return (try? Frame.encode(Failure.failure(0, WispError(.internal, "could not encode a reply")))) ?? []
-        }
+    private func encode(_ message: some PipeMessage) -> [UInt8] {
+        Frame.encode(message)
     }
 }

@@ -29,7 +29,13 @@ public struct RequestReader {
         do { payloads = try frames.feed(data) } catch { throw PipeProtocolError(String(describing: error)) }
         var items: [Item] = []
         items.reserveCapacity(payloads.count)
-        for payload in payloads { items.append(try item(Data(payload))) }
+        for payload in payloads {
+            if let request = PipeJSON.request(payload) {
+                items.append(.request(request))
+            } else {
+                items.append(try item(Data(payload)))
+            }
+        }
         return items
     }
 
@@ -40,6 +46,7 @@ public struct RequestReader {
 
     private struct RequestID: Decodable { var id: Int }
 
+    /// A frame the fast path (PipeJSON) did not take, read by JSONDecoder: its result or its error.
     private func item(_ data: Data) throws(PipeProtocolError) -> Item {
         if let request = try? json.decode(Request.self, from: data) { return .request(request) }
         if let rid = try? json.decode(RequestID.self, from: data), rid.id > 0 {

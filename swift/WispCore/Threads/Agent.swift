@@ -56,7 +56,13 @@ public final class Agent {
         if Task.isCancelled { throw WispError.callCancelled }
         let context = max(1, await backend.contextSize())
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
-        let message = ModelPrompt(text: callerPrompt, files: try files.map { try FileAttachments.read($0, context: context) } ?? [])
+        let attached: [AttachedFile]
+        if let files {
+            attached = try await offPipe { () throws(WispError) in try FileAttachments.read(files, context: context) }  // disk reads
+        } else {
+            attached = []
+        }
+        let message = ModelPrompt(text: callerPrompt, files: attached)
         if !message.files.isEmpty { try await checkFilesFit(message, context: context, settings: settings) }
         let prompt = message.rendered
         var kept = history[...]

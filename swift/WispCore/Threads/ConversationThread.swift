@@ -112,7 +112,8 @@ public actor ConversationThread {
         defer { advance() }
         if let durability, !closed {
             held = try await durability.store.lock(id)
-            try reload(durability)
+            // Off the pipe's thread (a file read), still isolated to this thread.
+            try await offPipe { () throws(WispError) in try self.reload(durability) }
         }
         if agent.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
@@ -128,24 +129,32 @@ public actor ConversationThread {
             agent.discard(staged)
             return nil
         }
-        return commit(staged)
+        return await commit(staged)
     }
 
     /// Makes the staged turn part of the history and, on a durable thread, stores it before the
     /// caller hears of it (the store's lock is still held: `advance` releases it).
-    private func commit(_ staged: Agent.Staged) -> Agent.Outcome {
+    private func commit(_ staged: Agent.Staged) async -> Agent.Outcome {
         var outcome = agent.commit(staged)
-        if let durability, !closed {
-            let state = ThreadStore.State(instructions: agent.instructions, tools: agent.tools.map(\.name), roots: roots, history: agent.history)
-            do {
-                stamp = try durability.store.save(id, state)
+        guard let durability, !closed else { return outcome }
+        let state = ThreadStore.State(instructions: agent.instructions, tools: agent.tools.map(\.name), roots: roots, history: agent.history)
+        // The write and its fsyncs run off the pipe's thread, still isolated to this thread, so a
+        // close that got in while the call moved there is seen, and none gets in during the write.
+        let failure: WispError? = await offPipe { () -> WispError? in
+            guard !self.closed else { return nil }
+            do throws(WispError) {
+                self.stamp = try durability.store.save(self.id, state)
+                return nil
             } catch {
-                // Kept in memory and answered: the caller is told, and a stale file must not
-                // resume later as if it were this thread.
-                outcome.storeError = error.message
-                if let held { durability.store.delete(id, holding: held) }
-                stamp = nil
+                return error
             }
+        }
+        if let failure {
+            // Kept in memory and answered: the caller is told, and a stale file must not
+            // resume later as if it were this thread.
+            outcome.storeError = failure.message
+            if let held { durability.store.delete(id, holding: held) }
+            stamp = nil
         }
         return outcome
     }

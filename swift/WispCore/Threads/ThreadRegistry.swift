@@ -216,7 +216,8 @@ public actor ThreadRegistry {
     /// Live threads, most recently used first, then stored ones that are not live, most recently written first.
     public func snapshot() async -> [ThreadInfo] {
         var infos: [(UInt64, ThreadInfo)] = []
-        let stored = store?.summaries() ?? []
+        let store = store
+        let stored = await offPipe { store?.summaries() ?? [] }  // reads every stored file's header
         let storedIDs = Set(stored.map(\.id))
         for (id, entry) in entries {
             infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,

@@ -1,0 +1,119 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The core's pipe thread: it reads stdin and runs the work of the requests it reads, as the
+/// task executor that the dispatcher and every call prefer (`Task(executorPreference:)`).
+///
+/// Why one thread: a request used to cross three threads before its reply was written (a
+/// blocking reader thread, the dispatcher on the cooperative pool, then the call's task on
+/// another pool thread). Each crossing wakes a sleeping thread, and on a 2-vCPU VM that costs
+/// more than everything the core computes for an echo reply. Here the thread that read a frame
+/// runs the dispatcher and the call on to the reply's `write` before it sleeps again; a job
+/// that another thread enqueues (a timer, a model server's bytes) wakes it through a pipe.
+///
+/// Work that may block (disk, fsync, model tools) must not run here: it would hold every
+/// other call and the reading of cancels. `offPipe` sends it to the global pool.
+public final class PipeLoop: TaskExecutor, Sendable {
+    private struct State {
+        var jobs: [UnownedJob] = []
+        /// The thread is in (or about to enter) `poll` with nothing to run.
+        var sleeping = false
+        /// A wake-up byte is on its way since the thread last woke.
+        var signalled = false
+    }
+
+    private let state = Locked(State())
+    /// A pipe whose read end the loop polls beside its input: a byte means "jobs waiting".
+    private let wakeRead: Int32
+    private let wakeWrite: Int32
+
+    /// Batches of jobs run between two looks at the input while jobs keep coming.
+    private static let maxRounds = 64
+
+    public init() {
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { fatalError("wisp-core: cannot create the pipe loop's wake-up pipe: errno \(errno)") }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        wakeRead = fds[0]
+        wakeWrite = fds[1]
+    }
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let unowned = UnownedJob(job)
+        let wake = state.withLock { s -> Bool in
+            s.jobs.append(unowned)
+            guard s.sleeping, !s.signalled else { return false }
+            s.signalled = true
+            return true
+        }
+        if wake {
+            var byte: UInt8 = 1
+            // A full pipe already holds a wake-up, so EAGAIN loses nothing.
+            _ = write(wakeWrite, &byte, 1)
+        }
+    }
+
+    /// Runs the loop on the calling thread, for good: reads `input` whenever it has bytes and
+    /// hands them to `onInput` (an empty buffer once at end of input; the loop then goes on
+    /// running jobs), and runs every job enqueued, in order.
+    public func run(input: Int32, onInput: (UnsafeRawBufferPointer) -> Void) -> Never {
+        let me = asUnownedTaskExecutor()
+        var batch: [UnownedJob] = []
+        var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        var inputOpen = true
+        while true {
+            // Jobs beget jobs (every actor hop is one), so run until none is left before
+            // looking at the input; after `maxRounds` batches it is looked at anyway.
+            for _ in 0..<Self.maxRounds {
+                state.withLock { swap(&$0.jobs, &batch) }
+                if batch.isEmpty { break }
+                for job in batch { job.runSynchronously(on: me) }
+                batch.removeAll(keepingCapacity: true)
+            }
+
+            let idle = state.withLock { s -> Bool in
+                s.sleeping = s.jobs.isEmpty
+                return s.sleeping
+            }
+            // With jobs waiting the poll only looks (timeout 0), so a stream of jobs cannot starve input.
+            var fds = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0),
+                       pollfd(fd: inputOpen ? input : -1, events: Int16(POLLIN), revents: 0)]
+            let ready = poll(&fds, 2, idle ? -1 : 0)
+            if idle {
+                state.withLock { s in
+                    s.sleeping = false
+                    s.signalled = false
+                }
+            }
+            guard ready > 0 else { continue }
+            if fds[0].revents != 0 {
+                var sink = [UInt8](repeating: 0, count: 64)
+                while read(wakeRead, &sink, sink.count) > 0 {}
+            }
+            if fds[1].revents != 0 {
+                let n = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress!, $0.count) }
+                if n < 0 && (errno == EINTR || errno == EAGAIN) { continue }
+                if n <= 0 {
+                    inputOpen = false
+                    onInput(UnsafeRawBufferPointer(start: nil, count: 0))
+                } else {
+                    buffer.withUnsafeBytes { onInput(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
+                }
+            }
+        }
+    }
+}
+
+/// Runs `work` on the global concurrent pool rather than the pipe's thread (see `PipeLoop`):
+/// for anything that can block, such as a file read, an fsync or a model tool. Actor-isolated
+/// callers stay isolated; only the thread changes.
+nonisolated(nonsending)
+public func offPipe<T, E: Error>(_ work: () async throws(E) -> T) async throws(E) -> T {
+    try await withTaskExecutorPreference(globalConcurrentExecutor, operation: work)
+}

@@ -1,0 +1,158 @@
+// The pipe's hand-written JSON (Pipe/PipeJSON.swift): what it writes is JSONEncoder's output
+// up to key order, and what it reads is JSONDecoder's result, or nothing (JSONDecoder then decides).
+import Foundation
+import Testing
+@testable import WispCore
+
+@Suite struct PipeJSONTests {
+    /// Strings that exercise every escape JSONEncoder makes, and some it does not.
+    static let texts: [String] = [
+        "", "plain", "quote \" backslash \\ slash / end", "tab\tnewline\nreturn\rback\u{8}feed\u{C}",
+        String((0..<32).map { Character(Unicode.Scalar(UInt8($0))) }), "del \u{7F} nbsp \u{A0} sep \u{2028}\u{2029}",
+        "héllo 🙂 日本語", "</script>", String(repeating: "/", count: 100), "nul \u{0} inside",
+    ]
+
+    static func randomText(_ rng: inout some RandomNumberGenerator) -> String {
+        let pool: [Unicode.Scalar] = (0..<128).compactMap(Unicode.Scalar.init) + ["é", "🙂", "\u{2028}", "日", "\u{FFFD}"]
+        return String(String.UnicodeScalarView((0..<Int.random(in: 0..<40, using: &rng)).map { _ in pool.randomElement(using: &rng)! }))
+    }
+
+    /// The same frame as JSONEncoder's but for the order of keys (JSONEncoder's is a hash
+    /// table's): the same length (so the same escapes) and the same JSON value.
+    func sameAsJSONEncoder<T: PipeMessage>(_ message: T) throws {
+        let ours = Frame.encode(message)
+        let theirs = Frame.encode(payload: try JSONEncoder().encode(message))
+        let shown = "\(String(decoding: ours.dropFirst(4), as: UTF8.self)) vs \(String(decoding: theirs.dropFirst(4), as: UTF8.self))"
+        #expect(ours.count == theirs.count, "\(shown)")
+        let a = try JSONSerialization.jsonObject(with: Data(ours.dropFirst(4)), options: [.fragmentsAllowed]) as? NSDictionary
+        let b = try JSONSerialization.jsonObject(with: Data(theirs.dropFirst(4)), options: [.fragmentsAllowed]) as? NSDictionary
+        #expect(a != nil && a == b, "\(shown)")
+    }
+
+    @Test func everyCoreMessageIsWrittenAsJSONEncoderWritesIt() throws {
+        for text in Self.texts {
+            try sameAsJSONEncoder(Ready(backend: text, model: text, pid: 4242, durable: true))
+            try sameAsJSONEncoder(Progress(id: 7, text: text, tokens: 3))
+            try sameAsJSONEncoder(Evicted(thread_id: text))
+            try sameAsJSONEncoder(Reply.success(Int.max, RespondResult(thread_id: text, created: true, text: text, condensed: false,
+                                                                        turns: 12, dropped: 0)))
+            try sameAsJSONEncoder(Reply.success(-3, RespondResult(thread_id: "t", created: false, text: text, condensed: true, turns: 1,
+                                                                   dropped: 2, prompt_tokens: 0, output_tokens: 99, store_error: text)))
+            try sameAsJSONEncoder(Failure.failure(Int.min, WispError(.contextOverflow, text)))
+            try sameAsJSONEncoder(Reply.success(1, CloseThreadResult(thread_id: text, closed: true)))
+            try sameAsJSONEncoder(Reply.success(2, CancelResult(cancelled: false)))
+            try sameAsJSONEncoder(Reply.success(3, PingResult()))
+            try sameAsJSONEncoder(Reply.success(4, StatusResult(
+                backend: text, model: "m", available: false, reason: text, context_size: 4096, max_threads: 32, max_queue: 0,
+                threads: [ThreadInfo(thread_id: text, turns: 1, pending: 0), ThreadInfo(thread_id: "b", turns: 0, pending: 2, live: false, stored: true)],
+                tools: ["read_file", text], state_dir: text, state_error: nil)))
+            try sameAsJSONEncoder(Reply.success(5, StatusResult(backend: "b", model: "m", available: true, reason: nil, context_size: 1,
+                                                                 max_threads: 1, max_queue: 1, threads: [], tools: [])))
+        }
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<500 {
+            try sameAsJSONEncoder(Progress(id: Int.random(in: Int.min...Int.max, using: &rng), text: Self.randomText(&rng), tokens: 1))
+        }
+    }
+
+    /// What JSONDecoder makes of `bytes`, or nil when it refuses them.
+    func decoded(_ bytes: [UInt8]) -> Request? {
+        try? JSONDecoder().decode(Request.self, from: Data(bytes))
+    }
+
+    func agrees(_ json: String) {
+        let bytes = Array(json.utf8)
+        if let fast = PipeJSON.request(bytes) {
+            #expect(decoded(bytes) == fast, "fast path took \(json) as \(fast), JSONDecoder did not")
+        }
+    }
+
+    static func randomRequest(_ rng: inout some RandomNumberGenerator) -> Request {
+        func maybe<T>(_ value: @autoclosure () -> T) -> T? { Bool.random(using: &rng) ? value() : nil }
+        let id = Int.random(in: -5...Int.max, using: &rng)
+        switch Int.random(in: 0..<5, using: &rng) {
+        case 0:
+            let options = maybe(RespondOptions(temperature: maybe(Double.random(in: 0...2, using: &rng)),
+                                               max_output_tokens: maybe(Int.random(in: 1...Int(Int32.max), using: &rng)),
+                                               timeout_s: maybe(Double.random(in: 0...1e9, using: &rng))))
+            return .respond(Respond(id: id, prompt: randomText(&rng), thread_id: maybe(randomText(&rng)), instructions: maybe(randomText(&rng)),
+                                    tools: maybe((0..<Int.random(in: 0...3, using: &rng)).map { _ in randomText(&rng) }), options: options,
+                                    progress: maybe(Bool.random(using: &rng)), roots: maybe([randomText(&rng)]), files: maybe([]),
+                                    schema: maybe(randomText(&rng))))
+        case 1: return .closeThread(CloseThread(id: id, thread_id: randomText(&rng)))
+        case 2: return .cancel(Cancel(id: id, request: Int.random(in: Int.min...Int.max, using: &rng)))
+        case 3: return .status(Status(id: id))
+        default: return .ping(Ping(id: id))
+        }
+    }
+
+    @Test func requestsAsTheShimAndJSONEncoderWriteThemAreTakenAndReadAlike() throws {
+        var rng = SystemRandomNumberGenerator()
+        for _ in 0..<2000 {
+            let request = Self.randomRequest(&rng)
+            let bytes = [UInt8](try JSONEncoder().encode(request))
+            #expect(PipeJSON.request(bytes) == request, "\(String(decoding: bytes, as: UTF8.self))")
+        }
+        // As the shim's msgspec writes them: compact, UTF-8 unescaped, "/" left alone, optionals left out.
+        let shim = [
+            #"{"op":"respond","id":12,"prompt":"héllo 🙂 a/b \"q\" \\ \n","thread_id":"t-1.x_","options":{"timeout_s":300.0}}"#,
+            #"{"op":"respond","id":1,"prompt":"p","tools":["read_file","search_text"],"options":{"temperature":0.7,"max_output_tokens":64,"timeout_s":2.5},"progress":true,"roots":["/w"],"files":["a.txt"],"schema":"{\"type\":\"object\"}"}"#,
+            #"{"op":"close_thread","id":2,"thread_id":"t"}"#, #"{"op":"cancel","id":3,"request":1}"#,
+            #"{"op":"status","id":4}"#, #"{"op":"ping","id":5}"#, #" { "op" : "ping" , "id" : 6 } "#,
+            #"{"op":"respond","id":7,"prompt":"\u00e9\ud83d\ude42\u0000\/"}"#,
+        ]
+        for json in shim {
+            let bytes = Array(json.utf8)
+            #expect(PipeJSON.request(bytes) != nil, "the fast path should take \(json)")
+            #expect(PipeJSON.request(bytes) == decoded(bytes), "\(json)")
+        }
+    }
+
+    @Test(arguments: [
+        // Left to JSONDecoder: it ignores unknown keys, and says what is wrong with the rest.
+        #"{"op":"respond","id":1,"prompt":"p","extra":1}"#, #"{"op":"respond","id":1,"prompt":"p","request":2}"#,
+        #"{"op":"ping","id":1,"id":2}"#, #"{"op":"ping","id":1.0}"#, #"{"op":"ping","id":1e2}"#, #"{"op":"ping","id":01}"#,
+        #"{"op":"ping","id":-0}"#, #"{"op":"ping","id":99999999999999999999}"#, #"{"op":"ping","id":"1"}"#,
+        #"{"op":"respond","id":1,"prompt":null}"#, #"{"op":"respond","id":1}"#, #"{"op":"close_thread","id":1,"thread_id":null}"#,
+        #"{"op":"respond","id":1,"prompt":"p","options":{"temperature":1e400}}"#,
+        #"{"op":"respond","id":1,"prompt":"p","options":{"temperature":1e-400}}"#,
+        #"{"op":"respond","id":1,"prompt":"p","options":{"temperature":-0.0,"timeout_s":1E+2}}"#,
+        #"{"op":"respond","id":1,"prompt":"p","options":{"temperature":.5}}"#, #"{"op":"respond","id":1,"prompt":"p","options":{"temperature":5.}}"#,
+        #"{"op":"respond","id":1,"prompt":"p","options":null,"progress":null,"tools":null,"thread_id":null}"#,
+        #"{"op":"respond","id":1,"prompt":"p","options":{},"tools":[],"progress":false}"#,
+        #"{"op":"respond","id":1,"prompt":"p","options":{"x":1}}"#, #"{"op":"respond","id":1,"prompt":"p","tools":[1]}"#,
+        #"{"op":"respond","id":1,"prompt":"\ud800"}"#, #"{"op":"respond","id":1,"prompt":"\udc00\ud800"}"#,
+        #"{"op":"respond","id":1,"prompt":"\x"}"#, #"{"op":"respond","id":1,"prompt":"\u12"}"#,
+        #"{"op":"ping","id":1}x"#, #"{"op":"ping","id":1,}"#, #"{"op":"ping",,"id":1}"#, #"{"op":"dance","id":1}"#, "{}", "", "[]",
+        #"{"op":"ping","id":1} {"op":"ping","id":2}"#, #"{"op":"ping","id":true}"#, #"{"op":"respond","id":1,"prompt":"p","progress":1}"#,
+    ])
+    func anyFrameIsReadAsJSONDecoderReadsItOrLeftToIt(_ json: String) {
+        agrees(json)
+    }
+
+    @Test func bytesThatAreNotUTF8AreLeftToJSONDecoder() {
+        for bad: [UInt8] in [[0xFF], [0xC3], [0xED, 0xA0, 0x80], [0xF4, 0x90, 0x80, 0x80]] {
+            let bytes = Array(#"{"op":"respond","id":1,"prompt":""#.utf8) + bad + Array(#""}"#.utf8)
+            #expect(PipeJSON.request(bytes) == nil)
+        }
+    }
+
+    @Test func randomMutationsOfARequestNeverMakeTheTwoDisagree() throws {
+        var rng = SystemRandomNumberGenerator()
+        let alphabet = Array(#"{}[]:,"\ u0123456789.eE+-abcdefnrtlsux/"#.utf8)
+        for _ in 0..<3000 {
+            var bytes = [UInt8](try JSONEncoder().encode(Self.randomRequest(&rng)))
+            for _ in 0..<Int.random(in: 1...3, using: &rng) where !bytes.isEmpty {
+                let at = Int.random(in: 0..<bytes.count, using: &rng)
+                switch Int.random(in: 0..<3, using: &rng) {
+                case 0: bytes[at] = alphabet.randomElement(using: &rng)!
+                case 1: bytes.remove(at: at)
+                default: bytes.insert(alphabet.randomElement(using: &rng)!, at: at)
+                }
+            }
+            if let fast = PipeJSON.request(bytes) {
+                #expect(decoded(bytes) == fast, "\(String(decoding: bytes, as: UTF8.self))")
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+// The core's pipe thread (Pipe/PipeLoop.swift): input and the tasks that prefer it run on its
+// one thread, a job enqueued from elsewhere while it sleeps wakes it, and `offPipe` leaves it.
+import Foundation
+import Testing
+@testable import WispCore
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The calling thread (a synchronous function: `Thread.current` is not for async code, where
+/// the thread may change at any await; here it is read between two).
+func currentThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
+
+@Suite struct PipeLoopTests {
+    struct Seen: Sendable {
+        var bytes: [UInt8] = []
+        var eof = false
+        var thread: ObjectIdentifier?
+    }
+
+    /// A loop on a thread of its own reading a fresh pipe (it runs for the rest of the process).
+    func startLoop() -> (PipeLoop, input: Int32, seen: Locked<Seen>) {
+        let loop = PipeLoop()
+        var fds: [Int32] = [-1, -1]
+        precondition(pipe(&fds) == 0)
+        let seen = Locked(Seen())
+        let read = fds[0]
+        Thread.detachNewThread {
+            loop.run(input: read) { bytes in
+                seen.withLock { s in
+                    s.thread = currentThread()
+                    if bytes.isEmpty { s.eof = true } else { s.bytes += bytes }
+                }
+            }
+        }
+        return (loop, fds[1], seen)
+    }
+
+    @Test func inputAndTheTasksThatPreferTheLoopRunOnItsThread() async throws {
+        let (loop, input, seen) = startLoop()
+        #expect(write(input, "abc", 3) == 3)
+        // The loop is asleep in poll by now: this task's first job comes from another thread.
+        try await Task.sleep(for: .milliseconds(20))
+        let ran = await Task(executorPreference: loop) { currentThread() }.value
+        let away = await Task(executorPreference: loop) { await offPipe { currentThread() } }.value
+        #expect(write(input, "de", 2) == 2)
+        close(input)
+        for _ in 0..<400 where !seen.withLock({ $0.eof }) { try await Task.sleep(for: .milliseconds(5)) }
+        let s = seen.withLock { $0 }
+        #expect(s.eof, "end of input reaches onInput")
+        #expect(s.bytes == Array("abcde".utf8))
+        #expect(s.thread == ran, "a task preferring the loop runs on the thread that reads the input")
+        #expect(away != ran, "offPipe runs its work on another thread")
+    }
+
+    @Test func aStreamOfJobsDoesNotStarveTheInput() async throws {
+        let (loop, input, seen) = startLoop()
+        // A task that keeps the loop's queue full (it yields, never sleeps) until the input is read.
+        let busy = Task(executorPreference: loop) { () -> Bool in
+            let cap = ContinuousClock.now.advanced(by: .seconds(5))
+            while ContinuousClock.now < cap {
+                if !seen.withLock({ $0.bytes.isEmpty }) { return true }
+                await Task.yield()
+            }
+            return false
+        }
+        try await Task.sleep(for: .milliseconds(50))
+        #expect(write(input, "x", 1) == 1)
+        #expect(await busy.value, "the input was read while jobs kept coming")
+        close(input)
+    }
+}
