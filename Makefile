@@ -89,7 +89,7 @@ fuzz: venv
 	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
 	swiftc -O -sanitize=fuzzer,address -parse-as-library fuzz/FrameFuzz.swift swift/WispCore/Pipe/Frame.swift \
-		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
+		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Support/JSONWriter.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
 		-module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
 	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
 

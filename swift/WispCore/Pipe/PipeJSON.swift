@@ -9,8 +9,8 @@
 /// repeated key, a number it would have to convert, an escape it does not know, bytes that are
 /// not UTF-8) returns nil, and `RequestReader` hands the frame to `JSONDecoder`, whose result or
 /// error stands. So the two can differ in speed only; `make fuzz` and a test compare them.
-/// Writing gives what `JSONEncoder` gives, keys in declaration order (a test checks the two agree
-/// but for that order, which in `JSONEncoder` is a hash table's).
+/// Writing (`JSONWriter`, Support/JSONWriter.swift) gives what `JSONEncoder` gives, keys in
+/// declaration order (a test checks the two agree but for that order, a hash table's in `JSONEncoder`).
 public enum PipeJSON {
     /// The request in `bytes` if it is one the fast path takes, else nil (ask `JSONDecoder`).
     public static func request(_ bytes: UnsafeRawBufferPointer) -> Request? {
@@ -339,144 +339,17 @@ private struct Scanner {
 
 // MARK: writing
 
-/// A message the core writes: by hand, as `JSONEncoder` would (nil optionals left out, "/"
-/// escaped), with its keys in declaration order.
-public protocol PipeMessage: Encodable {
-    func write(to w: inout PipeWriter)
-}
-
-/// A frame being written: the 4-byte length, filled in by `frame()`, then the JSON.
-public struct PipeWriter {
-    private(set) var bytes: [UInt8]
-    /// No key written yet in the innermost object: the next key takes no comma.
-    private var first = true
-    private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
-
-    init(capacity: Int = 256) {
-        bytes = [0, 0, 0, 0]
-        bytes.reserveCapacity(capacity)
-    }
-
-    /// The finished frame.
-    mutating func frame() -> [UInt8] {
-        let n = UInt32(truncatingIfNeeded: bytes.count - 4)
-        bytes[0] = UInt8(truncatingIfNeeded: n >> 24)
-        bytes[1] = UInt8(truncatingIfNeeded: n >> 16)
-        bytes[2] = UInt8(truncatingIfNeeded: n >> 8)
-        bytes[3] = UInt8(truncatingIfNeeded: n)
-        return bytes
-    }
-
-    /// `{`, the fields `body` writes (each through `key(_:)`), `}`.
-    mutating func object(_ body: (inout PipeWriter) -> Void) {
-        bytes.append(0x7B)
-        let outer = first
-        first = true
-        body(&self)
-        first = outer
-        bytes.append(0x7D)
-    }
-
-    /// `"name":`, after a comma unless it is the object's first key.
-    mutating func key(_ name: StaticString) {
-        if !first { bytes.append(0x2C) }
-        first = false
-        bytes.append(0x22)
-        name.withUTF8Buffer { bytes.append(contentsOf: $0) }
-        bytes.append(0x22)
-        bytes.append(0x3A)
-    }
-
-    mutating func field(_ name: StaticString, _ value: String) { key(name); string(value) }
-    mutating func field(_ name: StaticString, _ value: Int) { key(name); int(value) }
-    mutating func field(_ name: StaticString, _ value: Int32) { key(name); int(Int(value)) }
-    mutating func field(_ name: StaticString, _ value: Bool) { key(name); bool(value) }
-    mutating func field(_ name: StaticString, _ value: String?) { if let value { field(name, value) } }
-    mutating func field(_ name: StaticString, _ value: Int?) { if let value { field(name, value) } }
-    mutating func field(_ name: StaticString, _ value: [String]) {
-        key(name)
-        array(value) { $0.string($1) }
-    }
-    mutating func field(_ name: StaticString, _ value: some PipeMessage) {
-        key(name)
-        value.write(to: &self)
-    }
-
-    mutating func array<T>(_ items: [T], _ each: (inout PipeWriter, T) -> Void) {
-        bytes.append(0x5B)
-        for (n, item) in items.enumerated() {
-            if n > 0 { bytes.append(0x2C) }
-            each(&self, item)
-        }
-        bytes.append(0x5D)
-    }
-
-    mutating func bool(_ value: Bool) {
-        if value {
-            bytes.append(contentsOf: [0x74, 0x72, 0x75, 0x65])
-        } else {
-            bytes.append(contentsOf: [0x66, 0x61, 0x6C, 0x73, 0x65])
-        }
-    }
-
-    mutating func int(_ value: Int) {
-        if value == 0 { return bytes.append(0x30) }
-        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
-                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
-            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        var n = value.magnitude
-        var count = 0
-        withUnsafeMutableBytes(of: &digits) { d in
-            while n > 0 {
-                d[19 - count] = UInt8(n % 10) + 0x30
-                n /= 10
-                count += 1
-            }
-            if value < 0 { bytes.append(0x2D) }
-            bytes.append(contentsOf: d[(20 - count)...])
-        }
-    }
-
-    mutating func string(_ value: String) {
-        bytes.append(0x22)
-        var value = value
-        value.withUTF8 { s in
-            var from = 0
-            for at in 0..<s.count {
-                let c = s[at]
-                guard c < 0x20 || c == 0x22 || c == 0x5C || c == 0x2F else { continue }
-                if from < at { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: s[from..<at])) }
-                from = at + 1
-                switch c {
-                case 0x22: bytes.append(contentsOf: [0x5C, 0x22])
-                case 0x5C: bytes.append(contentsOf: [0x5C, 0x5C])
-                case 0x2F: bytes.append(contentsOf: [0x5C, 0x2F])
-                case 0x08: bytes.append(contentsOf: [0x5C, 0x62])
-                case 0x0C: bytes.append(contentsOf: [0x5C, 0x66])
-                case 0x0A: bytes.append(contentsOf: [0x5C, 0x6E])
-                case 0x0D: bytes.append(contentsOf: [0x5C, 0x72])
-                case 0x09: bytes.append(contentsOf: [0x5C, 0x74])
-                default:
-                    bytes.append(contentsOf: [0x5C, 0x75, 0x30, 0x30, Self.hex[Int(c >> 4)], Self.hex[Int(c & 0xF)]])
-                }
-            }
-            if from < s.count { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: s[from...])) }
-        }
-        bytes.append(0x22)
-    }
-}
-
 extension Frame {
     /// A core → shim message as a whole frame.
-    public static func encode(_ message: some PipeMessage) -> [UInt8] {
-        var w = PipeWriter()
+    public static func encode(_ message: some JSONWritable) -> [UInt8] {
+        var w = JSONWriter(framed: true)
         message.write(to: &w)
         return w.frame()
     }
 }
 
-extension Ready: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension Ready: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object {
             $0.field("id", id); $0.field("event", event); $0.field("protocol", `protocol`); $0.field("backend", backend)
             $0.field("model", model); $0.field("pid", pid); $0.field("durable", durable)
@@ -484,26 +357,26 @@ extension Ready: PipeMessage {
     }
 }
 
-extension Progress: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension Progress: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object { $0.field("id", id); $0.field("event", event); $0.field("text", text); $0.field("tokens", tokens) }
     }
 }
 
-extension Evicted: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension Evicted: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object { $0.field("id", id); $0.field("event", event); $0.field("thread_id", thread_id) }
     }
 }
 
-extension ErrorBody: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension ErrorBody: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object { $0.field("code", code); $0.field("message", message) }
     }
 }
 
-extension RespondResult: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension RespondResult: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object {
             $0.field("thread_id", thread_id); $0.field("created", created); $0.field("text", text)
             $0.field("condensed", condensed); $0.field("turns", turns); $0.field("dropped", dropped)
@@ -512,28 +385,28 @@ extension RespondResult: PipeMessage {
     }
 }
 
-extension CloseThreadResult: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension CloseThreadResult: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object { $0.field("thread_id", thread_id); $0.field("closed", closed) }
     }
 }
 
-extension CancelResult: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension CancelResult: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object { $0.field("cancelled", cancelled) }
     }
 }
 
-extension PingResult: PipeMessage {
-    public func write(to w: inout PipeWriter) { w.object { _ in } }
+extension PingResult: JSONWritable {
+    public func write(to w: inout JSONWriter) { w.object { _ in } }
 }
 
-extension Empty: PipeMessage {
-    public func write(to w: inout PipeWriter) { w.object { _ in } }
+extension Empty: JSONWritable {
+    public func write(to w: inout JSONWriter) { w.object { _ in } }
 }
 
-extension ThreadInfo: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension ThreadInfo: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object {
             $0.field("thread_id", thread_id); $0.field("turns", turns); $0.field("pending", pending)
             $0.field("live", live); $0.field("stored", stored)
@@ -541,8 +414,8 @@ extension ThreadInfo: PipeMessage {
     }
 }
 
-extension StatusResult: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension StatusResult: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object {
             $0.field("backend", backend); $0.field("model", model); $0.field("available", available); $0.field("reason", reason)
             $0.field("context_size", context_size); $0.field("max_threads", max_threads); $0.field("max_queue", max_queue)
@@ -552,8 +425,8 @@ extension StatusResult: PipeMessage {
     }
 }
 
-extension Reply: PipeMessage where Result: PipeMessage {
-    public func write(to w: inout PipeWriter) {
+extension Reply: JSONWritable where Result: JSONWritable {
+    public func write(to w: inout JSONWriter) {
         w.object {
             $0.field("id", id); $0.field("ok", ok)
             if let result { $0.field("result", result) }

@@ -267,7 +267,7 @@ public final class PipeServer: Sendable {
         write(Failure.failure(id, error))
     }
 
-    private func write(_ message: some PipeMessage) {
+    private func write(_ message: some JSONWritable) {
         send(encode(message))
     }
 
@@ -280,7 +280,7 @@ public final class PipeServer: Sendable {
         return encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
     }
 
-    private func encode(_ message: some PipeMessage) -> [UInt8] {
+    private func encode(_ message: some JSONWritable) -> [UInt8] {
         Frame.encode(message)
     }
 }

@@ -219,16 +219,13 @@ public final class ThreadStore: Sendable {
     /// Stores a thread's state atomically; the caller holds its lock. Returns the new file's identity.
     public func save(_ id: String, _ state: State) throws(WispError) -> Stamp {
         let file = path(id)
-        let encoder = JSONEncoder()
-        var bytes: [UInt8]
-        do {
-            bytes = Array(try encoder.encode(Header(format: Self.format, id: id, turns: state.history.count, written: Date().timeIntervalSince1970)))
-            bytes.append(0x0A)
-            bytes += try encoder.encode(state)
-            bytes.append(0x0A)
-        } catch {
-            throw WispError(.internal, "could not encode thread '\(id)' for storing: \(error)")
-        }
+        // By hand (JSONWriter): the whole thread is written on every turn.
+        var w = JSONWriter(capacity: 4096)
+        Header(format: Self.format, id: id, turns: state.history.count, written: Date().timeIntervalSince1970).write(to: &w)
+        w.byte(0x0A)
+        state.write(to: &w)
+        w.byte(0x0A)
+        let bytes = w.bytes
         let isNew = stamp(id) == nil
         let temporary = directory + "/.tmp-thread-\(id).\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
         func failed(_ what: String, _ code: Int32 = errno) -> WispError {
@@ -332,5 +329,29 @@ public final class ThreadStore: Sendable {
             guard parts.count >= 3, let pid = Int32(parts[parts.count - 2]) else { continue }
             if kill(pid, 0) != 0 && errno == ESRCH { unlink(directory + "/" + name) }
         }
+    }
+}
+
+extension ThreadStore.State: JSONWritable {
+    public func write(to w: inout JSONWriter) {
+        w.object { $0.field("instructions", instructions); $0.field("tools", tools); $0.field("roots", roots); $0.field("history", history) }
+    }
+}
+
+extension ThreadStore.Header: JSONWritable {
+    func write(to w: inout JSONWriter) {
+        w.object { $0.field("format", format); $0.field("id", id); $0.field("turns", turns); $0.field("written", written) }
+    }
+}
+
+extension Turn: JSONWritable {
+    public func write(to w: inout JSONWriter) {
+        w.object { $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response); $0.field("tokens", tokens) }
+    }
+}
+
+extension ToolExchange: JSONWritable {
+    public func write(to w: inout JSONWriter) {
+        w.object { $0.field("name", name); $0.field("arguments", arguments); $0.field("output", output); $0.field("failed", failed) }
     }
 }

@@ -1,5 +1,6 @@
-// The pipe's hand-written JSON (Pipe/PipeJSON.swift): what it writes is JSONEncoder's output
-// up to key order, and what it reads is JSONDecoder's result, or nothing (JSONDecoder then decides).
+// JSON by hand (Pipe/PipeJSON.swift, Support/JSONWriter.swift): what it writes (pipe messages,
+// stored threads) is JSONEncoder's output up to key order, and what it reads is JSONDecoder's
+// result, or nothing (JSONDecoder then decides).
 import Foundation
 import Testing
 @testable import WispCore
@@ -19,8 +20,11 @@ import Testing
 
     /// The same frame as JSONEncoder's but for the order of keys (JSONEncoder's is a hash
     /// table's): the same length (so the same escapes) and the same JSON value.
-    func sameAsJSONEncoder<T: PipeMessage>(_ message: T) throws {
-        let ours = Frame.encode(message)
+    func sameAsJSONEncoder<T: JSONWritable>(_ message: T) throws {
+        var w = JSONWriter(framed: true)
+        message.write(to: &w)
+        let ours = w.frame()
+        #expect(ours == Frame.encode(message))
         let theirs = Frame.encode(payload: try JSONEncoder().encode(message))
         let shown = "\(String(decoding: ours.dropFirst(4), as: UTF8.self)) vs \(String(decoding: theirs.dropFirst(4), as: UTF8.self))"
         #expect(ours.count == theirs.count, "\(shown)")
@@ -52,6 +56,28 @@ import Testing
         var rng = SystemRandomNumberGenerator()
         for _ in 0..<500 {
             try sameAsJSONEncoder(Progress(id: Int.random(in: Int.min...Int.max, using: &rng), text: Self.randomText(&rng), tokens: 1))
+        }
+    }
+
+    @Test func storedThreadsAreWrittenAsJSONEncoderWritesThemAndReadBack() throws {
+        var rng = SystemRandomNumberGenerator()
+        for text in Self.texts + (0..<50).map({ _ in Self.randomText(&rng) }) {
+            let turns = [Turn(prompt: text, response: text),
+                         Turn(prompt: "p", toolExchanges: [ToolExchange(name: "read_file", arguments: text, output: text, failed: true),
+                                                           ToolExchange(name: text, arguments: "{}", output: "")], response: "r", tokens: 7)]
+            for state in [ThreadStore.State(instructions: text, tools: ["read_file", text], roots: [text], history: turns),
+                          ThreadStore.State(instructions: nil, tools: [], roots: [], history: [])] {
+                try sameAsJSONEncoder(state)
+                var w = JSONWriter()
+                state.write(to: &w)
+                #expect(try JSONDecoder().decode(ThreadStore.State.self, from: Data(w.bytes)) == state)
+            }
+        }
+        for written in [0, 1764645123.123456, 1e-7, 12345678901234567890.0, -2.5] {
+            var w = JSONWriter()
+            ThreadStore.Header(format: 1, id: "t", turns: 3, written: written).write(to: &w)
+            let back = try JSONDecoder().decode(ThreadStore.Header.self, from: Data(w.bytes))
+            #expect(back.written == written && back.id == "t" && back.turns == 3 && back.format == 1)
         }
     }
 

@@ -1,0 +1,147 @@
+/// JSON written by hand, for what the core writes on every call: the pipe's messages
+/// (Pipe/PipeJSON.swift) and stored threads (Threads/ThreadStore.swift).
+///
+/// Why: `JSONEncoder` costs more than everything else the core does for a short reply
+/// (callgrind: ~50k instructions to encode one echo reply), and a stored thread is encoded whole
+/// on every turn. The output is what `JSONEncoder` writes (nil optionals left out, "/" escaped),
+/// keys in declaration order; tests check the two agree.
+
+/// A value `JSONWriter` writes, keys in declaration order.
+public protocol JSONWritable: Encodable {
+    func write(to w: inout JSONWriter)
+}
+
+public struct JSONWriter {
+    private(set) var bytes: [UInt8]
+    /// No key written yet in the innermost object: the next key takes no comma.
+    private var first = true
+    private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
+
+    /// `framed`: room for a pipe frame's 4-byte length first, filled in by `frame()`.
+    init(framed: Bool = false, capacity: Int = 256) {
+        bytes = framed ? [0, 0, 0, 0] : []
+        bytes.reserveCapacity(capacity)
+    }
+
+    /// The finished pipe frame (made `framed`).
+    mutating func frame() -> [UInt8] {
+        let n = UInt32(truncatingIfNeeded: bytes.count - 4)
+        bytes[0] = UInt8(truncatingIfNeeded: n >> 24)
+        bytes[1] = UInt8(truncatingIfNeeded: n >> 16)
+        bytes[2] = UInt8(truncatingIfNeeded: n >> 8)
+        bytes[3] = UInt8(truncatingIfNeeded: n)
+        return bytes
+    }
+
+    /// `{`, the fields `body` writes (each through `key(_:)`), `}`.
+    mutating func object(_ body: (inout JSONWriter) -> Void) {
+        bytes.append(0x7B)
+        let outer = first
+        first = true
+        body(&self)
+        first = outer
+        bytes.append(0x7D)
+    }
+
+    /// `"name":`, after a comma unless it is the object's first key.
+    mutating func key(_ name: StaticString) {
+        if !first { bytes.append(0x2C) }
+        first = false
+        bytes.append(0x22)
+        name.withUTF8Buffer { bytes.append(contentsOf: $0) }
+        bytes.append(0x22)
+        bytes.append(0x3A)
+    }
+
+    mutating func field(_ name: StaticString, _ value: String) { key(name); string(value) }
+    mutating func field(_ name: StaticString, _ value: Int) { key(name); int(value) }
+    mutating func field(_ name: StaticString, _ value: Int32) { key(name); int(Int(value)) }
+    mutating func field(_ name: StaticString, _ value: Bool) { key(name); bool(value) }
+    mutating func field(_ name: StaticString, _ value: Double) { key(name); double(value) }
+    mutating func field(_ name: StaticString, _ value: String?) { if let value { field(name, value) } }
+    mutating func field(_ name: StaticString, _ value: Double?) { if let value { field(name, value) } }
+    mutating func field(_ name: StaticString, _ value: Int?) { if let value { field(name, value) } }
+    mutating func field(_ name: StaticString, _ value: [String]) {
+        key(name)
+        array(value) { $0.string($1) }
+    }
+    mutating func field(_ name: StaticString, _ value: some JSONWritable) {
+        key(name)
+        value.write(to: &self)
+    }
+    mutating func field<T: JSONWritable>(_ name: StaticString, _ value: [T]) {
+        key(name)
+        array(value) { w, item in item.write(to: &w) }
+    }
+
+    mutating func array<T>(_ items: [T], _ each: (inout JSONWriter, T) -> Void) {
+        bytes.append(0x5B)
+        for (n, item) in items.enumerated() {
+            if n > 0 { bytes.append(0x2C) }
+            each(&self, item)
+        }
+        bytes.append(0x5D)
+    }
+
+    mutating func byte(_ value: UInt8) { bytes.append(value) }
+
+    mutating func bool(_ value: Bool) {
+        if value {
+            bytes.append(contentsOf: [0x74, 0x72, 0x75, 0x65])
+        } else {
+            bytes.append(contentsOf: [0x66, 0x61, 0x6C, 0x73, 0x65])
+        }
+    }
+
+    /// A finite Double, as Swift prints it (shortest form that reads back the same): valid JSON.
+    mutating func double(_ value: Double) {
+        precondition(value.isFinite, "JSON has no \(value)")
+        bytes.append(contentsOf: value.description.utf8)
+    }
+
+    mutating func int(_ value: Int) {
+        if value == 0 { return bytes.append(0x30) }
+        var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
+                     UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
+            (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        var n = value.magnitude
+        var count = 0
+        withUnsafeMutableBytes(of: &digits) { d in
+            while n > 0 {
+                d[19 - count] = UInt8(n % 10) + 0x30
+                n /= 10
+                count += 1
+            }
+            if value < 0 { bytes.append(0x2D) }
+            bytes.append(contentsOf: d[(20 - count)...])
+        }
+    }
+
+    mutating func string(_ value: String) {
+        bytes.append(0x22)
+        var value = value
+        value.withUTF8 { s in
+            var from = 0
+            for at in 0..<s.count {
+                let c = s[at]
+                guard c < 0x20 || c == 0x22 || c == 0x5C || c == 0x2F else { continue }
+                if from < at { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: s[from..<at])) }
+                from = at + 1
+                switch c {
+                case 0x22: bytes.append(contentsOf: [0x5C, 0x22])
+                case 0x5C: bytes.append(contentsOf: [0x5C, 0x5C])
+                case 0x2F: bytes.append(contentsOf: [0x5C, 0x2F])
+                case 0x08: bytes.append(contentsOf: [0x5C, 0x62])
+                case 0x0C: bytes.append(contentsOf: [0x5C, 0x66])
+                case 0x0A: bytes.append(contentsOf: [0x5C, 0x6E])
+                case 0x0D: bytes.append(contentsOf: [0x5C, 0x72])
+                case 0x09: bytes.append(contentsOf: [0x5C, 0x74])
+                default:
+                    bytes.append(contentsOf: [0x5C, 0x75, 0x30, 0x30, Self.hex[Int(c >> 4)], Self.hex[Int(c & 0xF)]])
+                }
+            }
+            if from < s.count { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: s[from...])) }
+        }
+        bytes.append(0x22)
+    }
+}
