@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-from jsonschema.exceptions import SchemaError as MetaSchemaError
+if TYPE_CHECKING:
+    import jsonschema
+
+# jsonschema is imported by the first call that passes a schema, not at start: it is ~35 ms
+# of the shim's start-up (referencing, attrs, the meta-schemas) that most sessions never use.
 
 # A schema is sent to the model with every call that uses it and takes room in its context.
 MAX_SCHEMA_BYTES = 16 * 1024
@@ -70,10 +73,12 @@ def check_schema(schema: Any) -> Checked:
     size = len(text.encode())
     if size > MAX_SCHEMA_BYTES:
         raise SchemaError(f"`schema` is {size} bytes of JSON, over wisp's {MAX_SCHEMA_BYTES}-byte limit; use a smaller schema.")
+    import jsonschema
+
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
-    except MetaSchemaError as exc:
+    except jsonschema.exceptions.SchemaError as exc:
         raise SchemaError(f"`schema` is not valid JSON Schema: {exc.message} (at {_pointer(exc.path)}).") from None
     _check_node(schema, "#", 0, root=True)
     # Replies are checked with 2020-12 semantics whatever `$schema` says, as the core checks them
@@ -83,6 +88,8 @@ def check_schema(schema: Any) -> Checked:
 
 def validate_output(checked: Checked, text: str) -> Any:
     """The reply's JSON value; raises ValueError saying what is wrong when it does not match."""
+    import jsonschema
+
     try:
         value = json.loads(text)
     except ValueError as exc:

@@ -7,6 +7,7 @@ Built on the SDK's low-level Server: its high-level MCPServer masks plain except
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import warnings
 from urllib.parse import unquote, urlsplit
@@ -53,6 +54,8 @@ ROOTS_TIMEOUT_S = 2.0
 # More roots than any real workspace offers; past this a call that binds tools is refused
 # (rather than some roots dropped without the caller knowing which).
 MAX_CLIENT_ROOTS = 256
+# After tools/list, the core starts this much later (see list_tools).
+LISTED_START_DELAY_S = 0.02
 # Progress messages are shown to people in a status line, not read by the model.
 PROGRESS_MESSAGE_CHARS = 200
 
@@ -224,6 +227,9 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
     listing = ListToolsResult(tools=tools)
 
     async def list_tools(ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None) -> ListToolsResult:
+        # The handshake is done: the core may start without slowing it (see _serve), once this
+        # reply is out (starting it forks this process, which holds the loop for a moment).
+        asyncio.get_running_loop().call_later(LISTED_START_DELAY_S, core.start)
         return listing
 
     async def respond(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
