@@ -247,7 +247,7 @@ def _with_backend(args: list[str], backend: str) -> list[str]:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-CORE_START_DELAY_S = 0.5
+CORE_START_DELAY_S = 2.0
 
 
 async def _serve(config: CoreLaunch, max_threads: int) -> None:

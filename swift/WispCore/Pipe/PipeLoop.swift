@@ -111,9 +111,11 @@ public final class PipeLoop: TaskExecutor, Sendable {
 }
 
 /// Runs `work` on the global concurrent pool rather than the pipe's thread (see `PipeLoop`):
-/// for anything that can block, such as a file read, an fsync or a model tool. Actor-isolated
-/// callers stay isolated; only the thread changes.
-nonisolated(nonsending)
-public func offPipe<T, E: Error>(_ work: () async throws(E) -> T) async throws(E) -> T {
-    try await withTaskExecutorPreference(globalConcurrentExecutor, operation: work)
+/// for anything that can block, such as a file read, an fsync or a model tool. `work` is
+/// nonisolated on purpose: work isolated to an actor would stay on the thread that actor runs
+/// on (the loop, for a call's thread), whatever executor the task prefers.
+public func offPipe<T: Sendable, E: Error>(_ work: @Sendable () async throws(E) -> T) async throws(E) -> T {
+    try await withTaskExecutorPreference(globalConcurrentExecutor, isolation: nil) { () async throws(E) -> T in
+        try await work()
+    }
 }

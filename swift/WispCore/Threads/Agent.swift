@@ -58,7 +58,7 @@ public final class Agent {
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
         if let files {
-            attached = try await offPipe { () throws(WispError) in try FileAttachments.read(files, context: context) }  // disk reads
+            attached = try await offPipe { () throws(WispError) in try FileAttachments.read(files, context: context) }  // reads the disk
         } else {
             attached = []
         }

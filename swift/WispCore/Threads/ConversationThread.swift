@@ -112,8 +112,7 @@ public actor ConversationThread {
         defer { advance() }
         if let durability, !closed {
             held = try await durability.store.lock(id)
-            // Off the pipe's thread (a file read), still isolated to this thread.
-            try await offPipe { () throws(WispError) in try self.reload(durability) }
+            try await reload(durability)
         }
         if agent.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
@@ -138,16 +137,22 @@ public actor ConversationThread {
         var outcome = agent.commit(staged)
         guard let durability, !closed else { return outcome }
         let state = ThreadStore.State(instructions: agent.instructions, tools: agent.tools.map(\.name), roots: roots, history: agent.history)
-        // The write and its fsyncs run off the pipe's thread, still isolated to this thread, so a
-        // close that got in while the call moved there is seen, and none gets in during the write.
-        let failure: WispError? = await offPipe { () -> WispError? in
-            guard !self.closed else { return nil }
-            do throws(WispError) {
-                self.stamp = try durability.store.save(self.id, state)
-                return nil
-            } catch {
-                return error
-            }
+        let store = durability.store, id = self.id
+        // Off the pipe's thread: the write and its fsyncs.
+        let saved: Result<ThreadStore.Stamp, WispError> = await offPipe {
+            do throws(WispError) { return .success(try store.save(id, state)) } catch { return .failure(error) }
+        }
+        if closed {
+            // Closed while the file was written: close deleted the old file under the lock this
+            // call still holds, and the new one must not bring the thread back.
+            if let held { store.delete(id, holding: held) }
+            stamp = nil
+            return outcome
+        }
+        let failure: WispError?
+        switch saved {
+        case .success(let written): stamp = written; failure = nil
+        case .failure(let error): failure = error
         }
         if let failure {
             // Kept in memory and answered: the caller is told, and a stale file must not
@@ -162,10 +167,12 @@ public actor ConversationThread {
     /// Brings a durable thread up to its stored state when the file is not the one this thread
     /// last saw: stored by another process, resumed after a restart, or deleted (closed elsewhere,
     /// or over the cap), which leaves the thread empty with its binding.
-    private func reload(_ durability: Durability) throws(WispError) {
+    private func reload(_ durability: Durability) async throws(WispError) {
         let now = durability.store.stamp(id)
         guard now != stamp else { return }
-        guard let (state, seen) = try durability.store.load(id) else {
+        let store = durability.store, id = self.id
+        // Off the pipe's thread: reading and decoding the file.
+        guard let (state, seen) = try await offPipe({ () throws(WispError) in try store.load(id) }) else {
             agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools)
             stamp = nil
             return

@@ -56,6 +56,24 @@ func currentThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
         #expect(away != ran, "offPipe runs its work on another thread")
     }
 
+    actor Isolated {
+        /// The thread this actor runs on, and the one its `offPipe` work ran on.
+        func threads() async -> (ObjectIdentifier, ObjectIdentifier) {
+            let here = currentThread()
+            let there = await offPipe { currentThread() }
+            return (here, there)
+        }
+    }
+
+    @Test func offPipeFromAnActorLeavesTheLoop() async throws {
+        let (loop, _, _) = startLoop()
+        let actor = Isolated()
+        let loopThread = await Task(executorPreference: loop) { currentThread() }.value
+        let (here, there) = await Task(executorPreference: loop) { await actor.threads() }.value
+        #expect(here == loopThread, "the actor runs on the loop its caller prefers")
+        #expect(there != loopThread, "the blocking work does not")
+    }
+
     @Test func aStreamOfJobsDoesNotStarveTheInput() async throws {
         let (loop, input, seen) = startLoop()
         // A task that keeps the loop's queue full (it yields, never sleeps) until the input is read.

@@ -92,4 +92,18 @@ private func store(_ dir: String, max: Int = 1000) throws -> ThreadStore {
         // Closed elsewhere: the other registry's live copy starts afresh.
         #expect(try await call(one, "t", "again").created)
     }
+
+    @Test func aThreadClosedWhileItsCallRunsIsNotStoredAgainByThatCall() async throws {
+        let dir = freshDir()
+        let gate = Gate()
+        let registry = ThreadRegistry(backend: GateBackend(gate: gate), store: try store(dir))
+        try await call(registry, "t", "first")
+        #expect(try store(dir).load("t") != nil)
+        let running = try await startCall(registry, "t", "gate: second")
+        await gate.waitUntilEntered()
+        #expect(try await registry.close("t"))
+        gate.open()
+        _ = try await running.value
+        #expect(try store(dir).load("t") == nil, "the call that finished after close_thread must not store the thread again")
+    }
 }
