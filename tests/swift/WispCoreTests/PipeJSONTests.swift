@@ -54,14 +54,14 @@ import Testing
                                                                  max_threads: 1, max_queue: 1, threads: [], tools: [])))
         }
         var rng = SystemRandomNumberGenerator()
-        for _ in 0..<500 {
+        for _ in 0..<100 {
             try sameAsJSONEncoder(Progress(id: Int.random(in: Int.min...Int.max, using: &rng), text: Self.randomText(&rng), tokens: 1))
         }
     }
 
     @Test func storedThreadsAreWrittenAsJSONEncoderWritesThemAndReadBack() throws {
         var rng = SystemRandomNumberGenerator()
-        for text in Self.texts + (0..<50).map({ _ in Self.randomText(&rng) }) {
+        for text in Self.texts + (0..<20).map({ _ in Self.randomText(&rng) }) {
             let turns = [Turn(prompt: text, response: text),
                          Turn(prompt: "p", toolExchanges: [ToolExchange(name: "read_file", arguments: text, output: text, failed: true),
                                                            ToolExchange(name: text, arguments: "{}", output: "")], response: "r", tokens: 7)]
@@ -114,7 +114,7 @@ import Testing
 
     @Test func requestsAsTheShimAndJSONEncoderWriteThemAreTakenAndReadAlike() throws {
         var rng = SystemRandomNumberGenerator()
-        for _ in 0..<2000 {
+        for _ in 0..<300 {
             let request = Self.randomRequest(&rng)
             let bytes = [UInt8](try JSONEncoder().encode(request))
             #expect(PipeJSON.request(bytes) == request, "\(String(decoding: bytes, as: UTF8.self))")
@@ -166,7 +166,7 @@ import Testing
     @Test func randomMutationsOfARequestNeverMakeTheTwoDisagree() throws {
         var rng = SystemRandomNumberGenerator()
         let alphabet = Array(#"{}[]:,"\ u0123456789.eE+-abcdefnrtlsux/"#.utf8)
-        for _ in 0..<3000 {
+        for _ in 0..<600 {
             var bytes = [UInt8](try JSONEncoder().encode(Self.randomRequest(&rng)))
             for _ in 0..<Int.random(in: 1...3, using: &rng) where !bytes.isEmpty {
                 let at = Int.random(in: 0..<bytes.count, using: &rng)
