@@ -8,8 +8,12 @@ import Foundation
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     let bytes = UnsafeRawBufferPointer(start: start, count: count)
-    if let fast = PipeJSON.request(bytes), (try? JSONDecoder().decode(Request.self, from: Data(bytes))) != fast {
-        fatalError("PipeJSON read \(fast) where JSONDecoder disagrees")
+    // The input as one payload, and (the seeds are framed traffic) past a frame's length prefix.
+    for payload in [bytes[...], bytes.dropFirst(4)] {
+        let json = UnsafeRawBufferPointer(rebasing: payload)
+        if let fast = PipeJSON.request(json), (try? JSONDecoder().decode(Request.self, from: Data(json))) != fast {
+            fatalError("PipeJSON read \(fast) where JSONDecoder disagrees")
+        }
     }
     var reader = RequestReader(maxFrameBytes: 1 << 20)
     // Feed in two uneven pieces so split handling is exercised too.
