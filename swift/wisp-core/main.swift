@@ -101,6 +101,19 @@ Task(executorPreference: loop) { [server, incoming] in
     }
 }
 
+// A safety net for a promise: the core is gone within the grace once stdin closes. Only the
+// pipe loop reads stdin, so a call stuck on its thread (a bug: everything known to block runs
+// offPipe) would keep it from seeing the end. This thread waits for the hang-up without reading.
+Thread.detachNewThread {
+    var hangup = pollfd(fd: 0, events: 0, revents: 0)
+    while poll(&hangup, 1, -1) < 0 || hangup.revents & Int16(POLLHUP | POLLERR | POLLNVAL) == 0 {
+        hangup.revents = 0
+    }
+    Thread.sleep(forTimeInterval: Double(shutdownGrace.components.seconds) + 1)
+    log(.warning, "stdin closed \(Int(shutdownGrace.components.seconds) + 1) s ago and the pipe loop has not exited; exiting")
+    exit(0)
+}
+
 func protocolError(_ error: any Error) -> Never {
     FileHandle.standardError.write(Data("wisp-core: protocol error: \(error); exiting so the shim restarts a clean core\n".utf8))
     exit(65)

@@ -182,7 +182,12 @@ public final class PipeServer: Sendable {
             // came first wins, even when the model answered anyway (a backend that ignored
             // cancellation, a core stopped past the deadline that resumed before the watchdog looked).
             let id = r.id
-            let files = r.files.flatMap { $0.isEmpty ? nil : FileRequest(paths: $0, roots: registry.fileRoots.adding(r.roots ?? [])) }
+            var files: FileRequest?
+            if let paths = r.files, !paths.isEmpty {
+                // Off the pipe's thread: each root is resolved (realpath) again.
+                let base = registry.fileRoots, extra = r.roots ?? []
+                files = FileRequest(paths: paths, roots: await offPipe { base.adding(extra) })
+            }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
                 self.inFlight.withLock { calls in
                     guard var call = calls[id] else { return false }

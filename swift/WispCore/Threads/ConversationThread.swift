@@ -52,6 +52,9 @@ public actor ConversationThread {
     private var held: ThreadStore.Lock?
     /// Closed: calls still running on it must not store it again.
     private var closed = false
+    /// The call being served is writing the thread's file (off the pipe's thread, so `close`
+    /// may run meanwhile): that call deletes it afterwards if the thread was closed by then.
+    private var saving = false
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
@@ -137,15 +140,17 @@ public actor ConversationThread {
         var outcome = agent.commit(staged)
         guard let durability, !closed else { return outcome }
         let state = ThreadStore.State(instructions: agent.instructions, tools: agent.tools.map(\.name), roots: roots, history: agent.history)
-        let store = durability.store, id = self.id
+        let store = durability.store, id = self.id, held = self.held
         // Off the pipe's thread: the write and its fsyncs.
+        saving = true
         let saved: Result<ThreadStore.Stamp, WispError> = await offPipe {
             do throws(WispError) { return .success(try store.save(id, state)) } catch { return .failure(error) }
         }
+        saving = false
         if closed {
-            // Closed while the file was written: close deleted the old file under the lock this
-            // call still holds, and the new one must not bring the thread back.
-            if let held { store.delete(id, holding: held) }
+            // Closed while the file was written (close left the deleting to this call, which
+            // still holds the lock): the new file must not bring the thread back.
+            if let held { await offPipe { store.delete(id, holding: held) } }
             stamp = nil
             return outcome
         }
@@ -158,7 +163,7 @@ public actor ConversationThread {
             // Kept in memory and answered: the caller is told, and a stale file must not
             // resume later as if it were this thread.
             outcome.storeError = failure.message
-            if let held { durability.store.delete(id, holding: held) }
+            if let held { await offPipe { store.delete(id, holding: held) } }
             stamp = nil
         }
         return outcome
@@ -189,12 +194,16 @@ public actor ConversationThread {
     }
 
     /// Closes the thread for good: calls still running on it will not store it. When the call
-    /// being served holds the store's lock, the file is deleted under it here (returns true);
+    /// being served holds the store's lock, the file is deleted under that lock, here or, while
+    /// that call is writing the file, by that call once it has written it (returns true);
     /// otherwise the caller deletes it after taking the lock (false).
-    public func close() -> Bool {
+    public func close() async -> Bool {
         closed = true
         guard let durability, let held else { return false }
-        durability.store.delete(id, holding: held)
+        if saving { return true }
+        let store = durability.store, id = self.id
+        // The lock stays held (this closure keeps it) until the file is gone, even if the call ends meanwhile.
+        await offPipe { store.delete(id, holding: held) }
         return true
     }
 

@@ -203,7 +203,8 @@ public actor ThreadRegistry {
         let live = entries.removeValue(forKey: threadID)
         guard let store else { return live != nil }
         if let live, await live.thread.close() { return true }
-        let stored = try await store.delete(threadID)
+        // Off the pipe's thread: it waits for the lock and fsyncs the directory.
+        let stored = try await offPipe { () async throws(WispError) -> Bool in try await store.delete(threadID) }
         return live != nil || stored
     }
 
