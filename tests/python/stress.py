@@ -131,6 +131,12 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
         assert "result" in init, init
         assert proc.stdin is not None
         proc.stdin.write(INITIALIZED)
+        # As a client does: list the tools (which also starts the core), then one call and its
+        # close, so the RSS below is read from a core that has answered.
+        for rid, method, params in ((2, "tools/list", {}), (3, "tools/call", {"name": "respond", "arguments": {"prompt": "warm", "thread_id": "warm"}}),
+                                    (4, "tools/call", {"name": "close_thread", "arguments": {"thread_id": "warm"}})):
+            answer = await asyncio.wait_for(client.request(rid, jsonrpc(method, params, id=rid)), 30)
+            assert "result" in answer and not answer["result"].get("isError"), answer
 
         ids = [f"s{i:02d}" for i in range(thread_ids)]
         results: dict[str, list[tuple[bool, int, int]]] = defaultdict(list)
