@@ -1,18 +1,21 @@
 import Foundation
+import Synchronization
 
-/// A lock around a value, as `Mutex` is, but over `NSLock` (a pthread mutex): on Linux the
-/// toolchain's `Synchronization.Mutex` locks with uninstrumented atomics and futexes, so
-/// ThreadSanitizer cannot see it and reports every access it guards as a race (`make sanitize`
-/// did, once the pipe server's calls were raced in tests).
-final class Locked<Value: Sendable>: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value: Value
+/// A lock around a value. The value lives in a `Mutex`, so the compiler checks that this is
+/// Sendable; every access also takes an `NSLock` (a pthread mutex) first, because on Linux the
+/// toolchain's `Synchronization.Mutex` locks with uninstrumented atomics and futexes, which
+/// ThreadSanitizer cannot see: guarded by the Mutex alone, every access was reported as a race
+/// (`make sanitize` did, once the pipe server's calls were raced in tests). The Mutex is never
+/// contended, since the NSLock is always held around it.
+final class Locked<Value: Sendable>: Sendable {
+    private let order = NSLock()
+    private let value: Mutex<Value>
 
-    init(_ value: Value) { self.value = value }
+    init(_ value: Value) { self.value = Mutex(value) }
 
     func withLock<R>(_ body: (inout Value) throws -> R) rethrows -> R {
-        lock.lock()
-        defer { lock.unlock() }
-        return try body(&value)
+        order.lock()
+        defer { order.unlock() }
+        return try value.withLock { v in try body(&v) }
     }
 }
