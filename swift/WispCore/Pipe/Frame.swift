@@ -11,15 +11,20 @@ public enum Frame {
     public static func fits(_ frame: [UInt8]) -> Bool { frame.count <= 4 + maxFrameBytes }
 
     public static func encode(payload: some Collection<UInt8>) -> [UInt8] {
-        let n = UInt32(payload.count)
-        var out = [UInt8]()
+        var out = [UInt8](repeating: 0, count: 4)
         out.reserveCapacity(4 + payload.count)
-        out.append(UInt8(truncatingIfNeeded: n >> 24))
-        out.append(UInt8(truncatingIfNeeded: n >> 16))
-        out.append(UInt8(truncatingIfNeeded: n >> 8))
-        out.append(UInt8(truncatingIfNeeded: n))
         out.append(contentsOf: payload)
+        setLength(of: &out)
         return out
+    }
+
+    /// Writes the length prefix into the first 4 bytes of `frame`, the payload being the rest.
+    static func setLength(of frame: inout [UInt8]) {
+        let n = UInt32(truncatingIfNeeded: frame.count - 4)
+        frame[0] = UInt8(truncatingIfNeeded: n >> 24)
+        frame[1] = UInt8(truncatingIfNeeded: n >> 16)
+        frame[2] = UInt8(truncatingIfNeeded: n >> 8)
+        frame[3] = UInt8(truncatingIfNeeded: n)
     }
 
     public static func encode<T: Encodable>(_ message: T) throws -> [UInt8] {

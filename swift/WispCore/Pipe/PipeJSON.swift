@@ -219,60 +219,42 @@ private struct Scanner {
         return v
     }
 
-    /// `null`, or a string.
-    mutating func optionalString() -> String?? {
+    /// `null` (the outer optional holds nil), or what `parse` reads; nil when neither.
+    mutating func nullable<T>(_ parse: (inout Scanner) -> T?) -> T?? {
         if takeNull() { return .some(nil) }
-        return string().map { .some($0) }
+        return parse(&self).map { .some($0) }
     }
 
-    /// `null`, or an array of strings.
-    mutating func optionalStrings() -> [String]?? {
-        if takeNull() { return .some(nil) }
+    /// An array of strings.
+    mutating func strings() -> [String]? {
         guard take(0x5B) else { return nil }
         var out: [String] = []
-        if take(0x5D) { return .some(out) }
+        if take(0x5D) { return out }
         repeat {
             guard let s = string() else { return nil }
             out.append(s)
         } while take(0x2C)
         guard take(0x5D) else { return nil }
-        return .some(out)
+        return out
     }
 
-    /// `null`, or a finite number.
-    mutating func optionalDouble() -> Double?? {
-        if takeNull() { return .some(nil) }
-        return double().map { .some($0) }
-    }
-
-    mutating func optionalInt() -> Int?? {
-        if takeNull() { return .some(nil) }
-        return int().map { .some($0) }
-    }
-
-    mutating func optionalBool() -> Bool?? {
-        if takeNull() { return .some(nil) }
-        return bool().map { .some($0) }
-    }
-
-    /// `null`, or `RespondOptions` with only its own keys, each once.
-    mutating func optionalOptions() -> RespondOptions?? {
-        if takeNull() { return .some(nil) }
+    /// `RespondOptions` with only its own keys, each once.
+    mutating func options() -> RespondOptions? {
         guard take(0x7B) else { return nil }
         var o = RespondOptions()
         var seen = 0
-        if take(0x7D) { return .some(o) }
+        if take(0x7D) { return o }
         repeat {
             guard let found = key(Self.optionKeys), let k = found, seen & (1 << k) == 0, take(0x3A) else { return nil }
             seen |= 1 << k
             switch k {
-            case 0: guard let v = optionalDouble() else { return nil }; o.temperature = v
-            case 1: guard let v = optionalInt() else { return nil }; o.max_output_tokens = v
-            default: guard let v = optionalDouble() else { return nil }; o.timeout_s = v
+            case 0: guard let v = nullable({ $0.double() }) else { return nil }; o.temperature = v
+            case 1: guard let v = nullable({ $0.int() }) else { return nil }; o.max_output_tokens = v
+            default: guard let v = nullable({ $0.double() }) else { return nil }; o.timeout_s = v
             }
         } while take(0x2C)
         guard take(0x7D) else { return nil }
-        return .some(o)
+        return o
     }
 
     static let optionKeys: [StaticString] = ["temperature", "max_output_tokens", "timeout_s"]
@@ -298,15 +280,15 @@ private struct Scanner {
             case 0: guard let v = string() else { return nil }; op = v
             case 1: guard let v = int() else { return nil }; id = v
             case 2: guard let v = int() else { return nil }; request = v
-            case 3: guard let v = optionalString() else { return nil }; prompt = v
-            case 4: guard let v = optionalString() else { return nil }; threadID = v
-            case 5: guard let v = optionalString() else { return nil }; instructions = v
-            case 6: guard let v = optionalString() else { return nil }; schema = v
-            case 7: guard let v = optionalStrings() else { return nil }; tools = v
-            case 8: guard let v = optionalStrings() else { return nil }; roots = v
-            case 9: guard let v = optionalStrings() else { return nil }; files = v
-            case 10: guard let v = optionalOptions() else { return nil }; options = v
-            default: guard let v = optionalBool() else { return nil }; progress = v
+            case 3: guard let v = nullable({ $0.string() }) else { return nil }; prompt = v
+            case 4: guard let v = nullable({ $0.string() }) else { return nil }; threadID = v
+            case 5: guard let v = nullable({ $0.string() }) else { return nil }; instructions = v
+            case 6: guard let v = nullable({ $0.string() }) else { return nil }; schema = v
+            case 7: guard let v = nullable({ $0.strings() }) else { return nil }; tools = v
+            case 8: guard let v = nullable({ $0.strings() }) else { return nil }; roots = v
+            case 9: guard let v = nullable({ $0.strings() }) else { return nil }; files = v
+            case 10: guard let v = nullable({ $0.options() }) else { return nil }; options = v
+            default: guard let v = nullable({ $0.bool() }) else { return nil }; progress = v
             }
         } while take(0x2C)
         guard take(0x7D) else { return nil }

@@ -66,6 +66,7 @@ public final class PipeLoop: TaskExecutor, Sendable {
         let me = asUnownedTaskExecutor()
         var batch: [UnownedJob] = []
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
+        var sink = [UInt8](repeating: 0, count: 64)
         var inputOpen = true
         while true {
             // Jobs beget jobs (every actor hop is one), so run until none is left before
@@ -93,7 +94,6 @@ public final class PipeLoop: TaskExecutor, Sendable {
             }
             guard ready > 0 else { continue }
             if fds[0].revents != 0 {
-                var sink = [UInt8](repeating: 0, count: 64)
                 while read(wakeRead, &sink, sink.count) > 0 {}
             }
             if fds[1].revents != 0 {

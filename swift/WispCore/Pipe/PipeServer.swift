@@ -168,7 +168,7 @@ public final class PipeServer: Sendable {
             let id = r.id
             onPartial = { @Sendable p in
                 // Over the frame limit, a partial text is skipped: the final reply says what happened.
-                let frame = self.encode(Progress(id: id, text: p.text, tokens: p.tokens))
+                let frame = Frame.encode(Progress(id: id, text: p.text, tokens: p.tokens))
                 if Frame.fits(frame) { self.send(frame) }
             }
         }
@@ -199,20 +199,20 @@ public final class PipeServer: Sendable {
             }
             if let o = outcome {
                 committed = true
-                reply = encode(Reply.success(r.id, RespondResult(
+                reply = Frame.encode(Reply.success(r.id, RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
                     store_error: o.storeError)))
             } else {
                 let stop = inFlight.withLock { $0[r.id]?.stop } ?? .cancelled
-                reply = encode(Failure.failure(r.id, stoppedError(stop, r, thread.id)))
+                reply = Frame.encode(Failure.failure(r.id, stoppedError(stop, r, thread.id)))
             }
         } catch {
             var e = WispError.from(error)
             // Only a call that ended because it was stopped is reported as stopped; one that had
             // already failed for another reason keeps that reason.
             if e.code == .cancelled, let stop = inFlight.withLock({ $0[r.id]?.stop }) { e = stoppedError(stop, r, thread.id) }
-            reply = encode(Failure.failure(r.id, e))
+            reply = Frame.encode(Failure.failure(r.id, e))
         }
         await registry.finished(acceptance, committed: committed)
         _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
@@ -273,7 +273,7 @@ public final class PipeServer: Sendable {
     }
 
     private func write(_ message: some JSONWritable) {
-        send(encode(message))
+        send(Frame.encode(message))
     }
 
     /// A reply over the frame limit would make the shim treat the whole pipe as broken and lose
@@ -282,10 +282,6 @@ public final class PipeServer: Sendable {
     private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
         guard !Frame.fits(frame) else { return frame }
         log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(maxFrameBytes)-byte frame limit; sent an error instead")
-        return encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
-    }
-
-    private func encode(_ message: some JSONWritable) -> [UInt8] {
-        Frame.encode(message)
+        return Frame.encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
     }
 }

@@ -25,11 +25,7 @@ public struct JSONWriter {
 
     /// The finished pipe frame (made `framed`).
     mutating func frame() -> [UInt8] {
-        let n = UInt32(truncatingIfNeeded: bytes.count - 4)
-        bytes[0] = UInt8(truncatingIfNeeded: n >> 24)
-        bytes[1] = UInt8(truncatingIfNeeded: n >> 16)
-        bytes[2] = UInt8(truncatingIfNeeded: n >> 8)
-        bytes[3] = UInt8(truncatingIfNeeded: n)
+        Frame.setLength(of: &bytes)
         return bytes
     }
 
