@@ -84,7 +84,8 @@ public struct CoreConfig: Sendable, Equatable {
             if let v = environment[variable], !v.isEmpty { try apply(key, v) }
         }
         if let roots = environment["WISP_ROOTS"], !roots.isEmpty {
-            c.roots = roots.split(separator: ":").map(String.init)
+            // Split by bytes: `String.split` would not split a ":" that a combining mark follows.
+            c.roots = roots.utf8.split(separator: UInt8(ascii: ":")).map { String(decoding: $0, as: UTF8.self) }
         }
         if let v = environment["WISP_ALLOW_HARDLINKS"], !v.isEmpty { c.allowHardLinks = !["0", "false", "no"].contains(v.lowercased()) }
         c.apiKey = environment["WISP_API_KEY"].flatMap { $0.isEmpty ? nil : $0 }
@@ -93,15 +94,16 @@ public struct CoreConfig: Sendable, Equatable {
         var i = 0
         while i < arguments.count {
             var arg = arguments[i]
-            guard arg.hasPrefix("--") else { throw WispError(.invalidArgument, "unexpected argument '\(arg)'") }
-            arg.removeFirst(2)
+            guard arg.utf8.starts(with: "--".utf8) else { throw WispError(.invalidArgument, "unexpected argument '\(arg)'") }
+            arg = String(decoding: arg.utf8.dropFirst(2), as: UTF8.self)
             // The one flag without a value.
             if arg == "allow-hardlinks" { c.allowHardLinks = true; i += 1; continue }
             let key: String
             let value: String
-            if let eq = arg.firstIndex(of: "=") {
-                key = String(arg[..<eq])
-                value = String(arg[arg.index(after: eq)...])
+            // By bytes, as the separators above: "--root=\u{301}dir" names the directory "\u{301}dir".
+            if let eq = arg.utf8.firstIndex(of: UInt8(ascii: "=")) {
+                key = String(decoding: arg.utf8[..<eq], as: UTF8.self)
+                value = String(decoding: arg.utf8[arg.utf8.index(after: eq)...], as: UTF8.self)
             } else {
                 guard i + 1 < arguments.count else { throw WispError(.invalidArgument, "--\(arg) needs a value") }
                 key = arg

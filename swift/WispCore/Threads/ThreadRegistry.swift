@@ -191,7 +191,8 @@ public actor ThreadRegistry {
         guard roots.count <= maxRoots else {
             throw WispError(.invalidArgument, "the client offered \(roots.count) roots; wisp takes at most \(maxRoots) per call. Offer fewer roots (a common parent directory covers its subdirectories).")
         }
-        for root in roots where !root.hasPrefix("/") || root.utf8.contains(0) {
+        // By bytes: to `String.hasPrefix` a "/" followed by a combining mark is no "/".
+        for root in roots where root.utf8.first != UInt8(ascii: "/") || root.utf8.contains(0) {
             let shown = root.count > 80 ? String(root.prefix(80)) + "…" : root
             throw WispError(.invalidArgument, "client root \(shown.debugDescription) is not usable: a root must be an absolute path without NUL bytes")
         }

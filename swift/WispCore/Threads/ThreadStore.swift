@@ -74,7 +74,7 @@ public final class ThreadStore: Sendable {
 
     /// Opens (creating if needed) the state directory and checks it can be written.
     public init(directory: String, maxStored: Int, log: Log) throws(WispError) {
-        let dir = URL(fileURLWithPath: directory).standardizedFileURL.path
+        let dir = Self.absolute(directory)
         self.directory = dir
         self.maxStored = max(1, maxStored)
         self.log = log
@@ -102,6 +102,30 @@ public final class ThreadStore: Sendable {
         unlink(probe)
         guard wrote == 1 else { throw Self.unusable(dir, "cannot write in it: \(Self.errorText())") }
         removeStaleTemporaries()
+    }
+
+    /// `path` made absolute against the working directory, its bytes otherwise as given: no
+    /// lexical `..` folding (wrong past a symlink) and no Unicode normalisation (Foundation's
+    /// URL paths may apply one), so the directory opened is the one named.
+    static func absolute(_ path: String) -> String {
+        if path.utf8.first == UInt8(ascii: "/") { return path }
+        return FileManager.default.currentDirectoryPath + "/" + path
+    }
+
+    /// The names in the state directory, as bytes (empty if it cannot be read).
+    private func names() -> [[UInt8]] {
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return [] }
+        defer { close(fd) }
+        return directoryEntries(fd)
+    }
+
+    /// The id in a file name `prefix<id>suffix`, matched by bytes, if it is a valid id.
+    private static func id(in name: [UInt8], prefix: String, suffix: String) -> String? {
+        let p = Array(prefix.utf8), q = Array(suffix.utf8)
+        guard name.count > p.count + q.count, name.starts(with: p), name.reversed().starts(with: q.reversed()) else { return nil }
+        let id = String(decoding: name[p.count..<(name.count - q.count)], as: UTF8.self)
+        return ThreadRegistry.isValidID(id) ? id : nil
     }
 
     private static func unusable(_ dir: String, _ why: String) -> WispError {
@@ -284,11 +308,9 @@ public final class ThreadStore: Sendable {
 
     /// Every stored thread whose header reads, most recently written first.
     public func summaries() -> [Summary] {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return [] }
         var out: [Summary] = []
-        for name in names where name.hasPrefix("thread-") && name.hasSuffix(".json") {
-            let id = String(name.dropFirst(7).dropLast(5))
-            guard ThreadRegistry.isValidID(id) else { continue }
+        for name in names() {
+            guard let id = Self.id(in: name, prefix: "thread-", suffix: ".json") else { continue }
             var st = stat()
             guard lstat(path(id), &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { continue }
             let s = Self.stamp(st)
@@ -323,11 +345,10 @@ public final class ThreadStore: Sendable {
 
     /// Temporary files of writers that died mid-write (a process that is gone cannot finish them).
     private func removeStaleTemporaries() {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
-        for name in names where name.hasPrefix(".tmp-thread-") {
-            let parts = name.split(separator: ".")
-            guard parts.count >= 3, let pid = Int32(parts[parts.count - 2]) else { continue }
-            if kill(pid, 0) != 0 && errno == ESRCH { unlink(directory + "/" + name) }
+        for name in names() where name.starts(with: ".tmp-thread-".utf8) {
+            let parts = name.split(separator: UInt8(ascii: "."))
+            guard parts.count >= 3, let pid = Int32(String(decoding: parts[parts.count - 2], as: UTF8.self)) else { continue }
+            if kill(pid, 0) != 0 && errno == ESRCH { FSPath(directory).appending(name).withCString { _ = unlink($0) } }
         }
     }
 }

@@ -55,18 +55,18 @@ public enum ToolCatalogue {
     static func readFile(roots: Roots, path: String, start: Int?, end: Int?, limits: Limits) throws(WispError) -> String {
         if let n = start ?? end, n < 1 { throw WispError(.invalidArgument, "line numbers start at 1") }
         let file = try roots.open(path)
-        guard !file.isDirectory else { throw WispError(.invalidArgument, "\(path) is a directory; use list_directory") }
+        guard !file.isDirectory else { throw WispError(.invalidArgument, "\(Roots.shown(path)) is a directory; use list_directory") }
         // Read what a capped answer can use, and one byte more to know whether there was more.
         let wantsRange = start != nil || end != nil
         let budget = wantsRange ? limits.maxScanBytes : limits.maxOutputBytes * 4
         let (data, complete) = file.read(upTo: budget)
         guard let text = String(validating: data, as: UTF8.self), !data.contains(0) else {
-            throw WispError(.invalidArgument, "\(path) is a binary file; read_file shows text only")
+            throw WispError(.invalidArgument, "\(Roots.shown(path)) is a binary file; read_file shows text only")
         }
         var lines = text.split(separator: "\n", omittingEmptySubsequences: false)
         if text.hasSuffix("\n") { lines.removeLast() }
         let first = max(1, start ?? 1)
-        guard first <= max(lines.count, 1) else { throw WispError(.invalidArgument, "\(path) has \(lines.count) lines; start_line \(first) is past the end") }
+        guard first <= max(lines.count, 1) else { throw WispError(.invalidArgument, "\(Roots.shown(path)) has \(lines.count) lines; start_line \(first) is past the end") }
         let last = min(lines.count, end ?? Int.max)
         guard last >= first || lines.isEmpty else { throw WispError(.invalidArgument, "end_line \(last) is before start_line \(first)") }
         var out = ""
@@ -93,12 +93,13 @@ public enum ToolCatalogue {
 
     static func listDirectory(roots: Roots, path: String, limits: Limits) throws(WispError) -> String {
         let dir = try roots.open(path)
-        guard dir.isDirectory else { throw WispError(.invalidArgument, "\(path) is not a directory") }
-        let names = dir.entries().sorted()
+        guard dir.isDirectory else { throw WispError(.invalidArgument, "\(Roots.shown(path)) is not a directory") }
+        // Sorted by bytes: the names are the file system's, not text to collate.
+        let names = dir.entries().sorted { $0.lexicographicallyPrecedes($1) }
         var lines: [String] = []
         for name in names.prefix(limits.maxEntries) {
             let kind = dir.kind(of: name)
-            lines.append(name + (kind == S_IFDIR ? "/" : kind == S_IFLNK ? "@" : ""))
+            lines.append(String(decoding: name, as: UTF8.self) + (kind == S_IFDIR ? "/" : kind == S_IFLNK ? "@" : ""))
         }
         if names.count > limits.maxEntries { lines.append("[\(names.count - limits.maxEntries) more entries not shown]") }
         if names.isEmpty { return "(empty directory)" }
@@ -134,7 +135,7 @@ public enum ToolCatalogue {
             for (n, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
                 // The clock is read per line (and inside the regex matcher per 1,024 scalars), so
                 // one huge file cannot hold the call past its time limit.
-                if n & 63 == 63, ContinuousClock.now > deadline { stoppedBy = timeLimit; return }
+                if n & 63 == 63, ContinuousClock.now > deadline || Task.isCancelled { stoppedBy = timeLimit; return }
                 guard let hit = matcher(line) else { stoppedBy = timeLimit; return }
                 guard hit else { continue }
                 if results.count >= limits.maxMatches { stoppedBy = "match limit \(limits.maxMatches)"; return }
@@ -146,9 +147,9 @@ public enum ToolCatalogue {
         // Descends by descriptor, never by name: what is scanned is inside the directory that was
         // opened, however the names under it are swapped meanwhile. Symlinks are not followed.
         func walk(_ dir: Roots.Opened, depth: Int) {
-            for name in dir.entries().sorted() where !name.hasPrefix(".") {
+            for name in dir.entries().sorted(by: { $0.lexicographicallyPrecedes($1) }) where name.first != UInt8(ascii: ".") {
                 if stoppedBy != nil { return }
-                if ContinuousClock.now > deadline { stoppedBy = timeLimit; return }
+                if ContinuousClock.now > deadline || Task.isCancelled { stoppedBy = timeLimit; return }
                 if scanned >= limits.maxScanBytes { stoppedBy = "scan limit \(limits.maxScanBytes) bytes"; return }
                 let child: Roots.Opened?
                 do { child = try roots.openChild(dir, name) } catch { hardLinked += 1; continue }

@@ -67,22 +67,28 @@ public enum FileAttachments {
         var files: [AttachedFile] = []
         var sizes: [(String, Int)] = []
         for path in request.paths {
+            // Stops when the call does (a cancel or its time limit), between files and inside each.
+            if Task.isCancelled { throw WispError.callCancelled }
             let opened: Roots.Opened
-            do { opened = try request.roots.open(path) } catch { throw WispError(.invalidArgument, "files: \(error.message)") }
-            guard !opened.isDirectory else { throw WispError(.invalidArgument, "files: \(path) is a directory; attach the files in it one by one") }
+            do { opened = try request.roots.open(path) } catch {
+                throw error.code == .cancelled ? error : WispError(.invalidArgument, "files: \(error.message)")
+            }
+            let shown = Roots.shown(path)
+            guard !opened.isDirectory else { throw WispError(.invalidArgument, "files: \(shown) is a directory; attach the files in it one by one") }
             let (data, complete) = opened.read(upTo: perFile)
+            if Task.isCancelled { throw WispError.callCancelled }
             guard complete else {
-                throw WispError(.invalidArgument, "files: \(path) is over the per-file limit of \(perFile) bytes (for this model's \(context)-token context); attach a smaller file or an excerpt in the prompt")
+                throw WispError(.invalidArgument, "files: \(shown) is over the per-file limit of \(perFile) bytes (for this model's \(context)-token context); attach a smaller file or an excerpt in the prompt")
             }
             guard !data.contains(0), let text = String(validating: data, as: UTF8.self) else {
-                throw WispError(.invalidArgument, "files: \(path) is a binary file; files takes UTF-8 text only")
+                throw WispError(.invalidArgument, "files: \(shown) is a binary file; files takes UTF-8 text only")
             }
             files.append(AttachedFile(path: path, text: text))
             sizes.append((path, data.count))
         }
         let total = sizes.reduce(0) { $0 + $1.1 }
         guard total <= perCall else {
-            let each = sizes.map { "\($0.0) (\($0.1) bytes)" }.joined(separator: ", ")
+            let each = sizes.map { "\(Roots.shown($0.0)) (\($0.1) bytes)" }.joined(separator: ", ")
             throw WispError(.invalidArgument, "files: \(total) bytes in all, over the per-call limit of \(perCall) bytes (for this model's \(context)-token context): \(each)")
         }
         return files

@@ -6,43 +6,134 @@ import Glibc
 import Darwin
 #endif
 
+/// A file-system path as the bytes the OS takes and gives (the UTF-8 it was given, never
+/// normalised), compared, hashed, prefixed and sorted as bytes. Swift's `String` `==`,
+/// `hasPrefix`, `split`, `Set` and `Dictionary` work on canonical equivalence and grapheme
+/// clusters: to them `café` (NFC) and `cafe\u{301}` (NFD), two directories to Linux, are one
+/// name, and a `/` followed by a combining mark is not a separator. So no file-system name is
+/// ever compared as a `String`; a `String` is made from one only to show it.
+public struct FSPath: Hashable, Sendable, Comparable, CustomStringConvertible {
+    public let bytes: [UInt8]
+
+    public init(bytes: some Sequence<UInt8>) { self.bytes = Array(bytes) }
+    /// The path a caller wrote: its UTF-8, as it came.
+    public init(_ string: String) { bytes = Array(string.utf8) }
+
+    static let slash = UInt8(ascii: "/")
+    public static let root = FSPath(bytes: [slash])
+
+    /// For messages and the model: invalid UTF-8 shows as U+FFFD (never used to open anything).
+    public var description: String { String(decoding: bytes, as: UTF8.self) }
+    public var isAbsolute: Bool { bytes.first == Self.slash }
+
+    public static func < (a: FSPath, b: FSPath) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
+
+    /// This path is `directory` or lies below it, component by component.
+    public func isWithin(_ directory: FSPath) -> Bool {
+        if directory.bytes == [Self.slash] { return isAbsolute }
+        guard bytes.count >= directory.bytes.count, bytes.starts(with: directory.bytes) else { return false }
+        return bytes.count == directory.bytes.count || bytes[directory.bytes.count] == Self.slash
+    }
+
+    /// This path lies strictly below `directory`.
+    public func isBelow(_ directory: FSPath) -> Bool { bytes.count > directory.bytes.count && isWithin(directory) }
+
+    public func appending(_ name: some Collection<UInt8>) -> FSPath {
+        var b = bytes
+        b.reserveCapacity(b.count + name.count + 1)
+        if b != [Self.slash] { b.append(Self.slash) }
+        b.append(contentsOf: name)
+        return FSPath(bytes: b)
+    }
+
+    /// The lexical parent ("/" for "/"): the real parent of a canonical path.
+    var parent: FSPath {
+        guard let i = bytes.lastIndex(of: Self.slash), i > 0 else { return .root }
+        return FSPath(bytes: bytes[..<i])
+    }
+
+    /// The non-empty components between `/` bytes.
+    var components: [ArraySlice<UInt8>] { bytes.split(separator: Self.slash, omittingEmptySubsequences: true) }
+
+    func withCString<R>(_ body: (UnsafePointer<CChar>) throws -> R) rethrows -> R {
+        try Self.withCString(bytes, body)
+    }
+
+    /// `name` (bytes without a NUL) as the C string a syscall takes.
+    static func withCString<R>(_ name: some Collection<UInt8>, _ body: (UnsafePointer<CChar>) throws -> R) rethrows -> R {
+        var c = [UInt8](name)
+        c.append(0)
+        return try c.withUnsafeBufferPointer { b in try b.withMemoryRebound(to: CChar.self) { try body($0.baseAddress!) } }
+    }
+}
+
 /// The directories model tools (and `respond`'s `files`) may read, and the one way anything
 /// under them is opened: `open(_:)`, which walks the path one component at a time from a
 /// descriptor, so what is read is what was checked even while someone swaps names under it.
+/// Every name in it is an `FSPath`: bytes, as the OS gave them.
 public struct Roots: Sendable, Equatable {
-    /// Canonical absolute paths, without a trailing slash (except "/").
-    public let paths: [String]
+    /// Canonical absolute paths (realpath's bytes), without a trailing slash (except "/").
+    public let directories: [FSPath]
     /// A regular file with more than one hard link may be the same file as one outside the
     /// roots, which no path check can see; such files are refused unless this is set.
     public let allowHardLinks: Bool
 
-    /// Roots that do not exist are left out.
+    /// The roots as text, for messages.
+    public var paths: [String] { directories.map(\.description) }
+
+    /// Roots that do not exist are left out. Each costs a `realpath` and a `stat`: build
+    /// Roots off the pipe's thread (a hung mount blocks both).
     public init(_ directories: [String], allowHardLinks: Bool = false) {
-        var kept: [String] = []
+        self.init(resolved: [], adding: directories, allowHardLinks: allowHardLinks)
+    }
+
+    private init(resolved: [FSPath], adding more: [String], allowHardLinks: Bool) {
+        var kept = resolved
         // A set, not `kept.contains`: that was quadratic (20,000 client roots took seconds).
-        var seen: Set<String> = []
-        for d in directories {
-            if let real = Roots.realPath(d), Roots.isDirectory(real), seen.insert(real).inserted { kept.append(real) }
+        var seen = Set(resolved)
+        for d in more {
+            if let real = Roots.realPath(FSPath(d)), Roots.isDirectory(real), seen.insert(real).inserted { kept.append(real) }
         }
-        paths = kept
+        self.directories = kept
         self.allowHardLinks = allowHardLinks
     }
 
-    /// The same roots with more directories (a client's roots) after these.
-    public func adding(_ directories: [String]) -> Roots {
-        Roots(paths + directories, allowHardLinks: allowHardLinks)
+    /// The same roots with more directories (a client's roots) after these; only the new ones are resolved.
+    public func adding(_ more: [String]) -> Roots {
+        Roots(resolved: directories, adding: more, allowHardLinks: allowHardLinks)
     }
 
-    public func contains(_ real: String) -> Bool {
-        paths.contains { root in root == "/" || real == root || real.hasPrefix(root + "/") }
+    public func contains(_ real: FSPath) -> Bool {
+        directories.contains { real.isWithin($0) }
     }
 
     /// How a resolved path appears to the model: relative to its root when it can be.
-    public func display(_ real: String) -> String {
-        for root in paths where real.hasPrefix(root + "/") {
-            return String(real.dropFirst(root.count + 1))
+    public func display(_ real: FSPath) -> String {
+        for root in directories where root != .root && real.isBelow(root) {
+            return String(decoding: real.bytes[(root.bytes.count + 1)...], as: UTF8.self)
         }
-        return real
+        return real.description
+    }
+
+    // MARK: bounds
+
+    /// A path longer than the system takes (PATH_MAX counts the NUL) is refused as the OS would.
+    public static let maxPathBytes = Int(PATH_MAX) - 1
+    /// Components one open walks in all, the path's and its symlinks' targets' (at most
+    /// `maxSymlinks` of them), "." and ".." included: with the length bound, the walk's cost.
+    public static let maxComponents = 4096
+    /// Symlinks followed in one walk before it is taken for a loop (Linux's and macOS's own limit).
+    static let maxSymlinks = 40
+    /// Bytes of a caller's path quoted in an error: enough to recognise it, never the whole of a crafted one.
+    static let shownBytes = 160
+
+    /// `path` for a message: its first `shownBytes` bytes (cut at a character) and its size.
+    static func shown(_ path: String) -> String {
+        let utf8 = path.utf8
+        guard utf8.count > shownBytes else { return path }
+        var end = utf8.index(utf8.startIndex, offsetBy: shownBytes)
+        while end > utf8.startIndex, UTF8.isContinuation(utf8[end]) { end = utf8.index(before: end) }
+        return String(path[..<end]) + "… (\(utf8.count) bytes)"
     }
 
     // MARK: the confined open
@@ -52,10 +143,10 @@ public struct Roots: Sendable, Equatable {
     public final class Opened {
         public let fd: Int32
         /// Its canonical path when it was opened.
-        public let real: String
+        public let real: FSPath
         public let isDirectory: Bool
 
-        init(fd: Int32, real: String, isDirectory: Bool) {
+        init(fd: Int32, real: FSPath, isDirectory: Bool) {
             self.fd = fd
             self.real = real
             self.isDirectory = isDirectory
@@ -63,11 +154,13 @@ public struct Roots: Sendable, Equatable {
 
         deinit { close(fd) }
 
-        /// Up to `limit` bytes, and whether that was the whole file.
+        /// Up to `limit` bytes, and whether that was the whole file. A cancelled call stops
+        /// reading (the result then says not complete).
         public func read(upTo limit: Int) -> ([UInt8], Bool) {
             var data = [UInt8]()
             var chunk = [UInt8](repeating: 0, count: 64 * 1024)
             while data.count <= limit {
+                if Task.isCancelled { return (data, false) }
                 let n = chunk.withUnsafeMutableBytes { systemRead(fd, $0.baseAddress!, $0.count) }
                 if n < 0 && errno == EINTR { continue }
                 if n <= 0 { return (data, true) }
@@ -76,115 +169,118 @@ public struct Roots: Sendable, Equatable {
             return (Array(data.prefix(limit)), false)
         }
 
-        /// The names in this directory (without . and ..), unsorted; empty if it cannot be read.
-        public func entries() -> [String] {
-            // fdopendir takes over the descriptor it is given: hand it a copy, rewound.
-            let copy = dup(fd)
-            guard copy >= 0 else { return [] }
-            guard let dir = fdopendir(copy) else { close(copy); return [] }
-            defer { closedir(dir) }
-            rewinddir(dir)
-            var names: [String] = []
-            while let entry = readdir(dir) {
-                // d_name is a fixed-size C array on both systems (256 bytes on Linux, 1024 on macOS).
-                let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                    String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-                }
-                if name != "." && name != ".." { names.append(name) }
-            }
-            return names
-        }
+        /// The names in this directory (without . and ..), as bytes, unsorted; empty if it cannot be read.
+        public func entries() -> [[UInt8]] { directoryEntries(fd) }
 
         /// The kind of entry `name` in this directory, without following a symlink (S_IFDIR, S_IFREG, …).
-        public func kind(of name: String) -> mode_t? {
+        public func kind(of name: [UInt8]) -> mode_t? {
             var s = stat()
-            guard fstatat(fd, name, &s, AT_SYMLINK_NOFOLLOW) == 0 else { return nil }
+            guard FSPath.withCString(name, { fstatat(fd, $0, &s, AT_SYMLINK_NOFOLLOW) }) == 0 else { return nil }
             return s.st_mode & S_IFMT
         }
     }
-
-    /// Symlinks followed in one walk before it is taken for a loop (Linux's and macOS's own limit).
-    static let maxSymlinks = 40
 
     /// Opens `path` (relative paths from the first root) if it is a regular file or a directory
     /// inside a root, or refuses it with a message the caller can act on. No symlink is trusted
     /// by name: each component is opened from its parent's descriptor with O_NOFOLLOW, a symlink
     /// is read and its target walked the same way, and nothing outside the roots but the roots'
     /// own ancestors is ever opened (devices, FIFOs and sockets are refused before any open).
+    /// Linear in the path: every component costs one step, bounded (`maxPathBytes`,
+    /// `maxComponents`), and a cancelled call (cancel or time limit) stops the walk.
     public func open(_ path: String) throws(WispError) -> Opened {
-        guard let first = paths.first else { throw WispError(.invalidArgument, "no readable roots are configured (start wisp with --root DIR)") }
-        guard !path.utf8.contains(0) else { throw WispError(.invalidArgument, "path contains a NUL byte") }
-        guard !path.isEmpty else { throw WispError(.invalidArgument, "path is empty") }
-        let joined = path.hasPrefix("/") ? path : (first == "/" ? "/" + path : first + "/" + path)
+        let shown = Self.shown(path)
+        guard let first = directories.first else { throw WispError(.invalidArgument, "no readable roots are configured (start wisp with --root DIR)") }
+        let given = FSPath(path)
+        guard !given.bytes.contains(0) else { throw WispError(.invalidArgument, "path contains a NUL byte") }
+        guard !given.bytes.isEmpty else { throw WispError(.invalidArgument, "path is empty") }
+        guard given.bytes.count <= Self.maxPathBytes else {
+            throw WispError(.invalidArgument, "\(shown): the path is \(given.bytes.count) bytes, over this system's limit of \(Self.maxPathBytes) (PATH_MAX); give a shorter path")
+        }
+        let joined = given.isAbsolute ? given : first.appending(given.bytes)
 
         let walk = Walk()
-        var todo: [Substring] = []
-        try walk.start(joined, roots: self, todo: &todo, shown: path)
+        var todo: [ArraySlice<UInt8>] = []
+        try walk.start(joined, roots: self, todo: &todo, shown: shown)
         var symlinks = 0
+        var steps = 0
         while let name = todo.popLast() {
-            if name == "." || name.isEmpty { continue }
-            if name == ".." { try walk.up(shown: path); continue }
-            let isLast = !todo.contains { $0 != "." && !$0.isEmpty }
-            let next = walk.path == "/" ? "/" + name : walk.path + "/" + name
-            let inside = contains(next)
-            let towardARoot = paths.contains { $0.hasPrefix(next + "/") }
+            steps += 1
+            guard steps <= Self.maxComponents else {
+                throw WispError(.invalidArgument, "\(shown): over \(Self.maxComponents) path components to walk (counting its symlinks' targets); give a shorter path")
+            }
+            if Task.isCancelled { throw WispError.callCancelled }
+            if name.elementsEqual(Self.dotDot) { try walk.up(roots: self, shown: shown); continue }
+            // "." and empty components are never queued, so nothing after this one means last.
+            let isLast = todo.isEmpty
+            let next = walk.path.appending(name)
+            // Below a directory inside a root is inside; below one outside, only a root itself is.
+            let inside = walk.inside || directories.contains(next)
+            let towardARoot = !inside && directories.contains { $0.isBelow(next) }
             var s = stat()
-            guard fstatat(walk.fd, String(name), &s, AT_SYMLINK_NOFOLLOW) == 0 else {
+            guard FSPath.withCString(name, { fstatat(walk.fd, $0, &s, AT_SYMLINK_NOFOLLOW) }) == 0 else {
                 // Outside the roots, even whether a name exists is not the caller's to learn.
-                guard inside || towardARoot else { throw outside(path) }
-                throw Self.failure(path, errno)
+                guard inside || towardARoot else { throw outside(shown) }
+                throw Self.failure(shown, errno)
             }
             switch s.st_mode & S_IFMT {
             case S_IFLNK:
                 symlinks += 1
                 guard symlinks <= Self.maxSymlinks else {
-                    throw WispError(.invalidArgument, "\(path): no such file or directory (too many levels of symbolic links)")
+                    throw WispError(.invalidArgument, "\(shown): no such file or directory (too many levels of symbolic links)")
                 }
-                guard let target = Self.readLink(walk.fd, String(name)) else { throw Self.failure(path, errno) }
-                if target.hasPrefix("/") {
-                    try walk.start(target, roots: self, todo: &todo, shown: path)
+                guard let target = Self.readLink(walk.fd, name) else { throw Self.failure(shown, errno) }
+                if target.isAbsolute {
+                    try walk.start(target, roots: self, todo: &todo, shown: shown)
                 } else {
-                    todo.append(contentsOf: target.split(separator: "/", omittingEmptySubsequences: true).reversed())
+                    Self.queue(target.components, on: &todo)
                 }
             case S_IFDIR:
-                guard inside || (towardARoot && !isLast) else { throw outside(path) }
-                let fd = openat(walk.fd, String(name), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+                guard inside || (towardARoot && !isLast) else { throw outside(shown) }
+                let fd = FSPath.withCString(name) { openat(walk.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) }
                 guard fd >= 0 else {
                     // Swapped for a symlink since the fstatat: look again (bounded like any symlink).
                     if errno == ELOOP || errno == ENOTDIR, symlinks < Self.maxSymlinks { symlinks += 1; todo.append(name); continue }
-                    throw Self.failure(path, errno)
+                    throw Self.failure(shown, errno)
                 }
-                walk.push(fd, next)
+                walk.push(fd, next, inside: inside)
             case S_IFREG:
-                guard inside else { throw outside(path) }
-                guard isLast else { throw WispError(.invalidArgument, "\(path): \(name) is a file, not a directory") }
-                let fd = openat(walk.fd, String(name), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+                guard inside else { throw outside(shown) }
+                guard isLast else { throw WispError(.invalidArgument, "\(shown): \(Self.shown(String(decoding: name, as: UTF8.self))) is a file, not a directory") }
+                let fd = FSPath.withCString(name) { openat(walk.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC) }
                 guard fd >= 0 else {
                     if errno == ELOOP, symlinks < Self.maxSymlinks { symlinks += 1; todo.append(name); continue }
-                    throw Self.failure(path, errno)
+                    throw Self.failure(shown, errno)
                 }
                 let opened = Opened(fd: fd, real: next, isDirectory: false)
-                try checkRegular(opened, shown: path)
+                try checkRegular(opened, shown: shown)
                 return opened
             default:
-                guard inside else { throw outside(path) }
-                throw WispError(.invalidArgument, "\(path) is not a regular file (device, FIFO or socket); refused")
+                guard inside else { throw outside(shown) }
+                throw WispError(.invalidArgument, "\(shown) is not a regular file (device, FIFO or socket); refused")
             }
         }
-        guard contains(walk.path) else { throw outside(path) }
+        guard walk.inside else { throw outside(shown) }
         return walk.takeTop()
+    }
+
+    private static let dot: [UInt8] = [UInt8(ascii: ".")]
+    private static let dotDot: [UInt8] = [UInt8(ascii: "."), UInt8(ascii: ".")]
+
+    /// Puts components on the walk's stack (next one last), leaving out "." (empties are already out).
+    fileprivate static func queue(_ components: [ArraySlice<UInt8>], on todo: inout [ArraySlice<UInt8>]) {
+        for c in components.reversed() where !c.elementsEqual(dot) { todo.append(c) }
     }
 
     /// Opens entry `name` of `dir` (a directory this walk already holds) if it is a directory or
     /// a readable regular file; symlinks are not followed (a walk could leave the roots or loop).
-    func openChild(_ dir: Opened, _ name: String) throws(WispError) -> Opened? {
-        let real = dir.real == "/" ? "/" + name : dir.real + "/" + name
+    func openChild(_ dir: Opened, _ name: [UInt8]) throws(WispError) -> Opened? {
+        let real = dir.real.appending(name)
         switch dir.kind(of: name) {
         case S_IFDIR?:
-            let fd = openat(dir.fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+            let fd = FSPath.withCString(name) { openat(dir.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) }
             return fd >= 0 ? Opened(fd: fd, real: real, isDirectory: true) : nil
         case S_IFREG?:
-            let fd = openat(dir.fd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+            let fd = FSPath.withCString(name) { openat(dir.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC) }
             guard fd >= 0 else { return nil }
             let opened = Opened(fd: fd, real: real, isDirectory: false)
             try checkRegular(opened, shown: display(real))
@@ -210,66 +306,74 @@ public struct Roots: Sendable, Equatable {
         "\(shown) has \(links) hard links, so it may be a file from outside the readable roots; refused (start wisp with --allow-hardlinks, or WISP_ALLOW_HARDLINKS=1, to read hard-linked files)"
     }
 
-    private func outside(_ path: String) -> WispError {
-        WispError(.invalidArgument, "\(path): outside the readable roots (\(paths.joined(separator: ", ")))")
+    /// Roots named in an error: a few, each short (a client may offer hundreds).
+    private var listed: String {
+        let few = directories.prefix(4).map { Self.shown($0.description) }.joined(separator: ", ")
+        return directories.count > 4 ? few + " and \(directories.count - 4) more" : few
     }
 
-    private static func failure(_ path: String, _ code: Int32) -> WispError {
+    private func outside(_ shown: String) -> WispError {
+        WispError(.invalidArgument, "\(shown): outside the readable roots (\(listed))")
+    }
+
+    private static func failure(_ shown: String, _ code: Int32) -> WispError {
         switch code {
-        case ENOENT, ENOTDIR: WispError(.invalidArgument, "\(path): no such file or directory")
-        case EACCES, EPERM: WispError(.invalidArgument, "\(path): permission denied")
-        default: WispError(.invalidArgument, "\(path): cannot open (\(String(cString: strerror(code))))")
+        case ENOENT, ENOTDIR: WispError(.invalidArgument, "\(shown): no such file or directory")
+        case EACCES, EPERM: WispError(.invalidArgument, "\(shown): permission denied")
+        default: WispError(.invalidArgument, "\(shown): cannot open (\(String(cString: strerror(code))))")
         }
     }
 
-    private static func readLink(_ dir: Int32, _ name: String) -> String? {
+    private static func readLink(_ dir: Int32, _ name: ArraySlice<UInt8>) -> FSPath? {
         var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
         let n = buffer.withUnsafeMutableBufferPointer { b in
-            b.baseAddress!.withMemoryRebound(to: CChar.self, capacity: b.count) { readlinkat(dir, name, $0, b.count - 1) }
+            b.baseAddress!.withMemoryRebound(to: CChar.self, capacity: b.count) { out in
+                FSPath.withCString(name) { readlinkat(dir, $0, out, b.count - 1) }
+            }
         }
         guard n > 0 else { return nil }
-        return String(decoding: buffer[0..<n], as: UTF8.self)
+        return FSPath(bytes: buffer[0..<n])
     }
 
-    /// The directories a walk holds open, innermost last; `..` steps back through them
-    /// rather than through the file system.
+    /// The directories a walk holds open, innermost last, each with whether it is inside a
+    /// root; `..` steps back through them rather than through the file system.
     private final class Walk {
-        private var stack: [(fd: Int32, path: String)] = []
+        private var stack: [(fd: Int32, path: FSPath, inside: Bool)] = []
 
         deinit { for entry in stack { close(entry.fd) } }
 
         var fd: Int32 { stack[stack.count - 1].fd }
-        var path: String { stack[stack.count - 1].path }
+        var path: FSPath { stack[stack.count - 1].path }
+        var inside: Bool { stack[stack.count - 1].inside }
 
         /// Starts (or restarts, at an absolute symlink) from the deepest root the absolute path
-        /// `absolute` names literally, else from "/"; its other components go onto `todo`.
-        func start(_ absolute: String, roots: Roots, todo: inout [Substring], shown: String) throws(WispError) {
-            let components = absolute.split(separator: "/", omittingEmptySubsequences: true)
-            var base = "/"
+        /// `absolute` names literally (byte for byte), else from "/"; its other components go onto `todo`.
+        func start(_ absolute: FSPath, roots: Roots, todo: inout [ArraySlice<UInt8>], shown: String) throws(WispError) {
+            let components = absolute.components
+            var base = FSPath.root
             var used = 0
-            for root in roots.paths {
-                let r = root.split(separator: "/", omittingEmptySubsequences: true)
-                if r.count >= used, components.count >= r.count, Array(components.prefix(r.count)) == r {
+            for root in roots.directories {
+                let r = root.components
+                if r.count >= used, components.count >= r.count, zip(components, r).allSatisfy({ $0.elementsEqual($1) }) {
                     base = root
                     used = r.count
                 }
             }
-            try reset(to: base, shown: shown)
-            todo.append(contentsOf: components.dropFirst(used).reversed())
+            try reset(to: base, roots: roots, shown: shown)
+            Roots.queue(Array(components.dropFirst(used)), on: &todo)
         }
 
         /// `..`: the parent held below, or, above the first directory held (a root or "/",
         /// canonical, so its parent is its lexical parent), that parent opened by path.
-        func up(shown: String) throws(WispError) {
+        func up(roots: Roots, shown: String) throws(WispError) {
             if stack.count > 1 {
                 close(stack.removeLast().fd)
-            } else if path != "/" {
-                let parent = String(path[..<(path.lastIndex(of: "/") ?? path.startIndex)])
-                try reset(to: parent.isEmpty ? "/" : parent, shown: shown)
+            } else if path != .root {
+                try reset(to: path.parent, roots: roots, shown: shown)
             }
         }
 
-        func push(_ fd: Int32, _ path: String) { stack.append((fd, path)) }
+        func push(_ fd: Int32, _ path: FSPath, inside: Bool) { stack.append((fd, path, inside)) }
 
         /// The innermost directory, handed over to the caller.
         func takeTop() -> Opened {
@@ -277,27 +381,45 @@ public struct Roots: Sendable, Equatable {
             return Opened(fd: top.fd, real: top.path, isDirectory: true)
         }
 
-        private func reset(to directory: String, shown: String) throws(WispError) {
+        private func reset(to directory: FSPath, roots: Roots, shown: String) throws(WispError) {
             for entry in stack { close(entry.fd) }
             stack.removeAll()
-            let fd = systemOpen(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-            guard fd >= 0 else { throw WispError(.invalidArgument, "\(shown): cannot open \(directory) (\(String(cString: strerror(errno))))") }
-            stack.append((fd, directory))
+            let fd = directory.withCString { systemOpen($0, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
+            guard fd >= 0 else { throw WispError(.invalidArgument, "\(shown): cannot open \(Roots.shown(directory.description)) (\(String(cString: strerror(errno))))") }
+            stack.append((fd, directory, roots.contains(directory)))
         }
     }
 
-    static func realPath(_ path: String) -> String? {
-        guard let p = realpath(path, nil) else { return nil }
+    static func realPath(_ path: FSPath) -> FSPath? {
+        guard let p = path.withCString({ realpath($0, nil) }) else { return nil }
         defer { free(p) }
-        return String(cString: p)
+        return FSPath(bytes: UnsafeRawBufferPointer(start: p, count: strlen(p)))
     }
 
-    static func isDirectory(_ path: String) -> Bool {
+    static func isDirectory(_ path: FSPath) -> Bool {
         var s = stat()
-        return stat(path, &s) == 0 && (s.st_mode & S_IFMT) == S_IFDIR
+        return path.withCString { stat($0, &s) } == 0 && (s.st_mode & S_IFMT) == S_IFDIR
     }
 }
 
+/// The names in the directory open at `fd` (without . and ..), as the bytes readdir gave,
+/// unsorted; empty if it cannot be read. The descriptor stays open and is not moved.
+func directoryEntries(_ fd: Int32) -> [[UInt8]] {
+    // fdopendir takes over the descriptor it is given: hand it a copy, rewound.
+    let copy = dup(fd)
+    guard copy >= 0 else { return [] }
+    guard let dir = fdopendir(copy) else { close(copy); return [] }
+    defer { closedir(dir) }
+    rewinddir(dir)
+    var names: [[UInt8]] = []
+    while let entry = readdir(dir) {
+        // d_name is a fixed-size C array on both systems (256 bytes on Linux, 1024 on macOS).
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in Array(raw.prefix { $0 != 0 }) }
+        if name != [0x2E] && name != [0x2E, 0x2E] { names.append(name) }
+    }
+    return names
+}
+
 // The libc calls under names that members called open/read cannot shadow.
-private func systemOpen(_ path: String, _ flags: Int32) -> Int32 { open(path, flags) }
+private func systemOpen(_ path: UnsafePointer<CChar>, _ flags: Int32) -> Int32 { open(path, flags) }
 private func systemRead(_ fd: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int) -> Int { read(fd, buffer, count) }
