@@ -152,3 +152,69 @@ private func json(_ object: [String: String]) -> String {
         #expect(throws: WispError.self) { try ThreadRegistry.validate(roots: ["\u{301}/dir"]) }
     }
 }
+
+/// Issue 25.3: a crafted path is bounded as the OS bounds one, walked in linear time, quoted
+/// short, and stops when its call does.
+@Suite struct CraftedPaths {
+    static func workspace() throws -> String {
+        let base = NSTemporaryDirectory() + "wisp-crafted-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: base + "/sub", withIntermediateDirectories: true)
+        try "text\n".write(toFile: base + "/a.txt", atomically: false, encoding: .utf8)
+        return base
+    }
+
+    @Test func aPathOverPATHMAXIsRefusedQuotingAShortPrefix() throws {
+        let base = try Self.workspace()
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        let crafted = Array(repeating: "sub/..", count: 60_000).joined(separator: "/") + String(repeating: "/.", count: 60_000)
+        do {
+            _ = try Roots([base]).open(crafted)
+            Issue.record("a 540 KB path was walked")
+        } catch {
+            #expect(error.code == .invalidArgument && error.message.contains("PATH_MAX"), "\(error.message.prefix(300))")
+            #expect(error.message.utf8.count < 400, "\(error.message.utf8.count) bytes")
+        }
+        // Just under the limit it is walked, to the file.
+        let n = (Roots.maxPathBytes - "a.txt".utf8.count) / "sub/../".utf8.count
+        let long = String(repeating: "sub/../", count: n) + "a.txt"
+        #expect(long.utf8.count <= Roots.maxPathBytes)
+        #expect(try Roots([base]).open(long).isDirectory == false)
+    }
+
+    @Test func symlinksCannotMultiplyTheWalkPastItsBound() throws {
+        let base = try Self.workspace()
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        // Each link's target is as many `sub/..` pairs as fit in a symlink, then the next link.
+        let pairs = (Roots.maxPathBytes - 16) / "sub/../".utf8.count
+        let links = Roots.maxComponents / (2 * pairs) + 2
+        let hop = String(repeating: "sub/../", count: pairs)
+        for i in 0..<links {
+            try FileManager.default.createSymbolicLink(atPath: base + "/l\(i)", withDestinationPath: hop + (i == links - 1 ? "a.txt" : "l\(i + 1)"))
+        }
+        #expect(try Roots([base]).open("l\(links - 2)").isDirectory == false)
+        do {
+            _ = try Roots([base]).open("l0")
+            Issue.record("\(links * 2 * pairs) steps were walked")
+        } catch {
+            #expect(error.message.contains("path components"), "\(error.message)")
+        }
+    }
+
+    @Test func aCancelledCallStopsTheWalkAndTheRead() async throws {
+        let base = try Self.workspace()
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        let roots = Roots([base])
+        let walk = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return Result { () throws(WispError) in try roots.open("sub/../a.txt").isDirectory }
+        }
+        guard case .failure(let e) = await walk.value else { Issue.record("a cancelled call's walk went on"); return }
+        #expect(e.code == .cancelled)
+        let files = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            return Result { () throws(WispError) in try FileAttachments.read(FileRequest(paths: ["a.txt"], roots: roots), context: 4096).count }
+        }
+        guard case .failure(let f) = await files.value else { Issue.record("a cancelled call's files were read"); return }
+        #expect(f.code == .cancelled)
+    }
+}

@@ -1,0 +1,55 @@
+"""A crafted `files` path (issue 25.3): 540 KB of `sub/..` then `/.` is refused at once, as the
+OS refuses a path over PATH_MAX, quoting only a short prefix of it; while two such calls run a
+plain `files` call on another thread is answered, and the core is idle once they are done."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio
+import psutil
+import pytest
+
+from harness import core_pids, error_text, ok, wisp
+
+pytestmark = pytest.mark.anyio
+
+CRAFTED = "/".join(["sub/.."] * 60_000) + "/." * 60_000
+
+
+async def test_crafted_paths_are_refused_at_once_and_starve_no_one(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "plain.txt").write_text("plain text\n")
+    async with wisp("--root", str(tmp_path), "--timeout", "4") as client:
+        ok(await client.call_tool("respond", {"prompt": "warm up", "thread_id": "plain"}))
+        results: dict[str, object] = {}
+
+        async def crafted(n: int) -> None:
+            results[f"crafted{n}"] = await client.call_tool("respond", {"prompt": "read", "thread_id": f"c{n}", "files": [CRAFTED]})
+
+        async def plain() -> None:
+            await anyio.sleep(0.2)
+            start = time.monotonic()
+            results["plain"] = await client.call_tool("respond", {"prompt": "read", "thread_id": "plain", "files": ["plain.txt"]})
+            results["plain_s"] = time.monotonic() - start
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(crafted, 1)
+            tg.start_soon(crafted, 2)
+            tg.start_soon(plain)
+        reply = ok(results["plain"])
+        assert reply["text"] == "echo 2: read\nfile plain.txt: plain text", reply
+        # Answered well inside its own time limit (4 s), not after the crafted calls' limits.
+        assert results["plain_s"] < 3.0, results["plain_s"]
+        for n in (1, 2):
+            text = error_text(results[f"crafted{n}"])
+            assert text.startswith("invalid_argument: files: ") and "PATH_MAX" in text, text[:300]
+            # A short prefix of the path, never the 540 KB of it.
+            assert len(text) < 600, len(text)
+        # Nothing of the crafted calls runs on: the core's CPU over the next second is idle.
+        core = psutil.Process(core_pids(client)[-1])
+        await asyncio.sleep(0.5)
+        before = sum(core.cpu_times()[:2])
+        await asyncio.sleep(1.0)
+        assert sum(core.cpu_times()[:2]) - before < 0.2
