@@ -77,7 +77,7 @@ if let dir = config.stateDir {
 }
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
                               tools: ToolCatalogue.tools(roots: roots),
-                              toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots.adding(extra)) },
+                              toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots, adding: extra) },
                               fileRoots: roots, store: store, storeError: storeError)
 let loop = PipeLoop()
 let server = PipeServer(registry: registry, backend: backend, log: log, executor: loop, send: writeFrame)

@@ -55,6 +55,9 @@ public actor ConversationThread {
     /// The call being served is writing the thread's file (off the pipe's thread, so `close`
     /// may run meanwhile): that call deletes it afterwards if the thread was closed by then.
     private var saving = false
+    /// A turn was committed that the store does not have (the directory failed): the memory is
+    /// newer than any file, so the next call that can store stores it rather than reloading.
+    private var unstored = false
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
@@ -113,9 +116,21 @@ public actor ConversationThread {
                         onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Agent.Outcome? {
         try await waitForTurn(ticket.number)
         defer { advance() }
+        do {
+            return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: keep)
+        } catch {
+            await release()
+            throw error
+        }
+    }
+
+    private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
+                       onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Agent.Outcome? {
         if let durability, !closed {
+            // Nil while the state dir is not usable: the call is served in memory. What is
+            // stored is still read where it can be (a read-only directory holds its threads).
             held = try await durability.store.lock(id)
-            try await reload(durability)
+            if held != nil { try await reload(durability) } else { try? await reload(durability) }
         }
         if agent.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
@@ -129,9 +144,21 @@ public actor ConversationThread {
         let staged = try await agent.respond(to: prompt, files: files, settings: settings, onPartial: onPartial)
         guard keep() else {
             agent.discard(staged)
+            await release()
             return nil
         }
-        return await commit(staged)
+        let outcome = await commit(staged)
+        await release()
+        return outcome
+    }
+
+    /// Lets go of the store's lock (off the pipe's thread: it looks at the disk), removing the
+    /// lock file if the thread is not stored.
+    private func release() async {
+        guard let durability, let lock = held else { return }
+        held = nil
+        let store = durability.store
+        await offPipe { store.release(lock) }
     }
 
     /// Makes the staged turn part of the history and, on a durable thread, stores it before the
@@ -139,6 +166,11 @@ public actor ConversationThread {
     private func commit(_ staged: Agent.Staged) async -> Agent.Outcome {
         var outcome = agent.commit(staged)
         guard let durability, !closed else { return outcome }
+        guard held != nil else {
+            unstored = true
+            outcome.storeError = durability.store.trouble.map(durability.store.inMemoryNote) ?? "the state dir was not usable"
+            return outcome
+        }
         let state = ThreadStore.State(instructions: agent.instructions, tools: agent.tools.map(\.name), roots: roots, history: agent.history)
         let store = durability.store, id = self.id, held = self.held
         // Off the pipe's thread: the write and its fsyncs.
@@ -156,15 +188,18 @@ public actor ConversationThread {
         }
         let failure: WispError?
         switch saved {
-        case .success(let written): stamp = written; failure = nil
+        case .success(let written): stamp = written; failure = nil; unstored = false
         case .failure(let error): failure = error
         }
         if let failure {
             // Kept in memory and answered: the caller is told, and a stale file must not
             // resume later as if it were this thread.
             outcome.storeError = failure.message
-            if let held { await offPipe { store.delete(id, holding: held) } }
-            stamp = nil
+            unstored = true
+            let gone = if let held { await offPipe { store.delete(id, holding: held) } } else { false }
+            // Still there (a read-only directory): it is what this thread last saw, so it is
+            // not reloaded over the newer memory; the next stored turn replaces it.
+            if gone { stamp = nil }
         }
         return outcome
     }
@@ -173,24 +208,28 @@ public actor ConversationThread {
     /// last saw: stored by another process, resumed after a restart, or deleted (closed elsewhere,
     /// or over the cap), which leaves the thread empty with its binding.
     private func reload(_ durability: Durability) async throws(WispError) {
-        let now = durability.store.stamp(id)
-        guard now != stamp else { return }
-        let store = durability.store, id = self.id
-        // Off the pipe's thread: reading and decoding the file.
-        guard let (state, seen) = try await offPipe({ () throws(WispError) in try store.load(id) }) else {
-            agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools)
-            stamp = nil
+        // Turns the store missed: this memory is the thread, whatever file is there.
+        guard !unstored else { return }
+        let store = durability.store, id = self.id, seen = stamp
+        // Off the pipe's thread: the stat, reading and decoding the file.
+        let found = try await offPipe { () throws(WispError) in try store.loadIfChanged(id, seen: seen) }
+        guard case .loaded(let state, let loaded) = found else {
+            if case .none = found {
+                agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools)
+                stamp = nil
+            }
             return
         }
         let tools: [ModelTool]
         do {
             tools = try durability.resolve(state.tools, state.roots)
         } catch {
-            throw durability.store.corrupt(id, "it is bound to tools this wisp cannot give it (\(error.message))")
+            let why = "it is bound to tools this wisp cannot give it (\(error.message))"
+            throw await offPipe { store.corrupt(id, why) }
         }
         agent = Agent(backend: backend, instructions: state.instructions, tools: tools, history: state.history)
         roots = state.roots
-        stamp = seen
+        stamp = loaded
     }
 
     /// Closes the thread for good: calls still running on it will not store it. When the call

@@ -52,14 +52,16 @@ public actor ThreadRegistry {
     private var clock: UInt64 = 0
     /// Durable threads, when `--state-dir` is given and usable.
     public nonisolated let store: ThreadStore?
-    /// Why `--state-dir` was given but is not in use.
-    public nonisolated let storeError: String?
+    /// Why `--state-dir` was given but could not be used from the start.
+    private nonisolated let startError: String?
+    /// Why `--state-dir` was given but is not in use: from the start, or since it failed (for now).
+    public nonisolated var storeError: String? { startError ?? store?.trouble.map { "\(store?.directory ?? ""): \($0); threads are served in memory until it works again" } }
 
     public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads, maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
                 toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
                 store: ThreadStore? = nil, storeError: String? = nil) {
         self.store = store
-        self.storeError = storeError
+        self.startError = storeError
         self.catalogueWithRoots = toolsWithRoots
         self.fileRoots = fileRoots
         self.backend = backend

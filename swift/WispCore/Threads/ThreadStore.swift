@@ -26,6 +26,15 @@ import Darwin
 ///   unlinked only by its holder, and a taker checks the path still names the inode it locked.
 /// - At most `maxStored` thread files; writing a new one deletes the least recently written
 ///   (every committed turn rewrites its file, stamping the header) that no process holds.
+///   A lock file lives only while its thread is stored or a call holds it: a call that leaves
+///   no stored file removes its lock, and start-up sweeps orphans (of processes that died).
+/// - A lock file that is not a regular file (a symlink, a directory, a FIFO in its place) is
+///   moved aside like a corrupt thread file: that call fails saying so, the next one works.
+/// - A directory that fails under a running wisp (remounted read-only, removed, full, I/O
+///   errors) is set aside, not fatal: calls are served in memory and say so (`trouble`, the
+///   reply's `store_error`), and the directory is tried again every `retryInterval`.
+/// - Every operation here may block on the file system: callers run them off the pipe's
+///   thread (`lock` hops off itself).
 public final class ThreadStore: Sendable {
     public static let format = 1
     /// Over this, a file is corrupt: the pipe's frame limit bounds what one turn may add, and no
@@ -36,6 +45,18 @@ public final class ThreadStore: Sendable {
     public let directory: String
     public let maxStored: Int
     private let log: Log
+    private let hooks: Hooks
+    /// Why the directory is not in use now, and when to try it again (nil: in use).
+    private let health = Locked<(trouble: String, retryAt: ContinuousClock.Instant)?>(nil)
+    /// How long a failed directory is left alone before it is tried again.
+    public static let retryInterval = Duration.seconds(5)
+
+    /// A fault-injection seam for tests: a slow or hung file system, simulated.
+    public struct Hooks: Sendable {
+        /// Runs (where the store's blocking work runs) before each attempt to take a thread's lock.
+        public var beforeLock: @Sendable (_ id: String) -> Void
+        public init(beforeLock: @escaping @Sendable (_ id: String) -> Void = { _ in }) { self.beforeLock = beforeLock }
+    }
 
     /// What a thread file holds besides its header.
     public struct State: Codable, Sendable, Equatable {
@@ -68,16 +89,18 @@ public final class ThreadStore: Sendable {
     /// A thread's lock, held while its file descriptor is open.
     public final class Lock: Sendable {
         fileprivate let fd: Int32
-        fileprivate init(fd: Int32) { self.fd = fd }
+        fileprivate let id: String
+        fileprivate init(fd: Int32, id: String) { self.fd = fd; self.id = id }
         deinit { close(fd) }
     }
 
     /// Opens (creating if needed) the state directory and checks it can be written.
-    public init(directory: String, maxStored: Int, log: Log) throws(WispError) {
+    public init(directory: String, maxStored: Int, log: Log, hooks: Hooks = Hooks()) throws(WispError) {
         let dir = Self.absolute(directory)
         self.directory = dir
         self.maxStored = max(1, maxStored)
         self.log = log
+        self.hooks = hooks
         var st = stat()
         if lstat(dir, &st) != 0 {
             guard errno == ENOENT else { throw Self.unusable(dir, "cannot inspect it: \(Self.errorText())") }
@@ -94,14 +117,62 @@ public final class ThreadStore: Sendable {
             throw Self.unusable(dir, "it is writable by group or others (mode \(String(st.st_mode & 0o777, radix: 8))), so another user could swap thread files; run `chmod 700 \(dir)`")
         }
         // Read-only filesystems and full disks show here, at start, rather than on the first turn.
+        if let why = Self.probe(dir) { throw Self.unusable(dir, why) }
+        removeStaleTemporaries()
+        sweepOrphanLocks()
+    }
+
+    /// Nil when a file can be written in `dir`, else why not.
+    private static func probe(_ dir: String) -> String? {
         let probe = dir + "/.probe-\(getpid())"
-        let fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw Self.unusable(dir, "cannot write in it: \(Self.errorText())") }
+        let fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return "cannot write in it: \(errorText())" }
         let wrote = write(fd, "x", 1)
+        let e = errno
         close(fd)
         unlink(probe)
-        guard wrote == 1 else { throw Self.unusable(dir, "cannot write in it: \(Self.errorText())") }
-        removeStaleTemporaries()
+        return wrote == 1 ? nil : "cannot write in it: \(errorText(e))"
+    }
+
+    // MARK: a directory that fails later
+
+    /// Why the directory is not in use now (it failed under this running wisp); nil while it is.
+    public var trouble: String? { health.withLock { $0?.trouble } }
+
+    /// What a call served in memory because of `trouble` says in its reply.
+    public func inMemoryNote(_ trouble: String) -> String {
+        "state dir \(directory) is not usable now (\(trouble)); this turn is kept in memory only, and wisp tries the directory again every \(Self.retryInterval.components.seconds) s"
+    }
+
+    /// Sets the directory aside after `why` (said once in the log), to be tried again later.
+    private func failed(_ why: String) {
+        let first = health.withLock { h -> Bool in
+            defer { h = (why, ContinuousClock.now + Self.retryInterval) }
+            return h == nil
+        }
+        if first { log(.error, "state dir \(directory) failed: \(why); threads are served in memory until it works again (tried every \(Self.retryInterval))") }
+    }
+
+    /// Whether the directory may be used now: true while in use, and when a retry that is due
+    /// finds it writable again.
+    private func usable() -> Bool {
+        let due = health.withLock { h -> Bool? in
+            guard let h else { return nil }
+            return ContinuousClock.now >= h.retryAt
+        }
+        guard let due else { return true }
+        guard due else { return false }
+        let dir = directory
+        var st = stat()
+        let why: String? = lstat(dir, &st) != 0 ? "cannot inspect it: \(Self.errorText())"
+            : (st.st_mode & S_IFMT) != S_IFDIR ? "it is no longer a directory" : Self.probe(dir)
+        if let why {
+            failed(why)
+            return false
+        }
+        health.withLock { $0 = nil }
+        log(.info, "state dir \(directory) is usable again: threads are stored again from their next turn")
+        return true
     }
 
     /// `path` made absolute against the working directory, its bytes otherwise as given: no
@@ -139,37 +210,106 @@ public final class ThreadStore: Sendable {
 
     // MARK: locks
 
-    /// Takes the thread's lock, waiting up to `lockWait` for another holder to let go.
-    public func lock(_ id: String) async throws(WispError) -> Lock {
-        let deadline = ContinuousClock.now.advanced(by: Self.lockWait)
-        while true {
-            if let lock = try tryLock(id) { return lock }
-            if Task.isCancelled { throw WispError.cancelledWhileWaiting }
-            guard ContinuousClock.now < deadline else {
-                throw WispError(.busy, "thread '\(id)' is in use by another call or another wisp process sharing state dir \(directory) (its lock \(lockPath(id)) was held for \(Self.lockWait)); try again when that call has finished, or use another thread")
+    /// Takes the thread's lock, waiting up to `lockWait` for another holder to let go; nil when
+    /// the directory is not usable now (`trouble` says why: serve the call in memory). Off the
+    /// pipe's thread: a hung mount blocks the open and the flock.
+    public func lock(_ id: String) async throws(WispError) -> Lock? {
+        try await offPipe { () async throws(WispError) -> Lock? in
+            let deadline = ContinuousClock.now.advanced(by: Self.lockWait)
+            while true {
+                guard self.usable() else { return nil }
+                switch try self.take(id) {
+                case .taken(let lock): return lock
+                case .unusable: return nil
+                case .held: break
+                }
+                if Task.isCancelled { throw WispError.cancelledWhileWaiting }
+                guard ContinuousClock.now < deadline else {
+                    throw WispError(.busy, "thread '\(id)' is in use by another call or another wisp process sharing state dir \(self.directory) (its lock \(self.lockPath(id)) was held for \(Self.lockWait)); try again when that call has finished, or use another thread")
+                }
+                try? await Task.sleep(for: .milliseconds(5))
             }
-            try? await Task.sleep(for: .milliseconds(5))
         }
     }
 
-    /// The thread's lock if no one holds it now, else nil.
+    /// The thread's lock if no one holds it now, else nil (also when the directory failed).
     public func tryLock(_ id: String) throws(WispError) -> Lock? {
+        if case .taken(let lock) = try take(id) { return lock }
+        return nil
+    }
+
+    private enum Take { case taken(Lock), held, unusable }
+
+    private func take(_ id: String) throws(WispError) -> Take {
         let path = lockPath(id)
         while true {
-            let fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0o600)
-            guard fd >= 0 else { throw WispError(.internal, "could not open the lock file \(path): \(Self.errorText())") }
+            hooks.beforeLock(id)
+            // O_NONBLOCK: a FIFO in the lock's place must not block the open.
+            let fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0o600)
+            guard fd >= 0 else {
+                let e = errno
+                if e == EINTR { continue }
+                // Not a file we can lock (ELOOP: a symlink; EISDIR: a directory; ENXIO: a socket).
+                if e == ELOOP || e == EISDIR || e == ENXIO { throw badLock(id, Self.errorText(e)) }
+                failed("cannot open the lock file \(path): \(Self.errorText(e))")
+                return .unusable
+            }
+            var held = stat()
+            guard fstat(fd, &held) == 0, (held.st_mode & S_IFMT) == S_IFREG else {
+                close(fd)
+                throw badLock(id, "it is not a regular file")
+            }
             if flock(fd, LOCK_EX | LOCK_NB) != 0 {
                 let e = errno
                 close(fd)
-                if e == EWOULDBLOCK || e == EINTR { return nil }
-                throw WispError(.internal, "could not lock \(path): \(Self.errorText(e))")
+                if e == EWOULDBLOCK || e == EINTR { return .held }
+                failed("cannot lock \(path): \(Self.errorText(e))")
+                return .unusable
             }
             // Its holder may have unlinked it before we locked it: then the lock guards nothing.
-            var held = stat(), now = stat()
-            if fstat(fd, &held) == 0, lstat(path, &now) == 0, held.st_dev == now.st_dev, held.st_ino == now.st_ino {
-                return Lock(fd: fd)
+            var now = stat()
+            if lstat(path, &now) == 0, held.st_dev == now.st_dev, held.st_ino == now.st_ino {
+                return .taken(Lock(fd: fd, id: id))
             }
             close(fd)
+        }
+    }
+
+    /// A lock file that is not one: moved aside (never deleted: someone may want to look), and
+    /// the call that found it is told; the next call takes a fresh lock.
+    private func badLock(_ id: String, _ why: String) -> WispError {
+        let path = lockPath(id)
+        var st = stat()
+        // Only what is still not a regular file is moved: a racing process may have replaced it
+        // with a real lock file already, which must not be moved from under its holder.
+        let stillBad = lstat(path, &st) == 0 && (st.st_mode & S_IFMT) != S_IFREG
+        let aside = path + ".corrupt-\(Int(Date().timeIntervalSince1970))-\(UInt32.random(in: 0...UInt32.max))"
+        let fate = !stillBad ? "it has been replaced since" : rename(path, aside) == 0 ? "it was moved aside to \(aside)" : "moving it aside failed (\(Self.errorText())); remove it by hand"
+        log(.error, "thread '\(id)': lock file \(path) is unusable (\(why)); \(fate)")
+        return WispError(.internal, "thread '\(id)' could not be locked: its lock file \(path) is not a lock file (\(why)); \(fate). The thread is unchanged: call respond again.")
+    }
+
+    /// Lets go of a thread's lock, removing the lock file when the thread is not stored (so
+    /// ids whose calls never commit leave nothing behind). Blocking: call it off the pipe's thread.
+    public func release(_ lock: Lock) {
+        var st = stat()
+        guard lstat(path(lock.id), &st) != 0 && errno == ENOENT else { return }
+        // Only while the path still names the inode held: once a delete has unlinked it, the
+        // name may be another holder's new lock file (only a holder unlinks its own).
+        var held = stat(), now = stat()
+        let lockFile = lockPath(lock.id)
+        if fstat(lock.fd, &held) == 0, lstat(lockFile, &now) == 0, held.st_dev == now.st_dev, held.st_ino == now.st_ino {
+            unlink(lockFile)
+        }
+    }
+
+    /// Lock files whose thread is not stored, left by processes that died holding them.
+    private func sweepOrphanLocks() {
+        let all = names()
+        let stored = Set(all.compactMap { Self.id(in: $0, prefix: "thread-", suffix: ".json") })
+        for id in all.compactMap({ Self.id(in: $0, prefix: "thread-", suffix: ".lock") }) where !stored.contains(id) {
+            guard let lock = try? tryLock(id) else { continue }
+            release(lock)
         }
     }
 
@@ -192,20 +332,42 @@ public final class ThreadStore: Sendable {
         return Stamp(dev: UInt64(bitPattern: Int64(st.st_dev)), ino: UInt64(st.st_ino), size: Int64(st.st_size), sec: Int(t.tv_sec), nsec: Int(t.tv_nsec))
     }
 
+    /// What `loadIfChanged` found.
+    public enum Found: Sendable {
+        /// The file is the one last seen.
+        case unchanged
+        /// No file is stored (closed, deleted over the cap, or never stored).
+        case none
+        case loaded(State, Stamp)
+    }
+
+    /// The thread's stored state if its file is not the one `seen` (what this process last
+    /// wrote or read). Blocking: call it off the pipe's thread.
+    public func loadIfChanged(_ id: String, seen: Stamp?) throws(WispError) -> Found {
+        guard stamp(id) != seen else { return .unchanged }
+        guard let (state, stamp) = try load(id) else { return .none }
+        return .loaded(state, stamp)
+    }
+
     /// The thread's stored state, nil when none is stored. A corrupt file is moved aside and
     /// the error names it.
     public func load(_ id: String) throws(WispError) -> (State, Stamp)? {
         let file = path(id)
-        var st = stat()
-        guard lstat(file, &st) == 0 else {
-            if errno == ENOENT { return nil }
-            throw WispError(.internal, "could not read stored thread '\(id)' (\(file)): \(Self.errorText())")
+        // Opened first, then checked by its descriptor: a FIFO swapped in after a look by name
+        // would block a plain open for good; O_NONBLOCK opens it at once, and fstat refuses it.
+        let fd = open(file, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else {
+            let e = errno
+            if e == ENOENT { return nil }
+            if e == ELOOP { throw corrupt(id, "it is a symbolic link") }
+            if e == ENXIO { throw corrupt(id, "it is not a regular file") }
+            throw WispError(.internal, "could not read stored thread '\(id)' (\(file)): \(Self.errorText(e))")
         }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { throw WispError(.internal, "could not read stored thread '\(id)' (\(file)): \(Self.errorText())") }
         guard (st.st_mode & S_IFMT) == S_IFREG else { throw corrupt(id, "it is not a regular file") }
         guard st.st_size <= Self.maxFileBytes else { throw corrupt(id, "it is \(st.st_size) bytes, over the \(Self.maxFileBytes)-byte limit") }
-        let fd = open(file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
-        guard fd >= 0 else { throw WispError(.internal, "could not read stored thread '\(id)' (\(file)): \(Self.errorText())") }
-        defer { close(fd) }
         var data = [UInt8](repeating: 0, count: Int(st.st_size))
         var got = 0
         while got < data.count {
@@ -257,7 +419,12 @@ public final class ThreadStore: Sendable {
             return WispError(.internal, "could not store thread '\(id)' in \(directory): \(what): \(Self.errorText(code))")
         }
         let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw failed("creating a temporary file") }
+        guard fd >= 0 else {
+            let e = errno
+            // The directory itself refuses new files (read-only, removed, full): set it aside.
+            self.failed("cannot create a file in it: \(Self.errorText(e))")
+            throw failed("creating a temporary file", e)
+        }
         var offset = 0
         while offset < bytes.count {
             let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
@@ -277,25 +444,31 @@ public final class ThreadStore: Sendable {
 
     /// Makes a rename durable: without it a crash may forget the new directory entry.
     private func syncDirectory() {
-        let fd = open(directory, O_RDONLY | O_CLOEXEC)
+        let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { return }
         fsync(fd)
         close(fd)
     }
 
-    /// Deletes a thread's file; the caller holds `lock` (whose file goes too).
-    public func delete(_ id: String, holding lock: Lock) {
-        unlink(path(id))
+    /// Deletes a thread's file; the caller holds `lock` (whose file goes too). False when the
+    /// file is still there (the directory failed: read-only, say).
+    @discardableResult
+    public func delete(_ id: String, holding lock: Lock) -> Bool {
+        let gone = unlink(path(id)) == 0 || errno == ENOENT
         unlink(lockPath(id))
         syncDirectory()
+        return gone
     }
 
-    /// Deletes a thread's file after taking its lock. True when a file was there.
+    /// Deletes a thread's file after taking its lock. True when a file was there. Nothing is
+    /// deleted while the directory is not usable.
     public func delete(_ id: String) async throws(WispError) -> Bool {
-        let lock = try await self.lock(id)
-        let existed = stamp(id) != nil
-        delete(id, holding: lock)
-        return existed
+        guard let lock = try await self.lock(id) else { return false }
+        return await offPipe {
+            let existed = self.stamp(id) != nil
+            self.delete(id, holding: lock)
+            return existed
+        }
     }
 
     // MARK: listing and the cap
@@ -321,9 +494,11 @@ public final class ThreadStore: Sendable {
     }
 
     private func header(_ id: String) -> Header? {
-        let fd = open(path(id), O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        let fd = open(path(id), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { return nil }
         var buffer = [UInt8](repeating: 0, count: 512)
         let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
         guard n > 0, let newline = buffer[..<n].firstIndex(of: 0x0A) else { return nil }

@@ -22,6 +22,23 @@ public enum ToolCatalogue {
     }
 
     public static func tools(roots: Roots, limits: Limits = Limits()) -> [ModelTool] {
+        tools(resolving: { roots }, limits: limits)
+    }
+
+    /// The catalogue confined to `roots` plus a client's roots `extra`, which are resolved
+    /// (realpath and stat: a hung mount blocks both) at the first tool call, off the pipe's
+    /// thread where tools run, not here: a thread's tools are built inside the registry's accept.
+    public static func tools(roots: Roots, adding extra: [String], limits: Limits = Limits()) -> [ModelTool] {
+        let resolved = Locked<Roots?>(nil)
+        return tools(resolving: {
+            if let known = resolved.withLock({ $0 }) { return known }
+            let all = roots.adding(extra)
+            resolved.withLock { $0 = all }
+            return all
+        }, limits: limits)
+    }
+
+    private static func tools(resolving: @escaping @Sendable () -> Roots, limits: Limits) -> [ModelTool] {
         [
             ModelTool(name: "read_file", description: "Read a text file (optionally lines start_line..end_line).",
                       parametersSchema: ToolSchema(properties: [
@@ -29,14 +46,14 @@ public enum ToolCatalogue {
                           .integer("start_line", minimum: 1), .integer("end_line", minimum: 1),
                       ], required: ["path"]).json) { json in
                 let a = try arguments(ReadFileArguments.self, json)
-                return try readFile(roots: roots, path: a.path, start: a.start_line, end: a.end_line, limits: limits)
+                return try readFile(roots: resolving(), path: a.path, start: a.start_line, end: a.end_line, limits: limits)
             },
             ModelTool(name: "list_directory", description: "List a directory's entries (directories end with /).",
                       parametersSchema: ToolSchema(properties: [
                           .string("path", "directory path, relative to the workspace root; '.' for the root"),
                       ], required: ["path"]).json) { json in
                 let a = try arguments(ListDirectoryArguments.self, json)
-                return try listDirectory(roots: roots, path: a.path, limits: limits)
+                return try listDirectory(roots: resolving(), path: a.path, limits: limits)
             },
             ModelTool(name: "search_text", description: "Find lines matching a literal or regex pattern under a path; prints file:line: text.",
                       parametersSchema: ToolSchema(properties: [
@@ -45,7 +62,7 @@ public enum ToolCatalogue {
                           .boolean("regex", "treat pattern as a regular expression (default false: literal)"),
                       ], required: ["pattern"]).json) { json in
                 let a = try arguments(SearchTextArguments.self, json)
-                return try searchText(roots: roots, pattern: a.pattern, path: a.path ?? ".", regex: a.regex ?? false, limits: limits)
+                return try searchText(roots: resolving(), pattern: a.pattern, path: a.path ?? ".", regex: a.regex ?? false, limits: limits)
             },
         ]
     }
