@@ -50,6 +50,9 @@ async def test_a_state_dir_turned_read_only_serves_in_memory_says_so_and_recover
         # A stored thread not in memory is still read from the read-only directory.
         r = await say(c, "s", "resumed")
         assert r["text"] == "echo 2: resumed" and not r["created"] and "Read-only file system" in r["store_error"], r
+        # Closed meanwhile, it does not come back from its file, which goes once the dir can be written.
+        assert ok(await c.call_tool("close_thread", {"thread_id": "s"}))["closed"]
+        assert (await say(c, "s", "anew"))["created"]
         # Answered and kept in memory, and the caller is told: on the stored thread and on a new one.
         for thread, n in (("t", 2), ("new", 1)):
             r = await c.call_tool("respond", {"prompt": "ro", "thread_id": thread})
@@ -70,6 +73,7 @@ async def test_a_state_dir_turned_read_only_serves_in_memory_says_so_and_recover
         await anyio.sleep(5.5)
         r = await say(c, "t", "3")
         assert r["text"] == "echo 3: 3" and r.get("store_error") is None, r
+        assert not (state / "thread-s.json").exists()
         lines = (state / "thread-t.json").read_text().splitlines()
         assert json.loads(lines[0])["turns"] == 3
         assert "threads are not stored" not in text_of(await c.call_tool("list_threads", {}))

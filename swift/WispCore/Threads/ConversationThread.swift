@@ -127,10 +127,12 @@ public actor ConversationThread {
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
                        onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Agent.Outcome? {
         if let durability, !closed {
-            // Nil while the state dir is not usable: the call is served in memory. What is
+            // No lock while the state dir is not usable: the call is served in memory. What is
             // stored is still read where it can be (a read-only directory holds its threads).
-            held = try await durability.store.lock(id)
-            if held != nil { try await reload(durability) } else { try? await reload(durability) }
+            // Turns the store missed (`unstored`) make this memory the thread, whatever file is there.
+            let (lock, found) = try await durability.store.lockAndLoad(id, seen: stamp, load: !unstored)
+            held = lock
+            try await reload(found, durability)
         }
         if agent.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
@@ -152,11 +154,13 @@ public actor ConversationThread {
         return outcome
     }
 
-    /// Lets go of the store's lock (off the pipe's thread: it looks at the disk), removing the
-    /// lock file if the thread is not stored.
+    /// Lets go of the store's lock, removing the lock file if the thread is not stored (off the
+    /// pipe's thread: it looks at the disk). A thread whose file this call saw or wrote keeps its
+    /// lock file: that file goes only with the thread's (a delete, here or in another process).
     private func release() async {
         guard let durability, let lock = held else { return }
         held = nil
+        guard stamp == nil else { return }
         let store = durability.store
         await offPipe { store.release(lock) }
     }
@@ -204,15 +208,11 @@ public actor ConversationThread {
         return outcome
     }
 
-    /// Brings a durable thread up to its stored state when the file is not the one this thread
-    /// last saw: stored by another process, resumed after a restart, or deleted (closed elsewhere,
-    /// or over the cap), which leaves the thread empty with its binding.
-    private func reload(_ durability: Durability) async throws(WispError) {
-        // Turns the store missed: this memory is the thread, whatever file is there.
-        guard !unstored else { return }
-        let store = durability.store, id = self.id, seen = stamp
-        // Off the pipe's thread: the stat, reading and decoding the file.
-        let found = try await offPipe { () throws(WispError) in try store.loadIfChanged(id, seen: seen) }
+    /// Brings a durable thread up to its stored state when the store `found` the file is not the
+    /// one this thread last saw: stored by another process, resumed after a restart, or deleted
+    /// (closed elsewhere, or over the cap), which leaves the thread empty with its binding.
+    private func reload(_ found: ThreadStore.Found, _ durability: Durability) async throws(WispError) {
+        let store = durability.store, id = self.id
         guard case .loaded(let state, let loaded) = found else {
             if case .none = found {
                 agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools)

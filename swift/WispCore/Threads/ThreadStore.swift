@@ -48,6 +48,9 @@ public final class ThreadStore: Sendable {
     private let hooks: Hooks
     /// Why the directory is not in use now, and when to try it again (nil: in use).
     private let health = Locked<(trouble: String, retryAt: ContinuousClock.Instant)?>(nil)
+    /// Threads closed while the directory could not be written: their files are not read (a
+    /// closed thread must not come back) and are deleted once it can be.
+    private let closedMeanwhile = Locked<Set<String>>([])
     /// How long a failed directory is left alone before it is tried again.
     public static let retryInterval = Duration.seconds(5)
 
@@ -172,6 +175,11 @@ public final class ThreadStore: Sendable {
         }
         health.withLock { $0 = nil }
         log(.info, "state dir \(directory) is usable again: threads are stored again from their next turn")
+        for id in closedMeanwhile.withLock({ $0 }) {
+            guard let lock = try? tryLock(id) else { continue }
+            delete(id, holding: lock)
+            _ = closedMeanwhile.withLock { $0.remove(id) }
+        }
         return true
     }
 
@@ -228,6 +236,23 @@ public final class ThreadStore: Sendable {
                     throw WispError(.busy, "thread '\(id)' is in use by another call or another wisp process sharing state dir \(self.directory) (its lock \(self.lockPath(id)) was held for \(Self.lockWait)); try again when that call has finished, or use another thread")
                 }
                 try? await Task.sleep(for: .milliseconds(5))
+            }
+        }
+    }
+
+    /// `lock`, then (with `load`) what `loadIfChanged(id, seen:)` finds, in one trip off the
+    /// pipe's thread. Without the lock (the directory failed) a read that fails is taken for
+    /// `.unchanged`: the call goes on in memory. A failed read under the lock lets it go first.
+    public func lockAndLoad(_ id: String, seen: Stamp?, load: Bool) async throws(WispError) -> (Lock?, Found) {
+        try await offPipe { () async throws(WispError) -> (Lock?, Found) in
+            let lock = try await self.lock(id)
+            guard load else { return (lock, .unchanged) }
+            do throws(WispError) {
+                return (lock, try self.loadIfChanged(id, seen: seen))
+            } catch {
+                guard let lock else { return (nil, .unchanged) }
+                self.release(lock)
+                throw error
             }
         }
     }
@@ -344,6 +369,7 @@ public final class ThreadStore: Sendable {
     /// The thread's stored state if its file is not the one `seen` (what this process last
     /// wrote or read). Blocking: call it off the pipe's thread.
     public func loadIfChanged(_ id: String, seen: Stamp?) throws(WispError) -> Found {
+        if closedMeanwhile.withLock({ $0.contains(id) }) { return .none }
         guard stamp(id) != seen else { return .unchanged }
         guard let (state, stamp) = try load(id) else { return .none }
         return .loaded(state, stamp)
@@ -437,6 +463,7 @@ public final class ThreadStore: Sendable {
         fstat(fd, &st)
         close(fd)
         guard rename(temporary, file) == 0 else { throw failed("renaming into place") }
+        _ = closedMeanwhile.withLock { $0.remove(id) }
         syncDirectory()
         if isNew { enforceCap(keeping: id) }
         return Self.stamp(st)
@@ -463,7 +490,12 @@ public final class ThreadStore: Sendable {
     /// Deletes a thread's file after taking its lock. True when a file was there. Nothing is
     /// deleted while the directory is not usable.
     public func delete(_ id: String) async throws(WispError) -> Bool {
-        guard let lock = try await self.lock(id) else { return false }
+        guard let lock = try await self.lock(id) else {
+            // Deleted once the directory can be written; not read meanwhile.
+            let stored = await offPipe { self.stamp(id) != nil }
+            if stored { closedMeanwhile.withLock { _ = $0.insert(id) } }
+            return stored
+        }
         return await offPipe {
             let existed = self.stamp(id) != nil
             self.delete(id, holding: lock)
@@ -483,7 +515,7 @@ public final class ThreadStore: Sendable {
     public func summaries() -> [Summary] {
         var out: [Summary] = []
         for name in names() {
-            guard let id = Self.id(in: name, prefix: "thread-", suffix: ".json") else { continue }
+            guard let id = Self.id(in: name, prefix: "thread-", suffix: ".json"), !closedMeanwhile.withLock({ $0.contains(id) }) else { continue }
             var st = stat()
             guard lstat(path(id), &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { continue }
             let s = Self.stamp(st)
