@@ -53,3 +53,36 @@ async def test_crafted_paths_are_refused_at_once_and_starve_no_one(tmp_path):
         before = sum(core.cpu_times()[:2])
         await asyncio.sleep(1.0)
         assert sum(core.cpu_times()[:2]) - before < 0.2
+
+
+def test_a_hostile_client_gets_short_errors_for_crafted_and_unicode_paths(tmp_path):
+    """Raw JSON-RPC, as a hostile client sends it: the crafted path, and the NFD sibling of an
+    NFC root, each refused with a short error naming the path's start; the next call is served."""
+    from harness import call, read_until, spawn_initialized
+
+    root = tmp_path / "caf\u00e9"
+    root.mkdir()
+    (root / "ok.txt").write_text("fine\n")
+    try:
+        (tmp_path / "cafe\u0301").mkdir()
+        (tmp_path / "cafe\u0301" / "secret.txt").write_text("the nfd secret\n")
+        sibling = ["../cafe\u0301/secret.txt"]
+    except FileExistsError:  # a file system that takes the two names for one (macOS)
+        sibling = []
+    proc = spawn_initialized("--root", str(root))
+    try:
+        lines: list[bytes] = []
+        for n, path in enumerate([CRAFTED, *sibling], start=10):
+            proc.stdin.write(call("respond", {"prompt": "read", "files": [path]}, n))
+            proc.stdin.flush()
+            reply = read_until(proc, n, lines)
+            text = reply["result"]["content"][0]["text"]
+            assert reply["result"]["isError"] and text.startswith("invalid_argument: files: "), text[:300]
+            assert len(text) < 600 and "secret" not in text.replace("secret.txt", ""), text[:300]
+        proc.stdin.write(call("respond", {"prompt": "read", "files": ["ok.txt"]}, 20))
+        proc.stdin.flush()
+        served = read_until(proc, 20, lines)["result"]
+        assert not served["isError"] and served["structuredContent"]["text"] == "echo 1: read\nfile ok.txt: fine"
+    finally:
+        proc.stdin.close()
+        proc.wait(10)

@@ -195,8 +195,8 @@ public actor ThreadRegistry {
         }
         // By bytes: to `String.hasPrefix` a "/" followed by a combining mark is no "/".
         for root in roots where root.utf8.first != UInt8(ascii: "/") || root.utf8.contains(0) {
-            let shown = root.count > 80 ? String(root.prefix(80)) + "…" : root
-            throw WispError(.invalidArgument, "client root \(shown.debugDescription) is not usable: a root must be an absolute path without NUL bytes")
+            // Bounded in bytes: a single Character may be any number of combining marks.
+            throw WispError(.invalidArgument, "client root \(Roots.shown(root).debugDescription) is not usable: a root must be an absolute path without NUL bytes")
         }
     }
 
