@@ -186,7 +186,7 @@ public actor ConversationThread {
         if closed {
             // Closed while the file was written (close left the deleting to this call, which
             // still holds the lock): the new file must not bring the thread back.
-            if let held { await offPipe { store.delete(id, holding: held) } }
+            if let held { _ = await offPipe { store.delete(id, holding: held) } }
             stamp = nil
             return outcome
         }
@@ -242,7 +242,7 @@ public actor ConversationThread {
         if saving { return true }
         let store = durability.store, id = self.id
         // The lock stays held (this closure keeps it) until the file is gone, even if the call ends meanwhile.
-        await offPipe { store.delete(id, holding: held) }
+        _ = await offPipe { store.delete(id, holding: held) }
         return true
     }
 
