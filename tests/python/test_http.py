@@ -1,0 +1,306 @@
+"""The shared server (`--http HOST:PORT`): MCP's streamable HTTP through the SDK's own client,
+in both protocol generations it speaks (2025-11-25 with sessions, 2026-07-28 without), and raw
+HTTP (httpx2, the SDK's HTTP client) for what a hostile or broken client sends: no token, a
+wrong one, a foreign Origin or Host, a body over the limit, a connection dropped mid-call.
+
+Every server here listens on 127.0.0.1 on a port the OS picks (`:0`, read back from the log
+line that says where it serves), with the echo backend."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import psutil
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from harness import REPO, error_text, ok, running, shim_command, shim_env, text_of
+
+MODES = ("legacy", "2026-07-28")  # 2025-11-25 with a session; 2026-07-28 without
+ACCEPT = "application/json, text/event-stream"
+
+
+class HttpWisp:
+    def __init__(self, proc: subprocess.Popen, errlog, url: str, token: str) -> None:
+        self.proc, self.errlog, self.url, self.token = proc, errlog, url, token
+        self.port = int(re.search(r":(\d+)/mcp", url).group(1))
+
+    def log(self) -> str:
+        self.errlog.flush()
+        self.errlog.seek(0)
+        text = self.errlog.read()
+        self.errlog.seek(0, os.SEEK_END)
+        return text
+
+    def core_pids(self) -> list[int]:
+        return [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", self.log())]
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}", "Accept": ACCEPT, **extra}
+
+
+def start_http(*args: str, env: dict[str, str] | None = None, token: str | None = None, errlog=None) -> subprocess.Popen:
+    token_env = {"WISP_HTTP_TOKEN": token} if token else {}
+    return subprocess.Popen(
+        shim_command("--backend", "echo", "--http", "127.0.0.1:0", *args), stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=errlog if errlog is not None else subprocess.PIPE,
+        env=shim_env(**token_env, **(env or {})), cwd=REPO,
+    )
+
+
+@asynccontextmanager
+async def http_wisp(*args: str, env: dict[str, str] | None = None):
+    token = secrets.token_urlsafe(32)
+    with tempfile.TemporaryFile("w+") as errlog:
+        proc = start_http(*args, env=env, token=token, errlog=errlog)
+        server = None
+        try:
+            with anyio.fail_after(20):
+                while True:
+                    errlog.seek(0)
+                    m = re.search(r"serving MCP at (http://\S+/mcp)", errlog.read())
+                    if m:
+                        break
+                    assert proc.poll() is None, f"wisp --http exited with {proc.returncode}"
+                    await anyio.sleep(0.02)
+            server = HttpWisp(proc, errlog, m.group(1), token)
+            yield server
+        except BaseException:
+            sys.stderr.write("---- wisp --http stderr ----\n" + (server.log() if server else "")[-8000:] + "\n")
+            raise
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+@asynccontextmanager
+async def client(server: HttpWisp, mode: str = "legacy", token: str | None = None, **kw):
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token or server.token}"}, timeout=60) as hc:
+        async with Client(streamable_http_client(server.url, http_client=hc), mode=mode, **kw) as c:
+            yield c
+
+
+def modern_call(name: str, arguments: dict, id: int = 1) -> dict:
+    """A 2026-07-28 tools/call, self-contained as that protocol sends one."""
+    return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": name, "arguments": arguments,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}},
+    }}
+
+
+MODERN_HEADERS = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "respond"}
+
+
+async def threads_of(server: HttpWisp) -> dict[str, int]:
+    async with client(server) as c:
+        listing = ok(await c.call_tool("list_threads", {}))
+    return {t["thread_id"]: t["turns"] for t in listing["threads"]}
+
+
+# --- 1. one server, many clients ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first, second", [("legacy", "2026-07-28"), ("2026-07-28", "legacy")])
+async def test_two_clients_share_a_thread(first, second):
+    async with http_wisp() as server:
+        async with client(server, first) as a, client(server, second) as b:
+            made = ok(await a.call_tool("respond", {"prompt": "from a"}))
+            assert made["created"] is True
+            went_on = ok(await b.call_tool("respond", {"prompt": "from b", "thread_id": made["thread_id"]}))
+            assert (went_on["created"], went_on["turns"], went_on["text"]) == (False, 2, "echo 2: from b")
+            # Both see the one registry.
+            for c in (a, b):
+                listing = ok(await c.call_tool("list_threads", {}))
+                assert [(t["thread_id"], t["turns"]) for t in listing["threads"]] == [(made["thread_id"], 2)]
+        assert len(server.core_pids()) == 1  # one core for every client
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_progress_reaches_the_calling_client_only(mode):
+    async with http_wisp() as server:
+        async with client(server, mode) as a, client(server, mode) as b:
+            seen: dict[str, list] = {"a": [], "b": []}
+
+            def recorder(who):
+                async def record(progress, total, message):
+                    seen[who].append((progress, message))
+                return record
+
+            async with anyio.create_task_group() as tg:
+                async def call(c, who):
+                    r = ok(await c.call_tool("respond", {"prompt": f"!sleep 300 from-{who} " + "word " * 8, "thread_id": who},
+                                             progress_callback=recorder(who)))
+                    assert r["text"].startswith(f"echo 1: !sleep 300 from-{who}")
+                tg.start_soon(call, a, "a")
+                tg.start_soon(call, b, "b")
+        for who, other in (("a", "b"), ("b", "a")):
+            assert seen[who], f"client {who} got no progress"
+            assert all(f"from-{who}" in m and f"from-{other}" not in m for _, m in seen[who]), seen[who]
+
+
+# --- 2. the token ---------------------------------------------------------------------------------
+
+
+async def test_no_token_or_a_wrong_one_is_401_and_the_tool_never_runs():
+    async with http_wisp() as server:
+        wrong = [
+            {},  # none
+            {"Authorization": "Bearer " + server.token[:-1] + ("A" if server.token[-1] != "A" else "B")},
+            {"Authorization": "Bearer " + server.token[:-1]},  # a prefix of it
+            {"Authorization": "Bearer " + server.token + "x"},
+            {"Authorization": "Basic " + server.token},
+            {"Authorization": "Bearer"},
+            {"Authorization": b"Bearer \xe9" + server.token.encode()},  # not ASCII
+        ]
+        async with httpx2.AsyncClient(timeout=30) as hc:
+            for i, auth in enumerate(wrong):
+                headers = {"Accept": ACCEPT, **MODERN_HEADERS, **auth}
+                r = await hc.post(server.url, json=modern_call("respond", {"prompt": "x", "thread_id": f"probe{i}"}), headers=headers)
+                assert r.status_code == 401, (auth, r.status_code, r.text)
+                assert r.headers["www-authenticate"].startswith("Bearer"), r.headers
+                # A 2025-11-25 initialize and a GET stream are refused the same way.
+                init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+                r = await hc.post(server.url, json=init, headers={"Accept": ACCEPT, **auth})
+                assert r.status_code == 401 and "mcp-session-id" not in r.headers
+                r = await hc.get(server.url, headers={"Accept": "text/event-stream", **auth})
+                assert r.status_code == 401
+        # Through the SDK's own client with a wrong token: it fails to connect.
+        with pytest.raises(Exception):
+            async with client(server, "legacy", token="not-the-token-at-all-0123456789"):
+                pass
+        assert not server.core_pids(), "a request without the token started the core"
+        assert await threads_of(server) == {}  # no probe thread was ever made
+
+
+async def test_a_token_file_readable_by_others_or_not_a_regular_file_is_refused(tmp_path):
+    good = tmp_path / "token"
+    good.write_text(secrets.token_urlsafe(32) + "\n")
+    good.chmod(0o644)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    short.chmod(0o600)
+    for path, why in ((good, "0644"), (tmp_path, "not a regular file"), (fifo, "not a regular file"),
+                      (tmp_path / "missing", "does not exist"), (short, "at least 16")):
+        proc = start_http("--token-file", str(path))
+        try:
+            _, err = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode not in (0, None) and why in err.decode() and str(path) in err.decode(), (path, err)
+    good.chmod(0o600)
+    async with http_wisp("--token-file", str(good)) as server:  # WISP_HTTP_TOKEN wins over the file
+        assert "WISP_HTTP_TOKEN" in server.log()
+
+
+async def test_a_generated_token_is_kept_0600_in_a_0700_dir_and_check_says_where_not_what(tmp_path):
+    env = shim_env(XDG_CONFIG_HOME=str(tmp_path / "config"))
+    path = tmp_path / "config" / "wisp" / "http-token"
+    check = subprocess.run(shim_command("--backend", "echo", "--http", "127.0.0.1:8765", "--check"), env=env,
+                           capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert check.returncode == 0, check.stderr
+    assert str(path) in check.stdout and "http://127.0.0.1:8765/mcp" in check.stdout
+    assert not path.exists()  # --check looks; it writes nothing
+    proc = subprocess.Popen(shim_command("--backend", "echo", "--http", "127.0.0.1:0"), env=env, cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        while "serving MCP at" not in line:
+            assert line, "wisp exited before serving"
+            line = proc.stderr.readline()
+        url = re.search(r"(http://\S+/mcp)", line).group(1)
+        token = path.read_text().strip()
+        assert len(token) >= 43 and re.fullmatch(r"[A-Za-z0-9_-]+", token)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert token not in line
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as hc:
+            async with Client(streamable_http_client(url, http_client=hc), mode="legacy") as c:
+                ok(await c.call_tool("respond", {"prompt": "with the generated token"}))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+    check = subprocess.run(shim_command("--backend", "echo", "--http", "127.0.0.1:8765", "--check"), env=env,
+                           capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert str(path) in check.stdout and token not in check.stdout + check.stderr
+    # The next start reuses it.
+    again = subprocess.Popen(shim_command("--backend", "echo", "--http", "127.0.0.1:0"), env=env, cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        while "serving MCP at" not in (line := again.stderr.readline()):
+            assert line
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.wait(10)
+    assert path.read_text().strip() == token
+
+
+# --- 3. loopback, Host and Origin -------------------------------------------------------------------
+
+
+def test_a_non_loopback_bind_without_allow_remote_refuses_to_start():
+    for where in ("0.0.0.0:0", "[::]:0", "192.0.2.1:0", "example.com:0"):
+        r = subprocess.run(shim_command("--backend", "echo", "--http", where), env=shim_env(WISP_HTTP_TOKEN="x" * 32),
+                           capture_output=True, text=True, timeout=30, cwd=REPO)
+        assert r.returncode != 0 and "--allow-remote" in r.stderr and "loopback" in r.stderr, (where, r.stderr)
+    # WISP_HTTP is the same setting.
+    r = subprocess.run(shim_command("--backend", "echo"), env=shim_env(WISP_HTTP="0.0.0.0:0", WISP_HTTP_TOKEN="x" * 32),
+                       capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert r.returncode != 0 and "--allow-remote" in r.stderr
+
+
+async def test_a_foreign_origin_is_403_and_a_foreign_host_421_even_with_the_token():
+    async with http_wisp() as server:
+        async with httpx2.AsyncClient(timeout=30) as hc:
+            cases = [
+                ({"Origin": "http://evil.example"}, 403),
+                ({"Origin": f"http://evil.example:{server.port}"}, 403),
+                ({"Origin": "http://127.0.0.1:1"}, 403),  # loopback, but another server's origin
+                ({"Origin": "null"}, 403),
+                ({"Host": f"evil.example:{server.port}"}, 421),  # a rebound DNS name
+                ({"Host": "127.0.0.1:1"}, 421),
+            ]
+            for i, (extra, status) in enumerate(cases):
+                body = modern_call("respond", {"prompt": "x", "thread_id": f"foreign{i}"})
+                r = await hc.post(server.url, json=body, headers=server.headers(**MODERN_HEADERS, **extra))
+                assert r.status_code == status, (extra, r.status_code, r.text)
+            # This server's own origin, and localhost for it, are served.
+            for origin in (f"http://127.0.0.1:{server.port}", f"http://localhost:{server.port}"):
+                r = await hc.post(server.url, json=modern_call("respond", {"prompt": "x", "thread_id": "mine"}),
+                                  headers=server.headers(**MODERN_HEADERS, Origin=origin))
+                assert r.status_code == 200, (origin, r.text)
+        assert await threads_of(server) == {"mine": 2}
+
+
+async def test_a_body_over_the_limit_is_413_before_anything_runs():
+    from wisp_shim.http_server import MAX_BODY_BYTES
+
+    async with http_wisp() as server:
+        big = modern_call("respond", {"prompt": "x" * (MAX_BODY_BYTES + 1), "thread_id": "big"})
+        async with httpx2.AsyncClient(timeout=60) as hc:
+            r = await hc.post(server.url, content=json.dumps(big).encode(), headers=server.headers(**MODERN_HEADERS, **{"Content-Type": "application/json"}))
+            assert r.status_code == 413, r.text
+            # A prompt just under the frame limit is a tool error from wisp's own check, not a 413.
+        assert await threads_of(server) == {}
