@@ -304,3 +304,246 @@ async def test_a_body_over_the_limit_is_413_before_anything_runs():
             assert r.status_code == 413, r.text
             # A prompt just under the frame limit is a tool error from wisp's own check, not a 413.
         assert await threads_of(server) == {}
+
+
+# --- 4. roots are the calling session's ------------------------------------------------------------
+
+
+async def test_each_call_uses_the_roots_of_the_session_that_made_it(tmp_path):
+    from mcp.types import ListRootsResult, Root
+
+    dirs = {}
+    for who in ("a", "b", "own"):
+        d = tmp_path / who
+        d.mkdir()
+        (d / "note.txt").write_text(f"note of {who}\n")
+        dirs[who] = d
+
+    def offering(d: Path):
+        async def list_roots(context) -> ListRootsResult:
+            return ListRootsResult(roots=[Root(uri=d.as_uri(), name=d.name)])
+        return list_roots
+
+    def read(path: Path) -> str:
+        return "!tool read_file " + json.dumps({"path": str(path)})
+
+    async with http_wisp("--root", str(dirs["own"])) as server:
+        async with client(server, list_roots_callback=offering(dirs["a"])) as a, \
+                client(server, list_roots_callback=offering(dirs["b"])) as b, client(server, "2026-07-28") as modern:
+            for c, who in ((a, "a"), (b, "b"), (modern, "m")):
+                ok(await c.call_tool("respond", {"prompt": "hi", "thread_id": who, "tools": ["read_file"]}))
+            assert ok(await a.call_tool("respond", {"prompt": read(dirs["a"] / "note.txt"), "thread_id": "a"}))["text"].endswith("note of a\n")
+            assert "outside the readable roots" in ok(await a.call_tool("respond", {"prompt": read(dirs["b"] / "note.txt"), "thread_id": "a"}))["text"]
+            assert ok(await b.call_tool("respond", {"prompt": read(dirs["b"] / "note.txt"), "thread_id": "b"}))["text"].endswith("note of b\n")
+            assert "outside the readable roots" in ok(await b.call_tool("respond", {"prompt": read(dirs["a"] / "note.txt"), "thread_id": "b"}))["text"]
+            # A 2026-07-28 client has no roots to offer (no server-to-client requests): wisp's own --root.
+            assert ok(await modern.call_tool("respond", {"prompt": read(dirs["own"] / "note.txt"), "thread_id": "m"}))["text"].endswith("note of own\n")
+            assert "outside the readable roots" in ok(await modern.call_tool("respond", {"prompt": read(dirs["a"] / "note.txt"), "thread_id": "m"}))["text"]
+
+
+async def _events(lines) -> dict:
+    """The next JSON-RPC message on an SSE stream."""
+    async for line in lines:
+        if line.startswith("data:"):
+            return json.loads(line[5:])
+    raise AssertionError("the stream ended")
+
+
+@pytest.mark.parametrize("answer, why", [
+    ({"roots": [{"uri": 5}]}, "roots.0.uri"),
+    ({"roots": "file:///tmp"}, "roots"),
+], ids=["uri not a string", "roots not a list"])
+async def test_a_hostile_answer_to_roots_list_fails_that_call_with_invalid_argument(answer, why):
+    async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
+        headers = await _legacy_session(hc, server, {"roots": {"listChanged": False}})
+        body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "respond", "arguments": {"prompt": "p", "thread_id": "r", "tools": ["read_file"]}}}
+        async with hc.stream("POST", server.url, json=body, headers=headers) as r:
+            lines = r.aiter_lines()
+            ask = await _events(lines)
+            assert ask.get("method") == "roots/list", ask  # asked on the call's own stream
+            posted = await hc.post(server.url, json={"jsonrpc": "2.0", "id": ask["id"], "result": answer}, headers=headers)
+            assert posted.status_code == 202
+            reply = await _events(lines)
+        assert reply["id"] == 7 and reply["result"]["isError"], reply
+        text = reply["result"]["content"][0]["text"]
+        assert text.startswith("invalid_argument:") and "roots/list" in text and why in text, text
+        assert await threads_of(server) == {}
+
+
+# --- 5. calls as over stdio ------------------------------------------------------------------------
+
+
+async def test_eight_clients_fifty_calls_each_on_their_own_threads_at_once():
+    errors: list[str] = []
+    async with http_wisp() as server:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(client(server, MODES[i % 2])) for i in range(8)]
+
+            async def run(i: int, c) -> None:
+                for n in range(1, 51):
+                    try:
+                        r = await c.call_tool("respond", {"prompt": f"c{i} n{n}", "thread_id": f"client-{i}"})
+                        if r.is_error or r.structured_content["text"] != f"echo {n}: c{i} n{n}":
+                            errors.append(f"client {i} call {n}: {text_of(r)}")
+                    except Exception as exc:
+                        errors.append(f"client {i} call {n}: {exc!r}")
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    for i, c in enumerate(clients):
+                        tg.start_soon(run, i, c)
+        assert errors == []
+        assert await threads_of(server) == {f"client-{i}": 50 for i in range(8)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_clients_cancel_stops_its_call_only_and_leaves_the_thread_unchanged(mode):
+    async with http_wisp() as server:
+        async with client(server, mode) as a, client(server, mode) as b:
+            ok(await a.call_tool("respond", {"prompt": "one", "thread_id": "t"}))
+            other = None
+
+            async def other_call() -> None:
+                nonlocal other
+                other = ok(await b.call_tool("respond", {"prompt": "!sleep 1500 other", "thread_id": "u"}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other_call)
+                with anyio.move_on_after(0.5) as scope:
+                    await a.call_tool("respond", {"prompt": "!sleep 5000 cancelled", "thread_id": "t"})
+                assert scope.cancelled_caught
+            # The other client's call on another thread was not touched by the cancel.
+            assert other is not None and other["text"] == "echo 1: !sleep 1500 other"
+            start = time.monotonic()
+            after = ok(await a.call_tool("respond", {"prompt": "after", "thread_id": "t"}))
+            # Not queued behind the cancelled call, whose turn was not kept.
+            assert (after["text"], after["turns"]) == ("echo 2: after", 2) and time.monotonic() - start < 2.5
+
+
+async def _legacy_session(hc: httpx2.AsyncClient, server: HttpWisp, capabilities: dict | None = None) -> dict[str, str]:
+    """A raw 2025-11-25 session: initialize, initialized; the headers its requests carry."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": capabilities or {}, "clientInfo": {"name": "raw", "version": "0"}}}
+    r = await hc.post(server.url, json=init, headers=server.headers())
+    assert r.status_code == 200, r.text
+    headers = server.headers(**{"Mcp-Session-Id": r.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"})
+    r = await hc.post(server.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+    assert r.status_code == 202, r.text
+    return headers
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_client_that_drops_its_connection_mid_call_leaves_the_thread_unchanged(mode):
+    async with http_wisp() as server:
+        async with client(server) as a:
+            ok(await a.call_tool("respond", {"prompt": "one", "thread_id": "t"}))
+            async with httpx2.AsyncClient(timeout=30) as hc:
+                if mode == "legacy":
+                    headers = await _legacy_session(hc, server)
+                    body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                            "params": {"name": "respond", "arguments": {"prompt": "!sleep 4000 dropped", "thread_id": "t"}}}
+                else:
+                    headers, body = server.headers(**MODERN_HEADERS), modern_call("respond", {"prompt": "!sleep 4000 dropped", "thread_id": "t"})
+                # A 2026-07-28 reply's headers come with its first event, a 2025-11-25 one's at once:
+                # either way the connection is closed 0.5 s in, while the call runs in the core.
+                with anyio.move_on_after(0.5) as dropped:
+                    async with hc.stream("POST", server.url, json=body, headers=headers) as r:
+                        assert r.status_code == 200
+                        await anyio.sleep_forever()
+                assert dropped.cancelled_caught
+            start = time.monotonic()
+            after = ok(await a.call_tool("respond", {"prompt": "after", "thread_id": "t"}))
+            assert (after["text"], after["turns"]) == ("echo 2: after", 2) and time.monotonic() - start < 3
+
+
+async def test_one_session_over_the_cap_gets_a_clear_error_and_idle_sessions_expire():
+    async with http_wisp("--max-sessions", "2", "--session-idle-timeout", "1.5") as server:
+        async with httpx2.AsyncClient(timeout=30) as hc:
+            first = await _legacy_session(hc, server)
+            await _legacy_session(hc, server)
+            init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "third", "version": "0"}}}
+            r = await hc.post(server.url, json=init, headers=server.headers())
+            assert r.status_code == 503 and "mcp-session-id" not in r.headers
+            message = r.json()["error"]["message"]
+            assert "at most 2" in message and "--max-sessions" in message, message
+            # 2026-07-28 requests open no session: still served.
+            r = await hc.post(server.url, json=modern_call("list_threads", {}), headers=server.headers(**{**MODERN_HEADERS, "Mcp-Name": "list_threads"}))
+            assert r.status_code == 200, r.text
+            # Idle past the timeout, a session is gone (404, as the transport spec says), and its slot is free.
+            await anyio.sleep(2.5)
+            r = await hc.post(server.url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=first)
+            assert r.status_code == 404, r.text
+            await _legacy_session(hc, server)
+
+
+# --- 6. lifecycle -------------------------------------------------------------------------------------
+
+
+async def test_sigterm_during_calls_exits_within_3_s_with_no_orphan():
+    async with http_wisp() as server:
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(client(server, MODES[i % 2])) for i in range(4)]
+            ok(await clients[0].call_tool("respond", {"prompt": "start the core"}))
+            [core] = server.core_pids()
+            kids = psutil.Process(server.proc.pid).children(recursive=True)
+            assert core in [k.pid for k in kids]
+            ended: list[str] = []
+
+            async def hang(c) -> None:
+                try:
+                    r = await c.call_tool("respond", {"prompt": "!sleep 20000 long"})
+                    ended.append(text_of(r))
+                except Exception as exc:
+                    ended.append(repr(exc))
+
+            async with anyio.create_task_group() as tg:
+                for c in clients:
+                    tg.start_soon(hang, c)
+                await anyio.sleep(0.5)
+                start = time.monotonic()
+                server.proc.send_signal(signal.SIGTERM)
+                while server.proc.poll() is None:
+                    assert time.monotonic() - start < 3, "wisp --http did not exit within 3 s of SIGTERM"
+                    await anyio.sleep(0.02)
+                took = time.monotonic() - start
+                with anyio.fail_after(10):  # every client's call ends: none waits on a dead server
+                    while len(ended) < len(clients):
+                        await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+            print(f"SIGTERM with 4 calls running: exited in {took:.2f} s; the calls ended with {ended}")
+            # Cancelled as over stdio: each caller is told, none is left waiting.
+            assert all(e.startswith("shutting_down:") for e in ended), ended
+            assert server.proc.returncode == 0
+            assert not [k.pid for k in kids if running(k.pid)], "a child outlived wisp --http"
+
+
+@pytest.mark.parametrize("durable", [False, True], ids=["memory", "state-dir"])
+async def test_a_core_killed_mid_call_loses_its_threads_or_nothing_with_a_state_dir(durable, tmp_path):
+    args = ("--state-dir", str(tmp_path / "state")) if durable else ()
+    async with http_wisp(*args) as server:
+        async with client(server, "legacy") as a, client(server, "2026-07-28") as b:
+            ok(await a.call_tool("respond", {"prompt": "keep me", "thread_id": "kept"}))
+            [core] = server.core_pids()
+            crashed = None
+
+            async def running_call() -> None:
+                nonlocal crashed
+                crashed = await b.call_tool("respond", {"prompt": "!sleep 10000 running", "thread_id": "running"})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(running_call)
+                await anyio.sleep(0.5)
+                os.kill(core, signal.SIGKILL)
+            assert error_text(crashed).startswith("core_crashed:")
+            later = await a.call_tool("respond", {"prompt": "still there?", "thread_id": "kept"})
+            if durable:
+                assert (ok(later)["created"], ok(later)["text"]) == (False, "echo 2: still there?")
+            else:
+                assert error_text(later).startswith("thread_lost:") and "kept" in error_text(later)
+            with anyio.fail_after(5):  # restarted, once, for every client
+                while len(server.core_pids()) < 2:
+                    await anyio.sleep(0.05)
+            ok(await b.call_tool("respond", {"prompt": "on the new core", "thread_id": "running"}))
+            assert len(server.core_pids()) == 2
