@@ -441,10 +441,19 @@ def listen(bind: Bind) -> socket.socket:
     host = bind.host
     if host.lower() == "localhost":
         host, family = "127.0.0.1", socket.AF_INET
+    # proto IPPROTO_TCP, not socket.create_server's 0: asyncio turns Nagle off (TCP_NODELAY) only
+    # on connections whose socket says TCP, and with Nagle on, a reply written as headers then
+    # body waits for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        sock = socket.create_server((host, bind.port), family=family, reuse_port=False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, bind.port))
+        sock.listen(socket.SOMAXCONN)
     except OSError as exc:
-        hint = " (another wisp may be serving there: try `curl -s http://HOST:PORT/mcp`, or choose another port)" if exc.errno == errno.EADDRINUSE else ""
+        sock.close()
+        hint = " (another wisp may be serving there; choose another port)" if exc.errno == errno.EADDRINUSE else ""
         raise HttpConfigError(f"cannot listen on {bind.host}:{bind.port}: {exc.strerror}{hint}") from None
     sock.set_inheritable(False)
     return sock

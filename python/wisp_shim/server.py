@@ -322,11 +322,16 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
             log.exception("tool %s failed", params.name)
             return _error(f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
 
+    # For the SDK's check of a 2026-07-28 HTTP call's Mcp-Param headers: without it, the SDK
+    # runs list_tools (and serialises every tool) on each call to find the called tool's schema.
+    input_schemas = {t.name: t.input_schema for t in tools}
+
     return Server(
         "wisp",
         version=__version__,
         title="wisp: threads with a local model",
         instructions=_instructions(max_threads),
+        get_tool_input_schema=input_schemas.get,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
