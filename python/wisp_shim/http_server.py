@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hmac
-import ipaddress
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import stat
@@ -35,8 +32,9 @@ from . import protocol as p
 from .client import Core
 from .supervisor import CoreLaunch
 
-# The SDK's HTTP side and starlette are imported where they are used: a stdio wisp, which
-# imports this module for its flags, must not pay for them at every start.
+# The SDK's HTTP side, starlette and the stdlib modules only the shared server needs are
+# imported where they are used: a stdio wisp, which imports this module for its flags, must
+# not pay for them at every start.
 if TYPE_CHECKING:
     from mcp.server.auth.provider import AccessToken
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -107,6 +105,8 @@ def parse_bind(text: str) -> Bind:
 
 
 def is_loopback(host: str) -> bool:
+    import ipaddress
+
     if host.lower() == "localhost":
         return True
     try:
@@ -129,8 +129,8 @@ def _host_names(bind: Bind) -> list[str]:
     name that resolves to this machine, so loopback literals and `localhost` are safe to add."""
     host = bind.host
     if bind.loopback:
-        names = ["localhost", "127.0.0.1", "[::1]"] if host.lower() == "localhost" else ["localhost", f"[{host}]" if ":" in host else host]
-        return names
+        # `localhost` is served on 127.0.0.1 (listen).
+        return ["localhost", "127.0.0.1"] if host.lower() == "localhost" else ["localhost", f"[{host}]" if ":" in host else host]
     if host in ("0.0.0.0", "::"):
         # Every address of the machine: its names, and loopback.
         names = {"localhost", "127.0.0.1", "[::1]", socket.gethostname(), socket.getfqdn()}
@@ -221,6 +221,8 @@ def _generate_token(path: Path) -> bytes:
         raise HttpConfigError(f"{path.parent} is not a directory of yours; set XDG_CONFIG_HOME or use --token-file")
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path.parent, 0o700)
+    import secrets
+
     token = secrets.token_urlsafe(TOKEN_BYTES)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -259,14 +261,17 @@ class TokenVerifier:
     """The SDK's bearer middleware asks this whether a request's token is wisp's."""
 
     def __init__(self, token: bytes) -> None:
+        import hmac
+
         from mcp.server.auth.provider import AccessToken
 
+        self._compare = hmac.compare_digest
         self._token = token
         self._granted = AccessToken(token="", client_id="wisp", scopes=[])
 
     async def verify_token(self, token: str) -> AccessToken | None:
         # Constant time, and on bytes: a header may carry any latin-1 text.
-        if hmac.compare_digest(token.encode("latin-1", "replace"), self._token):
+        if self._compare(token.encode("latin-1", "replace"), self._token):
             return self._granted
         return None
 
@@ -359,7 +364,7 @@ class _Sessions:
         async def once() -> Message:
             nonlocal sent
             if sent:
-                await anyio.sleep_forever()
+                return {"type": "http.disconnect"}
             sent = True
             return {"type": "http.request", "body": note, "more_body": False}
 
@@ -375,6 +380,7 @@ class _Sessions:
 
         async def cap_send(message: Message) -> None:
             nonlocal held
+            # The session manager's one 503 (uvicorn's own, past MAX_CONNECTIONS, never gets here).
             if message["type"] == "http.response.start" and message["status"] == 503:
                 held = message
                 return
