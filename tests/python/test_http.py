@@ -547,3 +547,57 @@ async def test_a_core_killed_mid_call_loses_its_threads_or_nothing_with_a_state_
                     await anyio.sleep(0.05)
             ok(await b.call_tool("respond", {"prompt": "on the new core", "thread_id": "running"}))
             assert len(server.core_pids()) == 2
+
+
+# --- hostile clients with the token -------------------------------------------------------------------
+
+
+async def test_malformed_requests_with_the_token_are_refused_and_take_nothing_down():
+    async with http_wisp() as server:
+        async with client(server) as c:
+            ok(await c.call_tool("respond", {"prompt": "before", "thread_id": "steady"}))
+            async with httpx2.AsyncClient(timeout=30) as hc:
+                session = await _legacy_session(hc, server)
+                json_type = {"Content-Type": "application/json"}
+                bad = [
+                    ("POST", b"not json", server.headers(**json_type)),
+                    ("POST", b"[]", server.headers(**json_type)),
+                    ("POST", b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]', server.headers(**json_type, **MODERN_HEADERS)),
+                    ("POST", b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', server.headers(**{"Content-Type": "text/plain"})),
+                    ("POST", b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', {**server.headers(**json_type), "Accept": "text/html"}),
+                    ("POST", b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', server.headers(**json_type, **{"Mcp-Session-Id": "no-such-session"})),
+                    ("POST", b'{"jsonrpc":"2.0","id":' + b"9" * 5000 + b',"method":"tools/list"}', server.headers(**json_type, **MODERN_HEADERS)),
+                    ("POST", b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"respond","arguments":{"prompt":5}}}', {**session, **json_type}),
+                    ("POST", b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"respond","arguments":{"prompt":"x"}}}', server.headers(**json_type, **{"MCP-Protocol-Version": "1999-01-01"})),
+                    ("PUT", b"{}", server.headers(**json_type)),
+                    ("DELETE", b"", server.headers(**{"Mcp-Session-Id": "no-such-session"})),
+                    ("GET", b"", server.headers()),
+                ]
+                for method, body, headers in bad:
+                    r = await hc.request(method, server.url, content=body, headers=headers)
+                    # An error the request's own fault (4xx), or a tool error for bad arguments: never a 5xx.
+                    assert r.status_code < 500, (method, body[:80], r.status_code, r.text[:200])
+                    if r.status_code == 200:
+                        assert '"isError":true' in r.text.replace(" ", ""), (body[:80], r.text[:300])
+                r = await hc.get(server.url.replace("/mcp", "/elsewhere"), headers=server.headers())
+                assert r.status_code == 404
+            # The server, its core and the other client's thread are as they were.
+            again = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": "steady"}))
+            assert (again["text"], again["turns"]) == ("echo 2: after", 2)
+        assert len(server.core_pids()) == 1
+
+
+async def test_one_clients_slow_calls_do_not_hold_up_another_clients_calls():
+    async with http_wisp() as server:
+        async with client(server) as slow, client(server, "2026-07-28") as quick:
+            ok(await quick.call_tool("respond", {"prompt": "warm", "thread_id": "q"}))
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(slow.call_tool, "respond", {"prompt": "!sleep 3000 slow", "thread_id": f"slow-{i}"})
+                await anyio.sleep(0.3)
+                start = time.monotonic()
+                for n in range(2, 12):
+                    assert ok(await quick.call_tool("respond", {"prompt": "quick", "thread_id": "q"}))["text"] == f"echo {n}: quick"
+                took = time.monotonic() - start
+                tg.cancel_scope.cancel()
+            assert took < 1.5, f"10 quick calls took {took:.2f} s behind another client's slow ones"
