@@ -34,7 +34,8 @@ HTTP_TARGETS: dict[str, tuple[float, str]] = {
 
 HTTP_ROWS = [
     ("http_roundtrip_ratio_p50", "HTTP round trip, wisp / bare SDK server (p50)", "{:.2f}"),
-    ("http_roundtrip_wisp_p50_us", "  wisp / baseline p50 (us)", "{:.0f}"),
+    ("http_roundtrip_wisp_p50_us", "  wisp p50 (us)", "{:.0f}"),
+    ("http_roundtrip_baseline_p50_us", "  bare SDK server over HTTP p50 (us)", "{:.0f}"),
     ("http_roundtrip_ratio_p50_2026", "  the same, 2026-07-28 clients", "{:.2f}"),
     ("http_clients_8_ratio", "HTTP: 8 clients x !sleep 500 / one call", "{:.3f}"),
     ("http_rss_8_clients_mb", "RSS, one --http wisp with 8 clients (MB)", "{:.1f}"),
