@@ -54,20 +54,22 @@ class HttpWisp:
         return {"Authorization": f"Bearer {self.token}", "Accept": ACCEPT, **extra}
 
 
-def start_http(*args: str, env: dict[str, str] | None = None, token: str | None = None, errlog=None) -> subprocess.Popen:
+def start_http(*args: str, env: dict[str, str] | None = None, token: str | None = None, errlog=None,
+               backend: str | None = "echo") -> subprocess.Popen:
     token_env = {"WISP_HTTP_TOKEN": token} if token else {}
+    backend_args = ("--backend", backend) if backend else ()
     return subprocess.Popen(
-        shim_command("--backend", "echo", "--http", "127.0.0.1:0", *args), stdin=subprocess.DEVNULL,
+        shim_command(*backend_args, "--http", "127.0.0.1:0", *args), stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=errlog if errlog is not None else subprocess.PIPE,
         env=shim_env(**token_env, **(env or {})), cwd=REPO,
     )
 
 
 @asynccontextmanager
-async def http_wisp(*args: str, env: dict[str, str] | None = None):
+async def http_wisp(*args: str, env: dict[str, str] | None = None, backend: str | None = "echo"):
     token = secrets.token_urlsafe(32)
     with tempfile.TemporaryFile("w+") as errlog:
-        proc = start_http(*args, env=env, token=token, errlog=errlog)
+        proc = start_http(*args, env=env, token=token, errlog=errlog, backend=backend)
         server = None
         try:
             with anyio.fail_after(20):
@@ -481,7 +483,8 @@ async def test_one_session_over_the_cap_gets_a_clear_error_and_idle_sessions_exp
 # --- 6. lifecycle -------------------------------------------------------------------------------------
 
 
-async def test_sigterm_during_calls_exits_within_3_s_with_no_orphan():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
+async def test_a_stop_signal_during_calls_exits_within_3_s_with_no_orphan(sig):
     async with http_wisp() as server:
         async with contextlib.AsyncExitStack() as stack:
             clients = [await stack.enter_async_context(client(server, MODES[i % 2])) for i in range(4)]
@@ -503,20 +506,51 @@ async def test_sigterm_during_calls_exits_within_3_s_with_no_orphan():
                     tg.start_soon(hang, c)
                 await anyio.sleep(0.5)
                 start = time.monotonic()
-                server.proc.send_signal(signal.SIGTERM)
+                server.proc.send_signal(sig)
                 while server.proc.poll() is None:
-                    assert time.monotonic() - start < 3, "wisp --http did not exit within 3 s of SIGTERM"
+                    assert time.monotonic() - start < 3, f"wisp --http did not exit within 3 s of {sig.name}"
                     await anyio.sleep(0.02)
                 took = time.monotonic() - start
                 with anyio.fail_after(10):  # every client's call ends: none waits on a dead server
                     while len(ended) < len(clients):
                         await anyio.sleep(0.05)
                 tg.cancel_scope.cancel()
-            print(f"SIGTERM with 4 calls running: exited in {took:.2f} s; the calls ended with {ended}")
+            print(f"{sig.name} with 4 calls running: exited in {took:.2f} s; the calls ended with {ended}")
             # Cancelled as over stdio: each caller is told, none is left waiting.
             assert all(e.startswith("shutting_down:") for e in ended), ended
             assert server.proc.returncode == 0
             assert not [k.pid for k in kids if running(k.pid)], "a child outlived wisp --http"
+
+
+async def test_a_stop_signal_stops_the_local_model_too(tmp_path):
+    from test_local_model import install_fake
+
+    binary = install_fake(tmp_path / "bin")
+    model = tmp_path / "any.gguf"
+    model.write_bytes(b"GGUF")
+    env = {"WISP_LLAMA_SERVER": str(binary), "WISP_MODEL_PATH": str(model), "WISP_LOCAL_MODEL": "1", "FAKE_LLAMA_MODE": "decode"}
+    async with http_wisp("--eager", env=env, backend=None) as server:
+        with anyio.fail_after(30):
+            while not server.core_pids():
+                await anyio.sleep(0.05)
+        kids = psutil.Process(server.proc.pid).children(recursive=True)
+        assert any(str(binary) in " ".join(k.cmdline()) for k in kids), [k.cmdline() for k in kids]
+        start = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(5)
+        assert time.monotonic() - start < 3
+        assert not [k.cmdline() for k in kids if running(k.pid)], "the local model or the core outlived wisp --http"
+
+
+async def test_the_core_starts_with_the_first_request_or_at_once_with_eager():
+    async with http_wisp() as lazy, http_wisp("--eager") as eager:
+        with anyio.fail_after(15):
+            while not eager.core_pids():
+                await anyio.sleep(0.05)
+        assert not lazy.core_pids()  # nothing has asked it anything yet
+        async with client(lazy) as c:
+            ok(await c.call_tool("list_threads", {}))
+        assert len(lazy.core_pids()) == 1
 
 
 @pytest.mark.parametrize("durable", [False, True], ids=["memory", "state-dir"])
