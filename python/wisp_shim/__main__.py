@@ -127,8 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     http.add_argument("--http", metavar="HOST:PORT", help=f"serve MCP at http://HOST:PORT/mcp (WISP_HTTP; e.g. {http_server.DEFAULT_HTTP}); every request needs the bearer token")
     http.add_argument("--token-file", metavar="PATH", help="--http: read the token from PATH (mode 0600) when WISP_HTTP_TOKEN is not set (default: a generated one in $XDG_CONFIG_HOME/wisp/http-token)")
     http.add_argument("--allow-remote", action="store_true", help="--http: allow an address that is not loopback (put a TLS proxy in front)")
-    http.add_argument("--eager", action="store_true", help="--http: start the core and the local model at once, not with the first session")
-    http.add_argument("--max-sessions", type=_at_least(1), metavar="N", help=f"--http: MCP sessions open at once (default {http_server.DEFAULT_MAX_SESSIONS})")
+    http.add_argument("--eager", action="store_true", help="--http: start the core and the local model at once, not with the first request")
+    http.add_argument("--max-sessions", type=_at_least(1), metavar="N", help=f"--http: 2025-11-25 MCP sessions open at once; 2026-07-28 clients open none (default {http_server.DEFAULT_MAX_SESSIONS})")
     http.add_argument("--session-idle-timeout", type=float, metavar="SECONDS", help=f"--http: a session without a request this long is closed (default {http_server.DEFAULT_SESSION_IDLE_S:g})")
     return ap.parse_args(argv)
 

@@ -262,6 +262,43 @@ async def test_a_generated_token_is_kept_0600_in_a_0700_dir_and_check_says_where
 # --- 3. loopback, Host and Origin -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("text, want", [
+    ("127.0.0.1:8765", ("127.0.0.1", 8765, True)),
+    ("localhost:0", ("localhost", 0, True)),
+    ("[::1]:8765", ("::1", 8765, True)),
+    ("127.3.4.5:1", ("127.3.4.5", 1, True)),
+    ("0.0.0.0:8765", ("0.0.0.0", 8765, False)),
+    ("[::]:8765", ("::", 8765, False)),
+    ("example.com:80", ("example.com", 80, False)),
+])
+def test_the_address_is_parsed_and_judged_loopback_or_not(text, want):
+    from wisp_shim.http_server import parse_bind
+
+    b = parse_bind(text)
+    assert (b.host, b.port, b.loopback) == want
+
+
+@pytest.mark.parametrize("text, says", [
+    ("8765", "HOST:PORT"), (":8765", "HOST:PORT"), ("::1:8765", "brackets"),
+    ("127.0.0.1:65536", "0 to 65535"), ("127.0.0.1:-1", "0 to 65535"), ("127.0.0.1:http", "0 to 65535"),
+])
+def test_a_malformed_address_is_refused_with_what_to_write(text, says):
+    from wisp_shim.http_server import HttpConfigError, parse_bind
+
+    with pytest.raises(HttpConfigError, match=says):
+        parse_bind(text)
+
+
+def test_only_this_servers_own_host_and_origin_are_allowed():
+    from wisp_shim.http_server import parse_bind, security_settings
+
+    s = security_settings(parse_bind("127.0.0.1:0"), 4321)
+    assert s.enable_dns_rebinding_protection
+    assert sorted(s.allowed_hosts) == ["127.0.0.1:4321", "localhost:4321"]  # no wildcard port
+    assert sorted(s.allowed_origins) == ["http://127.0.0.1:4321", "http://localhost:4321"]
+    assert sorted(security_settings(parse_bind("[::1]:0"), 80).allowed_hosts) == ["[::1]", "[::1]:80", "localhost", "localhost:80"]
+
+
 def test_a_non_loopback_bind_without_allow_remote_refuses_to_start():
     for where in ("0.0.0.0:0", "[::]:0", "192.0.2.1:0", "example.com:0"):
         r = subprocess.run(shim_command("--backend", "echo", "--http", where), env=shim_env(WISP_HTTP_TOKEN="x" * 32),
