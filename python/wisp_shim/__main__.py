@@ -339,7 +339,7 @@ def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_se
         token = http_server.load_token(ns.token_file, generate=generate_token)
     except http_server.HttpConfigError as exc:
         raise SystemExit(f"wisp: {exc}") from None
-    return http_server.HttpOptions(bind=bind, token=token, allow_remote=ns.allow_remote, eager=ns.eager,
+    return http_server.HttpOptions(bind=bind, token=token, eager=ns.eager,
                                    max_sessions=ns.max_sessions or http_server.DEFAULT_MAX_SESSIONS, session_idle_s=idle)
 
 

@@ -283,7 +283,6 @@ class TokenVerifier:
 class HttpOptions:
     bind: Bind
     token: Token
-    allow_remote: bool = False
     eager: bool = False
     max_sessions: int = DEFAULT_MAX_SESSIONS
     session_idle_s: float = DEFAULT_SESSION_IDLE_S

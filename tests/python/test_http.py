@@ -310,6 +310,19 @@ def test_a_non_loopback_bind_without_allow_remote_refuses_to_start():
     assert r.returncode != 0 and "--allow-remote" in r.stderr
 
 
+def test_a_port_in_use_is_refused_at_start_with_the_reason():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run(shim_command("--backend", "echo", "--http", f"127.0.0.1:{port}"), env=shim_env(WISP_HTTP_TOKEN="x" * 32),
+                           capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert r.returncode != 0 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "another port" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 async def test_a_foreign_origin_is_403_and_a_foreign_host_421_even_with_the_token():
     async with http_wisp() as server:
         async with httpx2.AsyncClient(timeout=30) as hc:
