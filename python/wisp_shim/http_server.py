@@ -298,10 +298,17 @@ class _Sessions:
       to the session as the client's `notifications/cancelled`. 2026-07-28 requests are
       cancelled by the SDK itself when their stream closes.
     - Past the session cap, the SDK's 503 says what wisp's limit is and how to change it.
+    - Request bodies in memory and not yet answered are bounded over all clients (503 past it).
     """
 
     def __init__(self, manager: StreamableHTTPSessionManager, start_core: Callable[[], None], options: HttpOptions) -> None:
+        from .transport import MAX_IN_FLIGHT_BYTES
+
         self.manager = manager
+        # Request bodies received and not yet answered, over every client: the budget is what
+        # one stdio client may have in flight. Bytes a slow client has not sent count nothing.
+        self._held = 0
+        self._budget = MAX_IN_FLIGHT_BYTES
         self._start_core = start_core
         self._options = options
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -321,19 +328,23 @@ class _Sessions:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.manager.handle_request(scope, receive, send)
             return
-        session = _header(scope, SESSION_HEADER)
-        if session is None:
-            await self.manager.handle_request(scope, receive, self._cap_message(send))
-            return
-        body = bytearray()
+        in_session = _header(scope, SESSION_HEADER) is not None
+        body = bytearray() if in_session else None
+        held = 0
         answered = False
 
-        async def watched_receive() -> Message:
+        async def counted_receive() -> Message:
+            nonlocal held
             message = await receive()
             if message["type"] == "http.request":
-                if len(body) <= MAX_BODY_BYTES:
-                    body.extend(message.get("body", b""))
-            elif message["type"] == "http.disconnect" and not answered:
+                chunk = message.get("body", b"")
+                held += len(chunk)
+                self._held += len(chunk)
+                if self._held > self._budget:
+                    raise _OverBudget  # from inside the SDK's body read: nothing has been answered yet
+                if body is not None and len(body) <= MAX_BODY_BYTES:
+                    body.extend(chunk)
+            elif message["type"] == "http.disconnect" and body is not None and not answered:
                 self._cancel(scope, bytes(body))
             return message
 
@@ -343,7 +354,15 @@ class _Sessions:
                 answered = True
             await send(message)
 
-        await self.manager.handle_request(scope, watched_receive, watched_send)
+        try:
+            await self.manager.handle_request(scope, counted_receive, watched_send if in_session else self._cap_message(send))
+        except _OverBudget:
+            await _json_error(send, 503, (
+                f"wisp holds {self._budget // (1024 * 1024)} MiB of its clients' requests that are not answered yet; "
+                "send this one again when some have been"
+            ))
+        finally:
+            self._held -= held
 
     def _cancel(self, scope: Scope, body: bytes) -> None:
         try:
@@ -404,6 +423,17 @@ class _Sessions:
             await send(message)
 
         return cap_send
+
+
+class _OverBudget(Exception):
+    """Raised into the SDK's body read when the request bodies held would pass the budget."""
+
+
+async def _json_error(send: Send, status: int, message: str) -> None:
+    data = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": message}}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
