@@ -10,7 +10,7 @@ BACKEND ?= auto
 # Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
 ARGS    ?=
 
-.PHONY: build core venv local-model run check test test-swift test-python check-apple check-portable bench stress fuzz sanitize clean
+.PHONY: build core venv local-model run serve check test test-swift test-python check-apple check-portable bench stress fuzz sanitize clean
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
 # first install the default local model (see local-model), which the shim then starts itself.
@@ -47,6 +47,13 @@ $(VENV)/.local-model: $(VENV)/.installed
 run:
 	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2
 	@exec $(VPY) -m wisp_shim --backend $(BACKEND) $(ARGS)
+
+## serve: the shared server: one wisp for every MCP client on this machine, MCP over streamable
+# HTTP at http://$(HTTP)/mcp; clients send the bearer token (README: "One wisp for every client")
+HTTP    ?= 127.0.0.1:8765
+serve:
+	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2
+	@exec $(VPY) -m wisp_shim --backend $(BACKEND) --http $(HTTP) $(ARGS)
 
 ## check: is a model available to this machine's default backend?
 check:

@@ -11,6 +11,10 @@ high-level MCPServer would be slower (per-call pydantic models) and so a softer 
 With --wisp-stdio it serves over wisp's own stdio transport (python/wisp_shim/stdio.py: the
 SDK's, on asyncio pipes instead of worker threads), so that wisp ÷ this isolates what wisp's
 threads, pipe and core add with the transport gain taken out.
+
+With --http it serves MCP's streamable HTTP as the SDK ships it (`Server.streamable_http_app`,
+its own DNS rebinding protection on 127.0.0.1) under uvicorn, configured as `wisp --http` runs it,
+on a free port of 127.0.0.1 that it prints on stdout (`port N`): the baseline of bench/http_bench.py.
 """
 
 from __future__ import annotations
@@ -62,8 +66,25 @@ async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParam
     return CallToolResult(content=[TextContent(type="text", text=prompt)], structured_content={"text": prompt})
 
 
+async def serve_http(server: Server[Any]) -> None:
+    import socket
+
+    import uvicorn
+
+    # IPPROTO_TCP so that asyncio turns Nagle off on its connections, as wisp's own listen() does.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(socket.SOMAXCONN)
+    print(f"port {sock.getsockname()[1]}", flush=True)
+    app = server.streamable_http_app(host="127.0.0.1")
+    await uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", server_header=False)).serve(sockets=[sock])
+
+
 async def main() -> None:
     server = Server("baseline", version="0", on_list_tools=list_tools, on_call_tool=call_tool)
+    if "--http" in sys.argv[1:]:
+        await serve_http(server)
+        return
     serve = stdio_server
     if "--wisp-stdio" in sys.argv[1:]:
         from wisp_shim.stdio import stdio_server as serve

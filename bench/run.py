@@ -26,6 +26,9 @@ machine load. Sections (see README "Performance" for what each means):
               4 threads asking the local model at once vs one alone: aggregate tokens/s and the
               last caller's time to first token, through wisp; the same straight to llama-server
               with wisp's slots and with one slot (when installed)
+  http        the shared server (`wisp --http`): round trip vs the bare SDK server over streamable
+              HTTP, 8 clients at once vs one call, RSS of one server with 8 clients vs 8 stdio
+              wisps (bench/http_bench.py)
 """
 
 from __future__ import annotations
@@ -880,6 +883,14 @@ def table(res: dict[str, Any]) -> str:
 
 SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "real_concurrency", "schema", "durable")
 
+# --- http: the shared server (bench/http_bench.py declares its keys, targets and rows) -------
+from http_bench import HTTP_ROWS, HTTP_TARGETS, http_section  # noqa: E402
+
+TARGETS.update(HTTP_TARGETS)
+ROWS += HTTP_ROWS
+SECTIONS += ("http",)
+# --- end http ------------------------------------------------------------------------------
+
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     q = ns.quick
@@ -895,6 +906,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "durable": lambda: durable(calls=100 if q else 300, repeats=2 if q else 5, resume_repeats=2 if q else 5),
         "real_concurrency": lambda: real_concurrency(repeats=1 if q else 3),
     }
+    plan["http"] = lambda: http_section(q)
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     for name in SECTIONS:

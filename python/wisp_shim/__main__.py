@@ -14,6 +14,7 @@ from typing import Awaitable, Callable, NoReturn
 
 import anyio
 
+from . import http_server
 from . import local_model
 from . import protocol as p
 from . import errors
@@ -50,10 +51,15 @@ environment (a flag wins over its variable):
   WISP_LOCAL_MODEL             0: never start the local model; 1: start it even on macOS
   WISP_LOCAL_THREADS           local model: CPU threads (default half the CPUs, at most 4)
   WISP_CACHE_DIR               where `make local-model` caches llama-server (default ~/.cache/wisp)
+  WISP_HTTP                    --http
+  WISP_HTTP_TOKEN              --http: the bearer token (environment only: it stays out of process listings)
 
 wisp-core not found? Run `make build` in the wisp repository.
 stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT
 stop running calls and the core, and wisp exits.
+
+shared server: python -m wisp_shim --http 127.0.0.1:8765 serves every MCP client on the
+machine from one core and one model; clients send `Authorization: Bearer <token>` (README).
 """
 
 
@@ -117,6 +123,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
     ap.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level for wisp and wisp-core (WISP_LOG_LEVEL; default info)")
     ap.add_argument("--check", action="store_true", help="start the core, print backend, model and availability, and exit (0 if a model is available)")
+    http = ap.add_argument_group("shared server (MCP over streamable HTTP instead of stdio, for every client on the machine)")
+    http.add_argument("--http", metavar="HOST:PORT", help=f"serve MCP at http://HOST:PORT/mcp (WISP_HTTP; e.g. {http_server.DEFAULT_HTTP}); every request needs the bearer token")
+    http.add_argument("--token-file", metavar="PATH", help="--http: read the token from PATH (mode 0600) when WISP_HTTP_TOKEN is not set (default: a generated one in $XDG_CONFIG_HOME/wisp/http-token)")
+    http.add_argument("--allow-remote", action="store_true", help="--http: allow an address that is not loopback (put a TLS proxy in front)")
+    http.add_argument("--eager", action="store_true", help="--http: start the core and the local model at once, not with the first request")
+    http.add_argument("--max-sessions", type=_at_least(1), metavar="N", help=f"--http: 2025-11-25 MCP sessions open at once; 2026-07-28 clients open none (default {http_server.DEFAULT_MAX_SESSIONS})")
+    http.add_argument("--session-idle-timeout", type=float, metavar="SECONDS", help=f"--http: a session without a request this long is closed (default {http_server.DEFAULT_SESSION_IDLE_S:g})")
     return ap.parse_args(argv)
 
 
@@ -308,7 +321,29 @@ async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] 
             await core.aclose()
 
 
-async def _check(config: CoreLaunch, use: LocalModelUse | None = None) -> int:
+def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_server.HttpOptions | None:
+    """--http's settings, checked before anything starts (None: serve stdio)."""
+    where = ns.http or os.environ.get("WISP_HTTP") or None
+    if where is None:
+        for flag, value in (("--token-file", ns.token_file), ("--allow-remote", ns.allow_remote), ("--eager", ns.eager),
+                            ("--max-sessions", ns.max_sessions), ("--session-idle-timeout", ns.session_idle_timeout)):
+            if value:
+                raise SystemExit(f"wisp: {flag} is for the shared server: add --http HOST:PORT (or set WISP_HTTP)")
+        return None
+    idle = ns.session_idle_timeout if ns.session_idle_timeout is not None else http_server.DEFAULT_SESSION_IDLE_S
+    if not (math.isfinite(idle) and idle > 0):
+        raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0, got {idle}")
+    try:
+        bind = http_server.parse_bind(where)
+        http_server.check_bind(bind, ns.allow_remote)
+        token = http_server.load_token(ns.token_file, generate=generate_token)
+    except http_server.HttpConfigError as exc:
+        raise SystemExit(f"wisp: {exc}") from None
+    return http_server.HttpOptions(bind=bind, token=token, eager=ns.eager,
+                                   max_sessions=ns.max_sessions or http_server.DEFAULT_MAX_SESSIONS, session_idle_s=idle)
+
+
+async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: http_server.HttpOptions | None = None) -> int:
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
@@ -337,6 +372,8 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None) -> int:
     if use is not None:
         print(f"local model:  {_local_model_line(use)}")
     print(f"core:         {binary}")
+    for line in http_server.describe(http) if http is not None else ():
+        print(line)
     return 0 if st.available else 1
 
 
@@ -366,11 +403,18 @@ def main(argv: list[str] | None = None) -> int:
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
     config = core_launch(ns)
+    http = http_options(ns, generate_token=not ns.check)
     use = LocalModelUse(ns, config)
     if ns.check:
-        return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None)
+        return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None, http)
     # wisp's event loop polls briefly for the core's reply before sleeping (loop.py).
-    anyio.run(_serve, config, max_threads(ns), backend_options={"loop_factory": WispEventLoop})
+    if http is not None:
+        try:
+            anyio.run(http_server.serve, config, max_threads(ns), http, _exit_now, backend_options={"loop_factory": WispEventLoop})
+        except http_server.HttpConfigError as exc:
+            raise SystemExit(f"wisp: {exc}") from None
+    else:
+        anyio.run(_serve, config, max_threads(ns), backend_options={"loop_factory": WispEventLoop})
     # Everything is shut down by now; interpreter teardown of the SDK's import graph
     # would add ~0.5 s that an MCP client waits through on every exit.
     _exit_now()

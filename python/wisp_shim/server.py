@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import warnings
 from urllib.parse import unquote, urlsplit
 from typing import Any
 
 import anyio
+from pydantic import BaseModel, ValidationError
 from mcp import MCPError
 from mcp.server import Server, ServerRequestContext
+from mcp.shared.message import ServerMessageMetadata
 from mcp.types import (
     INVALID_PARAMS,
     CallToolRequestParams,
     CallToolResult,
+    ListRootsRequest,
     ListToolsResult,
     PaginatedRequestParams,
     TextContent,
@@ -143,36 +145,48 @@ def _respond_content(r: p.RespondResult, asked_for: str | None) -> str:
     return "\n".join(lines)
 
 
-async def _client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
-    """The client's file:// roots, for a call that binds tools or attaches files; None when it offers none.
+class _OfferedRoots(BaseModel):
+    """A roots/list result as the client sent it: only the uri strings are used, checked by
+    _root_paths. The SDK has already checked the result's shape against the protocol's schema
+    (cheap); its typed ListRootsResult would validate every root again against pydantic URL types,
+    slowly, before anyone can count them (test_hostile times 20,000), and would rewrite
+    `file:relative` to `file:///relative`, hiding a root that is not absolute."""
 
-    Roots are deprecated in the 2026-07-28 protocol but still what Claude Code, Cursor and
-    VS Code send; a client without them (or without a back-channel) simply gets wisp's own.
+    roots: list[Any]
+
+
+async def _client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
+    """The roots of the client that made this call, for a call that binds tools or attaches
+    files; None when it offers none.
+
+    Asked on this request's own channel (over streamable HTTP, the call's own response stream,
+    which the client is reading), so every session of a shared server is asked for its own.
+    Roots are deprecated in the 2026-07-28 protocol, which has no server-to-client requests, but
+    they are still what Claude Code, Cursor and VS Code send; a client without them (or without
+    a back-channel) simply gets wisp's own.
     """
     caps = ctx.session.client_capabilities
-    if caps is None or caps.roots is None:
+    if caps is None or caps.roots is None or not ctx.session.can_send_request:
         return None
-    # The raw request where the SDK offers it: its typed list_roots validates the result twice
-    # against pydantic URL types before anyone can count the roots (about 45 us a root: 0.9 s
-    # for 20,000), and it rewrites `file:relative` to `file:///relative`, which would hide a
-    # root that is not absolute. Only the uri strings are used, checked by _root_paths.
-    connection = getattr(ctx.session, "_connection", None)
     try:
-        with anyio.fail_after(ROOTS_TIMEOUT_S), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if callable(getattr(connection, "send_raw_request", None)):
-                raw = await connection.send_raw_request("roots/list", None)
-            else:
-                raw = (await ctx.session.list_roots()).model_dump(mode="json")
+        with anyio.fail_after(ROOTS_TIMEOUT_S):
+            offered = await ctx.session.send_request(
+                ListRootsRequest(), _OfferedRoots, metadata=ServerMessageMetadata(related_request_id=ctx.request_id),
+            )
     except anyio.get_cancelled_exc_class():
         raise
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(part) for part in first.get("loc", ())) or "the result"
+        raise ShimError(
+            errors.INVALID_ARGUMENT,
+            f"the MCP client's answer to roots/list is not what MCP specifies ({where}: {first.get('msg', 'invalid')}); "
+            "fix the client's roots, or start wisp with --root for the directories the model needs.",
+        ) from None
     except Exception as exc:  # no back-channel, a slow client, or a client error: go on without
         log.debug("client roots unavailable: %s", exc)
         return None
-    listed = raw.get("roots") if isinstance(raw, dict) else None
-    if not isinstance(listed, list):
-        log.debug("client roots unusable: %s", short(raw))
-        return None
+    listed = offered.roots
     uris = [r.get("uri") if isinstance(r, dict) else r for r in listed[: MAX_CLIENT_ROOTS + 1]]
     return _root_paths(uris, offered=len(listed)) or None
 
@@ -308,11 +322,16 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
             log.exception("tool %s failed", params.name)
             return _error(f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
 
+    # For the SDK's check of a 2026-07-28 HTTP call's Mcp-Param headers: without it, the SDK
+    # runs list_tools (and serialises every tool) on each call to find the called tool's schema.
+    input_schemas = {t.name: t.input_schema for t in tools}
+
     return Server(
         "wisp",
         version=__version__,
         title="wisp: threads with a local model",
         instructions=_instructions(max_threads),
+        get_tool_input_schema=input_schemas.get,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
