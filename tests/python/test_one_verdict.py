@@ -18,7 +18,7 @@ import statistics
 import time
 
 import psutil
-from harness import INITIALIZE, INITIALIZED, call, error_text, ok, read_until, shim_env, spawn, text_of, wisp
+from harness import INITIALIZE, INITIALIZED, call, core_exchange, error_text, ok, read_until, shim_env, spawn, text_of, wisp
 from openai_stub import OpenAIStub, StubConfig
 
 NFC, NFD = "caf\u00e9", "cafe\u0301"
@@ -180,3 +180,19 @@ async def test_a_costly_reply_check_holds_up_no_other_thread_and_stops_at_its_ti
         assert during <= alone + 0.25, (alone, during)
         assert idle < 0.1, idle
         assert ok(await c.call_tool("respond", {"prompt": "after", "thread_id": "h"}))["text"] == "echo 1: after"
+
+
+def test_the_core_refuses_a_huge_schema_it_is_sent_without_the_shim():
+    # Defence in depth: the shim's bounds are the judge, but a core sent such a schema anyway
+    # answers invalid_argument (minItems 2^40 once aborted it, 10^8 strings took it down).
+    from wisp_shim import protocol as p
+
+    huge = json.dumps({"type": "array", "items": {"type": "string"}, "minItems": 2**40})
+    deep = json.dumps(_nested(8, {"type": "string"}, minItems=10))
+    frames = b"".join(p.frame(json.dumps({"op": "respond", "id": i, "prompt": "x", "schema": s}).encode()) for i, s in ((1, huge), (2, deep)))
+    frames += p.frame(b'{"op":"ping","id":3}')
+    replies = {f.get("id"): f for f in core_exchange(["--backend", "echo"], frames, want=(1, 2, 3))}
+    for i in (1, 2):
+        assert replies[i]["ok"] is False and replies[i]["error"]["code"] == "invalid_argument", replies[i]
+        assert "minItems" in replies[i]["error"]["message"], replies[i]
+    assert replies[3]["ok"] is True
