@@ -224,7 +224,7 @@ public struct OutputSchema: Sendable, Equatable {
         var steps = 0
         mutating func step() throws(WispError) {
             steps &+= 1
-            if steps & 1023 == 0, Task.isCancelled { throw WispError.callCancelled }
+            if steps & 63 == 0, Task.isCancelled { throw WispError.callCancelled }
         }
     }
 

@@ -1,7 +1,8 @@
 /// wisp's one JSON codec: the value (`JSONValue`), the reader (`JSONReader`) and, in
-/// Support/JSONWriter.swift, the writer. The pipe's messages, schemas and the values checked
+/// Support/JSONWriter.swift, the writer. The pipe's messages, schemas and the replies judged
 /// against them, the echo backend's values, model tools' schemas and stored threads all go
-/// through it; nothing else in the core reads or writes JSON.
+/// through it. (Still on Foundation's: the OpenAI backend's HTTP bodies and a model tool's
+/// arguments, Tools/Catalogue.swift; no verdict of wisp's is taken on those numbers or keys.)
 ///
 /// Exact on purpose: a number keeps the text it was written with (`JSONNumber`), so
 /// 9007199254740993 stays that integer and 0.1 that decimal, and numbers compare by their

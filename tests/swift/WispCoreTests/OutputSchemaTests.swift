@@ -151,8 +151,8 @@ import Testing
     @Test func aReplyTooLargeOnceEncodedIsRefusedBeforeItsTurnIsKept() async throws {
         let quotes = String(repeating: "\"", count: maxFrameBytes / 2 + 1)
         await #expect(throws: WispError.self) { try await OutputSchema.checkReply(quotes, settings: GenerationSettings()) }
-        do { try await OutputSchema.checkReply(quotes, settings: GenerationSettings()) } catch let e as WispError {
-            #expect(e.code == .replyTooLarge && e.message.contains("\(maxFrameBytes)"))
+        do { try await OutputSchema.checkReply(quotes, settings: GenerationSettings()) } catch {
+            #expect(error.code == .replyTooLarge && error.message.contains("\(maxFrameBytes)"))
         }
         try await OutputSchema.checkReply(String(repeating: "/", count: maxFrameBytes / 2 + 1), settings: GenerationSettings())
     }

@@ -351,11 +351,12 @@ enum AppleOutputSchema {
         }
         switch s["type"]?.string {
         case "object":
-            let required = Set(s["required"]?.array?.compactMap(\.string) ?? [])
+            // Names as code points (UTF-8 bytes): NFC and NFD "café" are two properties.
+            let required = Set((s["required"]?.array?.compactMap(\.string) ?? []).map { Array($0.utf8) })
             return DynamicGenerationSchema(name: name, description: description, properties: try (s["properties"]?.members ?? []).map { m in
                 DynamicGenerationSchema.Property(name: m.key, description: m.value["description"]?.string,
                                                  schema: try node(m.value, name: "\(name)_\(m.key)"),
-                                                 isOptional: !required.contains(m.key))
+                                                 isOptional: !required.contains(Array(m.key.utf8)))
             })
         case "array":
             return DynamicGenerationSchema(arrayOf: try node(s["items"] ?? [:], name: "\(name)_item"),
