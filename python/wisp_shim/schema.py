@@ -118,7 +118,7 @@ def _check_shape(schema: dict[str, Any]) -> None:
     while stack:
         node, path, depth = stack.pop()
         # Two JSON levels (a keyword's object or array, then the schema) per schema level at most.
-        if depth > 2 * MAX_DEPTH + 2:
+        if depth > 2 * MAX_DEPTH + 4:
             raise SchemaError(f"schema is nested more than {MAX_DEPTH} levels deep (at {path}); use a flatter schema.")
         if isinstance(node, dict):
             stack.extend((v, f"{path}/{_escape(str(k))}", depth + 1) for k, v in node.items())

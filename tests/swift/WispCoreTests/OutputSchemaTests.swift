@@ -157,6 +157,19 @@ import Testing
         try await OutputSchema.checkReply(String(repeating: "/", count: maxFrameBytes / 2 + 1), settings: GenerationSettings())
     }
 
+    /// The reply is judged on the pool (off the pipe thread), whose threads have smaller stacks:
+    /// a reply nested as deep as the reader takes is judged there, not a crash.
+    @Test func aDeeplyNestedReplyIsJudgedOffThePipe() async throws {
+        let deep = String(repeating: "[", count: JSONValue.maxDepth) + String(repeating: "]", count: JSONValue.maxDepth)
+        let schema = try OutputSchema(text: #"{"type":"array","items":{"type":"array","items":{"type":"string"}}}"#)
+        await #expect(throws: WispError.self) {
+            try await OutputSchema.checkReply(deep, settings: GenerationSettings(schema: schema))
+        }
+        let deeper = "[" + deep + "]"
+        let problem = try await offPipe { () throws(WispError) in try schema.problem(with: deeper) }
+        #expect(problem?.contains("not valid JSON") == true)
+    }
+
     @Test func echoSessionRepliesWithTheValueAndCountsTurns() async throws {
         let session = EchoBackend().makeSession(instructions: nil, tools: [], history: [Turn(prompt: "a", response: "echo 1: a")])
         let schema = try OutputSchema(text: #"{"type":"object","properties":{"n":{"type":"integer"},"s":{"type":"string"}}}"#)
