@@ -86,19 +86,21 @@ bench: build
 stress: build
 	$(VPY) tests/python/stress.py --calls 10000
 
-## fuzz: 1,000,000 inputs into each side's reader: the shim's frame decoder (atheris) and the core's request reader (libFuzzer)
+## fuzz: 1,000,000 inputs into each side's reader: the shim's frame decoder (atheris) and the core's request reader and JSON reader (libFuzzer, against JSONDecoder and JSONSerialization); then the long schema differential (core verdict vs jsonschema)
 # New corpus entries and any crash land in .build/fuzz; the seeds (real traffic, recorded
 # by fuzz/record_corpus.py) stay in fuzz/corpus-*.
 FUZZ_RUNS ?= 1000000
+SCHEMA_CASES ?= 100000
 FUZZ_OUT  := .build/fuzz
-fuzz: venv
+fuzz: venv core
 	$(VPY) -m pip install --quiet --disable-pip-version-check 'atheris>=2.3'
 	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
 	swiftc -O -sanitize=fuzzer,address -parse-as-library fuzz/FrameFuzz.swift swift/WispCore/Pipe/Frame.swift \
-		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Support/JSONWriter.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
+		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Support/JSON.swift swift/WispCore/Support/JSONWriter.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
 		-module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
 	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
+	WISP_SCHEMA_CASES=$(SCHEMA_CASES) $(VPY) -m pytest -q tests/python/test_schema_differential.py
 
 ## sanitize: the Swift tests under ThreadSanitizer, then AddressSanitizer (own build dirs)
 sanitize:

@@ -13,13 +13,26 @@ CONTEXT_OVERFLOW = "context_overflow"
 MODEL_UNAVAILABLE = "model_unavailable"
 GENERATION_FAILED = "generation_failed"
 INVALID_OUTPUT = "invalid_output"
+# A reply over the pipe's frame limit once encoded; its turn was not kept.
+REPLY_TOO_LARGE = "reply_too_large"
 CANCELLED = "cancelled"
 TIMEOUT = "timeout"
 BUSY = "busy"
 INTERNAL = "internal"
 
 CORE_CODES = frozenset(
-    {INVALID_ARGUMENT, CONTEXT_OVERFLOW, MODEL_UNAVAILABLE, GENERATION_FAILED, INVALID_OUTPUT, CANCELLED, TIMEOUT, BUSY, INTERNAL}
+    {
+        INVALID_ARGUMENT,
+        CONTEXT_OVERFLOW,
+        MODEL_UNAVAILABLE,
+        GENERATION_FAILED,
+        INVALID_OUTPUT,
+        REPLY_TOO_LARGE,
+        CANCELLED,
+        TIMEOUT,
+        BUSY,
+        INTERNAL,
+    }
 )
 
 # --- the shim's own -------------------------------------------------------------------------

@@ -2,20 +2,24 @@
 
 wisp constrains the model's reply to a JSON Schema on every backend (echo, llama-server's
 grammar, Apple's guided generation), so it accepts only the part of JSON Schema that all of
-them can express: the supported subset below, checked here before the core is called. The
-core builds each backend's schema from it and checks the reply against it before the turn
-joins the thread (it has to know before it commits the turn); this module checks the reply
-again with `jsonschema`, as a second guard, before it is returned.
+them can express: the supported subset below, checked here before the core is called. This
+check is the one judge of which schemas wisp takes: it also bounds what a schema may imply
+(nesting, items, the size of the smallest value it asks for), so that no call can make the
+core build or check a huge value. Any schema it refuses is `invalid_argument` naming the place.
+
+The reply is judged once, by the core, before the turn joins the thread (JSON Schema's rules
+on exact numbers, code points and ECMA-262 patterns: swift/WispCore/Backends/OutputSchema.swift);
+the shim trusts that verdict and does not judge it again. `jsonschema` checks that a schema is
+valid JSON Schema here, and is the test oracle for the core's verdict
+(tests/python/test_schema_differential.py).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import jsonschema
+from typing import Any
 
 # jsonschema is imported by the first call that passes a schema, not at start: it is ~35 ms
 # of the shim's start-up (referencing, attrs, the meta-schemas) that most sessions never use.
@@ -24,6 +28,13 @@ if TYPE_CHECKING:
 MAX_SCHEMA_BYTES = 16 * 1024
 # Nested schemas (an object in an array in an object ...), well inside the core's limits.
 MAX_DEPTH = 32
+# `minItems` above this asks for more items than any reply should hold.
+MAX_MIN_ITEMS = 10_000
+# The smallest value a schema asks for (echo's value: max(minItems, 1) items of each array)
+# must stay well under the pipe's frame limit and cheap to build and check.
+MAX_VALUE_BYTES = 1024 * 1024
+# Numbers in a schema: what a 64-bit float holds (the shim reads JSON numbers as Python's).
+MAX_NUMBER = 1e308
 
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 # Keywords that mean the same on every node.
@@ -62,13 +73,18 @@ class Checked:
     schema: dict[str, Any]
     # Compact JSON text, key order kept: what the core receives.
     text: str
-    validator: jsonschema.protocols.Validator
 
 
 def check_schema(schema: Any) -> Checked:
-    """Accept `schema` when it is valid JSON Schema inside wisp's supported subset."""
+    """Accept `schema` when it is valid JSON Schema inside wisp's supported subset and bounds."""
     if not isinstance(schema, dict):
         raise SchemaError(f"`schema` must be a JSON object (a JSON Schema), got {_kind(schema)}.")
+    # Before anything recurses over it (jsonschema, json.dumps): nesting and numbers.
+    _check_shape(schema)
+    dialect = schema.get("$schema")
+    if dialect is not None and not isinstance(dialect, str):
+        raise SchemaError(f"`$schema` at #/$schema must be a string (a dialect URI such as "
+                          f"https://json-schema.org/draft/2020-12/schema), got {_kind(dialect)}; or leave it out.")
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     size = len(text.encode())
     if size > MAX_SCHEMA_BYTES:
@@ -77,27 +93,83 @@ def check_schema(schema: Any) -> Checked:
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
+        # Without format checks: whether a `pattern` is a regular expression wisp can match is
+        # the core's to say (ECMA-262 on its linear engine), not Python's `re`.
+        cls.check_schema(schema, format_checker=None)
     except jsonschema.exceptions.SchemaError as exc:
         raise SchemaError(f"`schema` is not valid JSON Schema: {exc.message} (at {_pointer(exc.path)}).") from None
     _check_node(schema, "#", 0, root=True)
-    # Replies are checked with 2020-12 semantics whatever `$schema` says, as the core checks them
-    # (draft 4 alone would call 1.0 no integer): the subset's keywords mean the same in every draft.
-    return Checked(schema=schema, text=text, validator=jsonschema.Draft202012Validator(schema))
+    _check_size(schema)
+    # The core judges replies with 2020-12 semantics whatever `$schema` says (draft 4 alone
+    # would call 1.0 no integer): the subset's keywords mean the same in every draft.
+    return Checked(schema=schema, text=text)
 
 
-def validate_output(checked: Checked, text: str) -> Any:
-    """The reply's JSON value; raises ValueError saying what is wrong when it does not match."""
-    import jsonschema
+def reply_value(text: str) -> Any:
+    """The value of a reply the core has judged valid JSON matching its schema."""
+    return json.loads(text)
 
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"the reply is not valid JSON ({exc})") from None
-    error = jsonschema.exceptions.best_match(checked.validator.iter_errors(value))
-    if error is not None:
-        raise ValueError(f"{error.json_path}: {error.message}")
-    return value
+
+def _check_shape(schema: dict[str, Any]) -> None:
+    """Nesting within MAX_DEPTH schema levels and every number finite and within MAX_NUMBER,
+    walked without recursion (a schema nested 150 deep must be an argument error, not a
+    RecursionError)."""
+    stack: list[tuple[Any, str, int]] = [(schema, "#", 0)]
+    while stack:
+        node, path, depth = stack.pop()
+        # Two JSON levels (a keyword's object or array, then the schema) per schema level at most.
+        if depth > 2 * MAX_DEPTH + 4:
+            raise SchemaError(f"schema is nested more than {MAX_DEPTH} levels deep (at {path}); use a flatter schema.")
+        if isinstance(node, dict):
+            stack.extend((v, f"{path}/{_escape(str(k))}", depth + 1) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((v, f"{path}/{k}", depth + 1) for k, v in enumerate(node))
+        elif isinstance(node, float) and not (math.isfinite(node) and abs(node) <= MAX_NUMBER):
+            raise SchemaError(f"the number at {path} is {'too large' if not math.isnan(node) else 'not a number'} for wisp "
+                              f"(numbers in a schema must be within ±{MAX_NUMBER:g}).")
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_NUMBER:
+            raise SchemaError(f"the number at {path} has {len(str(abs(node)))} digits, too large for wisp "
+                              f"(numbers in a schema must be within ±{MAX_NUMBER:g}).")
+
+
+def _check_size(schema: dict[str, Any]) -> None:
+    """Refuses a schema whose smallest value (echo's: max(minItems, 1) items per array) is over
+    MAX_VALUE_BYTES, naming the `minItems` that makes it so."""
+    size, where = _implied(schema, "#")
+    if size > MAX_VALUE_BYTES:
+        raise SchemaError(
+            f"`minItems` at {where} makes the value this schema asks for at least about {size} bytes, over wisp's "
+            f"bound of {MAX_VALUE_BYTES} bytes; use smaller minItems (or fewer nested arrays)."
+        )
+
+
+def _implied(node: dict[str, Any], path: str) -> tuple[int, str]:
+    """(bytes of echo's value for `node`, the path of the outermost array with minItems > 1 in it)."""
+    if "const" in node:
+        return len(json.dumps(node["const"])), path
+    if "enum" in node:
+        return len(json.dumps(node["enum"][0])), path
+    for choice in ("anyOf", "oneOf"):
+        if choice in node:
+            return _implied(node[choice][0], f"{path}/{choice}/0")
+    kind = node.get("type")
+    if kind == "object":
+        total, where = 2, path
+        for name, sub in node.get("properties", {}).items():
+            n, w = _implied(sub, f"{path}/properties/{_escape(name)}")
+            total += len(json.dumps(name)) + 1 + n
+            if n > 64:
+                where = w
+            if total > MAX_VALUE_BYTES:
+                return total, where
+        return total, where
+    if kind == "array":
+        count = max(node.get("minItems", 0), 1)
+        n, w = _implied(node["items"], f"{path}/items")
+        return 2 + count * (n + 1), (path if count > 1 else w)
+    if kind == "string":
+        return 30, path
+    return 24, path
 
 
 def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
@@ -163,6 +235,8 @@ def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
             raise SchemaError(f"schema at {path} is an array without `items`: say what each item is.")
         _check_node(node["items"], f"{path}/items", depth + 1)
         lo, hi = node.get("minItems"), node.get("maxItems")
+        if lo is not None and lo > MAX_MIN_ITEMS:
+            raise SchemaError(f"`minItems` at {path} is {lo}, over wisp's bound of {MAX_MIN_ITEMS} items; use a smaller minItems.")
         if lo is not None and hi is not None and lo > hi:
             raise SchemaError(f"`minItems` ({lo}) is above `maxItems` ({hi}) at {path}.")
     elif kind == "string" and "pattern" in node:

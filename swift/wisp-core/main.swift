@@ -20,6 +20,11 @@ if arguments.contains("--help") || arguments.contains("-h") {
     FileHandle.standardError.write(Data((CoreConfig.usage + "\n").utf8))
     exit(0)
 }
+if arguments == ["--check-replies"] {
+    // A test aid (see OutputSchema.verdictLine), before any backend starts.
+    while let line = readLine(strippingNewline: true) { print(OutputSchema.verdictLine(line)) }
+    exit(0)
+}
 let config: CoreConfig
 do {
     config = try CoreConfig.parse(arguments: arguments, environment: ProcessInfo.processInfo.environment)

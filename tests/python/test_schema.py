@@ -130,7 +130,9 @@ BAD = [
     ({"enum": []}, "is empty"),
     ({"enum": [True, False]}, "strings, numbers and null only"),
     ({"type": "string", "enum": ["a", 1]}, "not of the schema's type string"),
-    ({"type": "string", "pattern": "("}, "is not a 'regex' (at #/pattern)"),
+    # Judged by the core (ECMA-262, its linear engine), which names the place.
+    ({"type": "string", "pattern": "^($"}, "`pattern` at # is not a regular expression wisp can use"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^(?=x)$"}}}, "at #/properties/a"),
     ({"type": "string", "pattern": "[0-9]+"}, "start it with ^ and end it with $"),
     ({"type": "object", "properties": {f"p{i}": {"type": "string", "description": "x" * 100} for i in range(200)}}, f"{MAX_SCHEMA_BYTES}-byte limit"),
 ]
@@ -171,15 +173,17 @@ async def test_reply_that_misses_the_schema_is_invalid_output_and_leaves_history
         assert s["text"] == "echo 2: again" and s["turns"] == 2
 
 
-async def test_shim_checks_the_reply_again(tmp_path):
-    # tests/python/fake_core.py knows nothing of schemas and replies "echo N: P": only the shim's
-    # own jsonschema check stands between that and the caller, and it says the turn was kept.
+async def test_shim_trusts_the_cores_verdict(tmp_path):
+    # tests/python/fake_core.py knows nothing of schemas and replies "echo N: P". The core's
+    # verdict is the only one: the shim does not judge the reply again (it once did, with
+    # jsonschema, and disagreed with the core on turns the core had kept). A reply that is not
+    # even JSON can only be a core bug, and is reported as one.
     wrapper = tmp_path / "wisp-core"
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).with_name("fake_core.py")}" "$@"\n')
     wrapper.chmod(0o755)
     async with wisp(core=str(wrapper)) as c:
         msg = error_text(await c.call_tool("respond", {"prompt": "x", "thread_id": "t", "schema": {"type": "integer"}}))
-        assert msg.startswith("invalid_output:") and "not valid JSON" in msg and "in thread t's history" in msg, msg
+        assert msg.startswith("internal:") and "does not parse here" in msg and "in thread t's history" in msg, msg
 
 
 def openai(stub, *args: str):

@@ -1,292 +1,37 @@
-/// Structured output: a `respond` call's JSON Schema, what every backend builds from it, and the
-/// check of the model's reply against it before the turn may join the history.
+/// Structured output: a `respond` call's JSON Schema, what every backend builds from it, and
+/// the one verdict on the model's reply, taken before the turn may join the history.
 ///
 /// The shim refuses any schema outside wisp's supported subset before the core is called (it
-/// names the keyword and where it is), so the core reads only that subset: object
-/// (`properties`, `required`, `additionalProperties: false`), array (`items`, `minItems`,
-/// `maxItems`), string (`pattern`), integer and number (`minimum`, `maximum`), boolean, null,
-/// `enum` and `const` (strings, numbers, null), `anyOf`/`oneOf`, `description`/`title`.
+/// names the keyword and where it is, and bounds what a schema may imply), so the core reads
+/// only that subset: object (`properties`, `required`, `additionalProperties: false`), array
+/// (`items`, `minItems`, `maxItems`), string (`pattern`), integer and number (`minimum`,
+/// `maximum`), boolean, null, `enum` and `const` (strings, numbers, null), `anyOf`/`oneOf`,
+/// `description`/`title`. Whatever else reaches the core anyway is refused here
+/// (`invalid_argument`, naming the place), never a crash.
 ///
-/// Validation lives here, not (only) in the shim, because a reply that fails it must not enter
-/// the history: the core has to know before it commits the turn. The shim validates again
-/// with `jsonschema` as a second guard.
-
-/// A JSON value that keeps an object's members in the order written. The order matters: the
-/// echo backend builds properties in schema order, and llama-server and Apple's model generate
-/// them in that order. Codable's keyed containers (and JSONSerialization) do not keep it, which
-/// is why the pipe carries a schema as JSON text and this file parses it.
-public indirect enum JSONValue: Sendable, Equatable {
-    case null
-    case bool(Bool)
-    case number(Double)
-    case string(String)
-    case array([JSONValue])
-    case object([JSONMember])
-
-    public subscript(key: String) -> JSONValue? {
-        guard case .object(let members) = self else { return nil }
-        return members.first { $0.key == key }?.value
-    }
-
-    public var string: String? { if case .string(let s) = self { s } else { nil } }
-    public var number: Double? { if case .number(let n) = self { n } else { nil } }
-    public var array: [JSONValue]? { if case .array(let a) = self { a } else { nil } }
-    public var members: [JSONMember]? { if case .object(let m) = self { m } else { nil } }
-
-    /// Whole numbers up to 2^53 print without a fraction, as JSON writers do.
-    var integer: Int? {
-        guard let n = number, n.rounded() == n, abs(n) <= 9_007_199_254_740_992 else { return nil }
-        return Int(n)
-    }
-}
-
-public struct JSONMember: Sendable, Equatable {
-    public var key: String
-    public var value: JSONValue
-    public init(_ key: String, _ value: JSONValue) { self.key = key; self.value = value }
-}
-
-// MARK: - JSON text
-
-extension JSONValue {
-    /// Deep enough for any schema the shim accepts (it limits nesting) and any value built from one.
-    static let maxDepth = 256
-
-    /// Parses JSON text (RFC 8259; whitespace around the value is allowed). The error says where it failed.
-    public static func parse(_ text: String) throws(JSONParseError) -> JSONValue {
-        var parser = JSONParser(bytes: Array(text.utf8))
-        parser.skipSpace()
-        let value = try parser.value(depth: 0)
-        parser.skipSpace()
-        guard parser.atEnd else { throw parser.error("unexpected text after the JSON value") }
-        return value
-    }
-
-    /// Compact JSON text, members in their order.
-    public var jsonText: String {
-        var out = ""
-        write(to: &out)
-        return out
-    }
-
-    private func write(to out: inout String) {
-        switch self {
-        case .null: out += "null"
-        case .bool(let b): out += b ? "true" : "false"
-        case .number(let n):
-            if let i = integer { out += String(i) } else { out += n.isFinite ? "\(n)" : "null" }
-        case .string(let s): Self.writeString(s, to: &out)
-        case .array(let items):
-            out += "["
-            for (i, item) in items.enumerated() {
-                if i > 0 { out += "," }
-                item.write(to: &out)
-            }
-            out += "]"
-        case .object(let members):
-            out += "{"
-            for (i, m) in members.enumerated() {
-                if i > 0 { out += "," }
-                Self.writeString(m.key, to: &out)
-                out += ":"
-                m.value.write(to: &out)
-            }
-            out += "}"
-        }
-    }
-
-    private static func writeString(_ s: String, to out: inout String) {
-        out += "\""
-        for scalar in s.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case _ where scalar.value < 0x20:
-                let hex = String(scalar.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        out += "\""
-    }
-}
-
-public struct JSONParseError: Error, Sendable, Equatable, CustomStringConvertible {
-    public var message: String
-    /// Byte offset into the text.
-    public var offset: Int
-    public var description: String { "\(message) at byte \(offset)" }
-}
-
-private struct JSONParser {
-    let bytes: [UInt8]
-    var i = 0
-
-    var atEnd: Bool { i >= bytes.count }
-
-    func error(_ message: String) -> JSONParseError { JSONParseError(message: message, offset: i) }
-
-    mutating func skipSpace() {
-        while i < bytes.count, [0x20, 0x09, 0x0A, 0x0D].contains(bytes[i]) { i += 1 }
-    }
-
-    mutating func value(depth: Int) throws(JSONParseError) -> JSONValue {
-        guard depth < JSONValue.maxDepth else { throw error("nested more than \(JSONValue.maxDepth) levels deep") }
-        guard i < bytes.count else { throw error(i == 0 ? "no JSON value" : "the text ends before the JSON value does") }
-        switch bytes[i] {
-        case UInt8(ascii: "{"):
-            i += 1
-            var members: [JSONMember] = []
-            skipSpace()
-            if i < bytes.count, bytes[i] == UInt8(ascii: "}") { i += 1; return .object(members) }
-            while true {
-                skipSpace()
-                guard i < bytes.count, bytes[i] == UInt8(ascii: "\"") else { throw error(atEnd ? "the text ends inside an object" : "expected a member name in quotes") }
-                let key = try string()
-                skipSpace()
-                guard i < bytes.count, bytes[i] == UInt8(ascii: ":") else { throw error(atEnd ? "the text ends inside an object" : "expected ':' after a member name") }
-                i += 1
-                skipSpace()
-                members.append(JSONMember(key, try value(depth: depth + 1)))
-                skipSpace()
-                guard i < bytes.count else { throw error("the text ends inside an object") }
-                if bytes[i] == UInt8(ascii: ",") { i += 1; continue }
-                if bytes[i] == UInt8(ascii: "}") { i += 1; return .object(members) }
-                throw error("expected ',' or '}' in an object")
-            }
-        case UInt8(ascii: "["):
-            i += 1
-            var items: [JSONValue] = []
-            skipSpace()
-            if i < bytes.count, bytes[i] == UInt8(ascii: "]") { i += 1; return .array(items) }
-            while true {
-                skipSpace()
-                items.append(try value(depth: depth + 1))
-                skipSpace()
-                guard i < bytes.count else { throw error("the text ends inside an array") }
-                if bytes[i] == UInt8(ascii: ",") { i += 1; continue }
-                if bytes[i] == UInt8(ascii: "]") { i += 1; return .array(items) }
-                throw error("expected ',' or ']' in an array")
-            }
-        case UInt8(ascii: "\""):
-            return .string(try string())
-        case UInt8(ascii: "t"): try literal("true"); return .bool(true)
-        case UInt8(ascii: "f"): try literal("false"); return .bool(false)
-        case UInt8(ascii: "n"): try literal("null"); return .null
-        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
-            return .number(try number())
-        default:
-            throw error("unexpected character '\(String(decoding: [bytes[i]], as: UTF8.self))'")
-        }
-    }
-
-    mutating func literal(_ word: String) throws(JSONParseError) {
-        let w = Array(word.utf8)
-        guard i + w.count <= bytes.count, Array(bytes[i..<i + w.count]) == w else {
-            throw error(i + w.count > bytes.count ? "the text ends inside '\(word)'" : "expected '\(word)'")
-        }
-        i += w.count
-    }
-
-    mutating func number() throws(JSONParseError) -> Double {
-        let start = i
-        func digits(_ p: inout JSONParser) -> Int {
-            let s = p.i
-            while p.i < p.bytes.count, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(p.bytes[p.i]) { p.i += 1 }
-            return p.i - s
-        }
-        if bytes[i] == UInt8(ascii: "-") { i += 1 }
-        let whole = i
-        guard digits(&self) > 0 else { throw error(atEnd ? "the text ends inside a number" : "expected a digit") }
-        if bytes[whole] == UInt8(ascii: "0"), i - whole > 1 { throw JSONParseError(message: "a number may not start with 0", offset: whole) }
-        if i < bytes.count, bytes[i] == UInt8(ascii: ".") {
-            i += 1
-            guard digits(&self) > 0 else { throw error(atEnd ? "the text ends inside a number" : "expected a digit after '.'") }
-        }
-        if i < bytes.count, bytes[i] == UInt8(ascii: "e") || bytes[i] == UInt8(ascii: "E") {
-            i += 1
-            if i < bytes.count, bytes[i] == UInt8(ascii: "+") || bytes[i] == UInt8(ascii: "-") { i += 1 }
-            guard digits(&self) > 0 else { throw error(atEnd ? "the text ends inside a number" : "expected a digit in the exponent") }
-        }
-        guard let n = Double(String(decoding: bytes[start..<i], as: UTF8.self)), n.isFinite else {
-            throw JSONParseError(message: "the number is too large", offset: start)
-        }
-        return n
-    }
-
-    mutating func string() throws(JSONParseError) -> String {
-        i += 1 // the opening quote
-        var scalars = String.UnicodeScalarView()
-        var run = i
-        func flush(_ p: JSONParser, _ from: Int, into s: inout String.UnicodeScalarView) {
-            s.append(contentsOf: String(decoding: p.bytes[from..<p.i], as: UTF8.self).unicodeScalars)
-        }
-        while true {
-            guard i < bytes.count else { throw error("the text ends inside a string") }
-            let b = bytes[i]
-            if b == UInt8(ascii: "\"") {
-                flush(self, run, into: &scalars)
-                i += 1
-                return String(scalars)
-            }
-            if b < 0x20 { throw error("a control character inside a string must be escaped") }
-            guard b == UInt8(ascii: "\\") else { i += 1; continue }
-            flush(self, run, into: &scalars)
-            i += 1
-            guard i < bytes.count else { throw error("the text ends inside a string") }
-            let e = bytes[i]
-            i += 1
-            switch e {
-            case UInt8(ascii: "\""): scalars.append("\"")
-            case UInt8(ascii: "\\"): scalars.append("\\")
-            case UInt8(ascii: "/"): scalars.append("/")
-            case UInt8(ascii: "b"): scalars.append("\u{08}")
-            case UInt8(ascii: "f"): scalars.append("\u{0C}")
-            case UInt8(ascii: "n"): scalars.append("\n")
-            case UInt8(ascii: "r"): scalars.append("\r")
-            case UInt8(ascii: "t"): scalars.append("\t")
-            case UInt8(ascii: "u"):
-                var code = try hex4()
-                if (0xD800..<0xDC00).contains(code), i + 1 < bytes.count, bytes[i] == UInt8(ascii: "\\"), bytes[i + 1] == UInt8(ascii: "u") {
-                    let save = i
-                    i += 2
-                    let low = try hex4()
-                    if (0xDC00..<0xE000).contains(low) {
-                        code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
-                    } else {
-                        i = save
-                    }
-                }
-                // A lone surrogate is not a character: it reads as U+FFFD, as most decoders do.
-                scalars.append(Unicode.Scalar(code) ?? "\u{FFFD}")
-            default:
-                throw JSONParseError(message: "unknown escape in a string", offset: i - 2)
-            }
-            run = i
-        }
-    }
-
-    mutating func hex4() throws(JSONParseError) -> UInt32 {
-        guard i + 4 <= bytes.count, let v = UInt32(String(decoding: bytes[i..<i + 4], as: UTF8.self), radix: 16) else {
-            throw error("expected four hex digits after \\u")
-        }
-        i += 4
-        return v
-    }
-}
-
-// MARK: - The schema
-
-/// A `respond` call's JSON Schema, parsed once when the call arrives.
+/// The verdict is JSON Schema's (2020-12) for that subset, on exact data: numbers compared as
+/// exact decimals (Support/JSON.swift), strings and keys as sequences of code points, `pattern`
+/// with ECMA-262 semantics matched by the linear engine (Tools/LinearRegex.swift, `.ecma`). The
+/// shim does not judge the reply again; `jsonschema` is the test oracle (tests/python/
+/// test_schema_differential.py, which lists where Python's `re` and ECMA-262 differ).
+///
+/// Checking a reply and building echo's value can take time on a large reply or schema: both
+/// run off the pipe thread and stop when their call is cancelled (`Task.isCancelled`).
 public struct OutputSchema: Sendable, Equatable {
     /// The schema as the caller wrote it (compact JSON text), for backends that forward it.
     public let text: String
     public let root: JSONValue
+    let node: Node
 
-    /// Throws `invalid_argument` when the text is not a JSON object or a `pattern` does not compile.
+    /// Deeper than the shim lets through; bounds the core's recursion whatever it is sent.
+    static let maxDepth = 64
+    /// The largest value echo builds: a reply over the pipe's frame limit could not be delivered.
+    static let maxEchoBytes = maxFrameBytes / 2
+
+    public static func == (a: OutputSchema, b: OutputSchema) -> Bool { a.text == b.text }
+
+    /// Throws `invalid_argument` when the text is not a JSON object, a keyword has a value wisp
+    /// cannot use, or a `pattern` is not one the linear engine takes; the message names the place.
     public init(text: String) throws(WispError) {
         let root: JSONValue
         do {
@@ -295,45 +40,171 @@ public struct OutputSchema: Sendable, Equatable {
             throw WispError(.invalidArgument, "schema is not valid JSON: \(error)")
         }
         guard case .object = root else { throw WispError(.invalidArgument, "schema must be a JSON object") }
-        try Self.checkPatterns(root, path: "#")
+        self.node = try Node(root, path: "#", depth: 0)
         self.text = root.jsonText
         self.root = root
     }
 
-    private static func checkPatterns(_ node: JSONValue, path: String) throws(WispError) {
-        switch node {
-        case .object(let members):
-            for m in members {
-                if m.key == "pattern", let p = m.value.string {
-                    do { _ = try Regex(p) } catch {
-                        throw WispError(.invalidArgument, "schema: `pattern` at \(path) is not a regular expression wisp can use: \(error)")
+    // MARK: the compiled schema
+
+    final class Node: Sendable {
+        enum Kind: String, Sendable { case object, array, string, integer, number, boolean, null }
+        let kind: Kind?
+        let const: JSONValue?
+        let choices: [JSONValue]?
+        let anyOf: [Node]?
+        let oneOf: [Node]?
+        let properties: [(key: String, node: Node)]
+        /// `properties` by the key's UTF-8 bytes: keys are code points, never canonically equivalent texts.
+        let index: [[UInt8]: Int]
+        let required: [String]
+        let closed: Bool
+        let items: Node?
+        let minItems: Int?
+        let maxItems: Int?
+        let pattern: (text: String, regex: LinearRegex)?
+        let minimum: JSONNumber?
+        let maximum: JSONNumber?
+        /// Bytes of echo's value for this node, saturated at `Int.max / 4`.
+        let echoBytes: Int
+
+        init(_ s: JSONValue, path: String, depth: Int) throws(WispError) {
+            func bad(_ keyword: String, _ why: String) -> WispError {
+                WispError(.invalidArgument, "schema: `\(keyword)` at \(path) \(why)")
+            }
+            guard depth <= OutputSchema.maxDepth else {
+                throw WispError(.invalidArgument, "schema is nested more than \(OutputSchema.maxDepth) levels deep (at \(path)); use a flatter schema")
+            }
+            guard case .object = s else { throw WispError(.invalidArgument, "schema at \(path) must be an object (a schema)") }
+            if let t = s["type"] {
+                guard let name = t.string, let k = Kind(rawValue: name) else { throw bad("type", "must be one of object, array, string, integer, number, boolean, null") }
+                kind = k
+            } else {
+                kind = nil
+            }
+            const = s["const"]
+            if let e = s["enum"] {
+                guard let members = e.array, !members.isEmpty else { throw bad("enum", "must be a non-empty array") }
+                choices = members
+            } else {
+                choices = nil
+            }
+            func branches(_ keyword: String) throws(WispError) -> [Node]? {
+                guard let b = s[keyword] else { return nil }
+                guard let list = b.array, !list.isEmpty else { throw bad(keyword, "must be a non-empty array of schemas") }
+                var out: [Node] = []
+                for (k, item) in list.enumerated() { out.append(try Node(item, path: "\(path)/\(keyword)/\(k)", depth: depth + 1)) }
+                return out
+            }
+            anyOf = try branches("anyOf")
+            oneOf = try branches("oneOf")
+            var properties: [(key: String, node: Node)] = []
+            var index: [[UInt8]: Int] = [:]
+            if let p = s["properties"] {
+                guard let members = p.members else { throw bad("properties", "must be an object") }
+                for m in members {
+                    let node = try Node(m.value, path: "\(path)/properties/\(Self.escape(m.key))", depth: depth + 1)
+                    // JSON keeps the last of a key given twice, as Python's json (the shim's) does.
+                    if let k = index[Array(m.key.utf8)] { properties[k].node = node } else {
+                        index[Array(m.key.utf8)] = properties.count
+                        properties.append((m.key, node))
                     }
                 }
-                try checkPatterns(m.value, path: "\(path)/\(m.key)")
             }
-        case .array(let items):
-            for (k, item) in items.enumerated() { try checkPatterns(item, path: "\(path)/\(k)") }
-        default:
-            break
+            self.properties = properties
+            self.index = index
+            if let r = s["required"] {
+                guard let names = r.array, let strings = Optional(names.compactMap(\.string)), strings.count == names.count else {
+                    throw bad("required", "must be an array of property names")
+                }
+                required = strings
+            } else {
+                required = []
+            }
+            if let a = s["additionalProperties"] {
+                guard a.bool == false else { throw bad("additionalProperties", "must be false (or left out)") }
+                closed = true
+            } else {
+                closed = false
+            }
+            if let i = s["items"] { items = try Node(i, path: "\(path)/items", depth: depth + 1) } else { items = nil }
+            func count(_ keyword: String) throws(WispError) -> Int? {
+                guard let v = s[keyword] else { return nil }
+                guard let n = v.number, n.isInteger, !(n.decimal?.negative ?? true) || (n.decimal?.isZero ?? false) else {
+                    throw bad(keyword, "must be a whole number of items, at least 0")
+                }
+                // Past Int, a bound is beyond any reply: saturated.
+                return n.int ?? Int.max
+            }
+            minItems = try count("minItems")
+            maxItems = try count("maxItems")
+            if let p = s["pattern"] {
+                guard let text = p.string else { throw bad("pattern", "must be a string") }
+                do {
+                    pattern = (text, try LinearRegex(text, dialect: .ecma))
+                } catch {
+                    throw WispError(.invalidArgument, "schema: `pattern` at \(path) is not a regular expression wisp can use: \(error.message)")
+                }
+            } else {
+                pattern = nil
+            }
+            func bound(_ keyword: String) throws(WispError) -> JSONNumber? {
+                guard let v = s[keyword] else { return nil }
+                guard let n = v.number, let d = n.decimal else { throw bad(keyword, "must be a number") }
+                // Echo writes a whole bound out in digits: a number of thousands of digits is no bound anyone means.
+                guard d.magnitude <= 400, d.magnitude >= -400 else { throw bad(keyword, "is \(n.text.prefix(40)), too large or too small a number for wisp") }
+                return n
+            }
+            minimum = try bound("minimum")
+            maximum = try bound("maximum")
+            echoBytes = Self.echoSize(const: const, choices: choices, first: (anyOf ?? oneOf)?.first, kind: kind, properties: properties,
+                                      items: items, minItems: minItems, minimum: minimum)
+        }
+
+        static func escape(_ key: String) -> String {
+            key.replacingOccurrences(of: "~", with: "~0").replacingOccurrences(of: "/", with: "~1")
+        }
+
+        private static let cap = Int.max / 4
+
+        private static func echoSize(const: JSONValue?, choices: [JSONValue]?, first: Node?, kind: Kind?,
+                                     properties: [(key: String, node: Node)], items: Node?, minItems: Int?, minimum: JSONNumber?) -> Int {
+            func add(_ a: Int, _ b: Int) -> Int { min(cap, a + b) }
+            if let const { return const.jsonText.utf8.count }
+            if let first = choices?.first { return first.jsonText.utf8.count }
+            if let first { return first.echoBytes }
+            switch kind {
+            case .object:
+                return properties.reduce(2) { add($0, add(JSONWriter.encodedCount($1.key) + 2, $1.node.echoBytes)) }
+            case .array:
+                let n = max(minItems ?? 0, 1), each = add(items?.echoBytes ?? 4, 1)
+                let (total, overflow) = n.multipliedReportingOverflow(by: each)
+                return overflow ? cap : min(cap, add(total, 1))
+            case .string: return 30
+            case .integer, .number: return minimum.map { $0.decimal.map { max($0.magnitude, 0) + $0.digits.count + 3 } ?? 24 } ?? 24
+            default: return 5
+            }
         }
     }
 
     // MARK: validation
 
-    /// Checks the model's reply: nil when it is JSON that matches the schema, else what is wrong.
-    public func problem(with reply: String) -> String? {
+    /// Why `reply` does not match, or nil when it is JSON that does. Throws `cancelled` when the
+    /// call is cancelled meanwhile.
+    public func problem(with reply: String) throws(WispError) -> String? {
         let value: JSONValue
         do {
             value = try JSONValue.parse(reply)
         } catch {
             return "the reply is not valid JSON (\(error))"
         }
-        return Self.problem(value, root, at: "$")
+        var budget = Budget()
+        return try Self.problem(value, node, at: "$", &budget)
     }
 
     /// Throws `invalid_output` when the reply does not parse or match; the message says what to try.
     public func check(_ reply: String, maxOutputTokens: Int?) throws(WispError) {
-        guard let problem = problem(with: reply) else { return }
+        guard let problem = try problem(with: reply) else { return }
         throw WispError(.invalidOutput, Self.invalidOutputMessage(problem, maxOutputTokens: maxOutputTokens))
     }
 
@@ -348,95 +219,178 @@ public struct OutputSchema: Sendable, Equatable {
         return WispError(.invalidOutput, "the model's reply was cut off at the output cap\(cap) before the JSON value was complete. The turn was not added to the thread. Try a larger max_output_tokens or a simpler schema.")
     }
 
-    private static func problem(_ v: JSONValue, _ s: JSONValue, at path: String) -> String? {
-        if let c = s["const"], !same(v, c) { return "\(path) must be \(c.jsonText), got \(short(v))" }
-        if let e = s["enum"]?.array, !e.contains(where: { same(v, $0) }) {
+    /// Counts the work of one check, to look at cancellation now and then rather than at every node.
+    struct Budget {
+        var steps = 0
+        mutating func step() throws(WispError) {
+            steps &+= 1
+            if steps & 63 == 0, Task.isCancelled { throw WispError.callCancelled }
+        }
+    }
+
+    private static func problem(_ v: JSONValue, _ s: Node, at path: String, _ budget: inout Budget) throws(WispError) -> String? {
+        try budget.step()
+        if let c = s.const, !same(v, c) { return "\(path) must be \(c.jsonText), got \(short(v))" }
+        if let e = s.choices, !e.contains(where: { same(v, $0) }) {
             return "\(path) must be one of \(short(.array(e))), got \(short(v))"
         }
-        if let branches = s["anyOf"]?.array {
-            let fits = branches.filter { problem(v, $0, at: path) == nil }.count
-            if fits == 0 { return "\(path) matches none of the `anyOf` choices: \(short(v))" }
+        if let branches = s.anyOf {
+            var fits = false
+            for b in branches where try problem(v, b, at: path, &budget) == nil { fits = true; break }
+            if !fits { return "\(path) matches none of the `anyOf` choices: \(short(v))" }
         }
-        if let branches = s["oneOf"]?.array {
-            let fits = branches.filter { problem(v, $0, at: path) == nil }.count
+        if let branches = s.oneOf {
+            var fits = 0
+            for b in branches where try problem(v, b, at: path, &budget) == nil { fits += 1 }
             if fits != 1 { return "\(path) must match exactly one `oneOf` choice, matches \(fits): \(short(v))" }
         }
-        guard let type = s["type"]?.string else { return nil }
-        switch (type, v) {
-        case ("null", .null), ("boolean", .bool):
+        guard let kind = s.kind else { return nil }
+        switch (kind, v) {
+        case (.null, .null), (.boolean, .bool):
             return nil
-        case ("string", .string(let str)):
-            if let p = s["pattern"]?.string, let regex = try? Regex(p), !str.contains(regex) {
-                return "\(path) must match the pattern \(p), got \(short(v))"
+        case (.string, .string(let str)):
+            if let p = s.pattern {
+                guard let found = p.regex.matches(Substring(str), stop: { Task.isCancelled }) else { throw WispError.callCancelled }
+                if !found { return "\(path) must match the pattern \(p.text), got \(short(v))" }
             }
             return nil
-        case ("integer", .number(let n)) where n.rounded() == n, ("number", .number(let n)):
-            if let lo = s["minimum"]?.number, n < lo { return "\(path) must be at least \(JSONValue.number(lo).jsonText), got \(v.jsonText)" }
-            if let hi = s["maximum"]?.number, n > hi { return "\(path) must be at most \(JSONValue.number(hi).jsonText), got \(v.jsonText)" }
+        case (.integer, .number(let n)) where n.isInteger, (.number, .number(let n)):
+            if let lo = s.minimum, n < lo { return "\(path) must be at least \(lo.text), got \(n.text.prefix(80))" }
+            if let hi = s.maximum, hi < n { return "\(path) must be at most \(hi.text), got \(n.text.prefix(80))" }
             return nil
-        case ("array", .array(let items)):
-            if let lo = s["minItems"]?.integer, items.count < lo { return "\(path) must have at least \(lo) item(s), has \(items.count)" }
-            if let hi = s["maxItems"]?.integer, items.count > hi { return "\(path) must have at most \(hi) item(s), has \(items.count)" }
-            if let itemSchema = s["items"] {
+        case (.array, .array(let items)):
+            if let lo = s.minItems, items.count < lo { return "\(path) must have at least \(lo) item(s), has \(items.count)" }
+            if let hi = s.maxItems, items.count > hi { return "\(path) must have at most \(hi) item(s), has \(items.count)" }
+            if let itemSchema = s.items {
                 for (k, item) in items.enumerated() {
-                    if let p = problem(item, itemSchema, at: "\(path)[\(k)]") { return p }
+                    if let p = try problem(item, itemSchema, at: "\(path)[\(k)]", &budget) { return p }
                 }
             }
             return nil
-        case ("object", .object(let members)):
-            var seen = Set<String>()
-            for m in members where !seen.insert(m.key).inserted { return "\(path) has the key \"\(m.key)\" twice" }
-            let properties = s["properties"]?.members ?? []
-            for name in s["required"]?.array?.compactMap(\.string) ?? [] where !seen.contains(name) {
-                return "\(path) is missing the required property \"\(name)\""
+        case (.object, .object(let members)):
+            var seen = Set<[UInt8]>()
+            for m in members where !seen.insert(Array(m.key.utf8)).inserted { return "\(path) has the key \(quoted(m.key)) twice" }
+            for name in s.required where !seen.contains(Array(name.utf8)) {
+                return "\(path) is missing the required property \(quoted(name))"
             }
-            let closed = s["additionalProperties"] == .bool(false)
             for m in members {
-                if let sub = properties.first(where: { $0.key == m.key }) {
-                    if let p = problem(m.value, sub.value, at: "\(path).\(m.key)") { return p }
-                } else if closed {
-                    return "\(path) has the property \"\(m.key)\", which the schema does not allow"
+                if let k = s.index[Array(m.key.utf8)] {
+                    if let p = try problem(m.value, s.properties[k].node, at: "\(path).\(m.key)", &budget) { return p }
+                } else if s.closed {
+                    return "\(path) has the property \(quoted(m.key)), which the schema does not allow"
                 }
             }
             return nil
         default:
-            return "\(path) must be \(type == "integer" || type == "array" || type == "object" ? "an" : "a") \(type), got \(short(v))"
+            let name = kind.rawValue
+            return "\(path) must be \(kind == .integer || kind == .array || kind == .object ? "an" : "a") \(name), got \(short(v))"
         }
     }
 
-    /// JSON equality for the scalars `enum` and `const` may hold (1 and 1.0 are the same number).
+    /// JSON Schema's equality for the scalars `enum` and `const` may hold: numbers by value
+    /// (1 and 1.0 are one number), strings as code points.
     private static func same(_ a: JSONValue, _ b: JSONValue) -> Bool { a == b }
+
+    private static func quoted(_ s: String) -> String { JSONValue.string(s).jsonText }
 
     private static func short(_ v: JSONValue) -> String {
         let t = v.jsonText
-        return t.count <= 80 ? t : String(t.prefix(77)) + "..."
+        return t.unicodeScalars.count <= 80 ? t : String(String.UnicodeScalarView(t.unicodeScalars.prefix(77))) + "..."
     }
 
     // MARK: echo
 
     /// The echo backend's value for this schema (the echo contract's "Structured output" table).
-    public func echoValue(n: Int) -> JSONValue { Self.echoValue(root, n: n) }
+    /// Refused (`invalid_argument`) when it would be too large to send; stops when the call is cancelled.
+    public func echoValue(n: Int) throws(WispError) -> JSONValue {
+        guard node.echoBytes <= Self.maxEchoBytes else {
+            throw WispError(.invalidArgument, "schema: the value echo would build for it is about \(node.echoBytes) bytes, over wisp's \(Self.maxEchoBytes)-byte limit (look at minItems); use smaller bounds")
+        }
+        var budget = Budget()
+        return try Self.echoValue(node, n: n, &budget)
+    }
 
-    private static func echoValue(_ s: JSONValue, n: Int) -> JSONValue {
-        if let c = s["const"] { return c }
-        if let first = s["enum"]?.array?.first { return first }
-        if let first = (s["anyOf"] ?? s["oneOf"])?.array?.first { return echoValue(first, n: n) }
-        switch s["type"]?.string {
-        case "object":
-            return .object((s["properties"]?.members ?? []).map { JSONMember($0.key, echoValue($0.value, n: n)) })
-        case "array":
-            let count = max(s["minItems"]?.integer ?? 0, 1)
-            return .array(Array(repeating: echoValue(s["items"] ?? [:], n: n), count: count))
-        case "string": return .string("echo \(n)")
-        case "integer", "number": return s["minimum"] ?? .number(Double(n))
-        case "boolean": return .bool(true)
+    private static func echoValue(_ s: Node, n: Int, _ budget: inout Budget) throws(WispError) -> JSONValue {
+        try budget.step()
+        if let c = s.const { return c }
+        if let first = s.choices?.first { return first }
+        if let first = (s.anyOf ?? s.oneOf)?.first { return try echoValue(first, n: n, &budget) }
+        switch s.kind {
+        case .object:
+            var members: [JSONMember] = []
+            members.reserveCapacity(s.properties.count)
+            for p in s.properties { members.append(JSONMember(p.key, try echoValue(p.node, n: n, &budget))) }
+            return .object(members)
+        case .array:
+            let item = try s.items.map { node throws(WispError) in try echoValue(node, n: n, &budget) } ?? .null
+            return .array(Array(repeating: item, count: max(s.minItems ?? 0, 1)))
+        case .string: return .string("echo \(n)")
+        case .integer: return .number(s.minimum.map(wholeNumber) ?? JSONNumber(n))
+        case .number: return .number(s.minimum ?? JSONNumber(n))
+        case .boolean: return .bool(true)
         default: return .null
         }
     }
+
+    /// An integer schema's whole `minimum` in plain digits (1e3 as 1000, 5.0 as 5), exactly; a
+    /// bound that is not whole stays as written (the shim refuses those for integers).
+    static func wholeNumber(_ n: JSONNumber) -> JSONNumber {
+        guard let d = n.decimal, d.isInteger else { return n }
+        if d.isZero { return JSONNumber(0) }
+        var text = d.negative ? "-" : ""
+        text += String(decoding: d.digits, as: UTF8.self)
+        text += String(repeating: "0", count: d.exponent)
+        return JSONNumber(unchecked: text)
+    }
 }
 
-extension JSONValue: ExpressibleByDictionaryLiteral {
-    public init(dictionaryLiteral elements: (String, JSONValue)...) {
-        self = .object(elements.map { JSONMember($0.0, $0.1) })
+// MARK: - the verdict on a reply
+
+extension OutputSchema {
+    /// Room in a reply frame for everything but the reply's text (ids, counts, a store error).
+    static let replyOverhead = 16 * 1024
+
+    /// The one verdict on a finished reply, before its turn may be committed: it matches the
+    /// call's schema, and it fits in a pipe frame once encoded (else `reply_too_large`). Off the
+    /// pipe's thread unless the reply is short and there is no schema.
+    public static func checkReply(_ text: String, settings: GenerationSettings) async throws(WispError) {
+        if settings.schema == nil, text.utf8.count < 64 * 1024 { return try checkSize(text) }
+        try await offPipe { () throws(WispError) in
+            try checkSize(text)
+            try settings.schema?.check(text, maxOutputTokens: settings.maxOutputTokens)
+        }
+    }
+
+    static func checkSize(_ text: String) throws(WispError) {
+        let limit = maxFrameBytes - replyOverhead
+        // Escaping at most sextuples a byte: most replies need no count.
+        guard text.utf8.count > limit / 6 else { return }
+        let size = JSONWriter.encodedCount(text)
+        guard size > limit else { return }
+        throw WispError(.replyTooLarge, "the reply is \(size) bytes once JSON-encoded, over the \(limit) bytes a reply may have on wisp's pipe (its frame limit is \(maxFrameBytes) bytes); the turn was not added to the thread. Ask for a shorter reply (max_output_tokens), or attach smaller files.")
+    }
+}
+
+// MARK: - the verdict as a filter (tests)
+
+extension OutputSchema {
+    /// `wisp-core --check-replies`: for each stdin line `[schema, reply]` (two JSON strings), one
+    /// stdout line `{"valid":true}`, `{"valid":false,"problem":…}` or `{"schema_error":…}`. The
+    /// schema differential test (tests/python/test_schema_differential.py) asks the core's
+    /// verdict this way, with the same code a `respond` call runs.
+    public static func verdictLine(_ line: String) -> String {
+        guard let pair = try? JSONValue.parse(line), let items = pair.array, items.count == 2,
+              let schemaText = items[0].string, let reply = items[1].string else {
+            return JSONValue.object([JSONMember("schema_error", "the line is not a JSON array of two strings")]).jsonText
+        }
+        do {
+            let schema = try OutputSchema(text: schemaText)
+            if let problem = try schema.problem(with: reply) {
+                return JSONValue.object([JSONMember("valid", false), JSONMember("problem", .string(problem))]).jsonText
+            }
+            return JSONValue.object([JSONMember("valid", true)]).jsonText
+        } catch {
+            return JSONValue.object([JSONMember("schema_error", .string(error.message))]).jsonText
+        }
     }
 }

@@ -31,6 +31,8 @@ public final class PipeServer: Sendable {
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
     private let watchdog = Locked<Task<Void, Never>?>(nil)
+    /// Replies up to this many bytes of text are encoded on the pipe's thread: less than a hop to the pool costs.
+    private static let encodeInPlace = 64 * 1024
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
 
@@ -127,10 +129,15 @@ public final class PipeServer: Sendable {
         }
         if known { return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight")) }
 
-        // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a model.
+        // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a
+        // model; off the pipe's thread (its patterns are compiled).
         let schema: OutputSchema?
         do {
-            schema = try r.schema.map { text throws(WispError) in try OutputSchema(text: text) }
+            if let text = r.schema {
+                schema = try await offPipe { () throws(WispError) in try OutputSchema(text: text) }
+            } else {
+                schema = nil
+            }
         } catch {
             _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
             return fail(r.id, error)
@@ -199,10 +206,14 @@ public final class PipeServer: Sendable {
             }
             if let o = outcome {
                 committed = true
-                reply = Frame.encode(Reply.success(r.id, RespondResult(
+                let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
-                    store_error: o.storeError)))
+                    store_error: o.storeError)
+                // A long reply is encoded off the pipe's thread (milliseconds per megabyte).
+                reply = o.text.utf8.count < Self.encodeInPlace
+                    ? Frame.encode(Reply.success(r.id, result))
+                    : await offPipe { Frame.encode(Reply.success(r.id, result)) }
             } else {
                 let stop = inFlight.withLock { $0[r.id]?.stop } ?? .cancelled
                 reply = Frame.encode(Failure.failure(r.id, stoppedError(stop, r, thread.id)))
@@ -277,8 +288,8 @@ public final class PipeServer: Sendable {
     }
 
     /// A reply over the frame limit would make the shim treat the whole pipe as broken and lose
-    /// every thread (a 9 MB prompt of "/" came back as 18 MB: the pipe's JSON escapes "/"), so it
-    /// becomes an error for this call alone.
+    /// every thread, so it becomes an error for this call alone. `OutputSchema.checkReply`
+    /// refuses such a reply before its turn is committed; this is the last guard.
     private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
         guard !Frame.fits(frame) else { return frame }
         log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(maxFrameBytes)-byte frame limit; sent an error instead")

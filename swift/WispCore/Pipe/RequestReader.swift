@@ -1,5 +1,3 @@
-import Foundation
-
 /// The core's side of the pipe's input: bytes from stdin in, decoded requests out. Owns framing,
 /// decoding, the `rejected` path and the wording of decoding errors, so all of it can be unit
 /// tested and fuzzed without a process.
@@ -17,7 +15,6 @@ public struct RequestReader {
     }
 
     private var frames: FrameDecoder
-    private let json = JSONDecoder()
 
     public init(maxFrameBytes limit: Int = maxFrameBytes) {
         frames = FrameDecoder(maxBytes: limit)
@@ -30,10 +27,13 @@ public struct RequestReader {
         var items: [Item] = []
         items.reserveCapacity(payloads.count)
         for payload in payloads {
-            if let request = PipeJSON.request(payload) {
-                items.append(.request(request))
-            } else {
-                items.append(try item(Data(payload)))
+            do throws(JSONError) {
+                items.append(.request(try PipeJSON.request(payload)))
+            } catch {
+                guard let id = PipeJSON.requestID(payload), id > 0 else {
+                    throw PipeProtocolError("a frame of \(payload.count) bytes is not a JSON request with an integer id")
+                }
+                items.append(.rejected(id: id, message: error.description))
             }
         }
         return items
@@ -42,33 +42,6 @@ public struct RequestReader {
     /// Call at end of input: a frame cut short is a protocol error.
     public func finish() throws(PipeProtocolError) {
         do { try frames.finish() } catch { throw PipeProtocolError(String(describing: error)) }
-    }
-
-    private struct RequestID: Decodable { var id: Int }
-
-    /// A frame the fast path (PipeJSON) did not take, read by JSONDecoder: its result or its error.
-    private func item(_ data: Data) throws(PipeProtocolError) -> Item {
-        if let request = try? json.decode(Request.self, from: data) { return .request(request) }
-        if let rid = try? json.decode(RequestID.self, from: data), rid.id > 0 {
-            let reason: String
-            do { _ = try json.decode(Request.self, from: data); reason = "undecodable request" } catch { reason = Self.describe(error) }
-            return .rejected(id: rid.id, message: reason)
-        }
-        throw PipeProtocolError("a frame of \(data.count) bytes is not a JSON request with an integer id")
-    }
-
-    /// A decoding error as one line a person can act on.
-    static func describe(_ error: any Error) -> String {
-        func path(_ c: DecodingError.Context, _ last: (any CodingKey)? = nil) -> String {
-            (c.codingPath + (last.map { [$0] } ?? [])).map(\.stringValue).joined(separator: ".")
-        }
-        switch error as? DecodingError {
-        case .typeMismatch(let type, let c)?: return "field '\(path(c))' should be \(type)"
-        case .valueNotFound(let type, let c)?: return "field '\(path(c))' is missing (\(type))"
-        case .keyNotFound(let key, let c)?: return "field '\(path(c, key))' is missing"
-        case .dataCorrupted(let c)?: return "field '\(path(c))': \(c.debugDescription)"
-        default: return String(describing: error)
-        }
     }
 }
 

@@ -9,6 +9,8 @@ public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
         case generationFailed = "generation_failed"
         /// A reply that does not match the call's `schema` (or was cut off before it could).
         case invalidOutput = "invalid_output"
+        /// A reply too large for the pipe once encoded; its turn was not kept.
+        case replyTooLarge = "reply_too_large"
         case cancelled
         case timeout
         case busy

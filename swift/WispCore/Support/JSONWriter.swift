@@ -1,10 +1,12 @@
-/// JSON written by hand, for what the core writes on every call: the pipe's messages
-/// (Pipe/PipeJSON.swift) and stored threads (Threads/ThreadStore.swift).
+/// The writer of wisp's one JSON codec (Support/JSON.swift): the pipe's messages
+/// (Pipe/PipeJSON.swift), stored threads (Threads/ThreadStore.swift) and `JSONValue`s (schemas,
+/// echo values, model tools' schemas).
 ///
-/// Why: `JSONEncoder` costs more than everything else the core does for a short reply
+/// Why by hand: `JSONEncoder` costs more than everything else the core does for a short reply
 /// (callgrind: ~50k instructions to encode one echo reply), and a stored thread is encoded whole
-/// on every turn. The output is what `JSONEncoder` writes (nil optionals left out, "/" escaped),
-/// keys in declaration order; tests check the two agree.
+/// on every turn. The output is what `JSONEncoder` writes with `.withoutEscapingSlashes` (nil
+/// optionals left out), keys in declaration order; tests check the two agree. "/" is never
+/// escaped: a reply of slashes would double in size for nothing.
 
 /// A value `JSONWriter` writes, keys in declaration order.
 public protocol JSONWritable: Encodable {
@@ -79,7 +81,48 @@ public struct JSONWriter {
         bytes.append(0x5D)
     }
 
+    /// `"name":` for a key known only at run time.
+    mutating func key(_ name: String) {
+        if !first { bytes.append(0x2C) }
+        first = false
+        string(name)
+        bytes.append(0x3A)
+    }
+
     mutating func byte(_ value: UInt8) { bytes.append(value) }
+
+    /// A number's own text: exact, never rounded.
+    mutating func number(_ value: JSONNumber) { bytes.append(contentsOf: value.text.utf8) }
+
+    mutating func value(_ value: JSONValue) {
+        switch value {
+        case .null: bytes.append(contentsOf: [0x6E, 0x75, 0x6C, 0x6C])
+        case .bool(let b): bool(b)
+        case .number(let n): number(n)
+        case .string(let s): string(s)
+        case .array(let items): array(items) { $0.value($1) }
+        case .object(let members):
+            object { w in
+                for m in members {
+                    w.key(m.key)
+                    w.value(m.value)
+                }
+            }
+        }
+    }
+
+    /// How many bytes `string(value)` writes: what a reply will cost once encoded, known before it is.
+    static func encodedCount(_ value: String) -> Int {
+        var n = 2
+        for c in value.utf8 {
+            switch c {
+            case 0x22, 0x5C, 0x08, 0x0C, 0x0A, 0x0D, 0x09: n += 2
+            case 0..<0x20: n += 6
+            default: n += 1
+            }
+        }
+        return n
+    }
 
     mutating func bool(_ value: Bool) {
         if value {
@@ -120,13 +163,12 @@ public struct JSONWriter {
             var from = 0
             for at in 0..<s.count {
                 let c = s[at]
-                guard c < 0x20 || c == 0x22 || c == 0x5C || c == 0x2F else { continue }
+                guard c < 0x20 || c == 0x22 || c == 0x5C else { continue }
                 if from < at { bytes.append(contentsOf: UnsafeBufferPointer(rebasing: s[from..<at])) }
                 from = at + 1
                 switch c {
                 case 0x22: bytes.append(contentsOf: [0x5C, 0x22])
                 case 0x5C: bytes.append(contentsOf: [0x5C, 0x5C])
-                case 0x2F: bytes.append(contentsOf: [0x5C, 0x2F])
                 case 0x08: bytes.append(contentsOf: [0x5C, 0x62])
                 case 0x0C: bytes.append(contentsOf: [0x5C, 0x66])
                 case 0x0A: bytes.append(contentsOf: [0x5C, 0x6E])

@@ -95,8 +95,9 @@ public final class Agent {
                 let g = try await (message.files.isEmpty
                     ? active.respond(to: prompt, settings: settings, onPartial: onPartial)
                     : active.respond(to: message, settings: settings, onPartial: onPartial))
-                // Before the turn is committed: a reply that misses the schema never joins the history.
-                try settings.schema?.check(g.text, maxOutputTokens: settings.maxOutputTokens)
+                // Before the turn is committed: a reply that misses the schema, or could not be
+                // delivered, never joins the history.
+                try await OutputSchema.checkReply(g.text, settings: settings)
                 let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text,
                                 tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g))
                 return Staged(turn: turn, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens)

@@ -404,13 +404,12 @@ public final class ThreadStore: Sendable {
         }
         guard got == data.count else { throw corrupt(id, "it was shorter than its size when read") }
         guard let newline = data.firstIndex(of: 0x0A) else { throw corrupt(id, "it has no header line") }
-        let json = JSONDecoder()
         let header: Header
-        do { header = try json.decode(Header.self, from: Data(data[..<newline])) } catch { throw corrupt(id, "its header is not valid JSON (\(error))") }
+        do { header = try Header.read(data[..<newline]) } catch { throw corrupt(id, "its header is not valid JSON (\(error))") }
         guard header.format == Self.format else { throw corrupt(id, "it is in format \(header.format), this wisp reads format \(Self.format)") }
         guard header.id == id else { throw corrupt(id, "its header names thread '\(header.id)'") }
         let state: State
-        do { state = try json.decode(State.self, from: Data(data[(newline + 1)...])) } catch { throw corrupt(id, "its state is not valid JSON (truncated?)") }
+        do { state = try State.read(data[(newline + 1)...]) } catch { throw corrupt(id, "its state is not valid JSON (truncated?)") }
         guard state.history.count == header.turns else { throw corrupt(id, "its header says \(header.turns) turns, its history holds \(state.history.count)") }
         return (state, Self.stamp(st))
     }
@@ -534,7 +533,7 @@ public final class ThreadStore: Sendable {
         var buffer = [UInt8](repeating: 0, count: 512)
         let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
         guard n > 0, let newline = buffer[..<n].firstIndex(of: 0x0A) else { return nil }
-        return try? JSONDecoder().decode(Header.self, from: Data(buffer[..<newline]))
+        return try? Header.read(buffer[..<newline])
     }
 
     /// Deletes the least recently written threads over `maxStored`, skipping any a call holds.
@@ -581,5 +580,98 @@ extension Turn: JSONWritable {
 extension ToolExchange: JSONWritable {
     public func write(to w: inout JSONWriter) {
         w.object { $0.field("name", name); $0.field("arguments", arguments); $0.field("output", output); $0.field("failed", failed) }
+    }
+}
+
+// MARK: reading (the core's one JSON reader, Support/JSON.swift)
+
+/// A stored value's fields while they are read: each required one must turn up.
+private func required<T>(_ value: T?, _ name: String) throws(JSONError) -> T {
+    guard let value else { throw JSONError("field '\(name)' is missing", at: -1) }
+    return value
+}
+
+private func readWhole<T>(_ bytes: ArraySlice<UInt8>, _ read: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T {
+    let result: Result<T, JSONError> = bytes.withUnsafeBytes { b in
+        var r = JSONReader(b)
+        do throws(JSONError) {
+            let value = try read(&r)
+            try r.end()
+            return .success(value)
+        } catch {
+            return .failure(error)
+        }
+    }
+    return try result.get()
+}
+
+extension ThreadStore.Header {
+    private struct Fields { var format: Int?, id: String?, turns: Int?, written: Double? }
+    private static let table = JSONFields<Fields>([
+        "format": { r, f throws(JSONError) in f.format = try r.int() },
+        "id": { r, f throws(JSONError) in f.id = try r.string() },
+        "turns": { r, f throws(JSONError) in f.turns = try r.int() },
+        "written": { r, f throws(JSONError) in f.written = try r.nullable { r throws(JSONError) in try r.double() } },
+    ])
+
+    static func read(_ bytes: ArraySlice<UInt8>) throws(JSONError) -> Self {
+        try readWhole(bytes) { r throws(JSONError) in
+            var f = Fields()
+            try r.object(into: &f, table)
+            return Self(format: try required(f.format, "format"), id: try required(f.id, "id"), turns: try required(f.turns, "turns"), written: f.written)
+        }
+    }
+}
+
+extension ThreadStore.State {
+    private struct Fields { var instructions: String?, tools: [String]?, roots: [String]?, history: [Turn]? }
+    private static let table = JSONFields<Fields>([
+        "instructions": { r, f throws(JSONError) in f.instructions = try r.nullable { r throws(JSONError) in try r.string() } },
+        "tools": { r, f throws(JSONError) in f.tools = try r.strings() },
+        "roots": { r, f throws(JSONError) in f.roots = try r.strings() },
+        "history": { r, f throws(JSONError) in f.history = try r.array { r throws(JSONError) in try Turn.read(&r) } },
+    ])
+
+    static func read(_ bytes: ArraySlice<UInt8>) throws(JSONError) -> Self {
+        try readWhole(bytes) { r throws(JSONError) in
+            var f = Fields()
+            try r.object(into: &f, table)
+            return Self(instructions: f.instructions, tools: try required(f.tools, "tools"), roots: try required(f.roots, "roots"),
+                        history: try required(f.history, "history"))
+        }
+    }
+}
+
+extension Turn {
+    private struct Fields { var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int? }
+    private static let table = JSONFields<Fields>([
+        "prompt": { r, f throws(JSONError) in f.prompt = try r.string() },
+        "toolExchanges": { r, f throws(JSONError) in f.toolExchanges = try r.array { r throws(JSONError) in try ToolExchange.read(&r) } },
+        "response": { r, f throws(JSONError) in f.response = try r.string() },
+        "tokens": { r, f throws(JSONError) in f.tokens = try r.int() },
+    ])
+
+    static func read(_ r: inout JSONReader) throws(JSONError) -> Turn {
+        var f = Fields()
+        try r.object(into: &f, table)
+        return Turn(prompt: try required(f.prompt, "prompt"), toolExchanges: try required(f.toolExchanges, "toolExchanges"),
+                    response: try required(f.response, "response"), tokens: try required(f.tokens, "tokens"))
+    }
+}
+
+extension ToolExchange {
+    private struct Fields { var name: String?, arguments: String?, output: String?, failed: Bool? }
+    private static let table = JSONFields<Fields>([
+        "name": { r, f throws(JSONError) in f.name = try r.string() },
+        "arguments": { r, f throws(JSONError) in f.arguments = try r.string() },
+        "output": { r, f throws(JSONError) in f.output = try r.string() },
+        "failed": { r, f throws(JSONError) in f.failed = try r.bool() },
+    ])
+
+    static func read(_ r: inout JSONReader) throws(JSONError) -> ToolExchange {
+        var f = Fields()
+        try r.object(into: &f, table)
+        return ToolExchange(name: try required(f.name, "name"), arguments: try required(f.arguments, "arguments"),
+                            output: try required(f.output, "output"), failed: try required(f.failed, "failed"))
     }
 }

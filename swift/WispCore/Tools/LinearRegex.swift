@@ -1,4 +1,4 @@
-/// search_text's regular expressions: a Pike VM (Thompson's construction simulated over the
+/// search_text's regular expressions and schema `pattern`s: a Pike VM (Thompson's construction simulated over the
 /// text's Unicode scalars), so a match costs at most text length × program size steps whatever
 /// the pattern. A backtracking engine (NSRegularExpression) takes exponential time on patterns
 /// like `(a+)+$` and cannot be interrupted; one such call would hold a CPU for ever.
@@ -11,7 +11,15 @@
 /// case-insensitive matching. Anything else a backtracking engine has (backreferences,
 /// lookaround, atomic groups, possessive quantifiers, `\p{…}`, inline flags other than a
 /// leading `(?i)`) is refused with its name, never taken literally.
+///
+/// The `.ecma` dialect is JSON Schema's `pattern` (ECMA-262 without flags, over code points):
+/// `.` matches any code point but a line terminator (\n \r U+2028 U+2029), `\d \w \b` are
+/// ASCII, `\s` is ECMA's white space and line terminators, `^ $` only the text's start and end
+/// (never before a final newline), and `(?i)`, `\A \z \Z \e \x{…}` are refused (not ECMA).
 public struct LinearRegex: Sendable {
+    public enum Dialect: Sendable { case search, ecma }
+    /// Groups nested deeper are refused: the parser recurses once per level.
+    public static let maxNesting = 200
     public static let maxRepeat = 1000
     public static let maxProgram = 20_000
 
@@ -29,15 +37,25 @@ public struct LinearRegex: Sendable {
     let program: [Instruction]
     let sets: [ScalarSet]
     let caseInsensitive: Bool
+    let dialect: Dialect
     /// What a match must start with, when the program says (no `.`, no empty match): while no
     /// match is under way the scan skips scalars that cannot start one.
     let starts: [Instruction]?
 
-    public init(_ pattern: String) throws(WispError) {
-        var parser = Parser(Array(pattern.unicodeScalars))
-        let tree = try parser.parse()
-        var compiler = Compiler(caseInsensitive: parser.caseInsensitive)
-        try compiler.emit(tree)
+    public init(_ pattern: String, dialect: Dialect = .search) throws(WispError) {
+        var parser = Parser(Array(pattern.unicodeScalars), dialect: dialect)
+        var compiler = Compiler(caseInsensitive: false)
+        do {
+            let tree = try parser.parse()
+            compiler = Compiler(caseInsensitive: parser.caseInsensitive)
+            try compiler.emit(tree)
+        } catch {
+            let supported = dialect == .search
+                ? "search_text supports literals, ., [...] classes, \\d \\w \\s \\b, * + ? {m,n}, |, (...) groups, ^ $ and a leading (?i)"
+                : "a schema pattern (ECMA-262) may use literals, ., [...] classes, \\d \\w \\s \\b, * + ? {m,n}, |, (...) groups, ^ and $"
+            throw WispError(.invalidArgument, "\(error.message); \(supported)")
+        }
+        self.dialect = dialect
         compiler.program.append(.match)
         program = compiler.program
         sets = compiler.sets
@@ -72,8 +90,9 @@ public struct LinearRegex: Sendable {
         }
     }
 
-    /// Whether `text` contains a match; nil if `deadline` passed first.
-    public func matches(_ text: Substring, deadline: ContinuousClock.Instant? = nil) -> Bool? {
+    /// Whether `text` contains a match; nil if `deadline` passed or `stop` said so first (both
+    /// are looked at every 1024 scalars).
+    public func matches(_ text: Substring, deadline: ContinuousClock.Instant? = nil, stop: (() -> Bool)? = nil) -> Bool? {
         var scalars = ContiguousArray<Unicode.Scalar>()
         scalars.reserveCapacity(text.utf8.count)
         for s in text.unicodeScalars { scalars.append(s) }
@@ -90,7 +109,10 @@ public struct LinearRegex: Sendable {
             var previous: Unicode.Scalar?
             var i = 0
             while true {
-                if let deadline, i & 1023 == 1023, ContinuousClock.now > deadline { return nil }
+                if i & 1023 == 1023 {
+                    if let deadline, ContinuousClock.now > deadline { return nil }
+                    if let stop, stop() { return nil }
+                }
                 let scalar: Unicode.Scalar? = i < text.count ? text[i] : nil
                 if current.count == 0, let starts, let scalar, !startsWith(starts, scalar) {
                     previous = scalar
@@ -141,7 +163,8 @@ public struct LinearRegex: Sendable {
             case .lineStart: if previous == nil { stack[top] = pc + 1; top += 1 }
             case .lineEnd: if scalar == nil { stack[top] = pc + 1; top += 1 }
             case .wordBoundary(let at):
-                if (isWord(previous) != isWord(scalar)) == at { stack[top] = pc + 1; top += 1 }
+                let boundary = dialect == .ecma ? isASCIIWord(previous) != isASCIIWord(scalar) : isWord(previous) != isWord(scalar)
+                if boundary == at { stack[top] = pc + 1; top += 1 }
             case .scalar, .set, .any: break
             }
         }
@@ -173,6 +196,20 @@ func isWord(_ s: Unicode.Scalar?) -> Bool {
         || p.generalCategory == .nonspacingMark || p.generalCategory == .spacingMark
 }
 
+func isASCIIWord(_ s: Unicode.Scalar?) -> Bool {
+    guard let s, s.isASCII else { return false }
+    return s == "_" || ("a"..."z").contains(s) || ("A"..."Z").contains(s) || ("0"..."9").contains(s)
+}
+
+/// ECMA-262's classes (`\d \w \s` and what `.` excludes), as code point ranges.
+enum ECMAClass {
+    static let digit: [ClosedRange<UInt32>] = [0x30...0x39]
+    static let word: [ClosedRange<UInt32>] = [0x30...0x39, 0x41...0x5A, 0x5F...0x5F, 0x61...0x7A]
+    static let space: [ClosedRange<UInt32>] = [0x09...0x0D, 0x20...0x20, 0xA0...0xA0, 0x1680...0x1680, 0x2000...0x200A,
+                                               0x2028...0x2029, 0x202F...0x202F, 0x205F...0x205F, 0x3000...0x3000, 0xFEFF...0xFEFF]
+    static let lineTerminator: [ClosedRange<UInt32>] = [0x0A...0x0A, 0x0D...0x0D, 0x2028...0x2029]
+}
+
 func isDigit(_ s: Unicode.Scalar) -> Bool {
     s.isASCII ? ("0"..."9").contains(s) : s.properties.generalCategory == .decimalNumber
 }
@@ -188,6 +225,8 @@ struct ScalarSet: Sendable {
     enum Item: Sendable {
         case range(ClosedRange<UInt32>)
         case digit(Bool), word(Bool), space(Bool)
+        /// Any scalar in none of the ranges.
+        case outside([ClosedRange<UInt32>])
     }
 
     var items: [Item] = []
@@ -210,6 +249,7 @@ struct ScalarSet: Sendable {
             case .digit(let yes): isDigit(s) == yes
             case .word(let yes): isWord(s) == yes
             case .space(let yes): s.properties.isWhitespace == yes
+            case .outside(let ranges): !ranges.contains { $0.contains(s.value) }
             }
         }
     }
@@ -227,22 +267,27 @@ private indirect enum Node {
     case repetition(Node, min: Int, max: Int?)
 }
 
+/// LinearRegex.init adds what its dialect supports.
 private func refuse(_ what: String) -> WispError {
-    WispError(.invalidArgument, "regex: \(what); search_text supports literals, ., [...] classes, \\d \\w \\s \\b, * + ? {m,n}, |, (...) groups, ^ $ and a leading (?i)")
+    WispError(.invalidArgument, "regex: \(what)")
 }
 
 private struct Parser {
     let s: [Unicode.Scalar]
+    let dialect: LinearRegex.Dialect
     var i = 0
     var caseInsensitive = false
+    var nesting = 0
 
-    init(_ s: [Unicode.Scalar]) { self.s = s }
+    init(_ s: [Unicode.Scalar], dialect: LinearRegex.Dialect) { self.s = s; self.dialect = dialect }
+
+    var ecma: Bool { dialect == .ecma }
 
     var atEnd: Bool { i >= s.count }
     func peek(_ k: Int = 0) -> Unicode.Scalar? { i + k < s.count ? s[i + k] : nil }
 
     mutating func parse() throws(WispError) -> Node {
-        if s.starts(with: Array("(?i)".unicodeScalars)) { caseInsensitive = true; i = 4 }
+        if !ecma, s.starts(with: Array("(?i)".unicodeScalars)) { caseInsensitive = true; i = 4 }
         let node = try alternation()
         if !atEnd { throw refuse("unmatched ) at position \(i + 1)") }
         return node
@@ -305,6 +350,7 @@ private struct Parser {
         let c = s[i]
         i += 1
         switch c {
+        case "." where ecma: return .set(ScalarSet(items: [.outside(ECMAClass.lineTerminator)]))
         case ".": return .any
         case "^": return .lineStart
         case "$": return .lineEnd
@@ -317,14 +363,17 @@ private struct Parser {
                 else if rest.hasPrefix("?=") || rest.hasPrefix("?!") { throw refuse("lookahead (\(rest.prefix(2)) is not supported") }
                 else if rest.hasPrefix("?<=") || rest.hasPrefix("?<!") { throw refuse("lookbehind (\(rest) is not supported") }
                 else if rest.hasPrefix("?>") { throw refuse("atomic group (?> is not supported") }
-                else if rest.hasPrefix("?<") || rest.hasPrefix("?P<") {
+                else if rest.hasPrefix("?<") || (!ecma && rest.hasPrefix("?P<")) {
                     // A named group matches as a plain group (names only matter to captures).
                     guard let close = s[i...].firstIndex(of: ">") else { throw refuse("unterminated group name") }
                     i = close + 1
                 } else if rest.hasPrefix("?#") { throw refuse("comment group (?# is not supported") }
                 else { throw refuse("inline flags (\(rest)… are not supported (only a leading (?i))") }
             }
+            nesting += 1
+            guard nesting <= LinearRegex.maxNesting else { throw refuse("groups nested more than \(LinearRegex.maxNesting) deep") }
             let inner = try alternation()
+            nesting -= 1
             guard peek() == ")" else { throw refuse("missing ) for the group opened at position \(i)") }
             i += 1
             return inner
@@ -338,6 +387,19 @@ private struct Parser {
     mutating func escape(inClass: Bool) throws(WispError) -> Node {
         guard let c = peek() else { throw refuse("pattern ends with a lone \\") }
         i += 1
+        if ecma {
+            switch c {
+            case "d": return .set(ScalarSet(items: ECMAClass.digit.map { .range($0) }))
+            case "D": return .set(ScalarSet(items: [.outside(ECMAClass.digit)]))
+            case "w": return .set(ScalarSet(items: ECMAClass.word.map { .range($0) }))
+            case "W": return .set(ScalarSet(items: [.outside(ECMAClass.word)]))
+            case "s": return .set(ScalarSet(items: ECMAClass.space.map { .range($0) }))
+            case "S": return .set(ScalarSet(items: [.outside(ECMAClass.space)]))
+            case "A", "z", "Z", "e": throw refuse("escape \\\(c) is not ECMA-262")
+            case "x" where peek() == "{": throw refuse("\\x{…} is not ECMA-262; use \\uHHHH")
+            default: break
+            }
+        }
         switch c {
         case "d": return .set(ScalarSet(items: [.digit(true)]))
         case "D": return .set(ScalarSet(items: [.digit(false)]))

@@ -1,5 +1,3 @@
-import Foundation
-
 /// A model tool's arguments as a value: an object of typed properties, rendered once as the
 /// compact JSON Schema text `ModelTool.parametersSchema` carries (every backend reads that text).
 struct ToolSchema {
@@ -28,25 +26,13 @@ struct ToolSchema {
     /// declaration order: no other key is allowed, so the model cannot invent one.
     var json: String {
         let props = properties.map { p in
-            var fields = [#""type":"\#(p.kind.rawValue)""#]
-            if let d = p.description { fields.append(#""description":\#(Self.quoted(d))"#) }
-            if let m = p.minimum { fields.append(#""minimum":\#(m)"#) }
-            return "\(Self.quoted(p.name)):{\(fields.joined(separator: ","))}"
+            var fields: [JSONMember] = [JSONMember("type", .string(p.kind.rawValue))]
+            if let d = p.description { fields.append(JSONMember("description", .string(d))) }
+            if let m = p.minimum { fields.append(JSONMember("minimum", .number(JSONNumber(m)))) }
+            return JSONMember(p.name, .object(fields))
         }
-        return #"{"type":"object","properties":{\#(props.joined(separator: ","))},"required":[\#(required.map(Self.quoted).joined(separator: ","))],"additionalProperties":false}"#
-    }
-
-    private static func quoted(_ text: String) -> String {
-        var out = "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
-            default: out.unicodeScalars.append(scalar)
-            }
-        }
-        return out + "\""
+        let schema: JSONValue = ["type": "object", "properties": .object(props), "required": .array(required.map { .string($0) }),
+                                 "additionalProperties": false]
+        return schema.jsonText
     }
 }

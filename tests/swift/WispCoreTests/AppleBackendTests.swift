@@ -115,12 +115,12 @@ struct AppleModelTests {
         let session = AppleBackend().makeSession(instructions: nil, tools: [], history: [])
         let reply = try await session.respond(to: "main.c:12: error: 'x' undeclared. Classify this compiler message.",
                                               settings: settings, onPartial: nil)
-        #expect(schema.problem(with: reply.text) == nil, "\(reply.text)")
+        #expect(try schema.problem(with: reply.text) == nil, "\(reply.text)")
         let partials = Partials()
         let streamed = try await session.respond(to: "util.h:40: warning: unused variable 'y'. Classify it.", settings: settings) { p in
             partials.texts.withLock { $0.append(p.text) }
         }
-        #expect(schema.problem(with: streamed.text) == nil, "\(streamed.text)")
+        #expect(try schema.problem(with: streamed.text) == nil, "\(streamed.text)")
         #expect(!partials.texts.withLock { $0.isEmpty })
     }
 }

@@ -11,16 +11,17 @@ import Testing
         let v = try JSONValue.parse(text)
         #expect(v.members?.map(\.key) == ["z", "a", "m"])
         #expect(v["a"] == .string("té\"\n😀"))
-        #expect(v.jsonText == #"{"z":[1,2.5,-300,true,false,null],"a":"té\"\n😀","m":{}}"#)
+        // Numbers as written: exact, never rounded through a Double.
+        #expect(v.jsonText == #"{"z":[1,2.5,-3e2,true,false,null],"a":"té\"\n😀","m":{}}"#)
         #expect(try JSONValue.parse(v.jsonText) == v)
     }
 
     @Test func rejectsWhatIsNotJSON() {
         for bad in ["", "{", #"{"a":1"#, #"{"a" 1}"#, "[1,]", "01", "1.", "-", "tru", #""abc"#, "\"a\u{01}b\"", "{} x", "NaN", #"{'a':1}"#] {
-            #expect(throws: JSONParseError.self, "\(bad)") { try JSONValue.parse(bad) }
+            #expect(throws: JSONError.self, "\(bad)") { try JSONValue.parse(bad) }
         }
-        let deep = String(repeating: "[", count: 300) + String(repeating: "]", count: 300)
-        #expect(throws: JSONParseError.self) { try JSONValue.parse(deep) }
+        let deep = String(repeating: "[", count: 600) + String(repeating: "]", count: 600)
+        #expect(throws: JSONError.self) { try JSONValue.parse(deep) }
     }
 
     static let label = #"""
@@ -38,7 +39,7 @@ import Testing
         for ok in [#"{"severity":"error","line":1,"files":["a.c"]}"#,
                    #"{"files":["a.c","b.h"],"line":100.0,"severity":"warning","hint":null,"kind":"diag"}"#,
                    #" {"severity":"error","line":7,"files":["x.h"],"hint":"look"} "#] {
-            #expect(schema.problem(with: ok) == nil, "\(ok)")
+            #expect(try schema.problem(with: ok) == nil, "\(ok)")
         }
     }
 
@@ -62,12 +63,12 @@ import Testing
             (#"["error"]"#, "$ must be an object"),
         ]
         for (reply, says) in cases {
-            let problem = schema.problem(with: reply)
+            let problem = try schema.problem(with: reply)
             #expect(problem?.contains(says) == true, "\(reply): \(problem ?? "accepted")")
         }
         let oneOf = try OutputSchema(text: #"{"oneOf":[{"type":"number"},{"type":"integer"}]}"#)
-        #expect(oneOf.problem(with: "1.5") == nil)
-        #expect(oneOf.problem(with: "2")?.contains("exactly one") == true)
+        #expect(try oneOf.problem(with: "1.5") == nil)
+        #expect(try oneOf.problem(with: "2")?.contains("exactly one") == true)
     }
 
     @Test func badSchemaTextIsAnInvalidArgument() {
@@ -79,7 +80,7 @@ import Testing
 
     @Test func echoBuildsTheContractValue() throws {
         let schema = try OutputSchema(text: Self.label)
-        #expect(schema.echoValue(n: 3).jsonText == #"{"severity":"error","line":1,"files":["echo 3"],"hint":"echo 3","kind":"diag"}"#)
+        #expect(try schema.echoValue(n: 3).jsonText == #"{"severity":"error","line":1,"files":["echo 3"],"hint":"echo 3","kind":"diag"}"#)
         let cases: [(String, String)] = [
             (#"{"type":"integer"}"#, "4"), (#"{"type":"number","minimum":0.5}"#, "0.5"), (#"{"type":"boolean"}"#, "true"),
             (#"{"type":"null"}"#, "null"), (#"{"type":"array","items":{"type":"integer"},"minItems":2}"#, "[4,4]"),
@@ -88,6 +89,85 @@ import Testing
         for (text, value) in cases {
             #expect(try OutputSchema(text: text).echoValue(n: 4).jsonText == value, "\(text)")
         }
+    }
+
+    /// Issue 24 item 2/3: the verdict is taken on exact data, by JSON Schema's rules.
+    @Test func verdictIsExactForNumbersKeysAndPatterns() throws {
+        let big = try OutputSchema(text: #"{"const":9007199254740993}"#)
+        #expect(try big.problem(with: "9007199254740993") == nil)
+        #expect(try big.problem(with: "9007199254740992") != nil)
+        #expect(try big.problem(with: "9007199254740993.0") == nil)
+        let bounded = try OutputSchema(text: #"{"type":"integer","minimum":1700000000000000001}"#)
+        #expect(try bounded.problem(with: "1700000000000000000") != nil)
+        #expect(try bounded.problem(with: "1700000000000000001") == nil)
+        #expect(try bounded.echoValue(n: 1).jsonText == "1700000000000000001")
+        #expect(try OutputSchema(text: #"{"type":"number","maximum":0.1}"#).problem(with: "0.10000000000000000001") != nil)
+        #expect(try OutputSchema(text: #"{"type":"integer"}"#).problem(with: "1.0") == nil)
+        #expect(try OutputSchema(text: #"{"type":"integer"}"#).problem(with: "1e400") == nil)
+        // NFC and NFD keys are two properties, not one given twice.
+        let keys = try OutputSchema(text: #"{"type":"object","properties":{"caf\u00e9":{"type":"integer"},"cafe\u0301":{"type":"string"}},"required":["caf\u00e9","cafe\u0301"],"additionalProperties":false}"#)
+        #expect(try keys.problem(with: #"{"caf\u00e9":1,"cafe\u0301":"x"}"#) == nil)
+        #expect(try keys.problem(with: #"{"caf\u00e9":1,"caf\u00e9":2}"#)?.contains("twice") == true)
+        #expect(try keys.problem(with: #"{"caf\u00e9":1}"#)?.contains("missing") == true)
+        // ECMA-262: `$` is the end of the text, never before a final newline.
+        let abc = try OutputSchema(text: #"{"type":"string","pattern":"^abc$"}"#)
+        #expect(try abc.problem(with: #""abc""#) == nil)
+        #expect(try abc.problem(with: #""abc\n""#) != nil)
+        // `.` is one code point (not a grapheme cluster) and no line terminator; \d is ASCII.
+        let one = try OutputSchema(text: #"{"type":"string","pattern":"^.$"}"#)
+        #expect(try one.problem(with: #""e\u0301""#) != nil)
+        #expect(try one.problem(with: #""\ud83d\ude42""#) == nil)
+        #expect(try one.problem(with: #""\r""#) != nil)
+        #expect(try OutputSchema(text: #"{"type":"string","pattern":"^\\d$"}"#).problem(with: #""\u0661""#) != nil)
+        // A backtracking pattern costs linear time.
+        let evil = try OutputSchema(text: #"{"type":"string","pattern":"^(a+)+$"}"#)
+        #expect(try evil.problem(with: "\"" + String(repeating: "a", count: 5000) + "b\"") != nil)
+    }
+
+    /// Issue 24 item 4, 25 item 2: whatever schema reaches the core, it answers, never crashes.
+    @Test func oddSchemasAreArgumentErrorsNamingThePlace() throws {
+        let cases: [(String, String)] = [
+            (#"{"type":"object","properties":{"a":{"type":"array","items":{"type":"string"},"minItems":-1}}}"#, "#/properties/a"),
+            (#"{"type":"string","pattern":"(?<=a)b"}"#, "lookbehind"),
+            (#"{"type":"string","pattern":"(?i)^a$"}"#, "inline flags"),
+            (#"{"type":"integer","minimum":1e400}"#, "minimum"),
+            (#"{"type":"wat"}"#, "type"),
+            (String(repeating: #"{"type":"array","items":"#, count: 150) + #"{"type":"null"}"# + String(repeating: "}", count: 150), "nested"),
+        ]
+        for (text, says) in cases {
+            let error = #expect(throws: WispError.self, "\(text.prefix(80))") { try OutputSchema(text: text) }
+            #expect(error?.code == .invalidArgument && error?.message.contains(says) == true, "\(error?.message ?? "")")
+        }
+        // minItems 2^40, and 8 levels of minItems 10: refused when echo would build them, at once.
+        for text in [#"{"type":"array","items":{"type":"string"},"minItems":1099511627776}"#,
+                     String(repeating: #"{"type":"array","minItems":10,"items":"#, count: 8) + #"{"type":"string"}"# + String(repeating: "}", count: 8)] {
+            let schema = try OutputSchema(text: text)
+            let error = #expect(throws: WispError.self) { try schema.echoValue(n: 1) }
+            #expect(error?.code == .invalidArgument && error?.message.contains("minItems") == true)
+        }
+    }
+
+    /// Issue 24 item 5: a reply too large for the pipe once encoded never joins the history.
+    @Test func aReplyTooLargeOnceEncodedIsRefusedBeforeItsTurnIsKept() async throws {
+        let quotes = String(repeating: "\"", count: maxFrameBytes / 2 + 1)
+        await #expect(throws: WispError.self) { try await OutputSchema.checkReply(quotes, settings: GenerationSettings()) }
+        do { try await OutputSchema.checkReply(quotes, settings: GenerationSettings()) } catch {
+            #expect(error.code == .replyTooLarge && error.message.contains("\(maxFrameBytes)"))
+        }
+        try await OutputSchema.checkReply(String(repeating: "/", count: maxFrameBytes / 2 + 1), settings: GenerationSettings())
+    }
+
+    /// The reply is judged on the pool (off the pipe thread), whose threads have smaller stacks:
+    /// a reply nested as deep as the reader takes is judged there, not a crash.
+    @Test func aDeeplyNestedReplyIsJudgedOffThePipe() async throws {
+        let deep = String(repeating: "[", count: JSONValue.maxDepth) + String(repeating: "]", count: JSONValue.maxDepth)
+        let schema = try OutputSchema(text: #"{"type":"array","items":{"type":"array","items":{"type":"string"}}}"#)
+        await #expect(throws: WispError.self) {
+            try await OutputSchema.checkReply(deep, settings: GenerationSettings(schema: schema))
+        }
+        let deeper = "[" + deep + "]"
+        let problem = try await offPipe { () throws(WispError) in try schema.problem(with: deeper) }
+        #expect(problem?.contains("not valid JSON") == true)
     }
 
     @Test func echoSessionRepliesWithTheValueAndCountsTurns() async throws {

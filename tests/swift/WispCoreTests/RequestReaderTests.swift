@@ -25,10 +25,10 @@ import Testing
     }
 
     @Test(arguments: [
-        (#"{"op":"respond","id":3,"prompt":5}"#, 3, "field 'prompt' should be String"),
+        (#"{"op":"respond","id":3,"prompt":5}"#, 3, "field 'prompt': expected a string, found a number"),
         (#"{"op":"respond","id":4}"#, 4, "field 'prompt' is missing"),
-        (#"{"op":"respond","id":5,"prompt":"x","options":{"temperature":"hot"}}"#, 5, "field 'options.temperature' should be Double"),
-        (#"{"op":"cancel","id":6,"request":null}"#, 6, "field 'request' is missing (Int)"),
+        (#"{"op":"respond","id":5,"prompt":"x","options":{"temperature":"hot"}}"#, 5, "field 'options.temperature': expected a number, found a string"),
+        (#"{"op":"cancel","id":6,"request":null}"#, 6, "field 'request': expected a number, found null"),
     ])
     func aFrameWithAnIdThatFitsNoOpIsRejectedNamingTheField(_ json: String, _ id: Int, _ message: String) throws {
         var reader = RequestReader()

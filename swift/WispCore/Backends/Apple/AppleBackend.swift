@@ -351,28 +351,29 @@ enum AppleOutputSchema {
         }
         switch s["type"]?.string {
         case "object":
-            let required = Set(s["required"]?.array?.compactMap(\.string) ?? [])
+            // Names as code points (UTF-8 bytes): NFC and NFD "café" are two properties.
+            let required = Set((s["required"]?.array?.compactMap(\.string) ?? []).map { Array($0.utf8) })
             return DynamicGenerationSchema(name: name, description: description, properties: try (s["properties"]?.members ?? []).map { m in
                 DynamicGenerationSchema.Property(name: m.key, description: m.value["description"]?.string,
                                                  schema: try node(m.value, name: "\(name)_\(m.key)"),
-                                                 isOptional: !required.contains(m.key))
+                                                 isOptional: !required.contains(Array(m.key.utf8)))
             })
         case "array":
             return DynamicGenerationSchema(arrayOf: try node(s["items"] ?? [:], name: "\(name)_item"),
-                                           minimumElements: s["minItems"]?.integer, maximumElements: s["maxItems"]?.integer)
+                                           minimumElements: s["minItems"]?.int, maximumElements: s["maxItems"]?.int)
         case "string":
             let guides: [GenerationGuide<String>] = try s["pattern"]?.string.map { [.pattern(try Regex($0))] } ?? []
             return DynamicGenerationSchema(type: String.self, guides: guides)
         case "integer":
-            let lo = s["minimum"]?.number.flatMap { Int(exactly: $0.rounded(.up)) }
-            let hi = s["maximum"]?.number.flatMap { Int(exactly: $0.rounded(.down)) }
+            let lo = s["minimum"]?.number?.double.flatMap { Int(exactly: $0.rounded(.up)) }
+            let hi = s["maximum"]?.number?.double.flatMap { Int(exactly: $0.rounded(.down)) }
             var guides: [GenerationGuide<Int>] = []
             if let lo, let hi, lo <= hi { guides = [.range(lo...hi)] }
             else if let lo { guides = [.minimum(lo)] }
             else if let hi { guides = [.maximum(hi)] }
             return DynamicGenerationSchema(type: Int.self, guides: guides)
         case "number":
-            let lo = s["minimum"]?.number, hi = s["maximum"]?.number
+            let lo = s["minimum"]?.number?.double, hi = s["maximum"]?.number?.double
             var guides: [GenerationGuide<Double>] = []
             if let lo, let hi, lo <= hi { guides = [.range(lo...hi)] }
             else if let lo { guides = [.minimum(lo)] }
@@ -392,8 +393,9 @@ enum AppleOutputSchema {
         switch value {
         case .string(let s): return DynamicGenerationSchema(type: String.self, guides: [.constant(s)])
         case .number(let n):
-            if let i = value.integer { return DynamicGenerationSchema(type: Int.self, guides: [.range(i...i)]) }
-            return DynamicGenerationSchema(type: Double.self, guides: [.range(n...n)])
+            if let i = n.int { return DynamicGenerationSchema(type: Int.self, guides: [.range(i...i)]) }
+            guard let d = n.double else { throw WispError(.invalidArgument, "schema: the number \(n.text.prefix(40)) at \(name) is out of range for Apple's model") }
+            return DynamicGenerationSchema(type: Double.self, guides: [.range(d...d)])
         case .null: return try null(at: name)
         default: throw WispError(.invalidArgument, "schema: `enum`/`const` at \(name) may hold strings, numbers and null only")
         }

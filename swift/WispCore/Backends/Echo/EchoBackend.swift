@@ -79,7 +79,13 @@ final class EchoSession: ModelSession {
 
         // With a schema, the reply is the value the contract builds from it (directives still act);
         // otherwise `echo N: P` and a line per attached file.
-        var text = settings.schema.map { $0.echoValue(n: n).jsonText } ?? "echo \(n): \(body)"
+        var text: String
+        if let schema = settings.schema {
+            // Off the pipe's thread: a schema may ask for a large value (bounded by echoValue).
+            text = try await offPipe { () throws(WispError) in try schema.echoValue(n: n).jsonText }
+        } else {
+            text = "echo \(n): \(body)"
+        }
         if settings.schema == nil {
             for file in message.files {
                 let first = file.text.split(separator: "\n", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
