@@ -239,6 +239,46 @@ async def test_a_core_that_stops_answering_is_restarted_by_the_watchdog(tmp_path
         assert error_text(await c.call_tool("respond", {"prompt": "there?", "thread_id": "idle"})).startswith("thread_lost:")
 
 
+async def test_a_stopped_core_is_found_while_new_calls_keep_arriving():
+    """The watchdog counts the core's silence from its last frame while calls wait, not from
+    the shim's last write: with the core SIGSTOPped and a new call every 0.8 s (each write to
+    the core used to reset the clock, so no ping was ever sent), the stopped core is still
+    found and replaced within about 6 s."""
+    async with wisp() as c:
+        assert ok(await c.call_tool("respond", {"prompt": "hello", "thread_id": "idle"}))["created"]
+        pid = core_pids(c)[-1]
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        calls: list[asyncio.Task] = []
+        try:
+            first = asyncio.create_task(c.call_tool("respond", {"prompt": "first", "thread_id": "t0"}))
+            calls.append(first)
+            i = 1
+            while not first.done() and time.monotonic() - start < 12:
+                await asyncio.wait({first}, timeout=0.8)
+                if not first.done():
+                    calls.append(asyncio.create_task(c.call_tool("respond", {"prompt": f"call {i}", "thread_id": f"t{i}"})))
+                    i += 1
+            took = time.monotonic() - start
+        finally:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).resume()
+        assert first.done(), f"the first call on the stopped core was unanswered after {took:.1f} s ({len(calls)} calls sent)"
+        msg = error_text(first.result())
+        assert msg.startswith("core_crashed:") and "stopped answering" in msg, msg
+        # Ping after 2 s of silence, 3 s for its answer, two 0.5 s ticks: 6 s, plus TERM.
+        assert took < 8.0, took
+        results = await asyncio.wait_for(asyncio.gather(*calls), 15)
+        for r in results:
+            # Each later call was on the stopped core too (it failed with it) or was answered by its successor.
+            if r.is_error:
+                assert error_text(r).startswith("core_crashed:"), error_text(r)
+            else:
+                assert ok(r)["created"] is True
+        assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "next"}), 10))["text"] == "echo 1: next"
+        await wait_for(lambda: core_pids(c)[-1] != pid, 5)
+
+
 async def test_a_slow_call_on_a_healthy_core_is_not_taken_for_a_wedged_one():
     # 7 s with no frame from the core: the watchdog's pings are answered, so nothing restarts.
     async with wisp() as c:
