@@ -33,6 +33,7 @@ from . import schema as output_schema
 from . import errors
 from .client import Core
 from .errors import ShimError
+from .transport import charge, json_size
 from .tool_models import (
     ArgumentError,
     CloseThreadArgs,
@@ -241,6 +242,8 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
                 await ctx.session.report_progress(float(tokens), None, _progress_message(text))
 
         roots = await _client_roots(ctx) if a.tools or a.files else None
+        if roots:
+            charge(ctx.request, json_size(roots))  # held while the call runs, like its arguments
         checked: output_schema.Checked | None = a.output_schema
         r = await core.respond(
             a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,

@@ -102,6 +102,58 @@ def test_a_client_that_stops_reading_meets_backpressure_not_unbounded_memory():
     assert grew["shim"] < 64 and grew["core"] < 64, r
 
 
+def test_files_lists_count_in_the_in_flight_budget():
+    """Every argument byte counts in the 64 MiB in-flight budget, not only `prompt`: 128 calls
+    with 750 KB of `files` paths each, all waiting in one thread's queue, used to be taken in
+    whole (the budget saw two one-letter strings per call) and grew the shim by over 300 MiB.
+    Now the shim stops reading once about 64 MiB of them are in flight, as it does for prompts."""
+    from wisp_shim.transport import MAX_IN_FLIGHT_BYTES
+
+    proc = spawn_initialized("--max-queue", "256")
+    core = children(proc.pid)[0]
+    base = _rss_kib(proc.pid)
+    paths = [f"sub/dir-{i:05d}/{'x' * 82}.txt" for i in range(7_500)]
+    per_call = sum(len(x) for x in paths)
+    assert 740_000 < per_call < 760_000
+    calls = 128
+    sent = [0]
+
+    def writer():
+        try:
+            # The first call holds the thread, so every later one waits in its queue, in flight.
+            proc.stdin.write(call("respond", {"prompt": "!sleep 60000 hold", "thread_id": "q"}, 3))
+            proc.stdin.flush()
+            for i in range(calls):
+                proc.stdin.write(call("respond", {"prompt": "p", "thread_id": "q", "files": paths}, 4 + i))
+                proc.stdin.flush()
+                sent[0] += 1
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    peak = base
+    last, still = -1, time.monotonic()
+    try:
+        # Until every call is written or the writes have been blocked for 3 s.
+        while t.is_alive() and time.monotonic() - still < 3.0:
+            time.sleep(0.1)
+            peak = max(peak, _rss_kib(proc.pid))
+            if sent[0] != last:
+                last, still = sent[0], time.monotonic()
+        peak = max(peak, _rss_kib(proc.pid))
+    finally:
+        proc.kill()
+        proc.wait()
+        os.kill(core, signal.SIGKILL) if running(core) else None
+        t.join(5)
+    grew = (peak - base) // 1024
+    print(f"files flood: {sent[0]} of {calls} calls of {per_call} bytes of paths taken; shim RSS {base // 1024} -> {peak // 1024} MiB (+{grew} MiB)")
+    # What the budget holds, plus a line read ahead and one in the pipe's buffer.
+    most = MAX_IN_FLIGHT_BYTES // per_call + 3
+    assert sent[0] <= most, f"{sent[0]} calls with {per_call} bytes of files each were taken (at most {most} fit the budget)"
+
+
 async def test_a_time_limit_of_centuries_does_not_crash_the_core():
     limit = "1e300"
     # --timeout 1e300 reached the core as timeout_s and trapped Swift's Duration: every call crashed it.
