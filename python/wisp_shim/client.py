@@ -265,8 +265,10 @@ class Core:
         limit = self.launch.timeout_s
         run = await self._supervisor.running()
         call_id = self.next_id()
-        # The core gets the same limit, so that it can refuse to commit a turn that finishes late.
-        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit)
+        # The core gets the same limit as an instant on the clock both read, so that it neither runs
+        # nor commits a call past it, even one it reads late (stopped, or busy, while it queued).
+        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit,
+                                   deadline=p.monotonic_now() + limit)
         msg = p.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
@@ -298,6 +300,8 @@ class Core:
         reply, result = await self._request(run, call, box, limit, timed_out, on_progress)
         if not reply.ok:
             assert reply.error is not None
+            if reply.error.code == errors.TIMEOUT:
+                raise timed_out()  # the core's deadline is the shim's limit: one wording for both
             error = ShimError(reply.error.code, reply.error.message)
             if self.launch.explain is not None:
                 error = await self.launch.explain(error, started)

@@ -134,6 +134,40 @@ async def test_the_time_limit_holds_while_the_core_is_stopped():
         assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "two", "thread_id": "t"}), 10))["text"] == "echo 2: two"
 
 
+async def test_calls_read_after_their_deadline_by_a_stopped_core_keep_no_turn():
+    """The deadline is an instant both processes share, not a limit the core starts when it
+    reads the request: with the core stopped while 4 calls (and 100 quick requests, which the
+    cancels queue behind) are sent, every call is answered `timeout` at the user's limit, and
+    once the core runs again none of the 4 turns is in its thread (the next call says echo 2,
+    not echo 3, which it did for 4 of 4 threads when the core counted from its own read)."""
+    async with wisp("--timeout", "2") as c:
+        threads = [f"t{i}" for i in range(4)]
+        for t in threads:
+            assert ok(await c.call_tool("respond", {"prompt": "one", "thread_id": t}))["text"] == "echo 1: one"
+        core = psutil.Process(core_pids(c)[-1])
+        core.suspend()
+        start = time.monotonic()
+        try:
+            calls = [asyncio.create_task(c.call_tool("respond", {"prompt": "late", "thread_id": t})) for t in threads]
+            await asyncio.sleep(0.05)
+            quick = [asyncio.create_task(c.call_tool("list_threads", {})) for _ in range(100)]
+            results = await asyncio.wait_for(asyncio.gather(*calls), 10)
+            took = time.monotonic() - start
+            # Resumed before the watchdog (ping after 2 s of silence, 3 s for its answer) would replace it.
+            await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - start)))
+        finally:
+            core.resume()
+        for t, r in zip(threads, results):
+            msg = error_text(r)
+            assert msg.startswith(f"timeout: no reply within 2 s; the call was stopped and thread '{t}' is unchanged"), msg
+        assert took < 3.0, took
+        for r in await asyncio.wait_for(asyncio.gather(*quick), 30):
+            ok(r)
+        assert core_pids(c)[-1] == core.pid  # the same core: nothing was restarted
+        after = [ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "next", "thread_id": t}), 10))["text"] for t in threads]
+        assert after == ["echo 2: next"] * 4, after
+
+
 async def test_kill_9_of_the_core_mid_call():
     async with wisp() as c:
         assert ok(await c.call_tool("respond", {"prompt": "idle one", "thread_id": "idle"}))["created"]

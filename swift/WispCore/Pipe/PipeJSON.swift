@@ -250,14 +250,15 @@ private struct Scanner {
             switch k {
             case 0: guard let v = nullable({ $0.double() }) else { return nil }; o.temperature = v
             case 1: guard let v = nullable({ $0.int() }) else { return nil }; o.max_output_tokens = v
-            default: guard let v = nullable({ $0.double() }) else { return nil }; o.timeout_s = v
+            case 2: guard let v = nullable({ $0.double() }) else { return nil }; o.timeout_s = v
+            default: guard let v = nullable({ $0.double() }) else { return nil }; o.deadline = v
             }
         } while take(0x2C)
         guard take(0x7D) else { return nil }
         return o
     }
 
-    static let optionKeys: [StaticString] = ["temperature", "max_output_tokens", "timeout_s"]
+    static let optionKeys: [StaticString] = ["temperature", "max_output_tokens", "timeout_s", "deadline"]
     /// Every key a request may have, each a bit of `seen` by its place here.
     static let requestKeys: [StaticString] = ["op", "id", "request", "prompt", "thread_id", "instructions", "schema",
                                               "tools", "roots", "files", "options", "progress"]
