@@ -14,7 +14,7 @@ from typing import Awaitable, Callable, NoReturn
 
 import anyio
 
-from . import local_model
+from . import local_model, logs
 from . import protocol as p
 from . import errors
 from .client import Core
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     level = ns.log_level or os.environ.get("WISP_LOG_LEVEL") or "info"
     if level not in LOG_LEVELS:
         level = "info"
-    logging.basicConfig(stream=sys.stderr, level=level.upper(), format="wisp %(levelname)s %(name)s: %(message)s")
+    logs.setup(level)  # stderr only, through a bounded buffer that never blocks (logs.py)
     if level != "debug":
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
