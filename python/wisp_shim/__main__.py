@@ -155,7 +155,9 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
     if not (math.isfinite(timeout) and timeout > 0):
         raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
-    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
+    # As the core reads it: the flag wins over the variable, and an empty value means none.
+    state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
+    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir)
 
 
 APPLE_ALTERNATIVES = (

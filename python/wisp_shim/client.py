@@ -69,6 +69,14 @@ class Core:
         self._next_id = 0
         # Ids whose history died with a core; the next respond naming one is told so.
         self.lost: OrderedDict[str, None] = OrderedDict()
+        # Ids of threads this wisp has answered for (most recent last), so that a call that starts
+        # a new thread under one of them can say the old one is gone, and a new id says nothing.
+        self._known: OrderedDict[str, None] = OrderedDict()
+
+    def knew(self, thread_id: str) -> bool:
+        """Whether this wisp has held a thread under `thread_id` (since it started, among the
+        most recent MAX_REMEMBERED_IDS)."""
+        return thread_id in self._known
 
     @property
     def binary(self) -> Path | None:
@@ -106,6 +114,11 @@ class Core:
                 # and every pending call, this one included, fails as in a crash.
                 result = p.decode_result(msg.result, call.result_type)
                 self._track(run, result)
+                if isinstance(result, p.RespondResult):
+                    self._known[result.thread_id] = None
+                    self._known.move_to_end(result.thread_id)
+                    if len(self._known) > MAX_REMEMBERED_IDS:
+                        self._known.popitem(last=False)
             # An error reply goes to its caller as it is. That includes the core's invalid_argument
             # for a request frame it could read an id from but not decode as an op: such a frame is
             # the shim's own bug, not a sign that the core is broken, and restarting the core for it

@@ -74,6 +74,9 @@ class CoreLaunch:
     args: list[str] = field(default_factory=list)
     timeout_s: float = 300.0
     env: dict[str, str] | None = None
+    # The state dir configured (--state-dir / WISP_STATE_DIR), for what wisp tells callers about
+    # retention; whether the core could use it, its Ready (durable) and status say.
+    state_dir: str | None = None
     # Awaited before each start of the core, e.g. to bring up the local model server it will
     # talk to (local_model.py); `args` is read after it, so it may add to them. A ShimError it
     # raises fails the start like a missing binary.
