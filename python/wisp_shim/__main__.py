@@ -15,7 +15,7 @@ from typing import Awaitable, Callable, NoReturn
 import anyio
 
 from . import http_server
-from . import local_model
+from . import local_model, logs
 from . import protocol as p
 from . import errors
 from .client import Core
@@ -168,7 +168,9 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
     if not (math.isfinite(timeout) and timeout > 0):
         raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
-    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout)
+    # As the core reads it: the flag wins over the variable, and an empty value means none.
+    state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
+    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir)
 
 
 APPLE_ALTERNATIVES = (
@@ -398,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     level = ns.log_level or os.environ.get("WISP_LOG_LEVEL") or "info"
     if level not in LOG_LEVELS:
         level = "info"
-    logging.basicConfig(stream=sys.stderr, level=level.upper(), format="wisp %(levelname)s %(name)s: %(message)s")
+    logs.setup(level)  # stderr only, through a bounded buffer that never blocks (logs.py)
     if level != "debug":
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)

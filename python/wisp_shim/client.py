@@ -69,6 +69,14 @@ class Core:
         self._next_id = 0
         # Ids whose history died with a core; the next respond naming one is told so.
         self.lost: OrderedDict[str, None] = OrderedDict()
+        # Ids of threads this wisp has answered for (most recent last), so that a call that starts
+        # a new thread under one of them can say the old one is gone, and a new id says nothing.
+        self._known: OrderedDict[str, None] = OrderedDict()
+
+    def knew(self, thread_id: str) -> bool:
+        """Whether this wisp has held a thread under `thread_id` (since it started, among the
+        most recent MAX_REMEMBERED_IDS)."""
+        return thread_id in self._known
 
     @property
     def binary(self) -> Path | None:
@@ -106,6 +114,11 @@ class Core:
                 # and every pending call, this one included, fails as in a crash.
                 result = p.decode_result(msg.result, call.result_type)
                 self._track(run, result)
+                if isinstance(result, p.RespondResult):
+                    self._known[result.thread_id] = None
+                    self._known.move_to_end(result.thread_id)
+                    if len(self._known) > MAX_REMEMBERED_IDS:
+                        self._known.popitem(last=False)
             # An error reply goes to its caller as it is. That includes the core's invalid_argument
             # for a request frame it could read an id from but not decode as an op: such a frame is
             # the shim's own bug, not a sign that the core is broken, and restarting the core for it
@@ -186,7 +199,7 @@ class Core:
     def _send_cancel(self, run: CoreProcess, request_id: int) -> None:
         run.send(p.encode(p.Cancel(id=self.next_id(), request=request_id)))
 
-    async def _request(self, run: CoreProcess, call: PendingCall, data: bytes, timeout: float,
+    async def _request(self, run: CoreProcess, call: PendingCall, data: bytes | list[bytes], timeout: float,
                        on_timeout: Callable[[], ShimError],
                        on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> _Answer:
         if run.dead:
@@ -200,7 +213,7 @@ class Core:
         try:
             try:
                 # Inside the try: once the frame may be queued, a cancellation must reach the core.
-                run.send(data)
+                run.send(data.pop() if isinstance(data, list) else data)
                 answer = await call.future
             except _Expired:
                 answer = await self._after_expiry(run, call, on_timeout)
@@ -265,8 +278,10 @@ class Core:
         limit = self.launch.timeout_s
         run = await self._supervisor.running()
         call_id = self.next_id()
-        # The core gets the same limit, so that it can refuse to commit a turn that finishes late.
-        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit)
+        # The core gets the same limit as an instant on the clock both read, so that it neither runs
+        # nor commits a call past it, even one it reads late (stopped, or busy, while it queued).
+        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit,
+                                   deadline=p.monotonic_now() + limit)
         msg = p.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
@@ -291,9 +306,15 @@ class Core:
 
         call = PendingCall(call_id, thread_id, on_progress is not None, p.RespondResult)
         started = time.monotonic()
-        reply, result = await self._request(run, call, p.frame(payload), limit, timed_out, on_progress)
+        # The request's bytes are not held while the call runs (the box is emptied as it is sent):
+        # with 128 calls of megabytes in flight, the copies would add up.
+        box = [p.frame(payload)]
+        del payload, msg
+        reply, result = await self._request(run, call, box, limit, timed_out, on_progress)
         if not reply.ok:
             assert reply.error is not None
+            if reply.error.code == errors.TIMEOUT:
+                raise timed_out()  # the core's deadline is the shim's limit: one wording for both
             error = ShimError(reply.error.code, reply.error.message)
             if self.launch.explain is not None:
                 error = await self.launch.explain(error, started)

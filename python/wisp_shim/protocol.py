@@ -8,6 +8,7 @@ unsigned big-endian length followed by that many bytes of UTF-8 JSON.
 from __future__ import annotations
 
 import struct
+import time
 
 import msgspec
 
@@ -32,7 +33,18 @@ _HEADER = struct.Struct(">I")
 class RespondOptions(msgspec.Struct, omit_defaults=True):
     temperature: float | None = None
     max_output_tokens: int | None = None
+    # The call's time limit as the caller set it (what a timeout error names).
     timeout_s: float | None = None
+    # When that limit runs out, in monotonic_now() seconds: the core neither runs nor commits the
+    # call after it, however late it reads the request.
+    deadline: float | None = None
+
+
+def monotonic_now() -> float:
+    """The pipe's clock for RespondOptions.deadline: CLOCK_MONOTONIC, which the core reads too
+    (Messages.swift's monotonicSeconds says why that one). Not time.monotonic(), which on macOS
+    is another clock (mach_absolute_time, stopped while the machine sleeps)."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
 class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True):

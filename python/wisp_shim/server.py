@@ -35,6 +35,7 @@ from . import schema as output_schema
 from . import errors
 from .client import Core
 from .errors import ShimError
+from .transport import charge, json_size
 from .tool_models import (
     ArgumentError,
     CloseThreadArgs,
@@ -62,18 +63,35 @@ LISTED_START_DELAY_S = 0.02
 PROGRESS_MESSAGE_CHARS = 200
 
 
-def _instructions(max_threads: int) -> str:
+def _retention(max_threads: int, state_dir: str | None) -> str:
+    """Where threads live and for how long, as configured (one wording for the server's
+    instructions and the respond tool's description)."""
+    if state_dir is None:
+        return (
+            f"threads are kept in memory only, at most {max_threads} at once (the least recently used is "
+            "dropped first), and all are lost when wisp restarts"
+        )
+    return (
+        f"threads are stored on disk (--state-dir), so they survive wisp restarts and crashes; at most "
+        f"{max_threads} are held in memory at once (the least recently used is unloaded and resumes from disk on "
+        "its next call), and past --max-stored-threads the least recently written is deleted. list_threads says "
+        "if the state dir could not be used (threads are then kept in memory only)"
+    )
+
+
+def _instructions(max_threads: int, state_dir: str | None = None) -> str:
+    gone = "closed, deleted or lost" if state_dir is not None else "evicted, closed or lost"
     return (
         "wisp hands work to a local language model and keeps conversation threads with it. "
         "Call `respond` with a prompt; it returns a thread_id. Pass that thread_id back to continue "
-        "the same conversation without resending earlier context. Threads live in memory only: at most "
-        f"{max_threads} at once (the least recently used is dropped), and all are lost when wisp restarts. "
-        "A result with created=true for a thread_id you passed means that thread was gone and a new one "
+        "the same conversation without resending earlier context. "
+        f"Retention: {_retention(max_threads, state_dir)}. "
+        f"A result with created=true for a thread_id you passed means no thread had it ({gone}) and a new one "
         "started. Close threads you are done with using `close_thread`."
     )
 
 
-def _respond_tool(max_threads: int) -> Tool:
+def _respond_tool(max_threads: int, state_dir: str | None = None) -> Tool:
     return Tool(
         name="respond",
         title="Ask the local model",
@@ -84,8 +102,7 @@ def _respond_tool(max_threads: int) -> Tool:
             "(created=true says so). instructions and tools are fixed when a thread is created; passing "
             "them for an existing thread is an error, even empty: omit them to continue. Calls on one thread run in order; different threads "
             "run in parallel. If a thread outgrows the model's context, its oldest turns are dropped "
-            "(condensed=true). Retention: threads are kept in memory only, at most "
-            f"{max_threads} (least recently used evicted first), and lost when wisp restarts."
+            f"(condensed=true). Retention: {_retention(max_threads, state_dir)}."
         ),
         input_schema=tool_schema(RespondArgs),
         output_schema=tool_schema(RespondOutput),
@@ -134,9 +151,10 @@ def _output(r: p.RespondResult) -> Any:
         ) from None
 
 
-def _respond_content(r: p.RespondResult, asked_for: str | None) -> str:
+def _respond_content(r: p.RespondResult, restarted: bool) -> str:
+    """The result as text; `restarted`: the call named an id this wisp had held a thread under."""
     lines = [r.text, ""]
-    if r.created and asked_for is not None:
+    if r.created and restarted:
         lines.append("[note: no live thread had this id (evicted, closed or lost), so this started a new one]")
     if r.condensed:
         lines.append(f"[note: {r.dropped} older turn(s) were dropped to fit the model's context]")
@@ -237,7 +255,7 @@ def _progress_message(text: str) -> str:
 
 
 def build_server(core: Core, max_threads: int) -> Server[Any]:
-    respond_tool = _respond_tool(max_threads)
+    respond_tool = _respond_tool(max_threads, core.launch.state_dir)
     tools = [respond_tool, CLOSE_THREAD, LIST_THREADS]
     listing = ListToolsResult(tools=tools)
 
@@ -256,7 +274,11 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
                 await ctx.session.report_progress(float(tokens), None, _progress_message(text))
 
         roots = await _client_roots(ctx) if a.tools or a.files else None
+        if roots:
+            charge(ctx.request, json_size(roots))  # held while the call runs, like its arguments
         checked: output_schema.Checked | None = a.output_schema
+        # Asked before the call, which makes the id known: a new caller-chosen id was never lost.
+        knew = a.thread_id is not None and core.knew(a.thread_id)
         r = await core.respond(
             a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,
             temperature=a.temperature, max_output_tokens=a.max_output_tokens,
@@ -270,7 +292,7 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         if checked is not None:
             structured["output"] = _output(r)  # may be null
         return CallToolResult(
-            content=[TextContent(type="text", text=_respond_content(r, a.thread_id))],
+            content=[TextContent(type="text", text=_respond_content(r, knew))],
             structured_content=structured,
         )
 
@@ -331,7 +353,7 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         "wisp",
         version=__version__,
         title="wisp: threads with a local model",
-        instructions=_instructions(max_threads),
+        instructions=_instructions(max_threads, core.launch.state_dir),
         get_tool_input_schema=input_schemas.get,
         on_list_tools=list_tools,
         on_call_tool=call_tool,

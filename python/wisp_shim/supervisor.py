@@ -55,7 +55,9 @@ TERM_GRACE_S = 1.0
 # shim sends a `ping` (answered by the core's dispatcher at once, whatever the model does);
 # if nothing at all comes back within PING_TIMEOUT_S, the core is wedged or stopped and is
 # restarted like a crashed one. It looks every WATCHDOG_TICK_S, so a wedged core is found
-# within PING_AFTER_S + PING_TIMEOUT_S + 2 ticks (6 s).
+# within PING_AFTER_S + PING_TIMEOUT_S + 2 ticks (6 s). The silence is counted from the core's
+# last frame (or from when calls began waiting on an idle core), never from the shim's last
+# write: new calls arriving every second must not keep a stopped core from being found.
 PING_AFTER_S = 2.0
 PING_TIMEOUT_S = 3.0
 WATCHDOG_TICK_S = 0.5
@@ -72,6 +74,9 @@ class CoreLaunch:
     args: list[str] = field(default_factory=list)
     timeout_s: float = 300.0
     env: dict[str, str] | None = None
+    # The state dir configured (--state-dir / WISP_STATE_DIR), for what wisp tells callers about
+    # retention; whether the core could use it, its Ready (durable) and status say.
+    state_dir: str | None = None
     # Awaited before each start of the core, e.g. to bring up the local model server it will
     # talk to (local_model.py); `args` is read after it, so it may add to them. A ShimError it
     # raises fails the start like a missing binary.
@@ -120,10 +125,11 @@ class CoreProcess:
         self.dead = False
         self.reader: asyncio.Task[tuple[int | None, str | None]] | None = None
         self.stdout_fd = -1  # the read end of the core's stdout
-        # The watchdog's view: when the core last sent anything, when we last wrote to it,
-        # and the ping it has not answered yet (with when it went out).
+        # The watchdog's view: when the core last sent anything, when the first frame went to it
+        # since the watchdog last saw no call pending (None: none since), and the ping it has
+        # not answered yet (with when it went out).
         self.last_frame = time.monotonic()
-        self.last_send = self.last_frame
+        self.busy_since: float | None = None
         self.ping: tuple[int, float] | None = None
         self.watchdog: asyncio.Task[None] | None = None
         # Why the shim stopped this core itself (the watchdog), for the crash message.
@@ -149,7 +155,9 @@ class CoreProcess:
         stdin = self.proc.stdin
         if self.dead or stdin is None:
             return
-        now = self.last_send = time.monotonic()
+        now = time.monotonic()
+        if self.busy_since is None:
+            self.busy_since = now
         try:
             stdin.write(data)
         except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
@@ -361,12 +369,15 @@ class Supervisor:
                 return
             now = time.monotonic()
             if not run.pending:
-                run.ping = None  # nobody waits: an idle core may be as slow as it likes
+                # Nobody waits: an idle core may be as slow as it likes.
+                run.ping = run.busy_since = None
                 continue
             if run.ping is not None and run.last_frame >= run.ping[1]:
                 run.ping = None  # it said something since: alive
             if run.ping is None:
-                if now - max(run.last_frame, run.last_send) >= PING_AFTER_S:
+                # Quiet since its last frame, or since calls began waiting if that is later (a
+                # core idle for an hour has not been silent towards a call sent a moment ago).
+                if now - max(run.last_frame, run.busy_since or now) >= PING_AFTER_S:
                     ping_id = self._listener.next_id()
                     run.ping = (ping_id, now)
                     run.send(p.encode(p.Ping(id=ping_id)))

@@ -51,11 +51,30 @@ class Says:
 
 def short(value: Any) -> str:
     """A value as an error message may quote it: never long, never slow."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+    if _huge(value):
         # repr of a huge int is slow, and past 4,300 digits refused by Python itself.
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+        return f"an integer of {_digits(value)} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _huge(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200
+
+
+def _digits(n: int) -> str:
+    """How many decimal digits |n| has, exactly, without writing it out: 2**(b-1) <= |n| < 2**b
+    leaves two candidates, told apart by one power of ten (past a million bits, an estimate)."""
+    bits = abs(n).bit_length()
+    low = int((bits - 1) * 0.30102999566398120)  # floor(log10 |n|) is low or low + 1
+    if bits > 1_000_000:
+        return f"about {low + 1:,}"
+    return f"{low + 2 if abs(n) >= 10 ** (low + 1) else low + 1:,}"
+
+
+def _got(value: Any) -> str:
+    """A wrong value as `got …` names it: its type and its text, or what a huge integer is."""
+    return short(value) if _huge(value) else f"{type(value).__name__} {short(value)}"
 
 
 ThreadId = Annotated[str, Field(pattern=f"^{THREAD_ID_CHARS}$")]
@@ -248,5 +267,5 @@ def _message(exc: ValidationError, says: dict[str, Says], given: dict[str, Any])
     if error["type"] == "string_pattern_mismatch":
         return f"`{name}` {short(value)} is not a valid thread id: use {THREAD_ID_RULE} (or omit it to start a new thread)."
     if error["type"].endswith("_type") or error["type"] in ("int_from_float", "float_parsing", "int_parsing"):
-        return f"`{name}` must be {rule.what}, got {type(value).__name__} {short(value)}."
+        return f"`{name}` must be {rule.what}, got {_got(value)}."
     return f"`{name}` must be {rule.what}, got {short(value)}."

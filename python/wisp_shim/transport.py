@@ -7,8 +7,8 @@
 - Backpressure. The SDK starts a task for every request it reads, with no limit, and
   writes replies with a blocking write to stdout: a client that keeps sending and stops
   reading would grow the shim without bound. Here a request is only handed on while fewer
-  than MAX_IN_FLIGHT requests (and MAX_IN_FLIGHT_BYTES of their string arguments) await
-  their replies; past that, stdin is simply not read, and the client's writes block.
+  than MAX_IN_FLIGHT requests (and MAX_IN_FLIGHT_BYTES of their arguments, every value
+  counted, plus the client's roots fetched for them) await their replies; past that, stdin is simply not read, and the client's writes block.
 - Request ids. The budget counts requests, keyed exactly as the SDK correlates ids
   (`coerce_request_id`: "05" and 5 are one id), and a slot is freed when its request ends,
   answered or not (the SDK's `on_request_unanswered` hook covers a cancelled one, however
@@ -153,12 +153,34 @@ def _answer_for(exc: Exception) -> JSONRPCError | None:
 
 
 def _weight(msg: JSONRPCRequest) -> int:
-    """Roughly the bytes a request holds while it runs: its top-level string arguments."""
-    params = msg.params or {}
-    args = params.get("arguments") if isinstance(params, dict) else None
-    if not isinstance(args, dict):
-        return 0
-    return sum(len(v) for v in args.values() if isinstance(v, str))
+    """Roughly the bytes a request holds while it runs: every value in its params, about as
+    JSON writes them (a `files` list, a `schema`, `_meta` as much as `prompt`). Iterative, so
+    no nesting the parser took can exhaust the stack here."""
+    return json_size(msg.params)
+
+
+def json_size(value: Any) -> int:
+    """About the JSON length of a parsed value: strings by length, other scalars by a few
+    bytes, and a separator for each element, key or item."""
+    size = 0
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            size += len(v) + 3
+        elif isinstance(v, dict):
+            size += 2
+            for k, item in v.items():
+                size += len(k) + 4 if isinstance(k, str) else 8
+                todo.append(item)
+        elif isinstance(v, list | tuple):
+            size += 2 + len(v)
+            todo.extend(v)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            size += 1 + v.bit_length() // 3
+        else:
+            size += 5
+    return size
 
 
 class _Budget:
@@ -178,6 +200,14 @@ class _Budget:
         self.bytes += weight
         return token
 
+    def charge(self, key: Any, token: object, weight: int) -> None:
+        """More bytes held by a request in flight (what it fetched from the client meanwhile)."""
+        entry = self.calls.get(key)
+        if entry is None or entry[0] is not token:
+            return
+        self.calls[key] = (token, entry[1] + weight)
+        self.bytes += weight
+
     def release(self, key: Any, token: object | None = None) -> None:
         entry = self.calls.get(key)
         if entry is None or (token is not None and entry[0] is not token):
@@ -186,6 +216,27 @@ class _Budget:
         self.bytes -= entry[1]
         self.changed.set()
         self.changed = anyio.Event()
+
+
+class InFlight:
+    """A request's entry in the budget, as its handler sees it (`ctx.request` on stdio): what
+    the handler fetches for the request and holds while it runs (the client's roots) is
+    charged here, so it counts like the request's own arguments."""
+
+    __slots__ = ("_budget", "_key", "_token")
+
+    def __init__(self, budget: _Budget, key: Any, token: object) -> None:
+        self._budget, self._key, self._token = budget, key, token
+
+    def charge(self, weight: int) -> None:
+        self._budget.charge(self._key, self._token, weight)
+
+
+def charge(request_context: Any, weight: int) -> None:
+    """Charge `weight` bytes to the request whose context this is, when its transport keeps a
+    budget (stdio does; other transports' contexts are left alone)."""
+    if isinstance(request_context, InFlight):
+        request_context.charge(weight)
 
 
 def _key(rid: Any) -> Any:
@@ -237,7 +288,9 @@ class GuardedReadStream:
 
                 # stdio carries no metadata of its own; this hook is how the SDK says a request
                 # ended without a reply (it was cancelled), whatever spelling its cancel used.
-                item = SessionMessage(msg, metadata=ServerMessageMetadata(on_request_unanswered=unanswered))
+                # The handler reaches its own budget entry as `ctx.request` (InFlight).
+                item = SessionMessage(msg, metadata=ServerMessageMetadata(
+                    on_request_unanswered=unanswered, request_context=InFlight(self._budget, key, token)))
             return item
 
     def __aiter__(self) -> GuardedReadStream:

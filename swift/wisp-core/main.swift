@@ -33,11 +33,15 @@ do {
     exit(64)
 }
 let log = Log(level: config.logLevel)
+/// How long the core's last log lines get to reach stderr before it exits: bounded, since a
+/// stderr nobody reads must not keep a dying core alive.
+let lastWordsGrace = Duration.milliseconds(500)
 
 let backend: any ModelBackend
 do {
     backend = try makeBackend(config, echoCrash: {
-        FileHandle.standardError.write(Data("wisp-core: echo !crash: exiting with status 70 as a crash would\n".utf8))
+        log(.error, "echo !crash: exiting with status 70 as a crash would")
+        Log.flush(within: lastWordsGrace)
         exit(70)
     })
 } catch {
@@ -116,11 +120,13 @@ Thread.detachNewThread {
     }
     Thread.sleep(forTimeInterval: Double(shutdownGrace.components.seconds) + 1)
     log(.warning, "stdin closed \(Int(shutdownGrace.components.seconds) + 1) s ago and the pipe loop has not exited; exiting")
+    Log.flush(within: lastWordsGrace)
     exit(0)
 }
 
 func protocolError(_ error: any Error) -> Never {
-    FileHandle.standardError.write(Data("wisp-core: protocol error: \(error); exiting so the shim restarts a clean core\n".utf8))
+    log(.error, "protocol error: \(error); exiting so the shim restarts a clean core")
+    Log.flush(within: lastWordsGrace)
     exit(65)
 }
 
@@ -137,6 +143,7 @@ loop.run(input: 0) { bytes in
             if !server.stopAll(grace: shutdownGrace) {
                 log(.warning, "\(server.callsInFlight) call(s) did not stop within \(shutdownGrace); exiting anyway")
             }
+            Log.flush(within: lastWordsGrace)
             exit(0)
         }
         return

@@ -58,6 +58,23 @@ def test_the_pipe_version_and_frame_limit_agree_with_the_cores():
         proc.stderr.close()
 
 
+def test_the_core_reads_a_deadline_on_the_shims_clock():
+    """RespondOptions.deadline is an instant of protocol.monotonic_now(): the core, another
+    process, must read the same clock. A deadline just past is refused without running (and
+    creates no thread); one a minute ahead is served."""
+    now = p.monotonic_now()
+    past = p.RespondOptions(timeout_s=2.0, deadline=now - 0.5)
+    ahead = p.RespondOptions(timeout_s=60.0, deadline=now + 60)
+    frames = core_exchange(["--backend", "echo"], p.encode(p.Respond(id=1, prompt="late", thread_id="late", options=past))
+                           + p.encode(p.Respond(id=2, prompt="on time", thread_id="ok", options=ahead))
+                           + p.encode(p.Status(id=3)), want=(1, 2, 3))
+    by_id = {f["id"]: f for f in frames if "ok" in f}
+    assert not by_id[1]["ok"] and by_id[1]["error"]["code"] == "timeout", by_id[1]
+    assert "thread 'late' is unchanged" in by_id[1]["error"]["message"], by_id[1]
+    assert by_id[2]["ok"] and by_id[2]["result"]["text"] == "echo 1: on time", by_id[2]
+    assert [t["thread_id"] for t in by_id[3]["result"]["threads"]] == ["ok"]
+
+
 def test_the_default_max_threads_agrees_with_the_cores():
     frames = core_exchange(["--backend", "echo"], p.encode(p.Status(id=1)))
     status = next(f for f in frames if f.get("id") == 1)

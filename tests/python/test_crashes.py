@@ -134,6 +134,40 @@ async def test_the_time_limit_holds_while_the_core_is_stopped():
         assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "two", "thread_id": "t"}), 10))["text"] == "echo 2: two"
 
 
+async def test_calls_read_after_their_deadline_by_a_stopped_core_keep_no_turn():
+    """The deadline is an instant both processes share, not a limit the core starts when it
+    reads the request: with the core stopped while 4 calls (and 100 quick requests, which the
+    cancels queue behind) are sent, every call is answered `timeout` at the user's limit, and
+    once the core runs again none of the 4 turns is in its thread (the next call says echo 2,
+    not echo 3, which it did for 4 of 4 threads when the core counted from its own read)."""
+    async with wisp("--timeout", "2") as c:
+        threads = [f"t{i}" for i in range(4)]
+        for t in threads:
+            assert ok(await c.call_tool("respond", {"prompt": "one", "thread_id": t}))["text"] == "echo 1: one"
+        core = psutil.Process(core_pids(c)[-1])
+        core.suspend()
+        start = time.monotonic()
+        try:
+            calls = [asyncio.create_task(c.call_tool("respond", {"prompt": "late", "thread_id": t})) for t in threads]
+            await asyncio.sleep(0.05)
+            quick = [asyncio.create_task(c.call_tool("list_threads", {})) for _ in range(100)]
+            results = await asyncio.wait_for(asyncio.gather(*calls), 10)
+            took = time.monotonic() - start
+            # Resumed before the watchdog (ping after 2 s of silence, 3 s for its answer) would replace it.
+            await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - start)))
+        finally:
+            core.resume()
+        for t, r in zip(threads, results):
+            msg = error_text(r)
+            assert msg.startswith(f"timeout: no reply within 2 s; the call was stopped and thread '{t}' is unchanged"), msg
+        assert took < 3.0, took
+        for r in await asyncio.wait_for(asyncio.gather(*quick), 30):
+            ok(r)
+        assert core_pids(c)[-1] == core.pid  # the same core: nothing was restarted
+        after = [ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "next", "thread_id": t}), 10))["text"] for t in threads]
+        assert after == ["echo 2: next"] * 4, after
+
+
 async def test_kill_9_of_the_core_mid_call():
     async with wisp() as c:
         assert ok(await c.call_tool("respond", {"prompt": "idle one", "thread_id": "idle"}))["created"]
@@ -237,6 +271,46 @@ async def test_a_core_that_stops_answering_is_restarted_by_the_watchdog(tmp_path
         assert listed["threads"] == []
         assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "next", "thread_id": "other"}), 10))["text"] == "echo 1: next"
         assert error_text(await c.call_tool("respond", {"prompt": "there?", "thread_id": "idle"})).startswith("thread_lost:")
+
+
+async def test_a_stopped_core_is_found_while_new_calls_keep_arriving():
+    """The watchdog counts the core's silence from its last frame while calls wait, not from
+    the shim's last write: with the core SIGSTOPped and a new call every 0.8 s (each write to
+    the core used to reset the clock, so no ping was ever sent), the stopped core is still
+    found and replaced within about 6 s."""
+    async with wisp() as c:
+        assert ok(await c.call_tool("respond", {"prompt": "hello", "thread_id": "idle"}))["created"]
+        pid = core_pids(c)[-1]
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        calls: list[asyncio.Task] = []
+        try:
+            first = asyncio.create_task(c.call_tool("respond", {"prompt": "first", "thread_id": "t0"}))
+            calls.append(first)
+            i = 1
+            while not first.done() and time.monotonic() - start < 12:
+                await asyncio.wait({first}, timeout=0.8)
+                if not first.done():
+                    calls.append(asyncio.create_task(c.call_tool("respond", {"prompt": f"call {i}", "thread_id": f"t{i}"})))
+                    i += 1
+            took = time.monotonic() - start
+        finally:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).resume()
+        assert first.done(), f"the first call on the stopped core was unanswered after {took:.1f} s ({len(calls)} calls sent)"
+        msg = error_text(first.result())
+        assert msg.startswith("core_crashed:") and "stopped answering" in msg, msg
+        # Ping after 2 s of silence, 3 s for its answer, two 0.5 s ticks: 6 s, plus TERM.
+        assert took < 8.0, took
+        results = await asyncio.wait_for(asyncio.gather(*calls), 15)
+        for r in results:
+            # Each later call was on the stopped core too (it failed with it) or was answered by its successor.
+            if r.is_error:
+                assert error_text(r).startswith("core_crashed:"), error_text(r)
+            else:
+                assert ok(r)["created"] is True
+        assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "next"}), 10))["text"] == "echo 1: next"
+        await wait_for(lambda: core_pids(c)[-1] != pid, 5)
 
 
 async def test_a_slow_call_on_a_healthy_core_is_not_taken_for_a_wedged_one():

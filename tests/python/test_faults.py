@@ -9,14 +9,22 @@ core that ignores EOF and SIGTERM (test_process).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import queue
+import re
 import signal
 import threading
 import time
 
 import pytest
 
-from harness import call, children, error_text, ok, rss_kib as _rss_kib, running, spawn_initialized, wait_gone, wisp
+import subprocess
+
+from harness import (
+    INITIALIZE, INITIALIZED, REPO, call, children, error_text, ok, read_until, rss_kib as _rss_kib, running, shim_command, shim_env,
+    spawn_initialized, wait_gone, wisp,
+)
 
 
 @pytest.mark.parametrize("how", ["closes both pipes", "closes stdout, keeps writing"])
@@ -100,6 +108,169 @@ def test_a_client_that_stops_reading_meets_backpressure_not_unbounded_memory():
     # buffer: a few MiB of calls, never an ever-growing pile.
     assert r["sent"] * r["line_bytes"] < 4 * 1024 * 1024, r
     assert grew["shim"] < 64 and grew["core"] < 64, r
+
+
+def test_a_client_that_never_reads_stderr_stalls_nothing(tmp_path):
+    """Logs never block: with stderr a pipe nobody drains, --max-stored-threads 1 and 760 new
+    durable threads (the core logs a line for each stored thread it deletes, about 90 bytes: the
+    pipe's buffer filled after 686 of them), every call is still answered in time, and a thread
+    any timeout said is unchanged really is. The lines the buffer held reach stderr once it is read."""
+    proc = subprocess.Popen(
+        shim_command("--backend", "echo", "--state-dir", str(tmp_path / "state"), "--max-stored-threads", "1",
+                     "--timeout", "5"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shim_env(), cwd=REPO,
+    )
+    lines: list[bytes] = []
+    unchanged: list[str] = []
+    try:
+        proc.stdin.write(INITIALIZE)
+        proc.stdin.flush()
+        read_until(proc, 1, lines)
+        proc.stdin.write(INITIALIZED)
+        for i in range(760):
+            proc.stdin.write(call("respond", {"prompt": "hi", "thread_id": f"n{i}"}, 10 + i))
+            proc.stdin.flush()
+            reply = read_until(proc, 10 + i, lines, timeout=15)["result"]
+            if reply.get("isError"):
+                text = reply["content"][0]["text"]
+                assert "is unchanged" in text, text
+                unchanged.append(f"n{i}")
+                break  # the test fails below; the thread is checked once stderr is drained
+        err: list[bytes] = []
+        drained = threading.Thread(target=lambda: err.extend(iter(lambda: os.read(proc.stderr.fileno(), 65536), b"")), daemon=True)
+        drained.start()
+        for k, tid in enumerate(unchanged):
+            proc.stdin.write(call("respond", {"prompt": "again", "thread_id": tid}, 5000 + k))
+            proc.stdin.flush()
+            again = read_until(proc, 5000 + k, lines, timeout=15)["result"]
+            assert again["structuredContent"]["text"] == "echo 1: again", f"{tid} was said to be unchanged: {again}"
+        assert not unchanged, f"a call timed out with stderr full: {unchanged}"
+        # What the pipe and the core's buffer held is written once stderr is read again: this many
+        # lines fit, so none was dropped (LogTests and test_logs check the dropping and its count).
+        want = [f"stored thread 'n{i}' deleted" for i in range(759)]
+        deadline = time.monotonic() + 5
+        while want[-1] not in b"".join(err).decode(errors="replace") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = b"".join(err).decode(errors="replace")
+        missing = [w for w in want if w not in text]
+        assert not missing and "dropped" not in text, (missing[:3], text[-1000:])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_shims_own_warnings_never_wait_on_stderr():
+    """The shim logs a warning for each line it cannot read; with stderr a pipe nobody drains,
+    3000 such lines (about 750 KB of warnings) used to block the shim in its log write, and no
+    call was answered again. Now each gets its parse error, the next call is answered, and once
+    stderr is read the shim says how many of its lines it dropped."""
+    proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=shim_env(), cwd=REPO)
+    lines: list[bytes] = []
+    got: queue.Queue[bytes] = queue.Queue()
+    # stdout is read by a thread, so that a shim that stops answering fails the test instead of hanging it.
+    threading.Thread(target=lambda: [got.put(line) for line in iter(proc.stdout.readline, b"")], daemon=True).start()
+
+    def read_until(_proc, want: int, lines: list[bytes], timeout: float = 15) -> dict:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                line = got.get(timeout=max(0.0, end - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no response {want} within {timeout} s") from None
+            lines.append(line)
+            if json.loads(line).get("id") == want:
+                return json.loads(line)
+
+    try:
+        proc.stdin.write(INITIALIZE)
+        proc.stdin.flush()
+        read_until(proc, 1, lines)
+        proc.stdin.write(INITIALIZED)
+
+        def garbage():
+            for i in range(3000):
+                proc.stdin.write(b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": ' % (100_000 + i) + b"x" * 60 + b"\n")
+            proc.stdin.write(call("respond", {"prompt": "still here?"}, 2))
+            proc.stdin.flush()
+
+        writer = threading.Thread(target=garbage, daemon=True)
+        writer.start()
+        answer = read_until(proc, 2, lines, timeout=30)
+        writer.join(5)
+        assert answer["result"]["structuredContent"]["text"] == "echo 1: still here?", answer
+        parse_errors = sum(1 for x in lines if b'"code":-32700' in x.replace(b" ", b""))
+        assert parse_errors == 3000, parse_errors
+        err = bytearray()
+
+        def drain():
+            while chunk := os.read(proc.stderr.fileno(), 65536):
+                err.extend(chunk)
+
+        threading.Thread(target=drain, daemon=True).start()
+        # The first warning that fits once the buffer has drained follows the note of what was dropped.
+        note = re.compile(rb"wisp WARNING wisp\.logs: [1-9]\d* log line\(s\) dropped: stderr was not being read")
+        deadline = time.monotonic() + 10
+        while not note.search(err) and time.monotonic() < deadline:
+            proc.stdin.write(b"not json again\n")
+            proc.stdin.flush()
+            time.sleep(0.1)
+        assert note.search(err), bytes(err[-1000:])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_files_lists_count_in_the_in_flight_budget():
+    """Every argument byte counts in the 64 MiB in-flight budget, not only `prompt`: 128 calls
+    with 750 KB of `files` paths each, all waiting in one thread's queue, used to be taken in
+    whole (the budget saw two one-letter strings per call) and grew the shim by over 300 MiB.
+    Now the shim stops reading once about 64 MiB of them are in flight, as it does for prompts."""
+    from wisp_shim.transport import MAX_IN_FLIGHT_BYTES
+
+    proc = spawn_initialized("--max-queue", "256")
+    core = children(proc.pid)[0]
+    base = _rss_kib(proc.pid)
+    paths = [f"sub/dir-{i:05d}/{'x' * 82}.txt" for i in range(7_500)]
+    per_call = sum(len(x) for x in paths)
+    assert 740_000 < per_call < 760_000
+    calls = 128
+    sent = [0]
+
+    def writer():
+        try:
+            # The first call holds the thread, so every later one waits in its queue, in flight.
+            proc.stdin.write(call("respond", {"prompt": "!sleep 60000 hold", "thread_id": "q"}, 3))
+            proc.stdin.flush()
+            for i in range(calls):
+                proc.stdin.write(call("respond", {"prompt": "p", "thread_id": "q", "files": paths}, 4 + i))
+                proc.stdin.flush()
+                sent[0] += 1
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    peak = base
+    last, still = -1, time.monotonic()
+    try:
+        # Until every call is written or the writes have been blocked for 3 s.
+        while t.is_alive() and time.monotonic() - still < 3.0:
+            time.sleep(0.1)
+            peak = max(peak, _rss_kib(proc.pid))
+            if sent[0] != last:
+                last, still = sent[0], time.monotonic()
+        peak = max(peak, _rss_kib(proc.pid))
+    finally:
+        proc.kill()
+        proc.wait()
+        os.kill(core, signal.SIGKILL) if running(core) else None
+        t.join(5)
+    grew = (peak - base) // 1024
+    print(f"files flood: {sent[0]} of {calls} calls of {per_call} bytes of paths taken; shim RSS {base // 1024} -> {peak // 1024} MiB (+{grew} MiB)")
+    # What the budget holds, plus a line read ahead and one in the pipe's buffer.
+    most = MAX_IN_FLIGHT_BYTES // per_call + 3
+    assert sent[0] <= most, f"{sent[0]} calls with {per_call} bytes of files each were taken (at most {most} fit the budget)"
 
 
 async def test_a_time_limit_of_centuries_does_not_crash_the_core():

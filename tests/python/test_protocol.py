@@ -21,11 +21,11 @@ def test_respond_omits_absent_optionals():
 def test_respond_carries_every_field_with_swift_names():
     msg = p.Respond(
         id=3, prompt="p", thread_id="t-1", instructions="be brief", tools=["read_file"],
-        options=p.RespondOptions(temperature=0.5, max_output_tokens=64, timeout_s=300.0), progress=True,
+        options=p.RespondOptions(temperature=0.5, max_output_tokens=64, timeout_s=300.0, deadline=1234.5), progress=True,
     )
     assert json.loads(p.encode_payload(msg)) == {
         "op": "respond", "id": 3, "prompt": "p", "thread_id": "t-1", "instructions": "be brief",
-        "tools": ["read_file"], "options": {"temperature": 0.5, "max_output_tokens": 64, "timeout_s": 300.0},
+        "tools": ["read_file"], "options": {"temperature": 0.5, "max_output_tokens": 64, "timeout_s": 300.0, "deadline": 1234.5},
         "progress": True,
     }
 

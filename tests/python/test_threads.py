@@ -191,3 +191,71 @@ async def test_backend_failure_reaches_the_caller_verbatim():
     async with wisp() as c:
         msg = error_text(await c.call_tool("respond", {"prompt": "!fail generation_failed"}))
         assert msg.startswith("generation_failed:") and "on purpose" in msg
+
+
+async def test_the_retention_the_caller_reads_follows_the_configuration(tmp_path):
+    """The server's instructions and the respond tool's description say where threads live as
+    configured: in memory only and lost on restart, or (--state-dir, or WISP_STATE_DIR) stored
+    and kept across restarts. They said "memory only" with a state dir too."""
+    from harness import shim_env
+
+    async def told(*args: str, env: dict | None = None) -> tuple[str, str]:
+        async with wisp(*args, env=env) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            return c.instructions, tools["respond"].description
+
+    for instructions, description in [await told()]:
+        for text in (instructions, description):
+            assert "in memory only" in text and "lost when wisp restarts" in text, text
+            assert len(text) < 2048
+    durable = [await told("--state-dir", str(tmp_path / "a")), await told(env=shim_env(WISP_STATE_DIR=str(tmp_path / "b")))]
+    for instructions, description in durable:
+        for text in (instructions, description):
+            assert "stored on disk (--state-dir), so they survive wisp restarts" in text, text
+            assert "lost when wisp restarts" not in text and "32" in text, text
+            assert len(text) < 2048
+    # An empty --state-dir means none, for the core as for what the caller is told.
+    instructions, _ = await told("--state-dir", "", env=shim_env(WISP_STATE_DIR=str(tmp_path / "c")))
+    assert "in memory only" in instructions, instructions
+
+
+async def test_the_lost_thread_note_is_only_for_ids_this_wisp_held():
+    """A brand-new caller-chosen id starts a thread with no note; an id this wisp held a thread
+    under and then lost (closed here; evicted and crashed in test_crashes) gets the note."""
+    note = "[note: no live thread had this id"
+    async with wisp() as c:
+        r = await c.call_tool("respond", {"prompt": "hi", "thread_id": "brand-new"})
+        assert ok(r)["created"] is True and note not in text_of(r), text_of(r)
+        r = await c.call_tool("respond", {"prompt": "again", "thread_id": "brand-new"})
+        assert ok(r)["created"] is False and note not in text_of(r)
+        assert ok(await c.call_tool("close_thread", {"thread_id": "brand-new"}))["closed"] is True
+        r = await c.call_tool("respond", {"prompt": "back", "thread_id": "brand-new"})
+        assert ok(r)["created"] is True and note in text_of(r), text_of(r)
+
+
+async def test_overflow_advice_fits_the_case():
+    """A prompt too big for a brand-new thread does not advise closing a thread that does not
+    exist; a reply too long for the context is not called a prompt that does not fit."""
+    async with wisp("--context-size", "100") as c:
+        msg = error_text(await c.call_tool("respond", {"prompt": "y" * 800, "thread_id": "new"}))
+        assert msg.startswith("context_overflow: the prompt does not fit in the model's 100-token context"), msg
+        assert "close_thread" not in msg and "Shorten the prompt" in msg, msg
+        # 75 of 100 tokens: the prompt fits, its echo does not fit beside it.
+        for tid in ("new", "old"):
+            if tid == "old":
+                ok(await c.call_tool("respond", {"prompt": "small", "thread_id": "old"}))
+            msg = error_text(await c.call_tool("respond", {"prompt": "y" * 300, "thread_id": tid}))
+            assert msg.startswith("context_overflow: the reply did not fit in the model's 100-token context"), msg
+            assert "prompt does not fit" not in msg and "close_thread" not in msg and "max_output_tokens" in msg, msg
+        assert ok(await c.call_tool("respond", {"prompt": "fine", "thread_id": "old"}))["text"] == "echo 2: fine"
+        listed = [t["thread_id"] for t in ok(await c.call_tool("list_threads", {}))["threads"]]
+        assert listed == ["old"], listed
+
+
+async def test_a_huge_number_is_described_by_its_exact_digits():
+    # It read "got int an integer of about 401 digits" for a number of 400 digits.
+    async with wisp() as c:
+        msg = error_text(await c.call_tool("respond", {"prompt": int("9" * 400)}))
+        assert msg == "invalid_argument: `prompt` must be a string, got an integer of 400 digits.", msg
+        msg = error_text(await c.call_tool("respond", {"prompt": "p", "max_output_tokens": -int("1" + "0" * 399)}))
+        assert msg == "invalid_argument: `max_output_tokens` must be an integer from 1 to 2147483647, got an integer of 400 digits.", msg

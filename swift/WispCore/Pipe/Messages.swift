@@ -5,6 +5,12 @@
 /// Core → shim: `Ready` (first frame), `Progress` and `Evicted` (events), `Reply` (one per
 /// request, ok or not).
 
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// The pipe protocol version `Ready` announces (the shim's `PROTOCOL_VERSION`).
 public let protocolVersion = 1
 
@@ -13,14 +19,32 @@ public let protocolVersion = 1
 public struct RespondOptions: Codable, Sendable, Equatable {
     public var temperature: Double?
     public var max_output_tokens: Int?
-    /// The core's own time limit for this call; on expiry the call ends with `timeout`.
+    /// The call's time limit as the caller set it (what a `timeout` error names).
     public var timeout_s: Double?
+    /// When that limit runs out, in `monotonicSeconds()`, the clock both processes read: a call
+    /// read after it (a core stopped or busy while requests queued) is neither run nor committed.
+    /// Without it, the limit counts from when the core reads the request.
+    public var deadline: Double?
 
-    public init(temperature: Double? = nil, max_output_tokens: Int? = nil, timeout_s: Double? = nil) {
+    public init(temperature: Double? = nil, max_output_tokens: Int? = nil, timeout_s: Double? = nil, deadline: Double? = nil) {
         self.temperature = temperature
         self.max_output_tokens = max_output_tokens
         self.timeout_s = timeout_s
+        self.deadline = deadline
     }
+}
+
+/// The pipe's clock for `RespondOptions.deadline`, in seconds: `clock_gettime(CLOCK_MONOTONIC)`,
+/// read by the shim too (`protocol.monotonic_now`). Why this one: it is one clock for the whole
+/// machine, so the shim's reading means the same instant here. On Linux every process of a
+/// time namespace reads the same CLOCK_MONOTONIC (time namespaces may offset it, and the core,
+/// the shim's child, inherits the shim's); on macOS it is the kernel's time since boot, the same
+/// for every process. Not `ContinuousClock` (CLOCK_BOOTTIME on Linux, a different origin), and
+/// not the wall clock, which may be stepped (NTP, the user) between the two readings.
+public func monotonicSeconds() -> Double {
+    var t = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return Double(t.tv_sec) + Double(t.tv_nsec) / 1e9
 }
 
 public struct Respond: Codable, Sendable, Equatable {

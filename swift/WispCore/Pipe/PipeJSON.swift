@@ -37,6 +37,7 @@ extension RespondOptions {
         "temperature": { r, o throws(JSONError) in o.temperature = try r.nullable { r throws(JSONError) in try r.double() } },
         "max_output_tokens": { r, o throws(JSONError) in o.max_output_tokens = try r.nullable { r throws(JSONError) in try r.int() } },
         "timeout_s": { r, o throws(JSONError) in o.timeout_s = try r.nullable { r throws(JSONError) in try r.double() } },
+        "deadline": { r, o throws(JSONError) in o.deadline = try r.nullable { r throws(JSONError) in try r.double() } },
     ])
 }
 

@@ -19,8 +19,9 @@ public final class PipeServer: Sendable {
         var task: Task<Void, Never>?
         /// Why the call was stopped, when it was: `cancelled` or `timeout`.
         var stop: WispError.Code?
-        /// When the call's own time limit (`options.timeout_s`) runs out, if it has one.
-        var deadline: ContinuousClock.Instant?
+        /// When the call's time limit runs out, in `monotonicSeconds()` (the shim's `options.deadline`,
+        /// else `timeout_s` from when the request was read), if it has one.
+        var deadline: Double?
         /// The call's turn is being committed: too late to stop it. Decided under the lock
         /// together with `stop`, so a cancel either stops the call or is answered `false`.
         var committed = false
@@ -122,12 +123,19 @@ public final class PipeServer: Sendable {
         guard !r.prompt.isEmpty else {
             return fail(r.id, WispError(.invalidArgument, "prompt must not be empty"))
         }
+        let deadline = Self.deadline(r.options)
+        // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
+        // has told the caller it timed out, so it must change nothing, not even create its thread.
+        if let deadline, deadline <= monotonicSeconds() {
+            return fail(r.id, stoppedError(.timeout, r, r.thread_id))
+        }
         let known = inFlight.withLock { calls in
             if calls[r.id] != nil { return true }
-            calls[r.id] = Call(stop: stopping.load(ordering: .relaxed) ? .cancelled : nil)
+            calls[r.id] = Call(stop: stopping.load(ordering: .relaxed) ? .cancelled : nil, deadline: deadline)
             return false
         }
         if known { return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight")) }
+        if deadline != nil { startWatchdog() }
 
         // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a
         // model; off the pipe's thread (its patterns are compiled).
@@ -161,13 +169,15 @@ public final class PipeServer: Sendable {
         if stoppedEarly { task.cancel() }
     }
 
+    /// The call's deadline: the shim's, else its limit counted from now (a shim or test that
+    /// sends only `timeout_s`); none for no positive limit.
+    private static func deadline(_ options: RespondOptions?) -> Double? {
+        if let deadline = options?.deadline { return deadline }
+        guard let seconds = options?.timeout_s, seconds > 0 else { return nil }
+        return monotonicSeconds() + seconds
+    }
+
     private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance, schema: OutputSchema?) async {
-        // Capped: a limit of decades is no limit, and `Duration` traps past Int64 seconds (1e300 crashed the core).
-        if let seconds = r.options?.timeout_s.map({ min($0, 1e9) }), seconds > 0 {
-            let deadline = ContinuousClock.now.advanced(by: .seconds(seconds))
-            inFlight.withLock { $0[r.id]?.deadline = deadline }
-            startWatchdog()
-        }
         let settings = GenerationSettings(temperature: r.options?.temperature, maxOutputTokens: r.options?.max_output_tokens,
                                           schema: schema)
         var onPartial: PartialHandler?
@@ -198,7 +208,7 @@ public final class PipeServer: Sendable {
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
                 self.inFlight.withLock { calls in
                     guard var call = calls[id] else { return false }
-                    if call.stop == nil, let deadline = call.deadline, deadline <= .now { call.stop = .timeout }
+                    if call.stop == nil, let deadline = call.deadline, deadline <= monotonicSeconds() { call.stop = .timeout }
                     call.committed = call.stop == nil
                     calls[id] = call
                     return call.committed
@@ -230,10 +240,11 @@ public final class PipeServer: Sendable {
         send(fitting(reply, id: r.id))
     }
 
-    private func stoppedError(_ code: WispError.Code, _ r: Respond, _ threadID: String) -> WispError {
-        code == .timeout
-            ? WispError(.timeout, "no reply within \(r.options?.timeout_s ?? 0) s; the call was stopped and thread '\(threadID)' is unchanged")
-            : WispError(.cancelled, "the call was cancelled; thread '\(threadID)' is unchanged")
+    private func stoppedError(_ code: WispError.Code, _ r: Respond, _ threadID: String?) -> WispError {
+        let left = threadID.map { "thread '\($0)' is unchanged" } ?? "no thread was created"
+        return code == .timeout
+            ? WispError(.timeout, "no reply within \(r.options?.timeout_s ?? 0) s; the call was stopped and \(left)")
+            : WispError(.cancelled, "the call was cancelled; \(left)")
     }
 
     /// Time limits are enforced by one watchdog task for all calls, not a sleeping task per call:
@@ -248,7 +259,7 @@ public final class PipeServer: Sendable {
     private func watch() async {
         while true {
             try? await Task.sleep(for: Self.watchInterval)
-            let now = ContinuousClock.now
+            let now = monotonicSeconds()
             let expired = inFlight.withLock { calls in
                 calls.compactMap { id, call in call.stop == nil && !call.committed && call.deadline.map { $0 <= now } == true ? id : nil }
             }

@@ -104,11 +104,7 @@ public final class Agent {
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
                 guard !kept.isEmpty else {
-                    throw WispError(.contextOverflow, """
-                        Close this thread (close_thread) and start another: the prompt does not fit in the model's \
-                        \(context)-token context even with every earlier turn of this thread dropped (\(error.message)). \
-                        Shorten the prompt (or the new thread's instructions) to make it fit.
-                        """)
+                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context)
                 }
                 overflows += 1
                 let n = dropCount(kept: kept, prompt: prompt, context: context, overflows: overflows)
@@ -128,6 +124,34 @@ public final class Agent {
                     """)
             }
         }
+    }
+
+    /// What an overflow with no earlier turn left to drop says: whether the prompt itself is too
+    /// big or only the reply did not fit beside it, and closing the thread only where there is one.
+    nonisolated(nonsending)
+    private func unfit(_ error: WispError, prompt: String, promptTokens: Int?, context: Int) async throws -> WispError {
+        let own = try await countInstructions() + (promptTokens ?? estimatedTokens(prompt))
+        let fresh = history.isEmpty
+        if own < context {
+            let dropped = fresh ? "" : ", with every earlier turn of this thread dropped"
+            return WispError(.contextOverflow, """
+                the reply did not fit in the model's \(context)-token context: the prompt and instructions take \
+                \(own) tokens of it\(dropped), and the model's reply ran past the rest (\(error.message)). Ask for \
+                a shorter reply (a smaller max_output_tokens, or a prompt that asks for less), or shorten the prompt.
+                """)
+        }
+        if fresh {
+            return WispError(.contextOverflow, """
+                the prompt does not fit in the model's \(context)-token context: with the instructions it takes \
+                \(own) tokens (\(error.message)). Shorten the prompt (or the instructions) to make it fit; no thread \
+                was created, so the call can be sent again as it is once it fits.
+                """)
+        }
+        return WispError(.contextOverflow, """
+            Close this thread (close_thread) and start another: the prompt does not fit in the model's \
+            \(context)-token context even with every earlier turn of this thread dropped (\(error.message)). \
+            Shorten the prompt (or the new thread's instructions) to make it fit.
+            """)
     }
 
     /// Makes a staged turn part of the history, dropping what condensing dropped for it.

@@ -66,6 +66,41 @@ import Testing
         #expect(try await call(registry, "t", "still here").outcome.text == "echo 2: still here")
     }
 
+    /// On a brand-new thread there is nothing to close: the advice is to shorten the prompt.
+    @Test func aPromptTooBigForANewThreadDoesNotAdviseClosingIt() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend(contextSize: 50))
+        do {
+            try await call(registry, "new", String(repeating: "y", count: 400))
+            Issue.record("must overflow")
+        } catch let e as WispError {
+            #expect(e.code == .contextOverflow)
+            #expect(!e.message.contains("close_thread") && !e.message.contains("Close this thread"), "\(e.message)")
+            #expect(e.message.hasPrefix("the prompt does not fit in the model's 50-token context"), "\(e.message)")
+            #expect(e.message.contains("Shorten the prompt"))
+        }
+        #expect(await registry.snapshot().isEmpty)
+    }
+
+    /// A prompt that fits with a reply that does not (echo's reply repeats the prompt) is not
+    /// reported as a prompt that does not fit, on a new thread or an old one.
+    @Test func aReplyTooLongForTheContextIsNotCalledAPromptThatDoesNotFit() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend(contextSize: 100))
+        try await call(registry, "old", "small")
+        for id in ["new", "old"] {
+            do {
+                try await call(registry, id, String(repeating: "y", count: 300))  // 75 of 100 tokens, its echo 77 more
+                Issue.record("must overflow")
+            } catch let e as WispError {
+                #expect(e.code == .contextOverflow)
+                #expect(e.message.hasPrefix("the reply did not fit in the model's 100-token context: the prompt and instructions take 75 tokens of it"), "\(e.message)")
+                #expect(!e.message.contains("prompt does not fit") && !e.message.contains("close_thread"), "\(e.message)")
+                #expect(e.message.contains("max_output_tokens"))
+                #expect(e.message.contains("every earlier turn of this thread dropped") == (id == "old"), "\(e.message)")
+            }
+        }
+        #expect(try await call(registry, "old", "still here").outcome.text == "echo 2: still here")
+    }
+
     @Test func preflightTrimsWhereTheBackendCounts() async throws {
         let probe = Probe()
         // With counting, the reserve (a quarter of the context) makes room before the model is asked.

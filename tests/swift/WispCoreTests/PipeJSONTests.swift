@@ -134,7 +134,8 @@ import Testing
         case 0:
             let options = maybe(RespondOptions(temperature: maybe(Double.random(in: 0...2, using: &rng)),
                                                max_output_tokens: maybe(Int.random(in: 1...Int(Int32.max), using: &rng)),
-                                               timeout_s: maybe(Double.random(in: 0...1e9, using: &rng))))
+                                               timeout_s: maybe(Double.random(in: 0...1e9, using: &rng)),
+                                               deadline: maybe(Double.random(in: 0...1e12, using: &rng))))
             return .respond(Respond(id: id, prompt: randomText(&rng), thread_id: maybe(randomText(&rng)), instructions: maybe(randomText(&rng)),
                                     tools: maybe((0..<Int.random(in: 0...3, using: &rng)).map { _ in randomText(&rng) }), options: options,
                                     progress: maybe(Bool.random(using: &rng)), roots: maybe([randomText(&rng)]), files: maybe([]),
@@ -156,7 +157,7 @@ import Testing
         // As the shim's msgspec writes them: compact, UTF-8 unescaped, "/" left alone, optionals left out.
         let shim = [
             #"{"op":"respond","id":12,"prompt":"héllo 🙂 a/b \"q\" \\ \n","thread_id":"t-1.x_","options":{"timeout_s":300.0}}"#,
-            #"{"op":"respond","id":1,"prompt":"p","tools":["read_file","search_text"],"options":{"temperature":0.7,"max_output_tokens":64,"timeout_s":2.5},"progress":true,"roots":["/w"],"files":["a.txt"],"schema":"{\"type\":\"object\"}"}"#,
+            #"{"op":"respond","id":1,"prompt":"p","tools":["read_file","search_text"],"options":{"temperature":0.7,"max_output_tokens":64,"timeout_s":2.5,"deadline":81234.567891},"progress":true,"roots":["/w"],"files":["a.txt"],"schema":"{\"type\":\"object\"}"}"#,
             #"{"op":"close_thread","id":2,"thread_id":"t"}"#, #"{"op":"cancel","id":3,"request":1}"#,
             #"{"op":"status","id":4}"#, #"{"op":"ping","id":5}"#, #" { "op" : "ping" , "id" : 6 } "#,
             #"{"op":"respond","id":7,"prompt":"\u00e9\ud83d\ude42\u0000\/"}"#,

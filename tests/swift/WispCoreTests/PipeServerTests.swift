@@ -140,6 +140,25 @@ import Testing
         }
     }
 
+    /// A request read after its deadline (the core was stopped while it queued) is answered
+    /// `timeout` at once: it runs nothing, and a thread it would have created does not exist.
+    @Test func aCallReadAfterItsDeadlineRunsNothingAndCreatesNoThread() async throws {
+        let (server, wire) = pipeServer(EchoBackend())
+        await server.handle(.respond(Respond(id: 1, prompt: "first", thread_id: "t")))
+        #expect(await wire.reply(1).body["text"] as? String == "echo 1: first")
+        let past = RespondOptions(timeout_s: 2, deadline: monotonicSeconds() - 0.001)
+        await server.handle(.respond(Respond(id: 2, prompt: "late", thread_id: "t", options: past)))
+        await server.handle(.respond(Respond(id: 3, prompt: "late", thread_id: "new", options: past)))
+        for id in [2, 3] {
+            let late = await wire.reply(id)
+            #expect(!late.ok && late.body["code"] as? String == "timeout", "\(late.body)")
+        }
+        #expect(await server.registry.snapshot().map(\.thread_id) == ["t"])
+        let ahead = RespondOptions(timeout_s: 2, deadline: monotonicSeconds() + 60)
+        await server.handle(.respond(Respond(id: 4, prompt: "probe", thread_id: "t", options: ahead)))
+        #expect(await wire.reply(4).body["text"] as? String == "echo 2: probe")
+    }
+
     @Test func aCancelThatCameFirstWinsOverAnAnswerThatCameAnyway() async throws {
         let gate = Gate()
         let (server, wire) = pipeServer(GateBackend(gate: gate))
