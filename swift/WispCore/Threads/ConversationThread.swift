@@ -42,6 +42,8 @@ public actor ConversationThread {
 
     public nonisolated let id: String
     private let backend: any ModelBackend
+    /// The thread to the backend, shared by every agent it makes (ModelBackend.swift).
+    private let affinity: SessionAffinity
     private var agent: Agent
     private let maxQueue: Int
     private var roots: [String]
@@ -74,7 +76,8 @@ public actor ConversationThread {
                 roots: [String] = [], durability: Durability? = nil) {
         self.id = id
         self.backend = backend
-        self.agent = Agent(backend: backend, instructions: instructions, tools: tools)
+        self.affinity = SessionAffinity(key: id)
+        self.agent = Agent(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
         self.maxQueue = maxQueue
         self.roots = roots
         self.durability = durability
@@ -120,7 +123,7 @@ public actor ConversationThread {
         if agent.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
             if let start = ticket.start {
-                agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools)
+                agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools, affinity: affinity)
                 roots = start.roots
             }
         } else if !ticket.binds.isEmpty {
@@ -178,7 +181,7 @@ public actor ConversationThread {
         let store = durability.store, id = self.id
         // Off the pipe's thread: reading and decoding the file.
         guard let (state, seen) = try await offPipe({ () throws(WispError) in try store.load(id) }) else {
-            agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools)
+            agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools, affinity: affinity)
             stamp = nil
             return
         }
@@ -188,7 +191,7 @@ public actor ConversationThread {
         } catch {
             throw durability.store.corrupt(id, "it is bound to tools this wisp cannot give it (\(error.message))")
         }
-        agent = Agent(backend: backend, instructions: state.instructions, tools: tools, history: state.history)
+        agent = Agent(backend: backend, instructions: state.instructions, tools: tools, history: state.history, affinity: affinity)
         roots = state.roots
         stamp = seen
     }
