@@ -461,7 +461,7 @@ async def test_servers_other_than_llama_cpp_get_no_slot_fields(props):
                 await _turn(c, t)
         assert len(stub.chats()) == 3
         for body in stub.chats():
-            assert "id_slot" not in body and "cache_prompt" not in body, body
+            assert not {"id_slot", "cache_prompt", "n_cache_reuse"} & set(body), body
 
 
 async def test_slots_flag_names_slots_without_asking_and_zero_names_none():
@@ -501,3 +501,5 @@ async def test_the_shims_own_local_model_gets_slot_pinned_requests(tmp_path, mod
     slots = int(_arg(argv, "-np"))
     assert {b.get("id_slot") for b in chats} == {chats[0]["id_slot"]} and 0 <= chats[0]["id_slot"] < slots
     assert all(b.get("cache_prompt") is True for b in chats)
+    # After condensing, the turns that remain are shifted into place rather than evaluated again.
+    assert all(b.get("n_cache_reuse", 0) > 0 for b in chats)

@@ -153,9 +153,10 @@ import Testing
         }
         let pinned = try body(PromptCache(slot: 3))
         #expect(pinned["id_slot"] as? Int == 3 && pinned["cache_prompt"] as? Bool == true)
+        #expect((pinned["n_cache_reuse"] as? Int ?? 0) > 0)
         let unpinned = try body(PromptCache(slot: nil))
         #expect(unpinned["id_slot"] == nil && unpinned["cache_prompt"] as? Bool == true)
         let other = try body(nil)
-        #expect(other["id_slot"] == nil && other["cache_prompt"] == nil)
+        #expect(other["id_slot"] == nil && other["cache_prompt"] == nil && other["n_cache_reuse"] == nil)
     }
 }

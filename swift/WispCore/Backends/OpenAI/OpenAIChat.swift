@@ -18,6 +18,13 @@ struct ChatReply: Sendable {
 struct PromptCache: Sendable, Equatable {
     /// `id_slot`: the thread's slot; nil lets the server choose.
     var slot: Int?
+
+    /// `n_cache_reuse`: the shortest run of tokens llama-server moves in its slot's KV cache
+    /// (shifting their positions) rather than evaluating them again, when a prompt matches the
+    /// cache only after a gap. After condensing dropped a thread's oldest turns, the turns that
+    /// remain are such a run (and so only the new turn is evaluated); a chat template's few
+    /// tokens between messages are not, and must not pass for a match.
+    static let reuseTokens = 64
 }
 
 /// The chat request: its body, and the SSE stream folded into one `ChatReply`.
@@ -34,6 +41,7 @@ extension OpenAIServer {
         if let n = settings.maxOutputTokens { body["max_tokens"] = n }
         if let cache {
             body["cache_prompt"] = true
+            body["n_cache_reuse"] = PromptCache.reuseTokens
             if let slot = cache.slot { body["id_slot"] = slot }
         }
         if !tools.isEmpty {
