@@ -50,6 +50,8 @@ environment (a flag wins over its variable):
   WISP_LOCAL_MODEL             0: never start the local model; 1: start it even on macOS
   WISP_LOCAL_THREADS           local model: CPU threads (default half the CPUs, at most 4)
   WISP_CACHE_DIR               where `make local-model` caches llama-server (default ~/.cache/wisp)
+  WISP_SLOTS                   llama-server's parallel slots, each live thread kept on one (default:
+                               what its /props says, or the local model's own; 0: name no slot)
 
 wisp-core not found? Run `make build` in the wisp repository.
 stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT

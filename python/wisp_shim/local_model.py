@@ -188,8 +188,8 @@ def slot_count(max_threads: int, thread_context: int, kv_bytes_per_token: int | 
     waits for another's answer), each with the full per-thread context (-c is slots x that:
     without --kv-unified llama-server gives each slot -c / slots of its own), and no more than
     fit in KV_RAM_SHARE of memory. The per-thread context never shrinks to make room: memory
-    limits the slots, and threads beyond them queue for a free slot. SmolLM2-135M needs
-    22.5 KiB of KV per token, 90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit
+    limits the slots, and threads beyond them take the least recently used thread's slot (the
+    core decides). SmolLM2-135M needs 22.5 KiB of KV per token, 90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit
     from 23.5 GiB of memory up, 11 in 8 GiB."""
     wanted = max(1, min(max_threads, MAX_SLOTS, SLOTS_PER_CPU * cpus if cpus else MAX_SLOTS))
     if not kv_bytes_per_token or not memory_bytes:
