@@ -29,6 +29,11 @@ machine load. Sections (see README "Performance" for what each means):
   http        the shared server (`wisp --http`): round trip vs the bare SDK server over streamable
               HTTP, 8 clients at once vs one call, RSS of one server with 8 clients vs 8 stdio
               wisps (bench/http_bench.py)
+  long, long_interleaved, long_12on8, long_resume
+              long threads on the local model: time to first token of turn 20 / turn 1 within
+              the context (and resent whole), of the turns after condensing / turn 1, one thread
+              and 8 interleaved; 12 threads on 8 slots; durable threads after a restart (when
+              installed; bench/long_threads.py says how; together about 30 min on 2 vCPUs)
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from clients import CORE, REPO, RawClient, baseline_argv, mcp_client, rss_kb, wisp_argv  # noqa: E402
+import long_threads  # noqa: E402
 
 # key: (target, "max" | "min": whether the figure must stay below or above it)
 TARGETS: dict[str, tuple[float, str]] = {
@@ -65,6 +71,10 @@ TARGETS: dict[str, tuple[float, str]] = {
     "schema_valid_rate": (1.0, "min"),
     "durable_turn_ratio": (1.5, "max"),
     "real_concurrency_throughput_ratio": (1.3, "min"),
+    "real_turn_ttft_ratio_20": (1.5, "max"),
+    "real_turn_ttft_ratio_condensed": (2.0, "max"),
+    "real_turn_ttft_ratio_20_interleaved": (1.5, "max"),
+    "real_turn_ttft_ratio_condensed_interleaved": (2.0, "max"),
 }
 
 
@@ -843,6 +853,18 @@ ROWS = [
     ("real_concurrency_direct_throughput_ratio", "  direct to llama-server, wisp's slots", "{:.2f}"),
     ("real_concurrency_direct_np1_throughput_ratio", "  direct to llama-server, -np 1", "{:.2f}"),
     ("real_concurrency_direct_np1_last_first_token_ms", "  -np 1: last caller's first token (ms)", "{:.0f}"),
+    ("real_turn_ttft_ratio_20", "TTFT turn 20 / turn 1, one thread", "{:.2f}"),
+    ("real_turn_ttft_ratio_20_resend", "  turn 20 resent whole (no thread) / turn 1", "{:.2f}"),
+    ("real_turn_evaluated_tokens_20", "  prompt tokens evaluated, turn 20 / resent", None),
+    ("real_turn_ttft_ratio_condensed", "TTFT after condensing / turn 1, one thread", "{:.2f}"),
+    ("real_turn_evaluated_tokens_condensed", "  prompt tokens evaluated, condensed turn", "{:.0f}"),
+    ("real_turn_ttft_ratio_20_interleaved", "TTFT turn 20 / turn 1, 8 threads on 8 slots", "{:.2f}"),
+    ("real_turn_ttft_ratio_condensed_interleaved", "TTFT condensed / turn 1, 8 on 8 slots", "{:.2f}"),
+    ("real_turn_ttft_ratio_8_12_threads_8_slots", "TTFT turn 8 / turn 1, 12 threads on 8 slots", "{:.2f}"),
+    ("real_turn_ttft_ratio_8_12_threads_8_slots_evaluated_tokens", "  prompt tokens evaluated a turn", "{:.0f}"),
+    ("real_turn_ttft_ratio_resumed", "first turn back after a wisp restart / turn 1", "{:.2f}"),
+    ("real_turn_ttft_ratio_resumed_slot_taken", "  the same, its slot taken by another thread", "{:.2f}"),
+    ("real_turn_ttft_ratio_server_restarted", "  after a llama-server restart too", "{:.2f}"),
 ]
 
 
@@ -860,6 +882,8 @@ def table(res: dict[str, Any]) -> str:
             shown = f"{v:.0f} / {res['cold_start_baseline_ms']:.0f}"
         elif key == "durable_turn_p50_us":
             shown = f"{v:.0f} / {res['durable_memory_turn_p50_us']:.0f}"
+        elif key == "real_turn_evaluated_tokens_20":
+            shown = f"{v} / {res.get('real_turn_evaluated_tokens_20_resend')}"
         elif key == "pipe_p50_us":
             shown = f"{v:.0f} (p99 {res['pipe_p99_us']:.0f})"
         elif v is None:
@@ -878,10 +902,21 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"  (schema: {res['schema_reason']})")
     if res.get("real_concurrency_throughput_ratio") is None and res.get("real_concurrency_reason"):
         lines.append(f"  (4 threads at once: {res['real_concurrency_reason']})")
+    if res.get("long_reason"):
+        lines.append(f"  (long threads: {res['long_reason']})")
     return "\n".join(lines)
 
 
-SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "real_concurrency", "schema", "durable")
+SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "real_concurrency", "schema", "durable",
+            "long", "long_interleaved", "long_12on8", "long_resume")
+
+
+async def _long(section: Callable[[bool], Any], quick: bool) -> dict[str, Any]:
+    found = long_threads._local()
+    if isinstance(found, str):
+        log(f"long threads: skipped: {found}")
+        return {"long_reason": found}
+    return await section(quick)
 
 # --- http: the shared server (bench/http_bench.py declares its keys, targets and rows) -------
 from http_bench import HTTP_ROWS, HTTP_TARGETS, http_section  # noqa: E402
@@ -905,6 +940,10 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "schema": lambda: schema_output(calls=4 if q else 20),
         "durable": lambda: durable(calls=100 if q else 300, repeats=2 if q else 5, resume_repeats=2 if q else 5),
         "real_concurrency": lambda: real_concurrency(repeats=1 if q else 3),
+        "long": lambda: _long(long_threads.single, q),
+        "long_interleaved": lambda: _long(long_threads.interleaved, q),
+        "long_12on8": lambda: _long(long_threads.over_slots, q),
+        "long_resume": lambda: _long(long_threads.resume, q),
     }
     plan["http"] = lambda: http_section(q)
     results: dict[str, Any] = {}

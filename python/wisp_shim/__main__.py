@@ -53,6 +53,8 @@ environment (a flag wins over its variable):
   WISP_CACHE_DIR               where `make local-model` caches llama-server (default ~/.cache/wisp)
   WISP_HTTP                    --http
   WISP_HTTP_TOKEN              --http: the bearer token (environment only: it stays out of process listings)
+  WISP_SLOTS                   llama-server's parallel slots, each live thread kept on one (default:
+                               what its /props says, or the local model's own; 0: name no slot)
 
 wisp-core not found? Run `make build` in the wisp repository.
 stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT

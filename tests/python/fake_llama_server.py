@@ -6,6 +6,9 @@ and what it does when asked to compute is chosen by FAKE_LLAMA_MODE:
   instructions the CPU will not run does (they execute only in the matrix kernels);
 - `decode`: answers as a working server does (a few tokens);
 - `sigill-at-start`: dies by SIGILL as soon as it is started to serve.
+
+FAKE_LLAMA_RECORD, when set, names a file it appends each POST body to (one JSON line each), and
+the argv it was started with (a first line {"argv": [...]}).
 """
 
 import json
@@ -16,6 +19,13 @@ import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 MODE = os.environ.get("FAKE_LLAMA_MODE", "sigill")
+RECORD = os.environ.get("FAKE_LLAMA_RECORD")
+
+
+def record(obj) -> None:
+    if RECORD:
+        with open(RECORD, "a") as f:
+            f.write(json.dumps(obj) + "\n")
 
 
 def die_like_a_trapped_instruction() -> None:
@@ -48,7 +58,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"code": 404, "message": "not found"}})
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        record({"path": self.path, "body": json.loads(raw or b"null")})
         if self.path not in ("/completion", "/v1/chat/completions", "/chat/completions"):
             self._json(404, {"error": {"code": 404, "message": "not found"}})
             return
@@ -69,6 +80,7 @@ def main(argv: list[str]) -> int:
     if MODE == "sigill-at-start":
         die_like_a_trapped_instruction()
     port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8080
+    record({"argv": argv})
     HTTPServer(("127.0.0.1", port), Handler).serve_forever()
     return 0
 

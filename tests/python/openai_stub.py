@@ -26,12 +26,16 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any
+    # RecordingProxy, chat requests: the `timings` llama-server streamed (None: none), once answered.
+    timings: dict | None = None
+    answered: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
 class StubConfig:
     model: str = "stub-model"
     n_ctx: int | None = 4096          # /props answers with this; None: /props is 404
+    slots: int | None = None          # /props says total_slots (as llama.cpp's server does); None: it does not
     tokenize: bool = True             # /tokenize counts words
     chunk_delay_s: float = 0.0        # between streamed chunks
     words: int = 0                    # extra filler words streamed after the reply
@@ -68,7 +72,10 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
         elif self.path == "/props" and cfg.n_ctx is not None:
-            self._json(200, {"default_generation_settings": {"n_ctx": cfg.n_ctx}})
+            props: dict[str, Any] = {"default_generation_settings": {"n_ctx": cfg.n_ctx}}
+            if cfg.slots is not None:
+                props["total_slots"] = cfg.slots
+            self._json(200, props)
         else:
             self._json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
@@ -182,9 +189,28 @@ class OpenAIStub:
         self.server.server_close()
 
 
+def _last_timings(stream: bytes) -> dict | None:
+    """The last `timings` object in an SSE stream (or a plain JSON answer)."""
+    found = None
+    for line in stream.split(b"\n"):
+        line = line.strip()
+        if line.startswith(b"data:"):
+            line = line[5:].strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("timings"), dict):
+            found = event["timings"]
+    return found
+
+
 class RecordingProxy:
     """Forwards every request to `upstream` (http://127.0.0.1:PORT) unchanged, streaming the answer
-    back chunk by chunk, and records the request bodies it forwarded."""
+    back chunk by chunk, and records the request bodies it forwarded and, per chat request, the
+    `timings` llama-server reported in its stream (None when it reported none)."""
 
     def __init__(self, upstream_port: int, hide: tuple[str, ...] = ()) -> None:
         self.upstream_port = upstream_port
@@ -203,8 +229,9 @@ class RecordingProxy:
             def _forward(self) -> None:
                 n = int(self.headers.get("Content-Length", "0"))
                 raw = self.rfile.read(n) if n else b""
-                proxy.requests.append(Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
-                                               json.loads(raw) if raw else None))
+                recorded = Recorded(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
+                                    json.loads(raw) if raw else None)
+                proxy.requests.append(recorded)
                 if self.path in proxy.hide:
                     data = b'{"error":{"code":404,"message":"hidden by the test proxy","type":"not_found_error"}}'
                     self.send_response(404)
@@ -213,6 +240,7 @@ class RecordingProxy:
                     self.end_headers()
                     self.wfile.write(data)
                     proxy.statuses.append((self.path, 404))
+                    recorded.answered.set()
                     return
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
@@ -225,11 +253,15 @@ class RecordingProxy:
                         self.send_header(k, v)
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+                chat = self.path.endswith("/chat/completions")
+                seen = bytearray()
                 try:
                     while True:
                         chunk = resp.read1(65536)
                         if not chunk:
                             break
+                        if chat:
+                            seen += chunk
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
@@ -237,6 +269,9 @@ class RecordingProxy:
                     proxy.disconnects += 1
                 finally:
                     conn.close()  # closing upstream makes llama-server stop generating
+                    if chat:
+                        recorded.timings = _last_timings(bytes(seen))
+                    recorded.answered.set()
 
             do_GET = do_POST = _forward
 
@@ -247,6 +282,14 @@ class RecordingProxy:
 
     def chats(self) -> list[dict]:
         return [r.body for r in self.requests if r.path == "/v1/chat/completions"]
+
+    def answered_chats(self, timeout: float = 10.0) -> list[Recorded]:
+        """The chat requests, each once its answer has passed through whole (the core may have
+        its reply a moment before the proxy sees the stream end)."""
+        chats = [r for r in self.requests if r.path == "/v1/chat/completions"]
+        for r in chats:
+            r.answered.wait(timeout)
+        return chats
 
     def __enter__(self) -> "RecordingProxy":
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

@@ -79,6 +79,17 @@ def llama_small():
     lm.stop()
 
 
+@pytest.fixture(scope="module")
+def llama_long():
+    # A context a few turns fill: a thread soon runs past it.
+    lm = _serve(LONG_CONTEXT, slots=2)
+    yield lm
+    lm.stop()
+
+
+LONG_CONTEXT = 1024
+
+
 def via(proxy: RecordingProxy, *args: str):
     return wisp("--endpoint", proxy.endpoint, "--model", local_model.MODEL_ALIAS, *args, backend="openai", env=shim_env())
 
@@ -374,3 +385,57 @@ async def test_a_fact_in_an_attached_file_is_answered_from_the_file(llama, tmp_p
     assert '<file path="notes.txt">' in sent and "Tangerine" in sent, sent
     assert "tangerine" in r["text"].lower(), f"the model did not answer from the file: {r['text']!r}"
     assert "tangerine" not in control["text"].lower(), control["text"]
+
+
+_WORDS = ("apple river stone cloud pencil garden window silver forest candle mirror ocean violin desert "
+          "rocket basket thunder meadow lantern copper").split()
+
+
+def _note(i: int, words: int = 120) -> str:
+    """A distinct prompt of about 140 tokens."""
+    import random
+
+    r = random.Random(i)
+    return f"Note {i}: " + " ".join(r.choice(_WORDS) for _ in range(words)) + ". Reply with OK."
+
+
+async def test_a_thread_past_the_context_keeps_answering_on_its_slot_from_its_cached_turns(llama_long):
+    """Past the context, condensing drops the oldest whole turns (condensed: true) and the thread
+    keeps answering; the turns that remain are still in its slot's KV cache (kept on one slot,
+    shifted into place by --cache-reuse), so a turn after condensing evaluates about its own
+    tokens, not the whole context. Read from llama-server's own `timings` in each answer."""
+    results = []
+    with RecordingProxy(llama_long.port) as proxy:
+        async with via(proxy) as c:
+            other = ok(await c.call_tool("respond", {"prompt": "Say hello.", "max_output_tokens": 4, "temperature": 0}))
+            tid = None
+            for i in range(16):
+                args = {"prompt": _note(i), "max_output_tokens": 4, "temperature": 0}
+                if tid:
+                    args["thread_id"] = tid
+                s = ok(await c.call_tool("respond", args))
+                tid = s["thread_id"]
+                results.append(s)
+                if sum(r["condensed"] for r in results) >= 3:
+                    break
+            ok(await c.call_tool("close_thread", {"thread_id": other["thread_id"]}))
+        chats = proxy.answered_chats()
+    condensed = [r for r in results if r["condensed"]]
+    assert len(condensed) >= 3, [(r["turns"], r["condensed"]) for r in results]
+    assert all(r["dropped"] >= 1 and r["turns"] < n + 1 for n, r in enumerate(results) if r["condensed"])
+    mine = [r for r in chats if r.body["messages"][0]["content"].startswith("Note ")]
+    assert {r.body.get("id_slot") for r in mine} == {mine[0].body["id_slot"]} != {chats[0].body.get("id_slot")}, \
+        [r.body.get("id_slot") for r in chats]
+    after = []
+    for r in mine:
+        users = [int(m["content"].split(":")[0].split()[1]) for m in r.body["messages"] if m["role"] == "user"]
+        # Whole turns dropped, oldest first: what is sent is the thread's last turns, in order.
+        assert users == list(range(users[0], users[0] + len(users))), users
+        if users[0] > 0 and r.timings is not None:
+            after.append(r.timings)
+    assert len(after) >= 3, after
+    for t in after:
+        whole = t["cache_n"] + t["prompt_n"]
+        assert whole > LONG_CONTEXT // 2, t  # the prompt was the full context's worth
+        assert t["prompt_n"] < whole // 3, f"a turn after condensing evaluated {t['prompt_n']} of {whole} tokens: {t}"
+    assert all(r["text"].strip() for r in results), [r["text"] for r in results]

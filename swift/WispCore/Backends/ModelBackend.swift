@@ -78,6 +78,28 @@ public protocol ModelBackend: Sendable {
     /// A fresh session that already holds `history` after `instructions`, with `tools`
     /// bound. Sessions are not Sendable: each one lives inside one thread's actor.
     func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession
+
+    /// The same, for the thread `affinity` names: a backend that keeps a conversation's state on
+    /// the model's side (llama-server's slots) keeps it for the thread across the sessions the
+    /// thread rebuilds. Default: `affinity` is not needed.
+    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) -> any ModelSession
+}
+
+extension ModelBackend {
+    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) -> any ModelSession {
+        makeSession(instructions: instructions, tools: tools, history: history)
+    }
+}
+
+/// One thread, as a backend sees it across the sessions the thread rebuilds (after condensing,
+/// a failed call, a resume from the store). Alive as long as the thread: a backend holds it
+/// weakly, so a closed or evicted thread gives up what the backend kept for it. `key` (the
+/// thread id; nil for an agent of no thread) lets a thread that comes back under the same id
+/// (resumed from the store) find what it left.
+public final class SessionAffinity: Sendable {
+    public let key: String?
+
+    public init(key: String?) { self.key = key }
 }
 
 /// One live conversation with the model. It runs on the owning thread's actor

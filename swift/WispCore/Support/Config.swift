@@ -16,6 +16,9 @@ public struct CoreConfig: Sendable, Equatable {
     /// OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.
     public var endpoint: String?
     public var model: String?
+    /// llama-server's parallel slots, which the openai backend pins threads to; nil: ask the
+    /// server (`/props`), 0: never pin.
+    public var slots: Int?
     /// From WISP_API_KEY only, so it never shows in a process list; never logged.
     public var apiKey: String?
     /// Directories the model tools may read; default the working directory.
@@ -37,6 +40,8 @@ public struct CoreConfig: Sendable, Equatable {
       --echo-delay-ms N    extra latency per echo reply             (WISP_ECHO_DELAY_MS, default 0)
       --endpoint URL       OpenAI-compatible base URL               (WISP_ENDPOINT)
       --model NAME         model name for the openai backend        (WISP_MODEL)
+      --slots N            llama-server's parallel slots; each live thread keeps one (WISP_SLOTS;
+                           default: what its /props says; 0: never name a slot)
       --root DIR           directory model tools may read; repeat   (WISP_ROOTS, ':'-separated)
       --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
       --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
@@ -65,6 +70,7 @@ public struct CoreConfig: Sendable, Equatable {
             case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, min: 0)
             case "endpoint": c.endpoint = value.isEmpty ? nil : value
             case "model": c.model = value.isEmpty ? nil : value
+            case "slots": c.slots = try int("--slots", value, min: 0)
             case "root": c.roots.append(value)
             case "state-dir": c.stateDir = value.isEmpty ? nil : value
             case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, min: 1)
@@ -77,7 +83,7 @@ public struct CoreConfig: Sendable, Equatable {
         let env: [(String, String)] = [
             ("WISP_BACKEND", "backend"), ("WISP_MAX_THREADS", "max-threads"), ("WISP_MAX_QUEUE", "max-queue"),
             ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
-            ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_LOG_LEVEL", "log-level"),
+            ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_SLOTS", "slots"), ("WISP_LOG_LEVEL", "log-level"),
             ("WISP_STATE_DIR", "state-dir"), ("WISP_MAX_STORED_THREADS", "max-stored-threads"),
         ]
         for (variable, key) in env {

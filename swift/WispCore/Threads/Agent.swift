@@ -38,14 +38,18 @@ public final class Agent {
     /// Disposable: rebuilt from `history` after condensing or any failed call.
     private var session: (any ModelSession)?
     private var instructionTokens: Int?
+    /// Which thread this is to the backend, across the sessions it rebuilds.
+    private let affinity: SessionAffinity
 
     /// `history`: a stored thread's turns; its session is rebuilt from them on the first call,
-    /// the same way as after condensing.
-    public init(backend: any ModelBackend, instructions: String?, tools: [ModelTool], history: [Turn] = []) {
+    /// the same way as after condensing. `affinity`: the thread's (its agents share it).
+    public init(backend: any ModelBackend, instructions: String?, tools: [ModelTool], history: [Turn] = [],
+                affinity: SessionAffinity? = nil) {
         self.backend = backend
         self.instructions = instructions
         self.tools = tools
         self.history = history
+        self.affinity = affinity ?? SessionAffinity(key: nil)
     }
 
     /// Answers `prompt` in this conversation, staging the turn: the history is left exactly as
@@ -87,7 +91,7 @@ public final class Agent {
             if let session {
                 active = session
             } else {
-                active = backend.makeSession(instructions: instructions, tools: tools, history: Array(kept))
+                active = backend.makeSession(instructions: instructions, tools: tools, history: Array(kept), affinity: affinity)
                 if !kept.isEmpty { await active.prewarm() }
                 session = active
             }

@@ -42,6 +42,8 @@ public actor ConversationThread {
 
     public nonisolated let id: String
     private let backend: any ModelBackend
+    /// The thread to the backend, shared by every agent it makes (ModelBackend.swift).
+    private let affinity: SessionAffinity
     private var agent: Agent
     private let maxQueue: Int
     private var roots: [String]
@@ -77,7 +79,8 @@ public actor ConversationThread {
                 roots: [String] = [], durability: Durability? = nil) {
         self.id = id
         self.backend = backend
-        self.agent = Agent(backend: backend, instructions: instructions, tools: tools)
+        self.affinity = SessionAffinity(key: id)
+        self.agent = Agent(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
         self.maxQueue = maxQueue
         self.roots = roots
         self.durability = durability
@@ -137,7 +140,7 @@ public actor ConversationThread {
         if agent.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
             if let start = ticket.start {
-                agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools)
+                agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools, affinity: affinity)
                 roots = start.roots
             }
         } else if !ticket.binds.isEmpty {
@@ -215,7 +218,7 @@ public actor ConversationThread {
         let store = durability.store, id = self.id
         guard case .loaded(let state, let loaded) = found else {
             if case .none = found {
-                agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools)
+                agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools, affinity: affinity)
                 stamp = nil
             }
             return
@@ -227,7 +230,7 @@ public actor ConversationThread {
             let why = "it is bound to tools this wisp cannot give it (\(error.message))"
             throw await offPipe { store.corrupt(id, why) }
         }
-        agent = Agent(backend: backend, instructions: state.instructions, tools: tools, history: state.history)
+        agent = Agent(backend: backend, instructions: state.instructions, tools: tools, history: state.history, affinity: affinity)
         roots = state.roots
         stamp = loaded
     }

@@ -97,4 +97,66 @@ import Testing
             #expect(!e.message.contains("secret-key"))
         }
     }
+
+    @Test func slotPoolKeepsEachThreadOnItsSlotAndTakesTheLeastRecentlyUsed() {
+        let pool = SlotPool(count: 2)
+        let a = SessionAffinity(key: "a"), b = SessionAffinity(key: "b"), c = SessionAffinity(key: "c")
+        func use(_ x: SessionAffinity) -> Int? {
+            let slot = pool.acquire(x)
+            if let slot { pool.release(slot) }
+            return slot
+        }
+        let sa = use(a), sb = use(b)
+        #expect(sa != nil && sb != nil && sa != sb)
+        #expect(use(a) == sa && use(b) == sb && use(a) == sa)
+        #expect(use(c) == sb) // b was used least recently
+        #expect(use(b) == sa) // now a is
+        #expect(pool.owners == (sa == 0 ? ["b", "c"] : ["c", "b"]))
+    }
+
+    @Test func slotPoolNeverSharesABusySlotAndFreesADeadThreadsSlot() {
+        let pool = SlotPool(count: 2)
+        let a = SessionAffinity(key: "a"), b = SessionAffinity(key: "b")
+        let sa = pool.acquire(a), sb = pool.acquire(b)
+        #expect(sa != nil && sb != nil && sa != sb)
+        let c = SessionAffinity(key: "c")
+        #expect(pool.acquire(c) == nil) // both busy: the server picks
+        pool.release(sb!)
+        var d: SessionAffinity? = SessionAffinity(key: "d")
+        let sd = pool.acquire(d!)
+        #expect(sd == sb)
+        pool.release(sa!)
+        pool.release(sd!) // d's slot is now the most recently used
+        d = nil // but its thread is gone: the slot is free, and taken before a live thread's
+        #expect(pool.acquire(c) == sb)
+    }
+
+    @Test func slotPoolGivesAReturningThreadIdItsOldSlot() {
+        let pool = SlotPool(count: 3)
+        var first: SessionAffinity? = SessionAffinity(key: "t")
+        let s = pool.acquire(first!)!
+        pool.release(s)
+        first = nil
+        let other = SessionAffinity(key: "u")
+        let su = pool.acquire(other)!
+        pool.release(su)
+        #expect(su != s) // a never-used slot before the one "t" may still fill
+        #expect(pool.acquire(SessionAffinity(key: "t")) == s)
+        #expect(pool.acquire(SessionAffinity(key: nil)) != s)
+    }
+
+    @Test func llamaCppFieldsOnlyWithAPromptCache() throws {
+        func body(_ cache: PromptCache?) throws -> [String: Any] {
+            try #require(try JSONSerialization.jsonObject(with: OpenAIServer.chatBody(
+                model: "m", messages: [.text("user", "hi")], tools: [], toolChoice: nil,
+                settings: GenerationSettings(), cache: cache)) as? [String: Any])
+        }
+        let pinned = try body(PromptCache(slot: 3))
+        #expect(pinned["id_slot"] as? Int == 3 && pinned["cache_prompt"] as? Bool == true)
+        #expect((pinned["n_cache_reuse"] as? Int ?? 0) > 0)
+        let unpinned = try body(PromptCache(slot: nil))
+        #expect(unpinned["id_slot"] == nil && unpinned["cache_prompt"] as? Bool == true)
+        let other = try body(nil)
+        #expect(other["id_slot"] == nil && other["cache_prompt"] == nil && other["n_cache_reuse"] == nil)
+    }
 }

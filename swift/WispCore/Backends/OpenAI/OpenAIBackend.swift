@@ -15,6 +15,9 @@ import FoundationNetworking
 ///   `GET /v1/models` (`max_model_len`), Ollama `POST /api/show` (`num_ctx` in `parameters`);
 ///   else `--context-size`, else 4096.
 /// - token counts: llama.cpp's (and vLLM's) `POST /tokenize`; else nil (the core estimates).
+/// - slots: llama.cpp's `total_slots` in `/props`, or `--slots`: each thread's requests name
+///   its slot (`id_slot`, `cache_prompt`; `OpenAISlots.swift`), so that its earlier turns stay
+///   in llama-server's KV cache. Sent to llama.cpp's server only: others may refuse unknown fields.
 /// - overflow: llama.cpp's `exceed_context_size_error`, llama-cpp-python's and OpenAI's
 ///   `context_length_exceeded`, vLLM's "maximum context length" message → `contextOverflow`.
 ///
@@ -26,15 +29,15 @@ public struct OpenAIBackend: ModelBackend {
     let server: OpenAIServer
 
     /// Throws when `endpoint` is not an http(s) URL.
-    public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?) throws(WispError) {
-        server = try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize)
+    public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil) throws(WispError) {
+        server = try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize, slots: slots)
     }
 
     public init(_ config: CoreConfig) throws(WispError) {
         guard let endpoint = config.endpoint else {
             throw WispError(.modelUnavailable, "the openai backend needs --endpoint (an OpenAI-compatible base URL such as http://127.0.0.1:8080/v1)")
         }
-        try self.init(endpoint: endpoint, model: config.model, apiKey: config.apiKey, contextSize: config.contextSize)
+        try self.init(endpoint: endpoint, model: config.model, apiKey: config.apiKey, contextSize: config.contextSize, slots: config.slots)
     }
 
     public var model: String { server.modelName }
@@ -46,6 +49,10 @@ public struct OpenAIBackend: ModelBackend {
     public func tokenCount(_ text: String) async throws -> Int? { try await server.tokenCount(text) }
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
-        OpenAISession(server: server, instructions: instructions, tools: tools, history: history)
+        OpenAISession(server: server, instructions: instructions, tools: tools, history: history, affinity: nil)
+    }
+
+    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) -> any ModelSession {
+        OpenAISession(server: server, instructions: instructions, tools: tools, history: history, affinity: affinity)
     }
 }

@@ -9,12 +9,28 @@ struct ChatReply: Sendable {
     var outputTokens: Int?
     /// Content chunks received: a token count when the server does not report usage.
     var chunks = 0
+    /// llama.cpp's `timings`: prompt tokens taken from the slot's cache, and evaluated.
+    var cachedTokens: Int?
+    var evaluatedTokens: Int?
+}
+
+/// llama.cpp's prompt cache fields for one request: sent to llama.cpp's server only.
+struct PromptCache: Sendable, Equatable {
+    /// `id_slot`: the thread's slot; nil lets the server choose.
+    var slot: Int?
+
+    /// `n_cache_reuse`: the shortest run of tokens llama-server moves in its slot's KV cache
+    /// (shifting their positions) rather than evaluating them again, when a prompt matches the
+    /// cache only after a gap. After condensing dropped a thread's oldest turns, the turns that
+    /// remain are such a run (and so only the new turn is evaluated); a chat template's few
+    /// tokens between messages are not, and must not pass for a match.
+    static let reuseTokens = 64
 }
 
 /// The chat request: its body, and the SSE stream folded into one `ChatReply`.
 extension OpenAIServer {
     static func chatBody(model: String, messages: [ChatMessage], tools: [ModelTool], toolChoice: String?,
-                         settings: GenerationSettings) throws -> Data {
+                         settings: GenerationSettings, cache: PromptCache? = nil) throws -> Data {
         var body: [String: Any] = [
             "model": model,
             "messages": messages.map(\.json),
@@ -23,6 +39,11 @@ extension OpenAIServer {
         ]
         if let t = settings.temperature { body["temperature"] = t }
         if let n = settings.maxOutputTokens { body["max_tokens"] = n }
+        if let cache {
+            body["cache_prompt"] = true
+            body["n_cache_reuse"] = PromptCache.reuseTokens
+            if let slot = cache.slot { body["id_slot"] = slot }
+        }
         if !tools.isEmpty {
             body["tools"] = tools.map { tool -> [String: Any] in
                 let schema = (try? JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))) ?? ["type": "object"]
@@ -104,6 +125,10 @@ extension OpenAIServer {
         if let usage = object["usage"] as? [String: Any] {
             reply.promptTokens = Self.int(usage["prompt_tokens"]) ?? reply.promptTokens
             reply.outputTokens = Self.int(usage["completion_tokens"]) ?? reply.outputTokens
+        }
+        if let timings = object["timings"] as? [String: Any] {
+            reply.cachedTokens = Self.int(timings["cache_n"]) ?? reply.cachedTokens
+            reply.evaluatedTokens = Self.int(timings["prompt_n"]) ?? reply.evaluatedTokens
         }
         guard let choice = (object["choices"] as? [[String: Any]])?.first else { return false }
         if let reason = choice["finish_reason"] as? String { reply.finishReason = reason }

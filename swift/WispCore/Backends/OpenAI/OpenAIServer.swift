@@ -12,6 +12,9 @@ final class OpenAIServer: Sendable {
     let root: URL
     let configuredModel: String?
     let configuredContextSize: Int?
+    /// `--slots`: llama-server's parallel slots (0: do not pin threads to slots); nil: what
+    /// `/props` says (`total_slots`, which only llama.cpp's server reports).
+    let configuredSlots: Int?
     private let apiKey: String?
 
     /// Idle time-out for a chat request: a long prompt on a small CPU can take minutes before
@@ -26,12 +29,14 @@ final class OpenAIServer: Sendable {
         var contextProbed = false
         var tokenize: Bool?
         var lastReachable: ContinuousClock.Instant?
+        /// llama.cpp's server, with this many slots: its own request fields may be sent.
+        var slots: SlotPool?
     }
     let facts = Mutex(Facts())
     let chatClient = HTTPClient(idleTimeout: OpenAIServer.chatIdleTimeout)
     private let probeClient = HTTPClient(idleTimeout: OpenAIServer.probeTimeout)
 
-    init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?) throws(WispError) {
+    init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil) throws(WispError) {
         var text = endpoint.trimmingCharacters(in: .whitespaces)
         while text.hasSuffix("/") { text.removeLast() }
         if text.hasSuffix("/chat/completions") { text.removeLast("/chat/completions".count) }
@@ -49,7 +54,9 @@ final class OpenAIServer: Sendable {
         self.root = rootComponents.url ?? base
         self.configuredModel = model
         self.configuredContextSize = contextSize.flatMap { $0 > 0 ? $0 : nil }
+        self.configuredSlots = slots.map { max(0, $0) }
         self.apiKey = apiKey
+        if let slots, slots > 0 { facts.withLock { $0.slots = SlotPool(count: slots) } }
     }
 
     /// For messages: the base URL, never with credentials.
@@ -113,6 +120,7 @@ final class OpenAIServer: Sendable {
             if status == 200, let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] {
                 let settings = object["default_generation_settings"] as? [String: Any]
                 found = Self.int(settings?["n_ctx"]) ?? Self.int(object["n_ctx"])
+                learnSlots(Self.int(object["total_slots"]))
             }
         }
         // vLLM (max_model_len in /v1/models)
@@ -142,6 +150,21 @@ final class OpenAIServer: Sendable {
             }
         }
         return found ?? configuredContextSize ?? Self.fallbackContextSize
+    }
+
+    /// The slots of a llama.cpp server, which threads are pinned to; nil for any other server
+    /// (which must not get llama.cpp's own request fields) or with `--slots 0`.
+    func slotPool() async -> SlotPool? {
+        if configuredSlots != nil { return facts.withLock { $0.slots } }
+        if facts.withLock({ !$0.contextProbed }) { _ = await contextSize() }
+        return facts.withLock { $0.slots }
+    }
+
+    private func learnSlots(_ total: Int?) {
+        guard configuredSlots == nil, let total, total > 0 else { return }
+        facts.withLock { f in
+            if f.slots?.count != total { f.slots = SlotPool(count: total) }
+        }
     }
 
     func tokenCount(_ text: String) async throws -> Int? {

@@ -8,11 +8,14 @@ final class OpenAISession: ModelSession {
 
     private let server: OpenAIServer
     private let tools: [ModelTool]
+    /// The thread, for its llama-server slot (nil: no slot is named).
+    private let affinity: SessionAffinity?
     private(set) var messages: [ChatMessage]
 
-    init(server: OpenAIServer, instructions: String?, tools: [ModelTool], history: [Turn]) {
+    init(server: OpenAIServer, instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity? = nil) {
         self.server = server
         self.tools = tools
+        self.affinity = affinity
         var m: [ChatMessage] = []
         if let instructions, !instructions.isEmpty { m.append(.text("system", instructions)) }
         for (t, turn) in history.enumerated() {
@@ -39,9 +42,12 @@ final class OpenAISession: ModelSession {
             // ("Cannot use custom grammar constraints with tools"), so a call with a schema offers none.
             let offerTools = !tools.isEmpty && settings.schema == nil
             let mustAnswer = round >= Self.maxToolRounds
+            let pool = await server.slotPool()
+            let slot = affinity.flatMap { pool?.acquire($0) }
+            defer { if let slot { pool?.release(slot) } }
             let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: messages + added,
                                                  tools: offerTools ? tools : [], toolChoice: mustAnswer ? "none" : nil,
-                                                 settings: settings)
+                                                 settings: settings, cache: pool.map { _ in PromptCache(slot: slot) })
             let tokensBefore = outputTokens
             let reply = try await server.streamChat(body: body) { partial in
                 onPartial?(PartialReply(text: partial.text, tokens: tokensBefore + partial.tokens))
