@@ -208,3 +208,43 @@ def test_the_budget_keys_ids_as_the_sdk_correlates_them():
     for spelling in ("05", "5", " 5", 5):
         assert _key(spelling) == coerce_request_id(spelling) == 5
     assert _key("abc") == "abc"
+
+
+@pytest.mark.parametrize("value", [
+    {"prompt": "p", "files": ["sub/a.txt"] * 1000},
+    {"prompt": "p", "schema": {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer", "minimum": 1}}}}},
+    {"prompt": "p", "instructions": "be brief", "tools": ["read_file", "search_text"], "temperature": 0.5, "max_output_tokens": 64},
+    [[[[]]], {}, None, True, 10**30, "é" * 50],
+])
+def test_the_in_flight_budget_weighs_a_request_about_as_its_json(value):
+    """Every argument counts, nested ones included, at about its JSON length (issue 25.7: a
+    `files` list of 750 KB weighed two bytes)."""
+    from wisp_shim.transport import json_size
+
+    written = len(json.dumps(value, ensure_ascii=False))
+    assert 0.8 * written <= json_size(value) <= 1.5 * written + 16, (json_size(value), written)
+
+
+def test_the_budget_walk_takes_any_depth_the_parser_took():
+    from wisp_shim.transport import json_size
+
+    deep: list = []
+    for _ in range(200_000):
+        deep = [deep]
+    assert json_size({"x": deep}) > 200_000
+
+
+def test_what_a_handler_fetches_is_charged_to_its_request_until_it_ends():
+    from wisp_shim.transport import InFlight, _Budget, charge
+
+    budget = _Budget()
+    token = budget.add("r1", 100)
+    charge(InFlight(budget, "r1", token), 5000)
+    charge(object(), 7)  # another transport's request context: left alone
+    assert budget.bytes == 5100
+    budget.release("r1", token)
+    assert budget.bytes == 0 and not budget.calls
+    # A stale entry (the same id reused since) is not charged.
+    fresh = budget.add("r1", 10)
+    charge(InFlight(budget, "r1", token), 99)
+    assert budget.bytes == 10 and budget.calls["r1"][0] is fresh
