@@ -78,7 +78,7 @@ check-portable:
 check-apple:
 	scripts/check-apple.sh
 
-## bench: wisp's cost next to a bare SDK server, measured in one run (< 10 min); writes bench/results/latest.json
+## bench: wisp's cost next to a bare SDK server, measured in one run (about 5 min, plus about 30 for the long-thread sections when the local model is installed; `bench/run.py --only SECTION ...` for a part); writes bench/results/latest.json
 bench: build
 	$(VPY) bench/run.py
 
