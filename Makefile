@@ -63,8 +63,11 @@ check:
 ## test: Swift unit tests, then the end-to-end Python suite against the release core
 test: check-apple check-portable test-swift test-python
 
+# One test at a time (each test's own concurrency still runs in parallel): the timed tests
+# (threads overlap, stop within its grace) must not share the machine's few pool threads with
+# the CPU-bound ones (races against the file system, a 9 MB reply).
 test-swift:
-	swift test
+	swift test --no-parallel
 
 test-python: build
 	$(VPY) -m pytest
@@ -103,10 +106,11 @@ fuzz: venv core
 	WISP_SCHEMA_CASES=$(SCHEMA_CASES) $(VPY) -m pytest -q tests/python/test_schema_differential.py
 
 ## sanitize: the Swift tests under ThreadSanitizer, then AddressSanitizer (own build dirs)
+# One test at a time, as in test-swift (each test's own concurrency is what the sanitizers watch).
 sanitize:
-	swift test --sanitize=thread --scratch-path .build/sanitize-thread
+	swift test --sanitize=thread --scratch-path .build/sanitize-thread --no-parallel
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/swift/lsan-suppressions.txt \
-		swift test --sanitize=address --scratch-path .build/sanitize-address
+		swift test --sanitize=address --scratch-path .build/sanitize-address --no-parallel
 
 clean:
 	rm -rf .build $(VENV)

@@ -102,13 +102,17 @@ private func uncommitted(_ registry: ThreadRegistry, _ id: String) async throws 
         }
         // Lists (which looks at each file by name, then opens it to read its header) for 3 s;
         // a look that blocks never comes back. (`load` opens the same way; listing logs nothing.)
-        let loaded = DispatchSemaphore(value: 0)
+        // Waited for by polling, not a semaphore: a blocked wait would hold one of the few
+        // pool threads that every other test of the run shares.
+        let loaded = Locked(false)
         Thread.detachNewThread {
             let end = ContinuousClock.now + .seconds(3)
             while ContinuousClock.now < end { _ = store.summaries() }
-            loaded.signal()
+            loaded.withLock { $0 = true }
         }
-        let finished = loaded.wait(timeout: .now() + 15) == .success
+        let giveUp = ContinuousClock.now + .seconds(15)
+        while !loaded.withLock({ $0 }), ContinuousClock.now < giveUp { try? await Task.sleep(for: .milliseconds(20)) }
+        let finished = loaded.withLock { $0 }
         stop.withLock { $0 = true }
         // And a FIFO where a thread file should be is refused at once.
         try? await Task.sleep(for: .milliseconds(50))
