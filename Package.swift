@@ -1,5 +1,8 @@
 // swift-tools-version: 6.2
-// wisp's Swift half. No dependency outside the toolchain: the build machines cannot fetch packages.
+// wisp's Swift half: the domain (WispCore) on infrastructure of its own (WispInfrastructure: the
+// JSON codec, the pipe loop and framing, the HTTP client, the linear regex, locks, the log sink),
+// written by hand rather than taken from packages because no Swift package registry is
+// reachable from the build machines: nothing outside the toolchain is depended on.
 import PackageDescription
 
 let package = Package(
@@ -10,9 +13,11 @@ let package = Package(
         .executable(name: "wisp-core", targets: ["wisp-core"]),
     ],
     targets: [
-        .target(name: "WispCore", path: "swift/WispCore"),
-        .executableTarget(name: "wisp-core", dependencies: ["WispCore"], path: "swift/wisp-core"),
-        .testTarget(name: "WispCoreTests", dependencies: ["WispCore"], path: "tests/swift/WispCoreTests"),
+        .target(name: "WispInfrastructure", path: "swift/WispInfrastructure"),
+        .target(name: "WispCore", dependencies: ["WispInfrastructure"], path: "swift/WispCore"),
+        .executableTarget(name: "wisp-core", dependencies: ["WispCore", "WispInfrastructure"], path: "swift/wisp-core"),
+        .testTarget(name: "WispInfrastructureTests", dependencies: ["WispInfrastructure"], path: "tests/swift/WispInfrastructureTests"),
+        .testTarget(name: "WispCoreTests", dependencies: ["WispCore", "WispInfrastructure"], path: "tests/swift/WispCoreTests"),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -5,6 +5,7 @@
 import Foundation
 import Synchronization
 import WispCore
+import WispInfrastructure
 
 #if canImport(Glibc)
 import Glibc

@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// Structured output: a `respond` call's JSON Schema, what every backend builds from it, and
 /// the one verdict on the model's reply, taken before the turn may join the history.
 ///

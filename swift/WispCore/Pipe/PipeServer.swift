@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Synchronization
+import WispInfrastructure
 
 /// Serves the pipe protocol: takes decoded requests in arrival order, runs each `respond` in
 /// its own task, and hands every reply and event to `send` (a single writer, so frames never

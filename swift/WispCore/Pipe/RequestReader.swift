@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// The core's side of the pipe's input: bytes from stdin in, decoded requests out. Owns framing,
 /// decoding, the `rejected` path and the wording of decoding errors, so all of it can be unit
 /// tested and fuzzed without a process.

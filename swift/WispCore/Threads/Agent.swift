@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// One thread's conversation with the model: its canonical history, the live backend
 /// session, and context condensing (ARCHITECTURE.md).
 ///

@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// One conversation thread: an actor that owns its `Agent` and runs calls one at a time,
 /// in the order they were accepted.
 ///

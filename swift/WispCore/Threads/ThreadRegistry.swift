@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// Thread semantics, in one place (ARCHITECTURE.md):
 ///

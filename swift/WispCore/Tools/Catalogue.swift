@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 #if canImport(Glibc)
 import Glibc
@@ -133,7 +134,8 @@ public enum ToolCatalogue {
         let deadline = ContinuousClock.now + .milliseconds(Int(limits.maxScanSeconds * 1000))
         let matcher: (Substring) -> Bool?
         if regex {
-            let re = try LinearRegex(pattern)
+            let re: LinearRegex
+            do { re = try LinearRegex(pattern) } catch { throw WispError(.invalidArgument, error.message) }
             matcher = { re.matches($0, deadline: deadline) }
         } else {
             matcher = { $0.contains(pattern) }

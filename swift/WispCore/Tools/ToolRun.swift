@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// Running a model tool and recording what the model saw: one place for every backend, so a
 /// tool's refusal reads the same to every model.
 enum ToolRun {

@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// A model tool's arguments as a value: an object of typed properties, rendered once as the
 /// compact JSON Schema text `ModelTool.parametersSchema` carries (every backend reads that text).
 struct ToolSchema {

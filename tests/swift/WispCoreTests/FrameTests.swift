@@ -2,6 +2,7 @@
 import Foundation
 import Testing
 @testable import WispCore
+import WispInfrastructure
 
 @Suite struct Frames {
     let requests: [Request] = [

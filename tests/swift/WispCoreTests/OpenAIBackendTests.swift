@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import WispCore
+import WispInfrastructure
 
 /// The openai backend's pure parts: endpoint handling, the transcript, the request body,
 /// SSE splitting and the overflow dialects. Its HTTP behaviour (streaming, cancellation,

@@ -5,6 +5,7 @@
 import Foundation
 import Testing
 @testable import WispCore
+import WispInfrastructure
 
 @Suite struct PipeJSONTests {
     /// Strings that exercise every escape JSONEncoder makes, and some it does not.

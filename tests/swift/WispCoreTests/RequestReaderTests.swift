@@ -3,6 +3,7 @@
 import Foundation
 import Testing
 @testable import WispCore
+import WispInfrastructure
 
 @Suite struct RequestReaderTests {
     func frame(_ json: String) -> [UInt8] { Frame.encode(payload: Array(json.utf8)) }

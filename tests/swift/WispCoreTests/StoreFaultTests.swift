@@ -4,6 +4,7 @@ import Dispatch
 import Foundation
 import Testing
 @testable import WispCore
+import WispInfrastructure
 
 #if canImport(Glibc)
 import Glibc

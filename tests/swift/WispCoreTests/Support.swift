@@ -5,6 +5,7 @@ import Foundation
 import Synchronization
 import Testing
 @testable import WispCore
+import WispInfrastructure
 
 /// One call through the registry, as the pipe server makes it.
 @discardableResult

@@ -90,11 +90,3 @@ func exchange(_ a: String, _ b: String) {
     _ = renamex_np(a, b, UInt32(RENAME_SWAP))
     #endif
 }
-
-/// Runs CPU-heavy test code on a thread of its own: on a 2-core machine the cooperative pool
-/// has two threads, and the timing tests of other suites need them meanwhile.
-func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { done in
-        Thread { done.resume(with: Result { try body() }) }.start()
-    }
-}

@@ -7,6 +7,7 @@
 #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
 import Foundation
 import FoundationModels
+import WispInfrastructure
 
 /// wisp's backend seam over `SystemLanguageModel`. Each wisp session owns one live
 /// `LanguageModelSession`, so the model's cache carries across a thread's turns.

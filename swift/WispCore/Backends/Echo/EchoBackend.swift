@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// The `echo` backend: no model, fully deterministic. Its behaviour is a public contract
 /// (ARCHITECTURE.md) that outside checks rely on; change it only on purpose.

@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// What one streamed completion produced.
 struct ChatReply: Sendable {

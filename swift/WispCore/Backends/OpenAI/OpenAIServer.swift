@@ -3,6 +3,7 @@ import Foundation
 import FoundationNetworking
 #endif
 import Synchronization
+import WispInfrastructure
 
 /// The HTTP side, shared by every session of a backend. Facts learnt from the server are cached.
 final class OpenAIServer: Sendable {

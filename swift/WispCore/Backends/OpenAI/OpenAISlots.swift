@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// llama-server's parallel slots, one per live thread while there are enough.
 ///
 /// A slot keeps the KV cache of the last prompt it evaluated, and llama-server evaluates only

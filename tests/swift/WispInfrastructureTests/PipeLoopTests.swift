@@ -2,7 +2,7 @@
 // one thread, a job enqueued from elsewhere while it sleeps wakes it, and `offPipe` leaves it.
 import Foundation
 import Testing
-@testable import WispCore
+@testable import WispInfrastructure
 
 #if canImport(Glibc)
 import Glibc

@@ -5,7 +5,7 @@ import FoundationNetworking
 import Synchronization
 
 /// A response as events: the status first, then body bytes as they arrive.
-enum HTTPEvent: Sendable {
+public enum HTTPEvent: Sendable {
     case response(Int)
     case data(Data)
 }
@@ -15,12 +15,12 @@ enum HTTPEvent: Sendable {
 /// cancellation, or the consumer leaving) cancels its request, which closes the connection.
 /// Long-lived on purpose: short-lived sessions are a known crash on Linux after https
 /// requests (swift-corelibs-foundation #5203), and a session per backend keeps connections alive.
-final class HTTPClient: Sendable {
+public final class HTTPClient: Sendable {
     private let router = HTTPRouter()
     private let session: URLSession
 
     /// `idleTimeout`: how long a request may go without receiving anything.
-    init(idleTimeout: TimeInterval) {
+    public init(idleTimeout: TimeInterval) {
         let configuration = URLSessionConfiguration.ephemeral
         configuration.timeoutIntervalForRequest = idleTimeout
         configuration.urlCache = nil
@@ -31,7 +31,7 @@ final class HTTPClient: Sendable {
 
     deinit { session.invalidateAndCancel() }
 
-    func open(_ request: URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error> {
+    public func open(_ request: URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error> {
         #if os(Linux)
         // Plain http:// (a local model server) skips URLSession on Linux, which spins while it
         // waits for a streamed answer: see PlainHTTP.swift.

@@ -2,10 +2,12 @@ import Foundation
 
 /// Splits a byte stream into lines (LF or CRLF), decoding each complete line as UTF-8,
 /// so a multi-byte character split across chunks is never broken.
-struct SSELineSplitter {
+public struct SSELineSplitter {
     private var buffer = Data()
 
-    mutating func push(_ chunk: Data) -> [String] {
+    public init() {}
+
+    public mutating func push(_ chunk: Data) -> [String] {
         buffer.append(chunk)
         var lines: [String] = []
         while let newline = buffer.firstIndex(of: 0x0A) {
@@ -17,7 +19,7 @@ struct SSELineSplitter {
         return lines
     }
 
-    mutating func finish() -> [String] {
+    public mutating func finish() -> [String] {
         defer { buffer = Data() }
         return buffer.isEmpty ? [] : [String(decoding: buffer, as: UTF8.self)]
     }

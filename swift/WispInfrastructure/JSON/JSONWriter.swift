@@ -14,25 +14,25 @@ public protocol JSONWritable: Encodable {
 }
 
 public struct JSONWriter {
-    private(set) var bytes: [UInt8]
+    public private(set) var bytes: [UInt8]
     /// No key written yet in the innermost object: the next key takes no comma.
     private var first = true
     private static let hex: [UInt8] = Array("0123456789abcdef".utf8)
 
     /// `framed`: room for a pipe frame's 4-byte length first, filled in by `frame()`.
-    init(framed: Bool = false, capacity: Int = 256) {
+    public init(framed: Bool = false, capacity: Int = 256) {
         bytes = framed ? [0, 0, 0, 0] : []
         bytes.reserveCapacity(capacity)
     }
 
     /// The finished pipe frame (made `framed`).
-    mutating func frame() -> [UInt8] {
+    public mutating func frame() -> [UInt8] {
         Frame.setLength(of: &bytes)
         return bytes
     }
 
     /// `{`, the fields `body` writes (each through `key(_:)`), `}`.
-    mutating func object(_ body: (inout JSONWriter) -> Void) {
+    public mutating func object(_ body: (inout JSONWriter) -> Void) {
         bytes.append(0x7B)
         let outer = first
         first = true
@@ -42,7 +42,7 @@ public struct JSONWriter {
     }
 
     /// `"name":`, after a comma unless it is the object's first key.
-    mutating func key(_ name: StaticString) {
+    public mutating func key(_ name: StaticString) {
         if !first { bytes.append(0x2C) }
         first = false
         bytes.append(0x22)
@@ -51,28 +51,28 @@ public struct JSONWriter {
         bytes.append(0x3A)
     }
 
-    mutating func field(_ name: StaticString, _ value: String) { key(name); string(value) }
-    mutating func field(_ name: StaticString, _ value: Int) { key(name); int(value) }
-    mutating func field(_ name: StaticString, _ value: Int32) { key(name); int(Int(value)) }
-    mutating func field(_ name: StaticString, _ value: Bool) { key(name); bool(value) }
-    mutating func field(_ name: StaticString, _ value: Double) { key(name); double(value) }
-    mutating func field(_ name: StaticString, _ value: String?) { if let value { field(name, value) } }
-    mutating func field(_ name: StaticString, _ value: Double?) { if let value { field(name, value) } }
-    mutating func field(_ name: StaticString, _ value: Int?) { if let value { field(name, value) } }
-    mutating func field(_ name: StaticString, _ value: [String]) {
+    public mutating func field(_ name: StaticString, _ value: String) { key(name); string(value) }
+    public mutating func field(_ name: StaticString, _ value: Int) { key(name); int(value) }
+    public mutating func field(_ name: StaticString, _ value: Int32) { key(name); int(Int(value)) }
+    public mutating func field(_ name: StaticString, _ value: Bool) { key(name); bool(value) }
+    public mutating func field(_ name: StaticString, _ value: Double) { key(name); double(value) }
+    public mutating func field(_ name: StaticString, _ value: String?) { if let value { field(name, value) } }
+    public mutating func field(_ name: StaticString, _ value: Double?) { if let value { field(name, value) } }
+    public mutating func field(_ name: StaticString, _ value: Int?) { if let value { field(name, value) } }
+    public mutating func field(_ name: StaticString, _ value: [String]) {
         key(name)
         array(value) { $0.string($1) }
     }
-    mutating func field(_ name: StaticString, _ value: some JSONWritable) {
+    public mutating func field(_ name: StaticString, _ value: some JSONWritable) {
         key(name)
         value.write(to: &self)
     }
-    mutating func field<T: JSONWritable>(_ name: StaticString, _ value: [T]) {
+    public mutating func field<T: JSONWritable>(_ name: StaticString, _ value: [T]) {
         key(name)
         array(value) { w, item in item.write(to: &w) }
     }
 
-    mutating func array<T>(_ items: [T], _ each: (inout JSONWriter, T) -> Void) {
+    public mutating func array<T>(_ items: [T], _ each: (inout JSONWriter, T) -> Void) {
         bytes.append(0x5B)
         for (n, item) in items.enumerated() {
             if n > 0 { bytes.append(0x2C) }
@@ -82,19 +82,19 @@ public struct JSONWriter {
     }
 
     /// `"name":` for a key known only at run time.
-    mutating func key(_ name: String) {
+    public mutating func key(_ name: String) {
         if !first { bytes.append(0x2C) }
         first = false
         string(name)
         bytes.append(0x3A)
     }
 
-    mutating func byte(_ value: UInt8) { bytes.append(value) }
+    public mutating func byte(_ value: UInt8) { bytes.append(value) }
 
     /// A number's own text: exact, never rounded.
-    mutating func number(_ value: JSONNumber) { bytes.append(contentsOf: value.text.utf8) }
+    public mutating func number(_ value: JSONNumber) { bytes.append(contentsOf: value.text.utf8) }
 
-    mutating func value(_ value: JSONValue) {
+    public mutating func value(_ value: JSONValue) {
         switch value {
         case .null: bytes.append(contentsOf: [0x6E, 0x75, 0x6C, 0x6C])
         case .bool(let b): bool(b)
@@ -112,7 +112,7 @@ public struct JSONWriter {
     }
 
     /// How many bytes `string(value)` writes: what a reply will cost once encoded, known before it is.
-    static func encodedCount(_ value: String) -> Int {
+    public static func encodedCount(_ value: String) -> Int {
         var n = 2
         for c in value.utf8 {
             switch c {
@@ -124,7 +124,7 @@ public struct JSONWriter {
         return n
     }
 
-    mutating func bool(_ value: Bool) {
+    public mutating func bool(_ value: Bool) {
         if value {
             bytes.append(contentsOf: [0x74, 0x72, 0x75, 0x65])
         } else {
@@ -133,12 +133,12 @@ public struct JSONWriter {
     }
 
     /// A finite Double, as Swift prints it (shortest form that reads back the same): valid JSON.
-    mutating func double(_ value: Double) {
+    public mutating func double(_ value: Double) {
         precondition(value.isFinite, "JSON has no \(value)")
         bytes.append(contentsOf: value.description.utf8)
     }
 
-    mutating func int(_ value: Int) {
+    public mutating func int(_ value: Int) {
         if value == 0 { return bytes.append(0x30) }
         var digits: (UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8,
                      UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8, UInt8) =
@@ -156,7 +156,7 @@ public struct JSONWriter {
         }
     }
 
-    mutating func string(_ value: String) {
+    public mutating func string(_ value: String) {
         bytes.append(0x22)
         var value = value
         value.withUTF8 { s in

@@ -42,7 +42,7 @@ public struct LinearRegex: Sendable {
     /// match is under way the scan skips scalars that cannot start one.
     let starts: [Instruction]?
 
-    public init(_ pattern: String, dialect: Dialect = .search) throws(WispError) {
+    public init(_ pattern: String, dialect: Dialect = .search) throws(RegexError) {
         var parser = Parser(Array(pattern.unicodeScalars), dialect: dialect)
         var compiler = Compiler(caseInsensitive: false)
         do {
@@ -53,7 +53,7 @@ public struct LinearRegex: Sendable {
             let supported = dialect == .search
                 ? "search_text supports literals, ., [...] classes, \\d \\w \\s \\b, * + ? {m,n}, |, (...) groups, ^ $ and a leading (?i)"
                 : "a schema pattern (ECMA-262) may use literals, ., [...] classes, \\d \\w \\s \\b, * + ? {m,n}, |, (...) groups, ^ and $"
-            throw WispError(.invalidArgument, "\(error.message); \(supported)")
+            throw RegexError(message: "\(error.message); \(supported)")
         }
         self.dialect = dialect
         compiler.program.append(.match)
@@ -267,9 +267,17 @@ private indirect enum Node {
     case repetition(Node, min: Int, max: Int?)
 }
 
+/// A pattern the engine refuses: the construct it does not support, named, and what its dialect
+/// does support.
+public struct RegexError: Error, Sendable, Equatable, CustomStringConvertible {
+    public let message: String
+
+    public var description: String { message }
+}
+
 /// LinearRegex.init adds what its dialect supports.
-private func refuse(_ what: String) -> WispError {
-    WispError(.invalidArgument, "regex: \(what)")
+private func refuse(_ what: String) -> RegexError {
+    RegexError(message: "regex: \(what)")
 }
 
 private struct Parser {
@@ -286,14 +294,14 @@ private struct Parser {
     var atEnd: Bool { i >= s.count }
     func peek(_ k: Int = 0) -> Unicode.Scalar? { i + k < s.count ? s[i + k] : nil }
 
-    mutating func parse() throws(WispError) -> Node {
+    mutating func parse() throws(RegexError) -> Node {
         if !ecma, s.starts(with: Array("(?i)".unicodeScalars)) { caseInsensitive = true; i = 4 }
         let node = try alternation()
         if !atEnd { throw refuse("unmatched ) at position \(i + 1)") }
         return node
     }
 
-    mutating func alternation() throws(WispError) -> Node {
+    mutating func alternation() throws(RegexError) -> Node {
         var branches = [try concatenation()]
         while peek() == "|" {
             i += 1
@@ -302,7 +310,7 @@ private struct Parser {
         return branches.count == 1 ? branches[0] : .alternation(branches)
     }
 
-    mutating func concatenation() throws(WispError) -> Node {
+    mutating func concatenation() throws(RegexError) -> Node {
         var items: [Node] = []
         while let c = peek(), c != "|", c != ")" {
             var atom = try self.atom()
@@ -321,7 +329,7 @@ private struct Parser {
     }
 
     /// Consumes a quantifier at the current position, if there is one.
-    mutating func quantifier(_ q: Unicode.Scalar) throws(WispError) -> (Int, Int?)? {
+    mutating func quantifier(_ q: Unicode.Scalar) throws(RegexError) -> (Int, Int?)? {
         switch q {
         case "*": i += 1; return (0, nil)
         case "+": i += 1; return (1, nil)
@@ -346,7 +354,7 @@ private struct Parser {
         }
     }
 
-    mutating func atom() throws(WispError) -> Node {
+    mutating func atom() throws(RegexError) -> Node {
         let c = s[i]
         i += 1
         switch c {
@@ -384,7 +392,7 @@ private struct Parser {
     }
 
     /// After a backslash.
-    mutating func escape(inClass: Bool) throws(WispError) -> Node {
+    mutating func escape(inClass: Bool) throws(RegexError) -> Node {
         guard let c = peek() else { throw refuse("pattern ends with a lone \\") }
         i += 1
         if ecma {
@@ -442,7 +450,7 @@ private struct Parser {
         }
     }
 
-    mutating func bracket() throws(WispError) -> ScalarSet {
+    mutating func bracket() throws(RegexError) -> ScalarSet {
         var set = ScalarSet()
         if peek() == "^" { set.negated = true; i += 1 }
         var first = true
@@ -487,7 +495,7 @@ private struct Compiler {
     var program: [LinearRegex.Instruction] = []
     var sets: [ScalarSet] = []
 
-    mutating func emit(_ node: Node) throws(WispError) {
+    mutating func emit(_ node: Node) throws(RegexError) {
         guard program.count <= LinearRegex.maxProgram else {
             throw refuse("pattern is too large once its repeats are expanded (over \(LinearRegex.maxProgram) steps)")
         }

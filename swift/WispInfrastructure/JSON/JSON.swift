@@ -31,7 +31,7 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
 
     /// `text` must be in JSON's number grammar (the reader checks it; `init(_: Int)` and
     /// `init(_: Double)` make it).
-    init(unchecked text: String) { self.text = text }
+    public init(unchecked text: String) { self.text = text }
 
     public init(_ value: Int) { text = String(value) }
 
@@ -95,7 +95,7 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
         public var isInteger: Bool { exponent >= 0 }
 
         /// The power of ten of the leading digit: orders magnitudes before digits are compared.
-        var magnitude: Int { exponent + digits.count }
+        public var magnitude: Int { exponent + digits.count }
 
         public static func < (a: Decimal, b: Decimal) -> Bool {
             if a.isZero && b.isZero { return false }
@@ -257,7 +257,7 @@ extension JSONValue {
 /// `body`'s result or its error, as a value: for typed throws through the standard library's
 /// `rethrows` closures (`withUnsafeBytes`), which lose the error's type.
 @inline(__always)
-func catching<T, E: Error>(_ body: () throws(E) -> T) -> Result<T, E> {
+public func catching<T, E: Error>(_ body: () throws(E) -> T) -> Result<T, E> {
     do { return .success(try body()) } catch { return .failure(error) }
 }
 

@@ -7,13 +7,13 @@ import Synchronization
 /// ThreadSanitizer cannot see: guarded by the Mutex alone, every access was reported as a race
 /// (`make sanitize` did, once the pipe server's calls were raced in tests). The Mutex is never
 /// contended, since the NSLock is always held around it.
-final class Locked<Value: Sendable>: Sendable {
+public final class Locked<Value: Sendable>: Sendable {
     private let order = NSLock()
     private let value: Mutex<Value>
 
-    init(_ value: Value) { self.value = Mutex(value) }
+    public init(_ value: Value) { self.value = Mutex(value) }
 
-    func withLock<R>(_ body: (inout Value) throws -> R) rethrows -> R {
+    public func withLock<R>(_ body: (inout Value) throws -> R) rethrows -> R {
         order.lock()
         defer { order.unlock() }
         return try value.withLock { v in try body(&v) }

@@ -2,7 +2,7 @@
 // reads never holds up the caller; what does not fit is dropped, and counted once it drains.
 import Foundation
 import Testing
-@testable import WispCore
+@testable import WispInfrastructure
 
 #if canImport(Glibc)
 import Glibc
