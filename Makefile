@@ -99,9 +99,12 @@ fuzz: venv core
 	$(VPY) -m pip install --quiet --disable-pip-version-check 'atheris>=2.3'
 	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
-	swiftc -O -sanitize=fuzzer,address -parse-as-library fuzz/FrameFuzz.swift swift/WispCore/Pipe/Frame.swift \
-		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Support/JSON.swift swift/WispCore/Support/JSONWriter.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
-		-module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -emit-library -static -module-name WispInfrastructure \
+		swift/WispInfrastructure/Pipe/Frame.swift swift/WispInfrastructure/JSON/JSON.swift swift/WispInfrastructure/JSON/JSONWriter.swift \
+		-emit-module-path $(FUZZ_OUT)/WispInfrastructure.swiftmodule -o $(FUZZ_OUT)/libWispInfrastructure.a
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/FrameFuzz.swift \
+		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
+		$(FUZZ_OUT)/libWispInfrastructure.a -module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
 	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
 	WISP_SCHEMA_CASES=$(SCHEMA_CASES) $(VPY) -m pytest -q tests/python/test_schema_differential.py
 

@@ -1,13 +1,15 @@
 // libFuzzer target for the core's request reader (framing, request decoding, the `rejected`
-// path) and its one JSON reader (Support/JSON.swift): any bytes on stdin must give requests,
-// rejections or a PipeProtocolError, never a crash or a hang. And, differentially:
+// path) and its one JSON reader (WispInfrastructure/JSON/JSON.swift): any bytes on stdin must
+// give requests, rejections or a PipeProtocolError, never a crash or a hang. And, differentially:
 // - a request the reader takes is the one JSONDecoder reads, and one JSONDecoder reads the
 //   reader takes too, but for the documented differences (PipeJSONTests.documentedDifference:
 //   a key twice, a trailing comma, a fraction for an integer, non-JSON in a skipped value);
 // - a JSON value the reader takes is the one JSONSerialization reads, numbers compared
 //   exactly (an integer as an integer, any other number as the Double both round it to).
-// Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address with the Pipe and JSON sources).
+// Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address with the Pipe sources, over the
+// framing and JSON sources of WispInfrastructure built as a module of their own).
 import Foundation
+import WispInfrastructure
 
 @_cdecl("LLVMFuzzerTestOneInput")
 public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {

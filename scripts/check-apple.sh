@@ -8,8 +8,9 @@
 #      `swiftc -frontend -compile-module-from-interface` (declarations only: no code, no framework);
 #   2. check which side of the 27-SDK gate `canImport(FoundationModels, _version: 2.0)` takes,
 #      and that it is the side this interface's module version calls for;
-#   3. build WispCore (every source, so canImport(FoundationModels) is true wherever it is asked)
-#      with -D WISP_CHECK_APPLE, and typecheck tests/swift/WispCoreTests/AppleBackendTests.swift.
+#   3. build WispInfrastructure's module, then WispCore against it (every source, so
+#      canImport(FoundationModels) is true wherever it is asked) with -D WISP_CHECK_APPLE, and
+#      typecheck tests/swift/WispCoreTests/AppleBackendTests.swift.
 # Any error, or any warning in AppleBackend.swift or AppleBackendTests.swift, fails the check.
 # The interfaces are read where they are; nothing is copied into the repo. Scratch:
 # $WISP_CHECK_APPLE_DIR (default .build/check-apple), never the package's own build products.
@@ -32,6 +33,8 @@ if [ ${#interfaces[@]} -eq 0 ]; then
 fi
 
 cd "$root"
+infra_sources=()
+while IFS= read -r f; do infra_sources+=("$f"); done < <(find swift/WispInfrastructure -name '*.swift' | sort)
 sources=()
 while IFS= read -r f; do sources+=("$f"); done < <(find swift/WispCore -name '*.swift' | sort)
 tests=tests/swift/WispCoreTests/AppleBackendTests.swift
@@ -62,13 +65,19 @@ for iface in "${interfaces[@]}"; do
     fi
     echo "  module version $version: the 27-SDK branch (canImport(FoundationModels, _version: 2.0)) is $([ "$want" = 27 ] && echo compiled || echo skipped)"
 
+    mkdir -p "$dir/infra"
+    if ! "$swiftc" -emit-module -module-name WispInfrastructure -parse-as-library -swift-version 6 -enable-testing \
+            -emit-module-path "$dir/infra/WispInfrastructure.swiftmodule" "${infra_sources[@]}" >"$log" 2>&1; then
+        cat "$log"; echo "check-apple: $label: FAILED: WispInfrastructure (which WispCore imports) does not typecheck"
+        failed=1; continue
+    fi
     if ! "$swiftc" -emit-module -module-name WispCore -parse-as-library -swift-version 6 -enable-testing \
-            -D WISP_CHECK_APPLE -I "$dir" -emit-module-path "$dir/WispCore.swiftmodule" \
+            -D WISP_CHECK_APPLE -I "$dir" -I "$dir/infra" -emit-module-path "$dir/WispCore.swiftmodule" \
             "${sources[@]}" >"$log" 2>&1; then
         cat "$log"; echo "check-apple: $label: FAILED: WispCore (with the apple backend) does not typecheck"
         failed=1; continue
     fi
-    if [ -f "$tests" ] && ! "$swiftc" -typecheck -swift-version 6 -D WISP_CHECK_APPLE -I "$dir" "$tests" >>"$log" 2>&1; then
+    if [ -f "$tests" ] && ! "$swiftc" -typecheck -swift-version 6 -D WISP_CHECK_APPLE -I "$dir" -I "$dir/infra" "$tests" >>"$log" 2>&1; then
         cat "$log"; echo "check-apple: $label: FAILED: $tests does not typecheck"
         failed=1; continue
     fi
@@ -94,7 +103,8 @@ for iface in "${interfaces[@]}"; do
         python3 scripts/fm_interface_filter.py --swift-availability=26.0 "$f" "$av/$f"
         [ "$f" != "$tests" ] && av_sources+=("$av/$f")
     done
-    av_flags=(-swift-version 6 -D WISP_CHECK_APPLE -I "$av"
+    # WispInfrastructure (nothing of FoundationModels in it) is the module step 3 built.
+    av_flags=(-swift-version 6 -D WISP_CHECK_APPLE -I "$av" -I "$dir/infra"
               -enable-experimental-feature StandaloneSwiftAvailability -Xfrontend -min-swift-runtime-version -Xfrontend 26.0)
     if ! "$swiftc" -frontend -compile-module-from-interface -module-name FoundationModels \
             "$av/FoundationModels.swiftinterface" -o "$av/FoundationModels.swiftmodule" >"$log" 2>&1 ||

@@ -12,10 +12,11 @@ import WispInfrastructure
 /// (`invalid_argument`, naming the place), never a crash.
 ///
 /// The verdict is JSON Schema's (2020-12) for that subset, on exact data: numbers compared as
-/// exact decimals (Support/JSON.swift), strings and keys as sequences of code points, `pattern`
-/// with ECMA-262 semantics matched by the linear engine (Tools/LinearRegex.swift, `.ecma`). The
-/// shim does not judge the reply again; `jsonschema` is the test oracle (tests/python/
-/// test_schema_differential.py, which lists where Python's `re` and ECMA-262 differ).
+/// exact decimals (WispInfrastructure/JSON/JSON.swift), strings and keys as sequences of code
+/// points, `pattern` with ECMA-262 semantics matched by the linear engine
+/// (WispInfrastructure/Regex/, `.ecma`). The shim does not judge the reply again; `jsonschema`
+/// is the test oracle (tests/python/test_schema_differential.py, which lists where Python's `re`
+/// and ECMA-262 differ).
 ///
 /// Checking a reply and building echo's value can take time on a large reply or schema: both
 /// run off the pipe thread and stop when their call is cancelled (`Task.isCancelled`).

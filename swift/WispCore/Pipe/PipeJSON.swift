@@ -1,6 +1,6 @@
 import WispInfrastructure
 
-/// The pipe's messages in JSON, through the core's one codec (Support/JSON.swift): requests
+/// The pipe's messages in JSON, through the core's one codec (WispInfrastructure/JSON/JSON.swift): requests
 /// read straight into their types by `JSONFields` tables (no tree is built), replies written by
 /// `JSONWriter`.
 ///

@@ -584,7 +584,7 @@ extension ToolExchange: JSONWritable {
     }
 }
 
-// MARK: reading (the core's one JSON reader, Support/JSON.swift)
+// MARK: reading (the core's one JSON reader, WispInfrastructure/JSON/JSON.swift)
 
 /// A stored value's fields while they are read: each required one must turn up.
 private func required<T>(_ value: T?, _ name: String) throws(JSONError) -> T {

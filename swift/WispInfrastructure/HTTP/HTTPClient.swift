@@ -31,12 +31,20 @@ public final class HTTPClient: Sendable {
 
     deinit { session.invalidateAndCancel() }
 
-    public func open(_ request: URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error> {
+    /// The one choice of transport: what carries a plain `http://` request (a local model
+    /// server) instead of the session, nil for the session. On Linux the plain client
+    /// (PlainHTTP.swift), because swift-corelibs-foundation's URLSession spins while it waits for
+    /// a streamed answer; elsewhere, and for every other scheme everywhere, URLSession.
+    static let plainTransport: (@Sendable (URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error>)? = {
         #if os(Linux)
-        // Plain http:// (a local model server) skips URLSession on Linux, which spins while it
-        // waits for a streamed answer: see PlainHTTP.swift.
-        if request.url?.scheme?.lowercased() == "http" { return PlainHTTP.open(request) }
+        return PlainHTTP.open
+        #else
+        return nil
         #endif
+    }()
+
+    public func open(_ request: URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error> {
+        if let plain = Self.plainTransport, request.url?.scheme?.lowercased() == "http" { return plain(request) }
         let (stream, continuation) = AsyncThrowingStream<HTTPEvent, any Error>.makeStream()
         let task = session.dataTask(with: request)
         let id = task.taskIdentifier

@@ -7,8 +7,8 @@ import Glibc
 import Synchronization
 
 /// HTTP/1.1 for `http://` endpoints on Linux over a plain socket, read on its own thread; the
-/// same events as `HTTPClient.open` (status, then body bytes as they arrive). `https://` and every
-/// other platform still use URLSession.
+/// same events as `HTTPClient.open` (status, then body bytes as they arrive). Which requests it
+/// carries is `HTTPClient.plainTransport`'s choice.
 ///
 /// Why: swift-corelibs-foundation's URLSession leaves the socket's write source armed after the
 /// request has been sent, and an idle socket is always writable, so while a model server streams

@@ -1,5 +1,5 @@
 /// wisp's one JSON codec: the value (`JSONValue`), the reader (`JSONReader`) and, in
-/// Support/JSONWriter.swift, the writer. The pipe's messages, schemas and the replies judged
+/// JSON/JSONWriter.swift, the writer. The pipe's messages, schemas and the replies judged
 /// against them, the echo backend's values, model tools' schemas and stored threads all go
 /// through it. (Still on Foundation's: the OpenAI backend's HTTP bodies and a model tool's
 /// arguments, Tools/Catalogue.swift; no verdict of wisp's is taken on those numbers or keys.)

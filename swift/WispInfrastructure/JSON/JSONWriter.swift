@@ -1,4 +1,4 @@
-/// The writer of wisp's one JSON codec (Support/JSON.swift): the pipe's messages
+/// The writer of wisp's one JSON codec (JSON/JSON.swift): the pipe's messages
 /// (Pipe/PipeJSON.swift), stored threads (Threads/ThreadStore.swift) and `JSONValue`s (schemas,
 /// echo values, model tools' schemas).
 ///

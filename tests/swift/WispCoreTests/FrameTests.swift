@@ -1,4 +1,4 @@
-// Framing and message encoding: the pipe's bytes (Pipe/Frame.swift, Pipe/Messages.swift).
+// Framing and message encoding: the pipe's bytes (WispInfrastructure's Pipe/Frame.swift, Pipe/Messages.swift).
 import Foundation
 import Testing
 @testable import WispCore
@@ -47,20 +47,6 @@ import WispInfrastructure
         }
         // Byte by byte, too.
         #expect(try decodeAll(bytes.indices.map { bytes[$0...$0] }) == requests)
-    }
-
-    @Test func shortHeaderAtEndOfStream() throws {
-        var d = FrameDecoder()
-        #expect(try d.feed([0, 0]).isEmpty)
-        #expect(d.buffered == 2)
-        #expect(throws: FrameError.truncated(have: 2, need: 4)) { try d.finish() }
-    }
-
-    @Test func lengthOverTheLimit() {
-        var d = FrameDecoder(maxBytes: 1024)
-        #expect(throws: FrameError.tooLarge(length: 1025, limit: 1024)) { _ = try d.feed([0, 0, 4, 1]) }
-        var big = FrameDecoder()
-        #expect(throws: FrameError.self) { _ = try big.feed([0xFF, 0xFF, 0xFF, 0xFF]) }
     }
 
     @Test func truncatedPayload() throws {

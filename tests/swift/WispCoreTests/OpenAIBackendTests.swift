@@ -1,7 +1,6 @@
 import Foundation
 import Testing
 @testable import WispCore
-import WispInfrastructure
 
 /// The openai backend's pure parts: endpoint handling, the transcript, the request body,
 /// SSE splitting and the overflow dialects. Its HTTP behaviour (streaming, cancellation,
@@ -61,15 +60,6 @@ import WispInfrastructure
         let bare = try JSONSerialization.jsonObject(with: OpenAIServer.chatBody(
             model: "m", messages: [], tools: [], toolChoice: nil, settings: GenerationSettings())) as? [String: Any]
         #expect(bare?["temperature"] == nil && bare?["max_tokens"] == nil && bare?["tools"] == nil)
-    }
-
-    @Test func sseLinesSurviveAnySplit() {
-        let stream = Data("data: {\"a\":\"é\"}\r\n\r\ndata: [DONE]\n\n".utf8)
-        for cut in 1..<stream.count {
-            var splitter = SSELineSplitter()
-            let lines = splitter.push(stream.prefix(cut)) + splitter.push(stream.dropFirst(cut)) + splitter.finish()
-            #expect(lines == ["data: {\"a\":\"é\"}", "", "data: [DONE]", ""], "cut at \(cut)")
-        }
     }
 
     @Test(arguments: [

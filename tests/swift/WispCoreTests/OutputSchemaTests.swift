@@ -7,24 +7,6 @@ import WispInfrastructure
 /// decides whether a reply may join the history, the echo backend's value, the OpenAI
 /// request body, and the agent leaving the history alone when a reply misses its schema.
 @Suite struct OutputSchemaTests {
-    @Test func parsesAndWritesJSONKeepingKeyOrder() throws {
-        let text = #" {"z": [1, 2.5, -3e2, true, false, null], "a": "t\u00e9\"\n\ud83d\ude00", "m": {}} "#
-        let v = try JSONValue.parse(text)
-        #expect(v.members?.map(\.key) == ["z", "a", "m"])
-        #expect(v["a"] == .string("té\"\n😀"))
-        // Numbers as written: exact, never rounded through a Double.
-        #expect(v.jsonText == #"{"z":[1,2.5,-3e2,true,false,null],"a":"té\"\n😀","m":{}}"#)
-        #expect(try JSONValue.parse(v.jsonText) == v)
-    }
-
-    @Test func rejectsWhatIsNotJSON() {
-        for bad in ["", "{", #"{"a":1"#, #"{"a" 1}"#, "[1,]", "01", "1.", "-", "tru", #""abc"#, "\"a\u{01}b\"", "{} x", "NaN", #"{'a':1}"#] {
-            #expect(throws: JSONError.self, "\(bad)") { try JSONValue.parse(bad) }
-        }
-        let deep = String(repeating: "[", count: 600) + String(repeating: "]", count: 600)
-        #expect(throws: JSONError.self) { try JSONValue.parse(deep) }
-    }
-
     static let label = #"""
         {"type":"object","properties":{
           "severity":{"type":"string","enum":["error","warning"]},

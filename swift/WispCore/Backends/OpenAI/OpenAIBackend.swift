@@ -23,7 +23,7 @@ import FoundationNetworking
 ///
 /// Here the facade; the conversation and its tool loop are `OpenAISession`, what the server says
 /// about itself `OpenAIServer`, the chat request and its stream `OpenAIChat.swift`, the servers'
-/// error dialects `OpenAIErrors.swift`, and the HTTP underneath `HTTP/`.
+/// error dialects `OpenAIErrors.swift`, and the HTTP underneath WispInfrastructure's `HTTP/`.
 public struct OpenAIBackend: ModelBackend {
     public let name = "openai"
     let server: OpenAIServer
