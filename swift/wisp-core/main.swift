@@ -43,7 +43,7 @@ do {
 } catch {
     // Stay up and say why on every call: the shim reports it better than a dead child would.
     log(.warning, error.message)
-    backend = UnavailableBackend(name: config.backend, reason: error.message)
+    backend = UnavailableBackend(name: config.backend.rawValue, reason: error.message)
 }
 
 /// The single writer: whole frames, one at a time, straight to fd 1.

@@ -15,7 +15,7 @@ import Darwin
 /// that another thread enqueues (a timer, a model server's bytes) wakes it through a pipe.
 ///
 /// Work that may block (disk, fsync, model tools) must not run here: it would hold every
-/// other call and the reading of cancels. `offPipe` sends it to the global pool.
+/// other call and the reading of cancels. `offPipeLoop` sends it to the global pool.
 public final class PipeLoop: TaskExecutor, Sendable {
     private struct State {
         var jobs: [UnownedJob] = []
@@ -114,7 +114,7 @@ public final class PipeLoop: TaskExecutor, Sendable {
 /// for anything that can block, such as a file read, an fsync or a model tool. `work` is
 /// nonisolated on purpose: work isolated to an actor would stay on the thread that actor runs
 /// on (the loop, for a call's thread), whatever executor the task prefers.
-public func offPipe<T: Sendable, E: Error>(_ work: @Sendable () async throws(E) -> T) async throws(E) -> T {
+public func offPipeLoop<T: Sendable, E: Error>(_ work: @Sendable () async throws(E) -> T) async throws(E) -> T {
     try await withTaskExecutorPreference(globalConcurrentExecutor, isolation: nil) { () async throws(E) -> T in
         try await work()
     }

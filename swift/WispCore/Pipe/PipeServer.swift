@@ -140,19 +140,19 @@ public final class PipeServer: Sendable {
         let schema: OutputSchema?
         do {
             if let text = r.schema {
-                schema = try await offPipe { () throws(WispError) in try OutputSchema(text: text) }
+                schema = try await offPipeLoop { () throws(WispError) in try OutputSchema(text: text) }
             } else {
                 schema = nil
             }
         } catch {
-            return ended(r.id, reply: Frame.encode(Failure.failure(r.id, error)))
+            return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, error)))
         }
 
         let acceptance: ThreadRegistry.Acceptance
         do {
             acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots)
         } catch {
-            return ended(r.id, reply: Frame.encode(Failure.failure(r.id, WispError.from(error))))
+            return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, WispError.from(error))))
         }
         // Before this call's reply, so the shim never takes the evicted thread for alive.
         if let evicted = acceptance.evicted { write(Evicted(thread_id: evicted)) }
@@ -196,7 +196,7 @@ public final class PipeServer: Sendable {
             if let paths = r.files, !paths.isEmpty {
                 // Off the pipe's thread: each root is resolved (realpath) again.
                 let base = registry.fileRoots, extra = r.roots ?? []
-                files = FileRequest(paths: paths, roots: await offPipe { base.adding(extra) })
+                files = FileRequest(paths: paths, roots: await offPipeLoop { base.adding(extra) })
             }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
@@ -210,17 +210,17 @@ public final class PipeServer: Sendable {
                 // A long reply is encoded off the pipe's thread (milliseconds per megabyte).
                 reply = o.text.utf8.count < Self.encodeInPlace
                     ? Frame.encode(Reply.success(r.id, result))
-                    : await offPipe { Frame.encode(Reply.success(r.id, result)) }
+                    : await offPipeLoop { Frame.encode(Reply.success(r.id, result)) }
             } else {
                 let stop = calls.withLock { $0.byID[r.id]?.stopReason } ?? .cancelled
-                reply = Frame.encode(Failure.failure(r.id, stoppedError(stop, r, thread.id)))
+                reply = Frame.encode(ErrorReply.failure(r.id, stoppedError(stop, r, thread.id)))
             }
         } catch {
             var e = WispError.from(error)
             // Only a call that ended because it was stopped is reported as stopped; one that had
             // already failed for another reason keeps that reason.
             if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) { e = stoppedError(stop, r, thread.id) }
-            reply = Frame.encode(Failure.failure(r.id, e))
+            reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
         await registry.finished(acceptance, committed: committed)
         ended(r.id, reply: fitting(reply, id: r.id))
@@ -287,7 +287,7 @@ public final class PipeServer: Sendable {
     // MARK: writing
 
     private func fail(_ id: Int, _ error: WispError) {
-        write(Failure.failure(id, error))
+        write(ErrorReply.failure(id, error))
     }
 
     private func write(_ message: some JSONWritable) {
@@ -300,7 +300,7 @@ public final class PipeServer: Sendable {
     private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
         guard !Frame.fits(frame) else { return frame }
         log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(maxFrameBytes)-byte frame limit; sent an error instead")
-        return Frame.encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
+        return Frame.encode(ErrorReply.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
     }
 }
 

@@ -205,9 +205,9 @@ public actor ThreadRegistry {
         try Self.validate(threadID)
         let live = entries.removeValue(forKey: threadID)
         guard let store else { return live != nil }
-        if let live, await live.thread.close() { return true }
+        if let live, await live.thread.close() != .leftToTheCaller { return true }
         // Off the pipe's thread: it waits for the lock and fsyncs the directory.
-        let stored = try await offPipe { () async throws(WispError) -> Bool in try await store.delete(threadID) }
+        let stored = try await offPipeLoop { () async throws(WispError) -> Bool in try await store.delete(threadID) }
         return live != nil || stored
     }
 
@@ -221,7 +221,7 @@ public actor ThreadRegistry {
     public func snapshot() async -> [ThreadInfo] {
         var infos: [(UInt64, ThreadInfo)] = []
         let store = store
-        let stored = await offPipe { store?.summaries() ?? [] }  // reads every stored file's header
+        let stored = await offPipeLoop { store?.summaries() ?? [] }  // reads every stored file's header
         let storedIDs = Set(stored.map(\.id))
         for (id, entry) in entries {
             infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,

@@ -4,7 +4,7 @@ import Testing
 
 /// Structured output in the core: the ordered JSON parser and writer, the validator that
 /// decides whether a reply may join the history, the echo backend's value, the OpenAI
-/// request body, and the agent leaving the history alone when a reply misses its schema.
+/// request body, and the conversation leaving the history alone when a reply misses its schema.
 @Suite struct OutputSchemaTests {
     @Test func parsesAndWritesJSONKeepingKeyOrder() throws {
         let text = #" {"z": [1, 2.5, -3e2, true, false, null], "a": "t\u00e9\"\n\ud83d\ude00", "m": {}} "#
@@ -166,7 +166,7 @@ import Testing
             try await OutputSchema.checkReply(deep, settings: GenerationSettings(schema: schema))
         }
         let deeper = "[" + deep + "]"
-        let problem = try await offPipe { () throws(WispError) in try schema.problem(with: deeper) }
+        let problem = try await offPipeLoop { () throws(WispError) in try schema.problem(with: deeper) }
         #expect(problem?.contains("not valid JSON") == true)
     }
 
@@ -178,19 +178,19 @@ import Testing
     }
 
     @Test func agentKeepsHistoryWhenTheReplyMissesTheSchema() async throws {
-        let agent = Agent(backend: EchoBackend(), instructions: nil, tools: [])
-        _ = agent.commit(try await agent.respond(to: "first", settings: GenerationSettings(), onPartial: nil))
+        let conversation = Conversation(backend: EchoBackend(), instructions: nil, tools: [])
+        _ = conversation.commit(try await conversation.respond(to: "first", settings: GenerationSettings(), onPartial: nil))
         let digits = try OutputSchema(text: #"{"type":"string","pattern":"^[0-9]+$"}"#)
         await #expect(throws: WispError.self) {
             do {
-                _ = try await agent.respond(to: "code?", settings: GenerationSettings(maxOutputTokens: 8, schema: digits), onPartial: nil)
+                _ = try await conversation.respond(to: "code?", settings: GenerationSettings(maxOutputTokens: 8, schema: digits), onPartial: nil)
             } catch let e as WispError {
                 #expect(e.code == .invalidOutput && e.message.contains("max_output_tokens (this call allowed 8)"))
                 throw e
             }
         }
-        #expect(agent.history.map(\.prompt) == ["first"])
-        let next = agent.commit(try await agent.respond(to: "again", settings: GenerationSettings(), onPartial: nil))
+        #expect(conversation.history.map(\.prompt) == ["first"])
+        let next = conversation.commit(try await conversation.respond(to: "again", settings: GenerationSettings(), onPartial: nil))
         #expect(next.text == "echo 2: again")
     }
 

@@ -1,5 +1,5 @@
 // The core's pipe thread (Pipe/PipeLoop.swift): input and the tasks that prefer it run on its
-// one thread, a job enqueued from elsewhere while it sleeps wakes it, and `offPipe` leaves it.
+// one thread, a job enqueued from elsewhere while it sleeps wakes it, and `offPipeLoop` leaves it.
 import Foundation
 import Testing
 @testable import WispCore
@@ -45,7 +45,7 @@ func currentThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
         // The loop is asleep in poll by now: this task's first job comes from another thread.
         try await Task.sleep(for: .milliseconds(20))
         let ran = await Task(executorPreference: loop) { currentThread() }.value
-        let away = await Task(executorPreference: loop) { await offPipe { currentThread() } }.value
+        let away = await Task(executorPreference: loop) { await offPipeLoop { currentThread() } }.value
         #expect(write(input, "de", 2) == 2)
         close(input)
         for _ in 0..<400 where !seen.withLock({ $0.eof }) { try await Task.sleep(for: .milliseconds(5)) }
@@ -53,14 +53,14 @@ func currentThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
         #expect(s.eof, "end of input reaches onInput")
         #expect(s.bytes == Array("abcde".utf8))
         #expect(s.thread == ran, "a task preferring the loop runs on the thread that reads the input")
-        #expect(away != ran, "offPipe runs its work on another thread")
+        #expect(away != ran, "offPipeLoop runs its work on another thread")
     }
 
     actor Isolated {
-        /// The thread this actor runs on, and the one its `offPipe` work ran on.
+        /// The thread this actor runs on, and the one its `offPipeLoop` work ran on.
         func threads() async -> (ObjectIdentifier, ObjectIdentifier) {
             let here = currentThread()
-            let there = await offPipe { currentThread() }
+            let there = await offPipeLoop { currentThread() }
             return (here, there)
         }
     }

@@ -10,7 +10,7 @@ import Testing
 @discardableResult
 func call(_ registry: ThreadRegistry, _ threadID: String?, _ prompt: String,
           instructions: String? = nil, tools: [String]? = nil,
-          onPartial: PartialHandler? = nil) async throws -> (id: String, outcome: Agent.Outcome, created: Bool) {
+          onPartial: PartialHandler? = nil) async throws -> (id: String, outcome: Conversation.Outcome, created: Bool) {
     let a = try await registry.accept(threadID: threadID, instructions: instructions, tools: tools)
     do {
         let o = try await a.thread.respond(a.ticket, prompt: prompt, settings: GenerationSettings(), onPartial: onPartial)
@@ -25,7 +25,7 @@ func call(_ registry: ThreadRegistry, _ threadID: String?, _ prompt: String,
 /// A call accepted now (so its thread is in flight before anything else happens, however slow
 /// the machine) and run in the background.
 func startCall(_ registry: ThreadRegistry, _ threadID: String, _ prompt: String) async throws
-    -> Task<(id: String, outcome: Agent.Outcome, created: Bool), any Error> {
+    -> Task<(id: String, outcome: Conversation.Outcome, created: Bool), any Error> {
     let a = try await registry.accept(threadID: threadID, instructions: nil, tools: nil)
     return Task {
         let o = try await a.thread.respond(a.ticket, prompt: prompt, settings: GenerationSettings(), onPartial: nil)

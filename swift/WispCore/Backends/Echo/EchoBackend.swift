@@ -82,7 +82,7 @@ final class EchoSession: ModelSession {
         var text: String
         if let schema = settings.schema {
             // Off the pipe's thread: a schema may ask for a large value (bounded by echoValue).
-            text = try await offPipe { () throws(WispError) in try schema.echoValue(n: n).jsonText }
+            text = try await offPipeLoop { () throws(WispError) in try schema.echoValue(n: n).jsonText }
         } else {
             text = "echo \(n): \(body)"
         }

@@ -3,7 +3,7 @@
 ///
 /// Not Sendable on purpose: it lives inside one `ConversationThread` actor and its async
 /// method is `nonisolated(nonsending)`, so it runs on that actor and is never sent anywhere.
-public final class Agent {
+public final class Conversation {
     public struct Outcome: Sendable, Equatable {
         public var text: String
         /// True when this call's turn is the thread's first: the thread was new to the caller.
@@ -42,7 +42,7 @@ public final class Agent {
     private let affinity: SessionAffinity
 
     /// `history`: a stored thread's turns; its session is rebuilt from them on the first call,
-    /// the same way as after condensing. `affinity`: the thread's (its agents share it).
+    /// the same way as after condensing. `affinity`: the thread's (its conversations share it).
     public init(backend: any ModelBackend, instructions: String?, tools: [ModelTool], history: [Turn] = [],
                 affinity: SessionAffinity? = nil) {
         self.backend = backend
@@ -62,7 +62,7 @@ public final class Agent {
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
         if let files {
-            attached = try await offPipe { () throws(WispError) in try FileAttachments.read(files, context: context) }  // reads the disk
+            attached = try await offPipeLoop { () throws(WispError) in try FileAttachments.read(files, context: context) }  // reads the disk
         } else {
             attached = []
         }
