@@ -12,7 +12,7 @@ import Darwin
 ///
 /// It has an OS thread of its own, neither the pipe loop (the calls it waits for may need the
 /// loop to end) nor the cooperative pool (a call that ignores cancellation, such as a backend or
-/// tool burning a CPU, may hold every pool thread, and the shutdown must still end).
+/// tool burning a CPU, may hold every OS thread of the pool, and the shutdown must still end).
 public final class Lifecycle: Sendable {
     /// How the core winds down once stdin has ended. Each step runs, then waits at most its time
     /// for the calls in flight to end; once none is left the steps still to come are skipped.
@@ -93,7 +93,7 @@ public final class Lifecycle: Sendable {
     private let escalation: Escalation
     private let exitProcess: @Sendable (Int32) -> Never
     private let state = Locked(State())
-    /// A byte on this pipe wakes the lifecycle's thread: the input ended, or the last call did.
+    /// A byte on this pipe wakes the lifecycle's OS thread: the input ended, or the last call did.
     private let wakeRead: Int32
     private let wakeWrite: Int32
 
@@ -113,7 +113,7 @@ public final class Lifecycle: Sendable {
         wakeWrite = fds[1]
     }
 
-    /// Starts the lifecycle's thread: it watches `input` for its hang-up (without reading it)
+    /// Starts the lifecycle's OS thread: it watches `input` for its hang-up (without reading it)
     /// and, once the pipe loop reports the end (`inputEnded`), runs the escalation on `server`.
     public func start(server: PipeServer, input: Int32) {
         Thread.detachNewThread { [self] in run(server, input) }
@@ -125,9 +125,9 @@ public final class Lifecycle: Sendable {
         wake()
     }
 
-    /// Ends the process now, from any thread: logs `why` at `level`, gives the last words their
+    /// Ends the process now, from any OS thread: logs `why` at `level`, gives the last words their
     /// time where the ending allows, and exits with the ending's status. The first ending wins;
-    /// a thread that asks for another waits for that exit.
+    /// an OS thread that asks for another waits for that exit.
     public func end(_ ending: Ending, _ level: LogLevel = .error, _ why: String? = nil) -> Never {
         let first = state.withLock { s -> Bool in
             defer { s.ending = true }

@@ -26,7 +26,7 @@ public final class PipeServer: Sendable {
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
     private let watchdog = Locked<Task<Void, Never>?>(nil)
-    /// Replies up to this many bytes of text are encoded on the pipe's thread: less than a hop to the pool costs.
+    /// Replies up to this many bytes of text are encoded on the pipe loop: less than a hop to the pool costs.
     private static let encodeInPlace = 64 * 1024
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
@@ -136,7 +136,7 @@ public final class PipeServer: Sendable {
         if deadline != nil { startWatchdog() }
 
         // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a
-        // model; off the pipe's thread (its patterns are compiled).
+        // model; off the pipe loop (its patterns are compiled).
         let schema: OutputSchema?
         do {
             if let text = r.schema {
@@ -194,7 +194,7 @@ public final class PipeServer: Sendable {
             let id = r.id
             var files: FileRequest?
             if let paths = r.files, !paths.isEmpty {
-                // Off the pipe's thread: each root is resolved (realpath) again.
+                // Off the pipe loop: each root is resolved (realpath) again.
                 let base = registry.fileRoots, extra = r.roots ?? []
                 files = FileRequest(paths: paths, roots: await offPipeLoop { base.adding(extra) })
             }
@@ -207,7 +207,7 @@ public final class PipeServer: Sendable {
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
                     store_error: o.storeError)
-                // A long reply is encoded off the pipe's thread (milliseconds per megabyte).
+                // A long reply is encoded off the pipe loop (milliseconds per megabyte).
                 reply = o.text.utf8.count < Self.encodeInPlace
                     ? Frame.encode(Reply.success(r.id, result))
                     : await offPipeLoop { Frame.encode(Reply.success(r.id, result)) }
@@ -234,8 +234,9 @@ public final class PipeServer: Sendable {
     }
 
     /// Time limits are enforced by one watchdog task for all calls, not a sleeping task per call:
-    /// starting and cancelling a task per call cost two thread wake-ups on every round trip
-    /// (~20 us of ~80 us on 2 cores). It runs only while some call has a limit.
+    /// starting and cancelling a task per call cost two OS-thread wake-ups on every round trip, a
+    /// large share of a short call's time (bench/ has the figures). It runs only while some call
+    /// has a limit.
     private func startWatchdog() {
         watchdog.withLock { task in
             if task == nil { task = Task(executorPreference: executor) { await self.watch() } }
@@ -347,7 +348,7 @@ struct CallState {
             stage = .stopped(code, task)
             return true
         case .committing:
-            // Its task ran on another thread of the pool and reached the commit first.
+            // Its task ran on the global pool (no pipe loop: unit tests) and reached its commit first.
             return false
         case .running, .stopped(_, .some):
             assertionFailure("a call's task starts once")

@@ -54,7 +54,7 @@ public actor ConversationThread {
     private var held: ThreadStore.Lock?
     /// Closed: calls still running on it must not store it again.
     private var closed = false
-    /// The call being served is writing the thread's file (off the pipe's thread, so `close`
+    /// The call being served is writing the thread's file (off the pipe loop, so `close`
     /// may run meanwhile): that call deletes it afterwards if the thread was closed by then.
     private var saving = false
     /// A turn was committed that the store does not have (the directory failed): the memory is
@@ -158,7 +158,7 @@ public actor ConversationThread {
     }
 
     /// Lets go of the store's lock, removing the lock file if the thread is not stored (off the
-    /// pipe's thread: it looks at the disk). A thread whose file this call saw or wrote keeps its
+    /// pipe loop: it looks at the disk). A thread whose file this call saw or wrote keeps its
     /// lock file: that file goes only with the thread's (a delete, here or in another process).
     private func release() async {
         guard let durability, let lock = held else { return }
@@ -180,7 +180,7 @@ public actor ConversationThread {
         }
         let state = ThreadStore.State(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots, history: conversation.history)
         let store = durability.store, id = self.id, held = self.held
-        // Off the pipe's thread: the write and its fsyncs.
+        // Off the pipe loop: the write and its fsyncs.
         saving = true
         let saved: Result<ThreadStore.Stamp, WispError> = await offPipeLoop {
             do throws(WispError) { return .success(try store.save(id, state)) } catch { return .failure(error) }

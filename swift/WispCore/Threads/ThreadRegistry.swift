@@ -1,6 +1,6 @@
 import Foundation
 
-/// Thread semantics, in one place (ARCHITECTURE.md):
+/// Thread semantics, in one place (README.md's "Thread rules" says them to users):
 ///
 /// - `respond` without a thread id creates a thread under a generated id; with an unknown id
 ///   it creates a thread under that id; with a known id it continues that conversation.
@@ -206,7 +206,7 @@ public actor ThreadRegistry {
         let live = entries.removeValue(forKey: threadID)
         guard let store else { return live != nil }
         if let live, await live.thread.close() != .leftToTheCaller { return true }
-        // Off the pipe's thread: it waits for the lock and fsyncs the directory.
+        // Off the pipe loop: it waits for the lock and fsyncs the directory.
         let stored = try await offPipeLoop { () async throws(WispError) -> Bool in try await store.delete(threadID) }
         return live != nil || stored
     }

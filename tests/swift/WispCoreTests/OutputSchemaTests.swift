@@ -157,7 +157,7 @@ import Testing
         try await OutputSchema.checkReply(String(repeating: "/", count: maxFrameBytes / 2 + 1), settings: GenerationSettings())
     }
 
-    /// The reply is judged on the pool (off the pipe thread), whose threads have smaller stacks:
+    /// The reply is judged on the pool (off the pipe loop), whose OS threads have smaller stacks:
     /// a reply nested as deep as the reader takes is judged there, not a crash.
     @Test func aDeeplyNestedReplyIsJudgedOffThePipe() async throws {
         let deep = String(repeating: "[", count: JSONValue.maxDepth) + String(repeating: "]", count: JSONValue.maxDepth)

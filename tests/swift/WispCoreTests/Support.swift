@@ -236,11 +236,6 @@ final class RefusingSession: ModelSession {
     }
 }
 
-/// Runs a blocking call on a thread of its own, so it takes no thread from the cooperative pool.
-func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-    await withCheckedContinuation { c in Thread.detachNewThread { c.resume(returning: body()) } }
-}
-
 /// A backend that takes its time to say whether it is available (an endpoint that does not answer).
 struct SlowToAnswerBackend: ModelBackend {
     let name = "slow"

@@ -43,7 +43,7 @@ extension ModelTools {
             swapper.start()
             defer { stop.store(true, ordering: .relaxed) }
 
-            // The reads run on a thread of their own, as the swapper does: the tools are blocking
+            // The reads run on an OS thread of their own, as the swapper does: the tools are blocking
             // code, and on a 2-core machine the other suites need the cooperative pool meanwhile.
             let roots = Roots([root])
             let clock = ContinuousClock()
@@ -91,8 +91,8 @@ func exchange(_ a: String, _ b: String) {
     #endif
 }
 
-/// Runs CPU-heavy test code on a thread of its own: on a 2-core machine the cooperative pool
-/// has two threads, and the timing tests of other suites need them meanwhile.
+/// Runs CPU-heavy test code on an OS thread of its own: on a 2-core machine the cooperative pool
+/// has two OS threads, and the timing tests of other suites need them meanwhile.
 func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { done in
         Thread { done.resume(with: Result { try body() }) }.start()
