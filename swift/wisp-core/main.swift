@@ -1,7 +1,7 @@
 // wisp-core: the child process the shim starts. Frames in on stdin, frames out on stdout,
-// logs on stderr. It exits 0 at stdin EOF (after stopping calls in flight, waiting for them at
-// most 2 s), 64 on bad flags, 65 on a frame it cannot decode (the shim then restarts it), 70 on
-// the echo `!crash`.
+// logs on stderr. It exits 64 on bad flags; once running, every end is `Lifecycle`'s (0 at
+// stdin EOF after stopping the calls in flight, 65 on a frame it cannot decode, 70 on the echo
+// `!crash`).
 import Foundation
 import Synchronization
 import WispCore
@@ -34,21 +34,17 @@ do {
     exit(64)
 }
 let log = Log(level: config.logLevel)
-/// How long the core's last log lines get to reach stderr before it exits: bounded, since a
-/// stderr nobody reads must not keep a dying core alive.
-let lastWordsGrace = Duration.milliseconds(500)
+let lifecycle = Lifecycle(log: log)
 
 let backend: any ModelBackend
 do {
     backend = try makeBackend(config, echoCrash: {
-        log(.error, "echo !crash: exiting with status 70 as a crash would")
-        Log.flush(within: lastWordsGrace)
-        exit(70)
+        lifecycle.end(.crash, .error, "echo !crash: exiting with status 70 as a crash would")
     })
 } catch {
     // Stay up and say why on every call: the shim reports it better than a dead child would.
     log(.warning, error.message)
-    backend = UnavailableBackend(name: config.backend, reason: error.message)
+    backend = UnavailableBackend(name: config.backend.rawValue, reason: error.message)
 }
 
 /// The single writer: whole frames, one at a time, straight to fd 1.
@@ -64,8 +60,7 @@ let stdoutLock = Mutex(())
                 } else if n < 0 && errno == EINTR {
                     continue
                 } else {
-                    // The shim is gone; nobody is left to answer.
-                    exit(0)
+                    lifecycle.end(.outputClosed)
                 }
             }
         }
@@ -97,9 +92,6 @@ log(.info, "ready: backend \(backend.name), model \(backend.model), max threads 
 
 let (incoming, continuation) = AsyncStream<RequestReader.Item>.makeStream(bufferingPolicy: .unbounded)
 
-/// How long calls get to end once stdin has closed.
-let shutdownGrace = Duration.seconds(2)
-
 // The dispatcher takes requests in arrival order (that order is each thread's order) and runs
 // on the pipe loop, as the calls it starts do (PipeLoop says why).
 Task(executorPreference: loop) { [server, incoming] in
@@ -111,42 +103,19 @@ Task(executorPreference: loop) { [server, incoming] in
     }
 }
 
-// A safety net for a promise: the core is gone within the grace once stdin closes. Only the
-// pipe loop reads stdin, so a call stuck on its thread (a bug: everything known to block runs
-// offPipe) would keep it from seeing the end. This thread waits for the hang-up without reading.
-Thread.detachNewThread {
-    var hangup = pollfd(fd: 0, events: 0, revents: 0)
-    while poll(&hangup, 1, -1) < 0 || hangup.revents & Int16(POLLHUP | POLLERR | POLLNVAL) == 0 {
-        hangup.revents = 0
-    }
-    Thread.sleep(forTimeInterval: Double(shutdownGrace.components.seconds) + 1)
-    log(.warning, "stdin closed \(Int(shutdownGrace.components.seconds) + 1) s ago and the pipe loop has not exited; exiting")
-    Log.flush(within: lastWordsGrace)
-    exit(0)
-}
+lifecycle.start(server: server, input: 0)
 
 func protocolError(_ error: any Error) -> Never {
-    log(.error, "protocol error: \(error); exiting so the shim restarts a clean core")
-    Log.flush(within: lastWordsGrace)
-    exit(65)
+    lifecycle.end(.protocolError, .error, "protocol error: \(error); exiting so the shim restarts a clean core")
 }
 
-// The main thread becomes the pipe loop for good: it reads stdin and runs the pipe's work.
+// The main OS thread becomes the pipe loop for good: it reads stdin and runs the pipe's work.
 var reader = RequestReader()
 loop.run(input: 0) { bytes in
     guard !bytes.isEmpty else {
         do { try reader.finish() } catch { protocolError(error) }
         continuation.finish()
-        log(.info, "stdin closed: stopping \(server.callsInFlight) call(s) in flight and exiting")
-        // The wait for calls to end blocks, so it has a thread of its own: the calls may need
-        // this loop to finish, and one that ignores cancellation must not keep the core alive.
-        Thread.detachNewThread {
-            if !server.stopAll(grace: shutdownGrace) {
-                log(.warning, "\(server.callsInFlight) call(s) did not stop within \(shutdownGrace); exiting anyway")
-            }
-            Log.flush(within: lastWordsGrace)
-            exit(0)
-        }
+        lifecycle.inputEnded()
         return
     }
     do {

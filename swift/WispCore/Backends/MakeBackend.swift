@@ -2,23 +2,23 @@
 /// file. `echoCrash` is what the echo backend's `!crash` does (see `EchoBackend`).
 public func makeBackend(_ config: CoreConfig, echoCrash: @escaping @Sendable () -> Never) throws(WispError) -> any ModelBackend {
     switch config.backend {
-    case "echo":
+    case .echo:
         return EchoBackend(contextSize: config.contextSize, delayMs: config.echoDelayMs, crash: echoCrash)
-    case "openai":
+    case .openai:
         return try OpenAIBackend(config)
-    case "apple":
+    case .apple:
         #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
         if #available(macOS 26.0, *) { return AppleBackend() }
         #endif
         throw WispError(.modelUnavailable, "the apple backend needs macOS 26+ with FoundationModels; it is not available on this system")
-    default: // auto: the Apple model where it is available, else an OpenAI-compatible endpoint when one is set
+    case .auto:
         #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
         // With no endpoint to fall back to, apple still: its availability() says why it cannot answer.
         if #available(macOS 26.0, *), AppleBackend.isAvailable || config.endpoint == nil { return AppleBackend() }
         #endif
         if config.endpoint != nil {
             var c = config
-            c.backend = "openai"
+            c.backend = .openai
             return try makeBackend(c, echoCrash: echoCrash)
         }
         throw WispError(.modelUnavailable, "no model backend is available: set --endpoint (an OpenAI-compatible server), or use --backend echo to try wisp without a model")

@@ -94,7 +94,7 @@ extension ModelBackend {
 /// One thread, as a backend sees it across the sessions the thread rebuilds (after condensing,
 /// a failed call, a resume from the store). Alive as long as the thread: a backend holds it
 /// weakly, so a closed or evicted thread gives up what the backend kept for it. `key` (the
-/// thread id; nil for an agent of no thread) lets a thread that comes back under the same id
+/// thread id; nil for a conversation of no thread) lets a thread that comes back under the same id
 /// (resumed from the store) find what it left.
 public final class SessionAffinity: Sendable {
     public let key: String?

@@ -19,7 +19,7 @@ import WispInfrastructure
 /// and ECMA-262 differ).
 ///
 /// Checking a reply and building echo's value can take time on a large reply or schema: both
-/// run off the pipe thread and stop when their call is cancelled (`Task.isCancelled`).
+/// run off the pipe loop and stop when their call is cancelled (`Task.isCancelled`).
 public struct OutputSchema: Sendable, Equatable {
     /// The schema as the caller wrote it (compact JSON text), for backends that forward it.
     public let text: String
@@ -355,10 +355,10 @@ extension OutputSchema {
 
     /// The one verdict on a finished reply, before its turn may be committed: it matches the
     /// call's schema, and it fits in a pipe frame once encoded (else `reply_too_large`). Off the
-    /// pipe's thread unless the reply is short and there is no schema.
+    /// pipe loop unless the reply is short and there is no schema.
     public static func checkReply(_ text: String, settings: GenerationSettings) async throws(WispError) {
         if settings.schema == nil, text.utf8.count < 64 * 1024 { return try checkSize(text) }
-        try await offPipe { () throws(WispError) in
+        try await offPipeLoop { () throws(WispError) in
             try checkSize(text)
             try settings.schema?.check(text, maxOutputTokens: settings.maxOutputTokens)
         }

@@ -312,7 +312,7 @@ public struct Reply<Result: Codable & Sendable>: Codable, Sendable {
 }
 
 /// The failure form of `Reply`, which carries no result.
-public typealias Failure = Reply<Empty>
+public typealias ErrorReply = Reply<Empty>
 public struct Empty: Codable, Sendable {}
 
 extension Reply where Result == Empty {

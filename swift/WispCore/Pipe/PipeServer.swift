@@ -1,4 +1,3 @@
-import Dispatch
 import Foundation
 import Synchronization
 import WispInfrastructure
@@ -14,26 +13,22 @@ public final class PipeServer: Sendable {
     private let log: Log
     /// Where calls run: the pipe loop in the core (nil: the global pool, as in unit tests).
     private let executor: (any TaskExecutor)?
-    private let inFlight = Locked<[Int: Call]>([:])
+    private let calls = Locked(Calls())
 
-    private struct Call {
-        var task: Task<Void, Never>?
-        /// Why the call was stopped, when it was: `cancelled` or `timeout`.
-        var stop: WispError.Code?
-        /// When the call's time limit runs out, in `monotonicSeconds()` (the shim's `options.deadline`,
-        /// else `timeout_s` from when the request was read), if it has one.
-        var deadline: Double?
-        /// The call's turn is being committed: too late to stop it. Decided under the lock
-        /// together with `stop`, so a cancel either stops the call or is answered `false`.
-        var committed = false
+    /// Every call in flight, by request id, and whether new ones are still taken.
+    private struct Calls {
+        var byID: [Int: CallState] = [:]
+        /// `shuttingDown` once the shutdown began (`drain`): a call read after it starts stopped.
+        var phase = Phase.serving
+        /// What runs once no call is in flight (`whenIdle`).
+        var whenIdle: [@Sendable () -> Void] = []
     }
 
-    /// Set (under `inFlight`'s lock) once `stopAll` has run: a call accepted after it starts stopped.
-    private let stopping = Atomic<Bool>(false)
+    private enum Phase { case serving, shuttingDown }
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
     private let watchdog = Locked<Task<Void, Never>?>(nil)
-    /// Replies up to this many bytes of text are encoded on the pipe's thread: less than a hop to the pool costs.
+    /// Replies up to this many bytes of text are encoded on the pipe loop: less than a hop to the pool costs.
     private static let encodeInPlace = 64 * 1024
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
@@ -90,33 +85,37 @@ public final class PipeServer: Sendable {
         fail(id, WispError(.invalidArgument, "protocol error: \(message)"))
     }
 
-    /// Stops every call in flight and any accepted later (at stdin EOF), and waits at most
-    /// `grace` for them to end. True when they all did. It blocks the calling thread: call it
-    /// from a thread of its own, neither the pipe loop (the calls may need it to end) nor the
-    /// pool, since a call that ignores cancellation (a backend or tool burning a CPU) may hold
-    /// every thread of the cooperative pool, and the wait must still end.
-    public func stopAll(grace: Duration) -> Bool {
-        let tasks = inFlight.withLock { calls in
-            stopping.store(true, ordering: .relaxed)
-            for id in calls.keys where calls[id]?.committed == false { calls[id]?.stop = .cancelled }
-            return calls.values.compactMap(\.task)
-        }
-        for t in tasks { t.cancel() }
-        let ended = DispatchSemaphore(value: 0)
-        Task.detached { [self] in
-            // Again until none is left: a request still in the dispatcher's queue may be accepted meanwhile.
-            while callsInFlight > 0 {
-                let running = inFlight.withLock { $0.values.compactMap(\.task) }
-                for t in running { await t.value }
-                if running.isEmpty { try? await Task.sleep(for: .milliseconds(1)) }
-            }
-            ended.signal()
-        }
-        let ns = grace.components.seconds * 1_000_000_000 + grace.components.attoseconds / 1_000_000_000
-        return ended.wait(timeout: .now() + .nanoseconds(Int(ns))) == .success
+    // MARK: shutdown (the steps `Lifecycle` runs, in its order and with its times)
+
+    /// Takes no new call: one read from now on starts stopped. Calls in flight run on.
+    public func drain() {
+        calls.withLock { $0.phase = .shuttingDown }
     }
 
-    public var callsInFlight: Int { inFlight.withLock { $0.count } }
+    /// Stops every call in flight as cancelled (but those already committing, which end as if
+    /// the stop had come after their reply), and any read later.
+    public func cancelAll() {
+        let tasks = calls.withLock { c -> [Task<Void, Never>] in
+            c.phase = .shuttingDown
+            return c.byID.keys.compactMap { id in
+                guard case .stopped(let task)? = c.byID[id]?.stop(.cancelled) else { return nil }
+                return task
+            }
+        }
+        for t in tasks { t.cancel() }
+    }
+
+    /// Runs `action` (once) as soon as no call is in flight: now, if none is. It must not block.
+    public func whenIdle(_ action: @escaping @Sendable () -> Void) {
+        let now = calls.withLock { c -> Bool in
+            if c.byID.isEmpty { return true }
+            c.whenIdle.append(action)
+            return false
+        }
+        if now { action() }
+    }
+
+    public var callsInFlight: Int { calls.withLock { $0.byID.count } }
 
     // MARK: respond
 
@@ -130,43 +129,38 @@ public final class PipeServer: Sendable {
         if let deadline, deadline <= monotonicSeconds() {
             return fail(r.id, stoppedError(.timeout, r, r.thread_id))
         }
-        let known = inFlight.withLock { calls in
-            if calls[r.id] != nil { return true }
-            calls[r.id] = Call(stop: stopping.load(ordering: .relaxed) ? .cancelled : nil, deadline: deadline)
+        let known = calls.withLock { c in
+            if c.byID[r.id] != nil { return true }
+            c.byID[r.id] = CallState(deadline: deadline, admitted: c.phase == .serving)
             return false
         }
         if known { return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight")) }
         if deadline != nil { startWatchdog() }
 
         // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a
-        // model; off the pipe's thread (its patterns are compiled).
+        // model; off the pipe loop (its patterns are compiled).
         let schema: OutputSchema?
         do {
             if let text = r.schema {
-                schema = try await offPipe { () throws(WispError) in try OutputSchema(text: text) }
+                schema = try await offPipeLoop { () throws(WispError) in try OutputSchema(text: text) }
             } else {
                 schema = nil
             }
         } catch {
-            _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
-            return fail(r.id, error)
+            return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, error)))
         }
 
         let acceptance: ThreadRegistry.Acceptance
         do {
             acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots)
         } catch {
-            _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
-            return fail(r.id, WispError.from(error))
+            return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, WispError.from(error))))
         }
         // Before this call's reply, so the shim never takes the evicted thread for alive.
         if let evicted = acceptance.evicted { write(Evicted(thread_id: evicted)) }
 
         let task = Task(executorPreference: executor) { await self.run(r, acceptance, schema: schema) }
-        let stoppedEarly = inFlight.withLock { calls -> Bool in
-            calls[r.id]?.task = task
-            return calls[r.id]?.stop != nil
-        }
+        let stoppedEarly = calls.withLock { $0.byID[r.id]?.started(task) } ?? false
         if stoppedEarly { task.cancel() }
     }
 
@@ -202,18 +196,12 @@ public final class PipeServer: Sendable {
             let id = r.id
             var files: FileRequest?
             if let paths = r.files, !paths.isEmpty {
-                // Off the pipe's thread: each root is resolved (realpath) again.
+                // Off the pipe loop: each root is resolved (realpath) again.
                 let base = registry.fileRoots, extra = r.roots ?? []
-                files = FileRequest(paths: paths, roots: await offPipe { base.adding(extra) })
+                files = FileRequest(paths: paths, roots: await offPipeLoop { base.adding(extra) })
             }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
-                self.inFlight.withLock { calls in
-                    guard var call = calls[id] else { return false }
-                    if call.stop == nil, let deadline = call.deadline, deadline <= monotonicSeconds() { call.stop = .timeout }
-                    call.committed = call.stop == nil
-                    calls[id] = call
-                    return call.committed
-                }
+                self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {
                 committed = true
@@ -221,24 +209,23 @@ public final class PipeServer: Sendable {
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
                     store_error: o.storeError)
-                // A long reply is encoded off the pipe's thread (milliseconds per megabyte).
+                // A long reply is encoded off the pipe loop (milliseconds per megabyte).
                 reply = o.text.utf8.count < Self.encodeInPlace
                     ? Frame.encode(Reply.success(r.id, result))
-                    : await offPipe { Frame.encode(Reply.success(r.id, result)) }
+                    : await offPipeLoop { Frame.encode(Reply.success(r.id, result)) }
             } else {
-                let stop = inFlight.withLock { $0[r.id]?.stop } ?? .cancelled
-                reply = Frame.encode(Failure.failure(r.id, stoppedError(stop, r, thread.id)))
+                let stop = calls.withLock { $0.byID[r.id]?.stopReason } ?? .cancelled
+                reply = Frame.encode(ErrorReply.failure(r.id, stoppedError(stop, r, thread.id)))
             }
         } catch {
             var e = WispError.from(error)
             // Only a call that ended because it was stopped is reported as stopped; one that had
             // already failed for another reason keeps that reason.
-            if e.code == .cancelled, let stop = inFlight.withLock({ $0[r.id]?.stop }) { e = stoppedError(stop, r, thread.id) }
-            reply = Frame.encode(Failure.failure(r.id, e))
+            if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) { e = stoppedError(stop, r, thread.id) }
+            reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
         await registry.finished(acceptance, committed: committed)
-        _ = inFlight.withLock { $0.removeValue(forKey: r.id) }
-        send(fitting(reply, id: r.id))
+        ended(r.id, reply: fitting(reply, id: r.id))
     }
 
     private func stoppedError(_ code: WispError.Code, _ r: Respond, _ threadID: String?) -> WispError {
@@ -249,8 +236,9 @@ public final class PipeServer: Sendable {
     }
 
     /// Time limits are enforced by one watchdog task for all calls, not a sleeping task per call:
-    /// starting and cancelling a task per call cost two thread wake-ups on every round trip
-    /// (~20 us of ~80 us on 2 cores). It runs only while some call has a limit.
+    /// starting and cancelling a task per call cost two OS-thread wake-ups on every round trip, a
+    /// large share of a short call's time (bench/ has the figures). It runs only while some call
+    /// has a limit.
     private func startWatchdog() {
         watchdog.withLock { task in
             if task == nil { task = Task(executorPreference: executor) { await self.watch() } }
@@ -261,14 +249,12 @@ public final class PipeServer: Sendable {
         while true {
             try? await Task.sleep(for: Self.watchInterval)
             let now = monotonicSeconds()
-            let expired = inFlight.withLock { calls in
-                calls.compactMap { id, call in call.stop == nil && !call.committed && call.deadline.map { $0 <= now } == true ? id : nil }
-            }
+            let expired = calls.withLock { c in c.byID.compactMap { id, call in call.isOverdue(at: now) ? id : nil } }
             for id in expired { _ = stop(id, because: .timeout) }
             // Ends when no running call has a limit; checked under the watchdog's lock, so a
             // call that sets its deadline meanwhile either is seen here or starts a new watchdog.
             let done = watchdog.withLock { task in
-                let waiting = inFlight.withLock { $0.values.contains { $0.stop == nil && !$0.committed && $0.deadline != nil } }
+                let waiting = calls.withLock { $0.byID.values.contains { $0.deadline != nil } }
                 if !waiting { task = nil }
                 return !waiting
             }
@@ -279,20 +265,32 @@ public final class PipeServer: Sendable {
     /// Stops an in-flight call. False when no such call is in flight, or its turn is already
     /// being committed (it ends as if the stop had come after its reply).
     private func stop(_ id: Int, because code: WispError.Code) -> Bool {
-        let task: Task<Void, Never>?? = inFlight.withLock { calls in
-            guard let call = calls[id], !call.committed else { return .none }
-            if calls[id]?.stop == nil { calls[id]?.stop = code }
-            return .some(calls[id]?.task)
+        switch calls.withLock({ $0.byID[id]?.stop(code) }) {
+        case .stopped(let task)?:
+            task?.cancel()
+            return true
+        case .tooLate?, nil:
+            return false
         }
-        guard case .some(let t) = task else { return false }
-        t?.cancel()
-        return true
+    }
+
+    /// The call is over: it leaves the table, then its reply is written, and then, if it was the
+    /// last, what waits for no call to be in flight runs (so the shutdown never cuts a reply off).
+    private func ended(_ id: Int, reply: [UInt8]) {
+        let idle = calls.withLock { c -> [@Sendable () -> Void] in
+            c.byID.removeValue(forKey: id)
+            guard c.byID.isEmpty else { return [] }
+            defer { c.whenIdle = [] }
+            return c.whenIdle
+        }
+        send(reply)
+        for action in idle { action() }
     }
 
     // MARK: writing
 
     private func fail(_ id: Int, _ error: WispError) {
-        write(Failure.failure(id, error))
+        write(ErrorReply.failure(id, error))
     }
 
     private func write(_ message: some JSONWritable) {
@@ -305,6 +303,112 @@ public final class PipeServer: Sendable {
     private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
         guard !Frame.fits(frame) else { return frame }
         log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(maxFrameBytes)-byte frame limit; sent an error instead")
-        return Frame.encode(Failure.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
+        return Frame.encode(ErrorReply.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
     }
+}
+
+/// One call's state in the pipe server, from the moment its request id is taken to its reply.
+/// Each stage holds what it needs, and the transitions below are the only way to change it;
+/// the server runs them under one lock, so a cancel, the time limit and the commit decision
+/// are taken one at a time. A transition the server never makes traps in a debug build.
+struct CallState {
+    enum Stage: Equatable {
+        /// Taken; its schema and its thread are being prepared, and it has no task yet.
+        case preparing(deadline: Double?)
+        /// Its task runs (or waits for its turn on the thread).
+        case running(Task<Void, Never>, deadline: Double?)
+        /// Stopped (`cancelled` or `timeout`) before its turn was committed: the first reason
+        /// stays. Its task, once it has one.
+        case stopped(WispError.Code, Task<Void, Never>?)
+        /// Its turn is being committed: too late to stop it.
+        case committing
+    }
+
+    /// What `stop` did.
+    enum Stop: Equatable {
+        /// The call is stopped; its task, if it has one, is to be cancelled.
+        case stopped(Task<Void, Never>?)
+        /// Its turn is being committed: it ends as if the stop had come after its reply.
+        case tooLate
+    }
+
+    private(set) var stage: Stage
+
+    /// `deadline`: when the call's time limit runs out, in `monotonicSeconds()`. A call that is
+    /// not `admitted` (read once the shutdown began) starts stopped.
+    init(deadline: Double?, admitted: Bool) {
+        stage = admitted ? .preparing(deadline: deadline) : .stopped(.cancelled, nil)
+    }
+
+    /// The call's task has started. True when it must be cancelled at once (it was stopped first).
+    mutating func started(_ task: Task<Void, Never>) -> Bool {
+        switch stage {
+        case .preparing(let deadline):
+            stage = .running(task, deadline: deadline)
+            return false
+        case .stopped(let code, nil):
+            stage = .stopped(code, task)
+            return true
+        case .committing:
+            // Its task ran on the global pool (no pipe loop: unit tests) and reached its commit first.
+            return false
+        case .running, .stopped(_, .some):
+            assertionFailure("a call's task starts once")
+            return false
+        }
+    }
+
+    mutating func stop(_ code: WispError.Code) -> Stop {
+        switch stage {
+        case .preparing:
+            stage = .stopped(code, nil)
+            return .stopped(nil)
+        case .running(let task, _):
+            stage = .stopped(code, task)
+            return .stopped(task)
+        case .stopped(_, let task):
+            return .stopped(task)
+        case .committing:
+            return .tooLate
+        }
+    }
+
+    /// Asked once the model has answered: true (and `committing`) when the turn is to be kept,
+    /// false when the call was stopped first or its deadline has passed by `now` (it is then
+    /// stopped as timed out, whether or not the watchdog has looked).
+    mutating func commit(at now: Double) -> Bool {
+        switch stage {
+        case .preparing(let deadline?) where deadline <= now:
+            stage = .stopped(.timeout, nil)
+            return false
+        case .running(let task, let deadline?) where deadline <= now:
+            stage = .stopped(.timeout, task)
+            return false
+        case .preparing, .running:
+            stage = .committing
+            return true
+        case .stopped:
+            return false
+        case .committing:
+            assertionFailure("a call's turn is committed once")
+            return true
+        }
+    }
+
+    /// Why the call was stopped, if it was.
+    var stopReason: WispError.Code? {
+        if case .stopped(let code, _) = stage { return code }
+        return nil
+    }
+
+    /// The deadline of a call that can still time out (not stopped, not committing).
+    var deadline: Double? {
+        switch stage {
+        case .preparing(let deadline), .running(_, let deadline): deadline
+        case .stopped, .committing: nil
+        }
+    }
+
+    /// Whether the call can still time out and its deadline has passed by `now`.
+    func isOverdue(at now: Double) -> Bool { deadline.map { $0 <= now } ?? false }
 }

@@ -1,9 +1,24 @@
 import Foundation
 
+/// The model backends `--backend` chooses from; the raw values are the words of the flag and
+/// of `WISP_BACKEND`.
+public enum BackendKind: String, CaseIterable, Sendable {
+    /// The Apple model where it is available, else an OpenAI-compatible endpoint when one is set.
+    case auto
+    case echo
+    case openai
+    case apple
+
+    /// The words, as a sentence lists them: "auto, echo, openai or apple".
+    static var listed: String {
+        let words = allCases.map(\.rawValue)
+        return words.dropLast().joined(separator: ", ") + " or " + words.last!
+    }
+}
+
 /// Everything the core can be told, from flags (`--max-threads 8`) or `WISP_*` env; a flag wins.
 public struct CoreConfig: Sendable, Equatable {
-    /// `auto`, `echo`, `openai` or `apple`.
-    public var backend = "auto"
+    public var backend = BackendKind.auto
     public static let defaultMaxThreads = 32
     public static let defaultMaxQueue = 16
     public static let defaultMaxStoredThreads = 1000
@@ -33,7 +48,7 @@ public struct CoreConfig: Sendable, Equatable {
 
     public static let usage = """
     usage: wisp-core [options]   (speaks wisp's pipe protocol on stdin/stdout; started by `python -m wisp_shim`)
-      --backend NAME       auto | echo | openai | apple            (WISP_BACKEND, default auto)
+      --backend NAME       \(BackendKind.allCases.map(\.rawValue).joined(separator: " | "))            (WISP_BACKEND, default \(BackendKind.auto.rawValue))
       --max-threads N      live threads before LRU eviction         (WISP_MAX_THREADS, default \(defaultMaxThreads))
       --max-queue N        calls waiting per thread before `busy`   (WISP_MAX_QUEUE, default \(defaultMaxQueue))
       --context-size N     context window in tokens                 (WISP_CONTEXT_SIZE)
@@ -60,10 +75,10 @@ public struct CoreConfig: Sendable, Equatable {
         func apply(_ key: String, _ value: String) throws(WispError) {
             switch key {
             case "backend":
-                guard ["auto", "echo", "openai", "apple"].contains(value) else {
-                    throw WispError(.invalidArgument, "backend must be auto, echo, openai or apple, got '\(value)'")
+                guard let kind = BackendKind(rawValue: value) else {
+                    throw WispError(.invalidArgument, "backend must be \(BackendKind.listed), got '\(value)'")
                 }
-                c.backend = value
+                c.backend = kind
             case "max-threads": c.maxThreads = try int("--max-threads", value, min: 1)
             case "max-queue": c.maxQueue = try int("--max-queue", value, min: 0)
             case "context-size": c.contextSize = try int("--context-size", value, min: 1)

@@ -1,6 +1,6 @@
 import WispInfrastructure
 
-/// One conversation thread: an actor that owns its `Agent` and runs calls one at a time,
+/// One conversation thread: an actor that owns its `Conversation` and runs calls one at a time,
 /// in the order they were accepted.
 ///
 /// Swift actors are re-entrant: while one call awaits the model, another call's code may
@@ -44,9 +44,9 @@ public actor ConversationThread {
 
     public nonisolated let id: String
     private let backend: any ModelBackend
-    /// The thread to the backend, shared by every agent it makes (ModelBackend.swift).
+    /// The thread to the backend, shared by every conversation it makes (ModelBackend.swift).
     private let affinity: SessionAffinity
-    private var agent: Agent
+    private var conversation: Conversation
     private let maxQueue: Int
     private var roots: [String]
     private let durability: Durability?
@@ -56,7 +56,7 @@ public actor ConversationThread {
     private var held: ThreadStore.Lock?
     /// Closed: calls still running on it must not store it again.
     private var closed = false
-    /// The call being served is writing the thread's file (off the pipe's thread, so `close`
+    /// The call being served is writing the thread's file (off the pipe loop, so `close`
     /// may run meanwhile): that call deletes it afterwards if the thread was closed by then.
     private var saving = false
     /// A turn was committed that the store does not have (the directory failed): the memory is
@@ -82,15 +82,15 @@ public actor ConversationThread {
         self.id = id
         self.backend = backend
         self.affinity = SessionAffinity(key: id)
-        self.agent = Agent(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
+        self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
         self.maxQueue = maxQueue
         self.roots = roots
         self.durability = durability
     }
 
-    public var turnCount: Int { agent.history.count }
-    public var history: [Turn] { agent.history }
-    public var instructions: String? { agent.instructions }
+    public var turnCount: Int { conversation.history.count }
+    public var history: [Turn] { conversation.history }
+    public var instructions: String? { conversation.instructions }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
     public var pending: Int { Int(issued - serving) - abandoned.count }
@@ -108,7 +108,7 @@ public actor ConversationThread {
 
     /// Waits for `ticket`'s turn, then answers and commits the turn.
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?) async throws -> Agent.Outcome {
+                        onPartial: PartialHandler?) async throws -> Conversation.Outcome {
         // `keep` always says yes, so there is always an outcome.
         try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: { true })!
     }
@@ -118,7 +118,7 @@ public actor ConversationThread {
     /// did not (the call was stopped): the history is then exactly as it was. A call cancelled
     /// while waiting leaves the line without running; one that fails leaves the history unchanged.
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Agent.Outcome? {
+                        onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         try await waitForTurn(ticket.number)
         defer { advance() }
         do {
@@ -130,7 +130,7 @@ public actor ConversationThread {
     }
 
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
-                       onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Agent.Outcome? {
+                       onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         if let durability, !closed {
             // No lock while the state dir is not usable: the call is served in memory. What is
             // stored is still read where it can be (a read-only directory holds its threads).
@@ -139,18 +139,18 @@ public actor ConversationThread {
             held = lock
             try await reload(found, durability)
         }
-        if agent.history.isEmpty {
+        if conversation.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
             if let start = ticket.start {
-                agent = Agent(backend: backend, instructions: start.instructions, tools: start.tools, affinity: affinity)
+                conversation = Conversation(backend: backend, instructions: start.instructions, tools: start.tools, affinity: affinity)
                 roots = start.roots
             }
         } else if !ticket.binds.isEmpty {
             throw bindingError(passed: ticket.binds)
         }
-        let staged = try await agent.respond(to: prompt, files: files, settings: settings, onPartial: onPartial)
+        let staged = try await conversation.respond(to: prompt, files: files, settings: settings, onPartial: onPartial)
         guard keep() else {
-            agent.discard(staged)
+            conversation.discard(staged)
             await release()
             return nil
         }
@@ -160,38 +160,38 @@ public actor ConversationThread {
     }
 
     /// Lets go of the store's lock, removing the lock file if the thread is not stored (off the
-    /// pipe's thread: it looks at the disk). A thread whose file this call saw or wrote keeps its
+    /// pipe loop: it looks at the disk). A thread whose file this call saw or wrote keeps its
     /// lock file: that file goes only with the thread's (a delete, here or in another process).
     private func release() async {
         guard let durability, let lock = held else { return }
         held = nil
         guard stamp == nil else { return }
         let store = durability.store
-        await offPipe { store.release(lock) }
+        await offPipeLoop { store.release(lock) }
     }
 
     /// Makes the staged turn part of the history and, on a durable thread, stores it before the
     /// caller hears of it (the store's lock is still held: `advance` releases it).
-    private func commit(_ staged: Agent.Staged) async -> Agent.Outcome {
-        var outcome = agent.commit(staged)
+    private func commit(_ staged: Conversation.Staged) async -> Conversation.Outcome {
+        var outcome = conversation.commit(staged)
         guard let durability, !closed else { return outcome }
         guard held != nil else {
             unstored = true
             outcome.storeError = durability.store.trouble.map(durability.store.inMemoryNote) ?? "the state dir was not usable"
             return outcome
         }
-        let state = ThreadStore.State(instructions: agent.instructions, tools: agent.tools.map(\.name), roots: roots, history: agent.history)
+        let state = ThreadStore.State(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots, history: conversation.history)
         let store = durability.store, id = self.id, held = self.held
-        // Off the pipe's thread: the write and its fsyncs.
+        // Off the pipe loop: the write and its fsyncs.
         saving = true
-        let saved: Result<ThreadStore.Stamp, WispError> = await offPipe {
+        let saved: Result<ThreadStore.Stamp, WispError> = await offPipeLoop {
             do throws(WispError) { return .success(try store.save(id, state)) } catch { return .failure(error) }
         }
         saving = false
         if closed {
             // Closed while the file was written (close left the deleting to this call, which
             // still holds the lock): the new file must not bring the thread back.
-            if let held { _ = await offPipe { store.delete(id, holding: held) } }
+            if let held { _ = await offPipeLoop { store.delete(id, holding: held) } }
             stamp = nil
             return outcome
         }
@@ -205,7 +205,7 @@ public actor ConversationThread {
             // resume later as if it were this thread.
             outcome.storeError = failure.message
             unstored = true
-            let gone = if let held { await offPipe { store.delete(id, holding: held) } } else { false }
+            let gone = if let held { await offPipeLoop { store.delete(id, holding: held) } } else { false }
             // Still there (a read-only directory): it is what this thread last saw, so it is
             // not reloaded over the newer memory; the next stored turn replaces it.
             if gone { stamp = nil }
@@ -220,7 +220,7 @@ public actor ConversationThread {
         let store = durability.store, id = self.id
         guard case .loaded(let state, let loaded) = found else {
             if case .none = found {
-                agent = Agent(backend: backend, instructions: agent.instructions, tools: agent.tools, affinity: affinity)
+                conversation = Conversation(backend: backend, instructions: conversation.instructions, tools: conversation.tools, affinity: affinity)
                 stamp = nil
             }
             return
@@ -230,33 +230,41 @@ public actor ConversationThread {
             tools = try durability.resolve(state.tools, state.roots)
         } catch {
             let why = "it is bound to tools this wisp cannot give it (\(error.message))"
-            throw await offPipe { store.corrupt(id, why) }
+            throw await offPipeLoop { store.corrupt(id, why) }
         }
-        agent = Agent(backend: backend, instructions: state.instructions, tools: tools, history: state.history, affinity: affinity)
+        conversation = Conversation(backend: backend, instructions: state.instructions, tools: tools, history: state.history, affinity: affinity)
         roots = state.roots
         stamp = loaded
     }
 
-    /// Closes the thread for good: calls still running on it will not store it. When the call
-    /// being served holds the store's lock, the file is deleted under that lock, here or, while
-    /// that call is writing the file, by that call once it has written it (returns true);
-    /// otherwise the caller deletes it after taking the lock (false).
-    public func close() async -> Bool {
+    /// Who deletes a closed thread's stored file.
+    public enum Closing: Sendable, Equatable {
+        /// Deleted by `close`, under the lock the call being served holds.
+        case deleted
+        /// The call being served is writing the file: it deletes it once written, under its lock.
+        case deletedByTheWritingCall
+        /// No call holds the store's lock (or the thread is not durable): the caller deletes the
+        /// file, after taking the lock.
+        case leftToTheCaller
+    }
+
+    /// Closes the thread for good: calls still running on it will not store it.
+    public func close() async -> Closing {
         closed = true
-        guard let durability, let held else { return false }
-        if saving { return true }
+        guard let durability, let held else { return .leftToTheCaller }
+        if saving { return .deletedByTheWritingCall }
         let store = durability.store, id = self.id
         // The lock stays held (this closure keeps it) until the file is gone, even if the call ends meanwhile.
-        _ = await offPipe { store.delete(id, holding: held) }
-        return true
+        _ = await offPipeLoop { store.delete(id, holding: held) }
+        return .deleted
     }
 
     /// The refusal of `instructions`/`tools` for this thread, which has committed turns: it says
     /// what the thread is bound to, so the caller sees why its arguments do not apply.
     public func bindingError(passed: [String]) -> WispError {
         let what = passed.joined(separator: " and ")
-        let instructions = agent.instructions.map { $0.count > 80 ? String($0.prefix(80)) + "…" : $0 }
-        let tools = agent.tools.map(\.name)
+        let instructions = conversation.instructions.map { $0.count > 80 ? String($0.prefix(80)) + "…" : $0 }
+        let tools = conversation.tools.map(\.name)
         let binding = (instructions.map { "instructions \($0.debugDescription)" } ?? "no instructions") + " and "
             + (tools.isEmpty ? "no tools" : "tools [\(tools.joined(separator: ", "))]")
         return WispError(.invalidArgument, "thread '\(id)' already exists and is bound to \(binding); instructions and tools bind only when a thread is created. Omit \(what) (even an empty value) to continue it, or close_thread it (or use a new thread_id) to start over with new ones.")

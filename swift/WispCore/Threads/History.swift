@@ -1,5 +1,5 @@
 /// A thread's canonical history: wisp's own values, never a backend's. A backend session is
-/// disposable and is always rebuilt from these (ARCHITECTURE.md).
+/// disposable and is always rebuilt from these.
 
 /// One call the model made to a model tool inside a turn, with what the tool returned.
 public struct ToolExchange: Sendable, Codable, Equatable {
@@ -48,7 +48,7 @@ public struct Turn: Sendable, Codable, Equatable {
 }
 
 /// The fallback token estimate when a backend cannot count: ceil(UTF-8 bytes / 4).
-/// It is also the echo backend's exact rule (ARCHITECTURE.md).
+/// It is also the echo backend's exact rule (README.md, "the echo backend").
 @inlinable
 public func estimatedTokens(_ text: String) -> Int {
     (text.utf8.count + 3) / 4

@@ -1,7 +1,7 @@
 import Foundation
 import WispInfrastructure
 
-/// Thread semantics, in one place (ARCHITECTURE.md):
+/// Thread semantics, in one place (README.md's "Thread rules" says them to users):
 ///
 /// - `respond` without a thread id creates a thread under a generated id; with an unknown id
 ///   it creates a thread under that id; with a known id it continues that conversation.
@@ -206,9 +206,9 @@ public actor ThreadRegistry {
         try Self.validate(threadID)
         let live = entries.removeValue(forKey: threadID)
         guard let store else { return live != nil }
-        if let live, await live.thread.close() { return true }
-        // Off the pipe's thread: it waits for the lock and fsyncs the directory.
-        let stored = try await offPipe { () async throws(WispError) -> Bool in try await store.delete(threadID) }
+        if let live, await live.thread.close() != .leftToTheCaller { return true }
+        // Off the pipe loop: it waits for the lock and fsyncs the directory.
+        let stored = try await offPipeLoop { () async throws(WispError) -> Bool in try await store.delete(threadID) }
         return live != nil || stored
     }
 
@@ -222,7 +222,7 @@ public actor ThreadRegistry {
     public func snapshot() async -> [ThreadInfo] {
         var infos: [(UInt64, ThreadInfo)] = []
         let store = store
-        let stored = await offPipe { store?.summaries() ?? [] }  // reads every stored file's header
+        let stored = await offPipeLoop { store?.summaries() ?? [] }  // reads every stored file's header
         let storedIDs = Set(stored.map(\.id))
         for (id, entry) in entries {
             infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,

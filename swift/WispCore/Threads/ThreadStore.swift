@@ -223,7 +223,7 @@ public final class ThreadStore: Sendable {
     /// the directory is not usable now (`trouble` says why: serve the call in memory). Off the
     /// pipe's thread: a hung mount blocks the open and the flock.
     public func lock(_ id: String) async throws(WispError) -> Lock? {
-        try await offPipe { () async throws(WispError) -> Lock? in
+        try await offPipeLoop { () async throws(WispError) -> Lock? in
             let deadline = ContinuousClock.now.advanced(by: Self.lockWait)
             while true {
                 guard self.usable() else { return nil }
@@ -245,7 +245,7 @@ public final class ThreadStore: Sendable {
     /// pipe's thread. Without the lock (the directory failed) a read that fails is taken for
     /// `.unchanged`: the call goes on in memory. A failed read under the lock lets it go first.
     public func lockAndLoad(_ id: String, seen: Stamp?, load: Bool) async throws(WispError) -> (Lock?, Found) {
-        try await offPipe { () async throws(WispError) -> (Lock?, Found) in
+        try await offPipeLoop { () async throws(WispError) -> (Lock?, Found) in
             let lock = try await self.lock(id)
             guard load else { return (lock, .unchanged) }
             do throws(WispError) {
@@ -492,11 +492,11 @@ public final class ThreadStore: Sendable {
     public func delete(_ id: String) async throws(WispError) -> Bool {
         guard let lock = try await self.lock(id) else {
             // Deleted once the directory can be written; not read meanwhile.
-            let stored = await offPipe { self.stamp(id) != nil }
+            let stored = await offPipeLoop { self.stamp(id) != nil }
             if stored { closedMeanwhile.withLock { _ = $0.insert(id) } }
             return stored
         }
-        return await offPipe {
+        return await offPipeLoop {
             let existed = self.stamp(id) != nil
             self.delete(id, holding: lock)
             return existed

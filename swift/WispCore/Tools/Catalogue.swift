@@ -27,8 +27,8 @@ public enum ToolCatalogue {
     }
 
     /// The catalogue confined to `roots` plus a client's roots `extra`, which are resolved
-    /// (realpath and stat: a hung mount blocks both) at the first tool call, off the pipe's
-    /// thread where tools run, not here: a thread's tools are built inside the registry's accept.
+    /// (realpath and stat: a hung mount blocks both) at the first tool call, off the pipe loop
+    /// where tools run, not here: a thread's tools are built inside the registry's accept.
     public static func tools(roots: Roots, adding extra: [String], limits: Limits = Limits()) -> [ModelTool] {
         let resolved = Locked<Roots?>(nil)
         return tools(resolving: {

@@ -82,7 +82,7 @@ public struct Roots: Sendable, Equatable {
     public var paths: [String] { directories.map(\.description) }
 
     /// Roots that do not exist are left out. Each costs a `realpath` and a `stat`: build
-    /// Roots off the pipe's thread (a hung mount blocks both).
+    /// Roots off the pipe loop (a hung mount blocks both).
     public init(_ directories: [String], allowHardLinks: Bool = false) {
         self.init(resolved: [], adding: directories, allowHardLinks: allowHardLinks)
     }

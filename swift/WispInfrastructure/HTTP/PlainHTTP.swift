@@ -6,21 +6,21 @@ import FoundationNetworking
 import Glibc
 import Synchronization
 
-/// HTTP/1.1 for `http://` endpoints on Linux over a plain socket, read on its own thread; the
+/// HTTP/1.1 for `http://` endpoints on Linux over a plain socket, read on an OS thread of its own; the
 /// same events as `HTTPClient.open` (status, then body bytes as they arrive). Which requests it
 /// carries is `HTTPClient.plainTransport`'s choice.
 ///
 /// Why: swift-corelibs-foundation's URLSession leaves the socket's write source armed after the
 /// request has been sent, and an idle socket is always writable, so while a model server streams
-/// its answer the core spins (strace: ~2,000 EPOLLOUT wake-ups a second on the one socket).
-/// `make bench` measured 2.9-3.7 s of core CPU per 128-token reply from the local llama-server,
-/// CPU the model server needed: on 2 cores, tokens/s through wisp fell to 0.7x of direct.
+/// its answer the core spins (strace: EPOLLOUT wake-ups by the thousand on the one socket),
+/// taking CPU the model server needed: on 2 cores, tokens/s through wisp fell well below direct
+/// (`make bench` has the figures).
 enum PlainHTTP {
     static func open(_ request: URLRequest) -> AsyncThrowingStream<HTTPEvent, any Error> {
         let (stream, continuation) = AsyncThrowingStream<HTTPEvent, any Error>.makeStream()
         let connection = Connection()
         continuation.onTermination = { _ in connection.cancel() }
-        // Blocking reads belong on their own thread, not the cooperative pool.
+        // Blocking reads belong on an OS thread of their own, not the cooperative pool.
         Thread.detachNewThread { connection.run(request, continuation) }
         return stream
     }
@@ -34,7 +34,7 @@ private final class Connection: Sendable {
 
     private let state = Mutex(State())
 
-    /// Unblocks the reading thread; it then ends the stream.
+    /// Unblocks the reading OS thread; it then ends the stream.
     func cancel() {
         state.withLock { s in
             s.cancelled = true

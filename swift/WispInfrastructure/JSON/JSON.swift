@@ -11,8 +11,8 @@
 /// NFD "café") as equal where JSON has two distinct keys. Object members keep their order.
 ///
 /// Why by hand: Foundation's `JSONDecoder` and `JSONEncoder` cost more than everything else the
-/// core does for a short reply (callgrind, echo backend: ~67k instructions to decode one
-/// `respond`), round numbers through `Double`, and lose key order. The reader is strict RFC 8259
+/// core does for a short reply (decoding one echo `respond`: the figure is in bench/), round
+/// numbers through `Double`, and lose key order. The reader is strict RFC 8259
 /// (UTF-8 only, no lone surrogate escapes, at most `maxDepth` levels); `make fuzz` and
 /// PipeJSONTests compare it with `JSONDecoder` and `JSONSerialization`.
 

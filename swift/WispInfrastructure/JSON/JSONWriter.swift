@@ -3,7 +3,7 @@
 /// echo values, model tools' schemas).
 ///
 /// Why by hand: `JSONEncoder` costs more than everything else the core does for a short reply
-/// (callgrind: ~50k instructions to encode one echo reply), and a stored thread is encoded whole
+/// (encoding one echo reply: the figure is in bench/), and a stored thread is encoded whole
 /// on every turn. The output is what `JSONEncoder` writes with `.withoutEscapingSlashes` (nil
 /// optionals left out), keys in declaration order; tests check the two agree. "/" is never
 /// escaped: a reply of slashes would double in size for nothing.

@@ -27,7 +27,9 @@ public enum Frame {
         frame[3] = UInt8(truncatingIfNeeded: n)
     }
 
-    public static func encode<T: Encodable>(_ message: T) throws -> [UInt8] {
+    /// A message as Foundation's `JSONEncoder` writes it (tests frame shim → core messages so);
+    /// the core writes its own with `encode(_:)` (PipeJSON.swift).
+    public static func encodeWithJSONEncoder<T: Encodable>(_ message: T) throws -> [UInt8] {
         encode(payload: try JSONEncoder().encode(message))
     }
 }

@@ -4,24 +4,25 @@ import Glibc
 import Darwin
 #endif
 
-/// The core's pipe thread: it reads stdin and runs the work of the requests it reads, as the
-/// task executor that the dispatcher and every call prefer (`Task(executorPreference:)`).
+/// The core's pipe loop: the one OS thread that reads stdin and runs the work of the requests
+/// it reads, as the task executor that the dispatcher and every call prefer
+/// (`Task(executorPreference:)`).
 ///
-/// Why one thread: a request used to cross three threads before its reply was written (a
-/// blocking reader thread, the dispatcher on the cooperative pool, then the call's task on
-/// another pool thread). Each crossing wakes a sleeping thread, and on a 2-vCPU VM that costs
-/// more than everything the core computes for an echo reply. Here the thread that read a frame
-/// runs the dispatcher and the call on to the reply's `write` before it sleeps again; a job
-/// that another thread enqueues (a timer, a model server's bytes) wakes it through a pipe.
+/// Why one OS thread: a request used to cross three before its reply was written (a blocking
+/// reader, the dispatcher on the cooperative pool, then the call's task on another of the pool's
+/// OS threads). Each crossing wakes a sleeping OS thread, and on a 2-vCPU VM that costs more
+/// than everything the core computes for an echo reply. Here the loop that read a frame runs
+/// the dispatcher and the call on to the reply's `write` before it sleeps again; a job that
+/// another OS thread enqueues (a timer, a model server's bytes) wakes it through a pipe.
 ///
 /// Work that may block (disk, fsync, model tools) must not run here: it would hold every
-/// other call and the reading of cancels. `offPipe` sends it to the global pool.
+/// other call and the reading of cancels. `offPipeLoop` sends it to the global pool.
 public final class PipeLoop: TaskExecutor, Sendable {
     private struct State {
         var jobs: [UnownedJob] = []
-        /// The thread is in (or about to enter) `poll` with nothing to run.
+        /// The loop is in (or about to enter) `poll` with nothing to run.
         var sleeping = false
-        /// A wake-up byte is on its way since the thread last woke.
+        /// A wake-up byte is on its way since the loop last woke.
         var signalled = false
     }
 
@@ -59,7 +60,7 @@ public final class PipeLoop: TaskExecutor, Sendable {
         }
     }
 
-    /// Runs the loop on the calling thread, for good: reads `input` whenever it has bytes and
+    /// Runs the loop on the calling OS thread, for good: reads `input` whenever it has bytes and
     /// hands them to `onInput` (an empty buffer once at end of input; the loop then goes on
     /// running jobs), and runs every job enqueued, in order.
     public func run(input: Int32, onInput: (UnsafeRawBufferPointer) -> Void) -> Never {
@@ -110,11 +111,11 @@ public final class PipeLoop: TaskExecutor, Sendable {
     }
 }
 
-/// Runs `work` on the global concurrent pool rather than the pipe's thread (see `PipeLoop`):
-/// for anything that can block, such as a file read, an fsync or a model tool. `work` is
-/// nonisolated on purpose: work isolated to an actor would stay on the thread that actor runs
-/// on (the loop, for a call's thread), whatever executor the task prefers.
-public func offPipe<T: Sendable, E: Error>(_ work: @Sendable () async throws(E) -> T) async throws(E) -> T {
+/// Runs `work` on the global concurrent pool rather than the pipe loop (see `PipeLoop`): for
+/// anything that can block, such as a file read, an fsync or a model tool. `work` is
+/// nonisolated on purpose: work isolated to an actor would stay where that actor runs (the pipe
+/// loop, for a conversation thread's actor), whatever executor the task prefers.
+public func offPipeLoop<T: Sendable, E: Error>(_ work: @Sendable () async throws(E) -> T) async throws(E) -> T {
     try await withTaskExecutorPreference(globalConcurrentExecutor, isolation: nil) { () async throws(E) -> T in
         try await work()
     }

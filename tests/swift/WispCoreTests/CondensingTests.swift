@@ -1,4 +1,4 @@
-// Condensing: what an overflowing thread drops and keeps (Threads/Agent.swift).
+// Condensing: what an overflowing thread drops and keeps (Threads/Conversation.swift).
 import Foundation
 import Testing
 @testable import WispCore
@@ -8,7 +8,7 @@ import Testing
         let probe = Probe()
         // 60 tokens: instructions (5) + a few turns of ~10 tokens each.
         let registry = ThreadRegistry(backend: ProbeBackend(contextSize: 60, probe: probe))
-        var last: Agent.Outcome?
+        var last: Conversation.Outcome?
         var sawCondensed = false
         for i in 1...10 {
             let r = try await call(registry, "t", "turn number \(i) padding", instructions: i == 1 ? "be brief, friend" : nil)

@@ -15,7 +15,7 @@ import WispInfrastructure
     ]
 
     func stream() throws -> [UInt8] {
-        try requests.flatMap { try Frame.encode($0) }
+        try requests.flatMap { try Frame.encodeWithJSONEncoder($0) }
     }
 
     func decodeAll(_ chunks: [ArraySlice<UInt8>]) throws -> [Request] {
@@ -51,7 +51,7 @@ import WispInfrastructure
 
     @Test func truncatedPayload() throws {
         var d = FrameDecoder()
-        #expect(try d.feed(Array(try Frame.encode(Status(id: 1)).dropLast(3))).isEmpty)
+        #expect(try d.feed(Array(try Frame.encodeWithJSONEncoder(Status(id: 1)).dropLast(3))).isEmpty)
         #expect(throws: FrameError.self) { try d.finish() }
     }
 
@@ -81,7 +81,7 @@ import WispInfrastructure
         let ok = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Reply.success(7, CloseThreadResult(thread_id: "t", closed: true)))) as! [String: Any]
         #expect(ok["id"] as? Int == 7 && ok["ok"] as? Bool == true && (ok["result"] as? [String: Any])?["closed"] as? Bool == true)
         #expect(ok["error"] == nil)
-        let bad = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Failure.failure(8, WispError(.busy, "full")))) as! [String: Any]
+        let bad = try JSONSerialization.jsonObject(with: JSONEncoder().encode(ErrorReply.failure(8, WispError(.busy, "full")))) as! [String: Any]
         #expect(bad["ok"] as? Bool == false && (bad["error"] as? [String: Any])?["code"] as? String == "busy")
         let ready = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Ready(backend: "echo", model: "echo", pid: 1))) as! [String: Any]
         #expect(ready["id"] as? Int == 0 && ready["event"] as? String == "ready" && ready["protocol"] as? Int == 1)

@@ -5,7 +5,7 @@ import WispInfrastructure
 
 /// Structured output in the core: the ordered JSON parser and writer, the validator that
 /// decides whether a reply may join the history, the echo backend's value, the OpenAI
-/// request body, and the agent leaving the history alone when a reply misses its schema.
+/// request body, and the conversation leaving the history alone when a reply misses its schema.
 @Suite struct OutputSchemaTests {
     static let label = #"""
         {"type":"object","properties":{
@@ -140,7 +140,7 @@ import WispInfrastructure
         try await OutputSchema.checkReply(String(repeating: "/", count: maxFrameBytes / 2 + 1), settings: GenerationSettings())
     }
 
-    /// The reply is judged on the pool (off the pipe thread), whose threads have smaller stacks:
+    /// The reply is judged on the pool (off the pipe loop), whose OS threads have smaller stacks:
     /// a reply nested as deep as the reader takes is judged there, not a crash.
     @Test func aDeeplyNestedReplyIsJudgedOffThePipe() async throws {
         let deep = String(repeating: "[", count: JSONValue.maxDepth) + String(repeating: "]", count: JSONValue.maxDepth)
@@ -149,7 +149,7 @@ import WispInfrastructure
             try await OutputSchema.checkReply(deep, settings: GenerationSettings(schema: schema))
         }
         let deeper = "[" + deep + "]"
-        let problem = try await offPipe { () throws(WispError) in try schema.problem(with: deeper) }
+        let problem = try await offPipeLoop { () throws(WispError) in try schema.problem(with: deeper) }
         #expect(problem?.contains("not valid JSON") == true)
     }
 
@@ -161,19 +161,19 @@ import WispInfrastructure
     }
 
     @Test func agentKeepsHistoryWhenTheReplyMissesTheSchema() async throws {
-        let agent = Agent(backend: EchoBackend(), instructions: nil, tools: [])
-        _ = agent.commit(try await agent.respond(to: "first", settings: GenerationSettings(), onPartial: nil))
+        let conversation = Conversation(backend: EchoBackend(), instructions: nil, tools: [])
+        _ = conversation.commit(try await conversation.respond(to: "first", settings: GenerationSettings(), onPartial: nil))
         let digits = try OutputSchema(text: #"{"type":"string","pattern":"^[0-9]+$"}"#)
         await #expect(throws: WispError.self) {
             do {
-                _ = try await agent.respond(to: "code?", settings: GenerationSettings(maxOutputTokens: 8, schema: digits), onPartial: nil)
+                _ = try await conversation.respond(to: "code?", settings: GenerationSettings(maxOutputTokens: 8, schema: digits), onPartial: nil)
             } catch let e as WispError {
                 #expect(e.code == .invalidOutput && e.message.contains("max_output_tokens (this call allowed 8)"))
                 throw e
             }
         }
-        #expect(agent.history.map(\.prompt) == ["first"])
-        let next = agent.commit(try await agent.respond(to: "again", settings: GenerationSettings(), onPartial: nil))
+        #expect(conversation.history.map(\.prompt) == ["first"])
+        let next = conversation.commit(try await conversation.respond(to: "again", settings: GenerationSettings(), onPartial: nil))
         #expect(next.text == "echo 2: again")
     }
 

@@ -46,7 +46,7 @@ import WispInfrastructure
                                                                         turns: 12, dropped: 0)))
             try sameAsJSONEncoder(Reply.success(-3, RespondResult(thread_id: "t", created: false, text: text, condensed: true, turns: 1,
                                                                    dropped: 2, prompt_tokens: 0, output_tokens: 99, store_error: text)))
-            try sameAsJSONEncoder(Failure.failure(Int.min, WispError(.contextOverflow, text)))
+            try sameAsJSONEncoder(ErrorReply.failure(Int.min, WispError(.contextOverflow, text)))
             try sameAsJSONEncoder(Reply.success(1, CloseThreadResult(thread_id: text, closed: true)))
             try sameAsJSONEncoder(Reply.success(2, CancelResult(cancelled: false)))
             try sameAsJSONEncoder(Reply.success(3, PingResult()))

@@ -177,33 +177,189 @@ import Testing
     }
 }
 
+/// What a lifecycle's exit saw: the status, when, and how many calls were still in flight.
+struct Exit: Sendable {
+    let status: Int32
+    let at: ContinuousClock.Instant
+    let callsLeft: Int
+}
+
+/// Starts a lifecycle on `server` whose exit is recorded instead of taken (its OS thread then
+/// parks for good), runs `trigger` on it, and returns the exit.
+func exitOf(_ server: PipeServer, _ escalation: Lifecycle.Escalation, input: Int32 = -1,
+            _ trigger: @escaping @Sendable (Lifecycle) -> Void = { $0.inputEnded() }) async -> Exit {
+    await withCheckedContinuation { (c: CheckedContinuation<Exit, Never>) in
+        let lifecycle = Lifecycle(log: Log(level: .error), escalation: escalation) { status in
+            c.resume(returning: Exit(status: status, at: .now, callsLeft: server.callsInFlight))
+            while true { sleep(60) }
+        }
+        lifecycle.start(server: server, input: input)
+        trigger(lifecycle)
+    }
+}
+
 @Suite struct Shutdown {
-    @Test func stopAllEndsWithinItsGraceEvenWhenACallIgnoresCancellation() async throws {
+    static func escalation(drain: Duration = .zero, cancel: Duration) -> Lifecycle.Escalation {
+        Lifecycle.Escalation(steps: [.drain(drain), .cancel(cancel)], lastWords: .zero, backstopMargin: .seconds(1))
+    }
+
+    @Test func theShutdownEndsWithinItsTimeEvenWhenACallIgnoresCancellation() async throws {
         let gate = Gate()
         let (server, wire) = pipeServer(GateBackend(gate: gate))
         await server.handle(.respond(Respond(id: 1, prompt: "gate", thread_id: "wedged")))
         await gate.waitUntilEntered()
-        let clock = ContinuousClock()
-        let start = clock.now
-        let ended = await onOwnThread { server.stopAll(grace: .milliseconds(300)) }
-        let took = seconds(clock.now - start)
-        #expect(!ended)
+        let start = ContinuousClock.now
+        let exit = await exitOf(server, Self.escalation(cancel: .milliseconds(300)))
+        let took = seconds(exit.at - start)
+        #expect(exit.status == 0)
+        #expect(exit.callsLeft > 0, "the call ended, so this tested nothing")
         #expect(took >= 0.25 && took < 2, "took \(took) s")
         gate.open()
         #expect(await wire.reply(1).body["code"] as? String == "cancelled")
     }
 
-    @Test func stopAllStopsCallsThatListenAndThoseAcceptedAfterIt() async throws {
+    @Test func theShutdownStopsCallsThatListenAndThoseAcceptedAfterIt() async throws {
         let (server, wire) = pipeServer(EchoBackend())
         await server.handle(.respond(Respond(id: 1, prompt: "!sleep 10000 long", thread_id: "t")))
-        let clock = ContinuousClock()
-        let start = clock.now
-        let ended = await onOwnThread { server.stopAll(grace: .seconds(5)) }
-        #expect(ended)
-        #expect(seconds(clock.now - start) < 2)
+        let start = ContinuousClock.now
+        let exit = await exitOf(server, Self.escalation(cancel: .seconds(5)))
+        #expect(exit.status == 0 && exit.callsLeft == 0)
+        #expect(seconds(exit.at - start) < 2)
         #expect(await wire.reply(1).body["code"] as? String == "cancelled")
         // A request the dispatcher takes after stdin closed starts stopped.
         await server.handle(.respond(Respond(id: 2, prompt: "!sleep 10000 late", thread_id: "u")))
         #expect(await wire.reply(2, within: .seconds(2)).body["code"] as? String == "cancelled")
+    }
+
+    /// The drain step lets the calls in flight finish: the cancel comes only once its time is up,
+    /// and the exit as soon as no call is left.
+    @Test func aDrainLetsCallsFinishAndTheCancelComesAfterIt() async throws {
+        let (server, wire) = pipeServer(EchoBackend())
+        await server.handle(.respond(Respond(id: 1, prompt: "!sleep 200 short", thread_id: "a")))
+        let drained = await exitOf(server, Self.escalation(drain: .seconds(10), cancel: .seconds(5)))
+        #expect(drained.callsLeft == 0)
+        #expect(await wire.reply(1).body["text"] as? String == "echo 1: !sleep 200 short")
+
+        let (server2, wire2) = pipeServer(EchoBackend())
+        await server2.handle(.respond(Respond(id: 1, prompt: "!sleep 10000 long", thread_id: "b")))
+        let start = ContinuousClock.now
+        let cancelled = await exitOf(server2, Self.escalation(drain: .milliseconds(400), cancel: .seconds(5)))
+        let took = seconds(cancelled.at - start)
+        #expect(cancelled.status == 0 && cancelled.callsLeft == 0)
+        #expect(took >= 0.35 && took < 2, "took \(took) s: the cancel came before the drain's time was up, or late")
+        #expect(await wire2.reply(1).body["code"] as? String == "cancelled")
+    }
+
+    /// stdin hung up but the pipe loop never reports the end (a call stuck on it): the core
+    /// exits anyway, the steps' time and the backstop's margin after the hang-up.
+    @Test func theBackstopEndsACoreWhosePipeLoopNeverSawTheEnd() async throws {
+        let (server, _) = pipeServer(EchoBackend())
+        var fds: [Int32] = [-1, -1]
+        #expect(pipe(&fds) == 0)
+        let escalation = Lifecycle.Escalation(steps: [.cancel(.milliseconds(200))], lastWords: .zero, backstopMargin: .milliseconds(200))
+        let start = ContinuousClock.now
+        let exit = await exitOf(server, escalation, input: fds[0]) { [write = fds[1]] _ in close(write) }
+        let took = seconds(exit.at - start)
+        #expect(exit.status == 0)
+        #expect(took >= 0.35 && took < 2, "took \(took) s")
+        close(fds[0])
+    }
+
+    /// The first ending wins, with its status; one asked for meanwhile waits for that exit (had
+    /// it exited too, the recorded exit would be resumed twice, which traps).
+    @Test func theFirstEndingWinsWithItsStatus() async throws {
+        let (server, _) = pipeServer(EchoBackend())
+        let exit = await exitOf(server, Self.escalation(cancel: .seconds(5))) { lifecycle in
+            Thread.detachNewThread { lifecycle.end(.protocolError) }
+            Thread.detachNewThread {
+                Thread.sleep(forTimeInterval: 0.05)
+                lifecycle.end(.crash)
+            }
+        }
+        #expect(exit.status == 65)
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(Lifecycle.Ending.crash.status == 70 && Lifecycle.Ending.outputClosed.status == 0)
+    }
+}
+
+/// A call's state and its transitions, on their own (the races above drive them through the server).
+@Suite struct CallStates {
+    static let task = Task<Void, Never> {}
+
+    @Test func aCallStoppedBeforeItsTaskStartsHasTheTaskCancelledAsItStarts() {
+        var call = CallState(deadline: nil, admitted: true)
+        let stopped = call.stop(.cancelled)
+        #expect(stopped == .stopped(nil))
+        let cancelNow = call.started(Self.task)
+        #expect(cancelNow, "the task was not to be cancelled")
+        #expect(call.stage == .stopped(.cancelled, Self.task))
+        let kept = call.commit(at: 0)
+        #expect(!kept)
+    }
+
+    @Test func aRunningCallStopsOnceAndKeepsItsFirstReason() {
+        var call = CallState(deadline: 10, admitted: true)
+        let cancelNow = call.started(Self.task)
+        #expect(!cancelNow)
+        #expect(call.stage == .running(Self.task, deadline: 10))
+        let stopped = call.stop(.timeout)
+        #expect(stopped == .stopped(Self.task))
+        let again = call.stop(.cancelled)
+        #expect(again == .stopped(Self.task))
+        #expect(call.stopReason == .timeout)
+        #expect(call.deadline == nil && !call.isOverdue(at: 20), "a stopped call cannot time out again")
+    }
+
+    @Test func aCommittingCallIsTooLateToStop() {
+        var call = CallState(deadline: 10, admitted: true)
+        _ = call.started(Self.task)
+        let kept = call.commit(at: 5)
+        #expect(kept)
+        let stopped = call.stop(.cancelled)
+        #expect(stopped == .tooLate)
+        #expect(call.stage == .committing && call.stopReason == nil && !call.isOverdue(at: 20))
+    }
+
+    /// The deadline is checked when the turn would be committed, whether or not the watchdog looked.
+    @Test func aCallPastItsDeadlineAtTheCommitIsStoppedAsTimedOut() {
+        var call = CallState(deadline: 10, admitted: true)
+        _ = call.started(Self.task)
+        #expect(!call.isOverdue(at: 9.9) && call.isOverdue(at: 10))
+        let kept = call.commit(at: 10)
+        #expect(!kept)
+        #expect(call.stage == .stopped(.timeout, Self.task))
+    }
+
+    @Test func aCallReadDuringTheShutdownStartsStopped() {
+        var call = CallState(deadline: 10, admitted: false)
+        #expect(call.stopReason == .cancelled && call.deadline == nil)
+        let cancelNow = call.started(Self.task)
+        #expect(cancelNow)
+    }
+
+    /// On the global pool the task may reach its commit before the server records it as started.
+    @Test func aTaskThatReachedItsCommitBeforeItWasRecordedIsLeftAlone() {
+        var call = CallState(deadline: nil, admitted: true)
+        let kept = call.commit(at: 0)
+        #expect(kept)
+        let cancelNow = call.started(Self.task)
+        #expect(!cancelNow)
+        #expect(call.stage == .committing)
+    }
+
+    @Test func aSecondStartTraps() async {
+        await #expect(processExitsWith: .failure) {
+            var call = CallState(deadline: nil, admitted: true)
+            _ = call.started(Task {})
+            _ = call.started(Task {})
+        }
+    }
+
+    @Test func aSecondCommitTraps() async {
+        await #expect(processExitsWith: .failure) {
+            var call = CallState(deadline: nil, admitted: true)
+            _ = call.commit(at: 0)
+            _ = call.commit(at: 0)
+        }
     }
 }

@@ -11,7 +11,7 @@ import WispInfrastructure
     @Test func requestsComeOutWhateverTheSplit() throws {
         let requests: [Request] = [.respond(Respond(id: 1, prompt: "héllo 🙂", thread_id: "t")), .ping(Ping(id: 2)),
                                    .cancel(Cancel(id: 3, request: 1))]
-        let bytes = try requests.flatMap { try Frame.encode($0) }
+        let bytes = try requests.flatMap { try Frame.encodeWithJSONEncoder($0) }
         for size in [1, 2, 3, 7, bytes.count] {
             var reader = RequestReader()
             var items: [RequestReader.Item] = []

@@ -1,5 +1,5 @@
 // Durable faults stay with one thread (issue 25.8-25.11), and the store's blocking work stays
-// off the pipe's thread (25.4).
+// off the pipe loop (25.4).
 import Dispatch
 import Foundation
 import Testing
@@ -80,7 +80,7 @@ private func uncommitted(_ registry: ThreadRegistry, _ id: String) async throws 
 
     /// 25.11: a FIFO swapped in for a thread file between a look and the open must not block
     /// the reader (a plain open of a FIFO waits for a writer for good). On the old code this
-    /// blocked within the 3 s (the listing's thread stuck in open).
+    /// blocked within the 3 s (the listing's OS thread stuck in open).
     @Test func aFIFOSwappedInForAThreadFileNeverBlocksALoad() async throws {
         let dir = stateDir()
         let store = try ThreadStore(directory: dir, maxStored: 100, log: Log(level: .error))
@@ -104,7 +104,7 @@ private func uncommitted(_ registry: ThreadRegistry, _ id: String) async throws 
         // Lists (which looks at each file by name, then opens it to read its header) for 3 s;
         // a look that blocks never comes back. (`load` opens the same way; listing logs nothing.)
         // Waited for by polling, not a semaphore: a blocked wait would hold one of the few
-        // pool threads that every other test of the run shares.
+        // pool's OS threads that every other test of the run shares.
         let loaded = Locked(false)
         Thread.detachNewThread {
             let end = ContinuousClock.now + .seconds(3)
@@ -124,7 +124,7 @@ private func uncommitted(_ registry: ThreadRegistry, _ id: String) async throws 
     }
 }
 
-/// A pipe loop on a thread of its own (it runs for the rest of the process), reading a pipe
+/// A pipe loop on an OS thread of its own (it runs for the rest of the process), reading a pipe
 /// nobody writes to: where the pipe server's calls run, as in the core.
 private func pipeLoop() -> PipeLoop {
     let loop = PipeLoop()
@@ -136,7 +136,7 @@ private func pipeLoop() -> PipeLoop {
 }
 
 @Suite struct StoreOffThePipe {
-    /// 25.4: the lock's open and flock run off the pipe's thread, so a hung file system (a
+    /// 25.4: the lock's open and flock run off the pipe loop, so a hung file system (a
     /// simulated one: the store's `beforeLock` seam blocks) under one thread stalls no call on
     /// another. Its reply comes while the hung call is still hung.
     @Test func aHungLockStallsNoCallOnAnotherThread() async throws {
@@ -161,7 +161,7 @@ private func pipeLoop() -> PipeLoop {
     }
 
     /// 25.4: a client's roots are not resolved (realpath, stat) while the registry accepts the
-    /// call on the pipe's thread, but at the first tool call, which runs off it: a root that
+    /// call on the pipe loop, but at the first tool call, which runs off it: a root that
     /// appears between the two is read.
     @Test func clientRootsAreResolvedAtTheToolCallNotAtAccept() async throws {
         let base = NSTemporaryDirectory() + "wisp-lazy-roots-" + UUID().uuidString

@@ -11,7 +11,7 @@ import WispInfrastructure
 @discardableResult
 func call(_ registry: ThreadRegistry, _ threadID: String?, _ prompt: String,
           instructions: String? = nil, tools: [String]? = nil,
-          onPartial: PartialHandler? = nil) async throws -> (id: String, outcome: Agent.Outcome, created: Bool) {
+          onPartial: PartialHandler? = nil) async throws -> (id: String, outcome: Conversation.Outcome, created: Bool) {
     let a = try await registry.accept(threadID: threadID, instructions: instructions, tools: tools)
     do {
         let o = try await a.thread.respond(a.ticket, prompt: prompt, settings: GenerationSettings(), onPartial: onPartial)
@@ -26,7 +26,7 @@ func call(_ registry: ThreadRegistry, _ threadID: String?, _ prompt: String,
 /// A call accepted now (so its thread is in flight before anything else happens, however slow
 /// the machine) and run in the background.
 func startCall(_ registry: ThreadRegistry, _ threadID: String, _ prompt: String) async throws
-    -> Task<(id: String, outcome: Agent.Outcome, created: Bool), any Error> {
+    -> Task<(id: String, outcome: Conversation.Outcome, created: Bool), any Error> {
     let a = try await registry.accept(threadID: threadID, instructions: nil, tools: nil)
     return Task {
         let o = try await a.thread.respond(a.ticket, prompt: prompt, settings: GenerationSettings(), onPartial: nil)
@@ -235,11 +235,6 @@ final class RefusingSession: ModelSession {
     func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
         throw WispError(.internal, "unsupported transcript content")
     }
-}
-
-/// Runs a blocking call on a thread of its own, so it takes no thread from the cooperative pool.
-func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
-    await withCheckedContinuation { c in Thread.detachNewThread { c.resume(returning: body()) } }
 }
 
 /// A backend that takes its time to say whether it is available (an endpoint that does not answer).

@@ -43,7 +43,7 @@ extension ModelTools {
             swapper.start()
             defer { stop.store(true, ordering: .relaxed) }
 
-            // The reads run on a thread of their own, as the swapper does: the tools are blocking
+            // The reads run on an OS thread of their own, as the swapper does: the tools are blocking
             // code, and on a 2-core machine the other suites need the cooperative pool meanwhile.
             let roots = Roots([root])
             let clock = ContinuousClock()

@@ -1,5 +1,5 @@
-// The core's pipe thread (Pipe/PipeLoop.swift): input and the tasks that prefer it run on its
-// one thread, a job enqueued from elsewhere while it sleeps wakes it, and `offPipe` leaves it.
+// The core's pipe loop (Pipe/PipeLoop.swift): input and the tasks that prefer it run on its
+// one OS thread, a job enqueued from elsewhere while it sleeps wakes it, and `offPipeLoop` leaves it.
 import Foundation
 import Testing
 @testable import WispInfrastructure
@@ -10,18 +10,18 @@ import Glibc
 import Darwin
 #endif
 
-/// The calling thread (a synchronous function: `Thread.current` is not for async code, where
-/// the thread may change at any await; here it is read between two).
-func currentThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
+/// The calling OS thread (a synchronous function: `Thread.current` is not for async code, where
+/// the OS thread may change at any await; here it is read between two).
+func currentOSThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
 
 @Suite struct PipeLoopTests {
     struct Seen: Sendable {
         var bytes: [UInt8] = []
         var eof = false
-        var thread: ObjectIdentifier?
+        var osThread: ObjectIdentifier?
     }
 
-    /// A loop on a thread of its own reading a fresh pipe (it runs for the rest of the process).
+    /// A loop on an OS thread of its own reading a fresh pipe (it runs for the rest of the process).
     func startLoop() -> (PipeLoop, input: Int32, seen: Locked<Seen>) {
         let loop = PipeLoop()
         var fds: [Int32] = [-1, -1]
@@ -31,7 +31,7 @@ func currentThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
         Thread.detachNewThread {
             loop.run(input: read) { bytes in
                 seen.withLock { s in
-                    s.thread = currentThread()
+                    s.osThread = currentOSThread()
                     if bytes.isEmpty { s.eof = true } else { s.bytes += bytes }
                 }
             }
@@ -39,28 +39,28 @@ func currentThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
         return (loop, fds[1], seen)
     }
 
-    @Test func inputAndTheTasksThatPreferTheLoopRunOnItsThread() async throws {
+    @Test func inputAndTheTasksThatPreferTheLoopRunOnItsOSThread() async throws {
         let (loop, input, seen) = startLoop()
         #expect(write(input, "abc", 3) == 3)
-        // The loop is asleep in poll by now: this task's first job comes from another thread.
+        // The loop is asleep in poll by now: this task's first job comes from another OS thread.
         try await Task.sleep(for: .milliseconds(20))
-        let ran = await Task(executorPreference: loop) { currentThread() }.value
-        let away = await Task(executorPreference: loop) { await offPipe { currentThread() } }.value
+        let ran = await Task(executorPreference: loop) { currentOSThread() }.value
+        let away = await Task(executorPreference: loop) { await offPipeLoop { currentOSThread() } }.value
         #expect(write(input, "de", 2) == 2)
         close(input)
         for _ in 0..<400 where !seen.withLock({ $0.eof }) { try await Task.sleep(for: .milliseconds(5)) }
         let s = seen.withLock { $0 }
         #expect(s.eof, "end of input reaches onInput")
         #expect(s.bytes == Array("abcde".utf8))
-        #expect(s.thread == ran, "a task preferring the loop runs on the thread that reads the input")
-        #expect(away != ran, "offPipe runs its work on another thread")
+        #expect(s.osThread == ran, "a task preferring the loop runs on the OS thread that reads the input")
+        #expect(away != ran, "offPipeLoop runs its work on another OS thread")
     }
 
     actor Isolated {
-        /// The thread this actor runs on, and the one its `offPipe` work ran on.
-        func threads() async -> (ObjectIdentifier, ObjectIdentifier) {
-            let here = currentThread()
-            let there = await offPipe { currentThread() }
+        /// The OS thread this actor runs on, and the one its `offPipeLoop` work ran on.
+        func osThreads() async -> (ObjectIdentifier, ObjectIdentifier) {
+            let here = currentOSThread()
+            let there = await offPipeLoop { currentOSThread() }
             return (here, there)
         }
     }
@@ -68,10 +68,10 @@ func currentThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
     @Test func offPipeFromAnActorLeavesTheLoop() async throws {
         let (loop, _, _) = startLoop()
         let actor = Isolated()
-        let loopThread = await Task(executorPreference: loop) { currentThread() }.value
-        let (here, there) = await Task(executorPreference: loop) { await actor.threads() }.value
-        #expect(here == loopThread, "the actor runs on the loop its caller prefers")
-        #expect(there != loopThread, "the blocking work does not")
+        let loopOSThread = await Task(executorPreference: loop) { currentOSThread() }.value
+        let (here, there) = await Task(executorPreference: loop) { await actor.osThreads() }.value
+        #expect(here == loopOSThread, "the actor runs on the loop its caller prefers")
+        #expect(there != loopOSThread, "the blocking work does not")
     }
 
     @Test func aStreamOfJobsDoesNotStarveTheInput() async throws {

@@ -2,7 +2,8 @@ import Foundation
 import WispInfrastructure
 
 /// The `echo` backend: no model, fully deterministic. Its behaviour is a public contract
-/// (ARCHITECTURE.md) that outside checks rely on; change it only on purpose.
+/// (README.md, "Trying it without a model: the echo backend") that outside checks rely on;
+/// change it only on purpose, and note it there.
 public struct EchoBackend: ModelBackend {
     public let name = "echo"
     public let model = "echo"
@@ -82,8 +83,8 @@ final class EchoSession: ModelSession {
         // otherwise `echo N: P` and a line per attached file.
         var text: String
         if let schema = settings.schema {
-            // Off the pipe's thread: a schema may ask for a large value (bounded by echoValue).
-            text = try await offPipe { () throws(WispError) in try schema.echoValue(n: n).jsonText }
+            // Off the pipe loop: a schema may ask for a large value (bounded by echoValue).
+            text = try await offPipeLoop { () throws(WispError) in try schema.echoValue(n: n).jsonText }
         } else {
             text = "echo \(n): \(body)"
         }

@@ -1,11 +1,11 @@
 import WispInfrastructure
 
 /// One thread's conversation with the model: its canonical history, the live backend
-/// session, and context condensing (ARCHITECTURE.md).
+/// session, and context condensing (what a caller sees of it: README.md, "Thread rules").
 ///
 /// Not Sendable on purpose: it lives inside one `ConversationThread` actor and its async
 /// method is `nonisolated(nonsending)`, so it runs on that actor and is never sent anywhere.
-public final class Agent {
+public final class Conversation {
     public struct Outcome: Sendable, Equatable {
         public var text: String
         /// True when this call's turn is the thread's first: the thread was new to the caller.
@@ -44,7 +44,7 @@ public final class Agent {
     private let affinity: SessionAffinity
 
     /// `history`: a stored thread's turns; its session is rebuilt from them on the first call,
-    /// the same way as after condensing. `affinity`: the thread's (its agents share it).
+    /// the same way as after condensing. `affinity`: the thread's (its conversations share it).
     public init(backend: any ModelBackend, instructions: String?, tools: [ModelTool], history: [Turn] = [],
                 affinity: SessionAffinity? = nil) {
         self.backend = backend
@@ -64,7 +64,7 @@ public final class Agent {
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
         if let files {
-            attached = try await offPipe { () throws(WispError) in try FileAttachments.read(files, context: context) }  // reads the disk
+            attached = try await offPipeLoop { () throws(WispError) in try FileAttachments.read(files, context: context) }  // reads the disk
         } else {
             attached = []
         }
