@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 #if canImport(Glibc)
 import Glibc
