@@ -252,3 +252,8 @@ struct SlowToAnswerBackend: ModelBackend {
         echo.makeSession(instructions: instructions, tools: tools, history: history)
     }
 }
+
+/// Runs a blocking call on an OS thread of its own, so it takes no thread from the cooperative pool.
+func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { c in Thread.detachNewThread { c.resume(returning: body()) } }
+}
