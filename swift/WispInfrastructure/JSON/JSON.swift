@@ -221,7 +221,7 @@ extension JSONValue: ExpressibleByDictionaryLiteral, ExpressibleByStringLiteral,
 extension JSONValue {
     /// Deeper than anything wisp writes or accepts (the shim limits a schema's nesting), and
     /// JSONDecoder's own limit.
-    public static let maxDepth = 512
+    static let maxDepth = 512
 
     /// Parses JSON text (RFC 8259; whitespace around the value is allowed). The error says where it failed.
     public static func parse(_ text: String) throws(JSONError) -> JSONValue {
@@ -283,12 +283,12 @@ public struct JSONError: Error, Sendable, Equatable, CustomStringConvertible {
 /// builds no intermediate tree.
 public struct JSONReader {
     let b: UnsafeRawBufferPointer
-    public private(set) var i = 0
+    private(set) var i = 0
     private var depth = 0
 
     public init(_ bytes: UnsafeRawBufferPointer) { b = bytes }
 
-    public func error(_ message: String) -> JSONError { JSONError(message, at: i) }
+    func error(_ message: String) -> JSONError { JSONError(message, at: i) }
 
     @inline(__always)
     mutating func skipSpace() {

@@ -19,9 +19,9 @@
 public struct LinearRegex: Sendable {
     public enum Dialect: Sendable { case search, ecma }
     /// Groups nested deeper are refused: the parser recurses once per level.
-    public static let maxNesting = 200
-    public static let maxRepeat = 1000
-    public static let maxProgram = 20_000
+    static let maxNesting = 200
+    static let maxRepeat = 1000
+    static let maxProgram = 20_000
 
     let program: [Instruction]
     let sets: [ScalarSet]

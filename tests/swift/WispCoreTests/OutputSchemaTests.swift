@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 @testable import WispCore
-import WispInfrastructure
+@testable import WispInfrastructure
 
 /// Structured output in the core: the ordered JSON parser and writer, the validator that
 /// decides whether a reply may join the history, the echo backend's value, the OpenAI
