@@ -94,9 +94,8 @@ public final class Lifecycle: Sendable {
     private let escalation: Escalation
     private let exitProcess: @Sendable (Int32) -> Never
     private let state = Locked(State())
-    /// A byte on this pipe wakes the lifecycle's OS thread: the input ended, or the last call did.
-    private let wakeRead: Int32
-    private let wakeWrite: Int32
+    /// Wakes the lifecycle's OS thread: the input ended, or the last call did.
+    private let wakeUp = WakeUpPipe(for: "the lifecycle")
 
     /// `exit`: how the process exits (tests record the status instead).
     public init(log: Log, escalation: Escalation = .core,
@@ -104,14 +103,6 @@ public final class Lifecycle: Sendable {
         self.log = log
         self.escalation = escalation
         self.exitProcess = exit
-        var fds: [Int32] = [-1, -1]
-        guard pipe(&fds) == 0 else { fatalError("wisp-core: cannot create the lifecycle's wake-up pipe: errno \(errno)") }
-        for fd in fds {
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        }
-        wakeRead = fds[0]
-        wakeWrite = fds[1]
     }
 
     /// Starts the lifecycle's OS thread: it watches `input` for its hang-up (without reading it)
@@ -123,7 +114,7 @@ public final class Lifecycle: Sendable {
     /// The pipe loop has read the end of stdin (after its last whole frame).
     public func inputEnded() {
         state.withLock { $0.inputEnded = true }
-        wake()
+        wakeUp.wake()
     }
 
     /// Ends the process now, from any OS thread: logs `why` at `level`, gives the last words their
@@ -142,26 +133,19 @@ public final class Lifecycle: Sendable {
         exitProcess(ending.status)
     }
 
-    private func wake() {
-        var byte: UInt8 = 1
-        // A full pipe already holds a wake-up, so EAGAIN loses nothing.
-        _ = write(wakeWrite, &byte, 1)
-    }
-
     private func run(_ server: PipeServer, _ input: Int32) -> Never {
         let clock = ContinuousClock()
         var hungUp: ContinuousClock.Instant?
         /// Once the shutdown began: the steps still to run, and when the running one's time is up.
         var shutdown: (rest: ArraySlice<Escalation.Step>, until: ContinuousClock.Instant)?
-        var sink = [UInt8](repeating: 0, count: 64)
         while true {
             let deadlines = [hungUp.map { $0 + escalation.backstop }, shutdown?.until].compactMap { $0 }
             let timeout = deadlines.min().map { Self.milliseconds(until: $0, clock) } ?? -1
             // Events 0 on the input: only its hang-up (or an error) wakes the poll, never its bytes.
             var fds = [pollfd(fd: hungUp == nil ? input : -1, events: 0, revents: 0),
-                       pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0)]
+                       pollfd(fd: wakeUp.readEnd, events: Int16(POLLIN), revents: 0)]
             _ = poll(&fds, 2, timeout)
-            if fds[1].revents != 0 { while read(wakeRead, &sink, sink.count) > 0 {} }
+            if fds[1].revents != 0 { wakeUp.drain() }
             if hungUp == nil, fds[0].revents & Int16(POLLHUP | POLLERR | POLLNVAL) != 0 { hungUp = clock.now }
 
             if let hungUp, clock.now >= hungUp + escalation.backstop {
@@ -193,7 +177,7 @@ public final class Lifecycle: Sendable {
         }
         if server.callsInFlight == 0 { end(.inputEnded) }
         // Woken when the last call ends (again after each wake-up: a call read late may have come since).
-        server.whenIdle { [self] in wake() }
+        server.whenIdle { [wakeUp] in wakeUp.wake() }
         return (rest, until)
     }
 

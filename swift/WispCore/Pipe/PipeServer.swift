@@ -5,7 +5,8 @@ import WispInfrastructure
 /// Serves the pipe protocol: takes decoded requests in arrival order, runs each `respond` in
 /// its own task, and hands every reply and event to `send` (a single writer, so frames never
 /// interleave). Requests come from a `RequestReader`; the process loop around both lives in
-/// `swift/wisp-core/main.swift`.
+/// `swift/wisp-core/main.swift`, and the process's end (which runs the shutdown steps below) in
+/// `Lifecycle`.
 public final class PipeServer: Sendable {
     public let registry: ThreadRegistry
     public let backend: any ModelBackend

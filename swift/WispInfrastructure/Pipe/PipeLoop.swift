@@ -27,23 +27,13 @@ public final class PipeLoop: TaskExecutor, Sendable {
     }
 
     private let state = Locked(State())
-    /// A pipe whose read end the loop polls beside its input: a byte means "jobs waiting".
-    private let wakeRead: Int32
-    private let wakeWrite: Int32
+    /// Polled beside the input: a byte means "jobs waiting".
+    private let wakeUp = WakeUpPipe(for: "the pipe loop")
 
     /// Batches of jobs run between two looks at the input while jobs keep coming.
     private static let maxRounds = 64
 
-    public init() {
-        var fds: [Int32] = [-1, -1]
-        guard pipe(&fds) == 0 else { fatalError("wisp-core: cannot create the pipe loop's wake-up pipe: errno \(errno)") }
-        for fd in fds {
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-        }
-        wakeRead = fds[0]
-        wakeWrite = fds[1]
-    }
+    public init() {}
 
     public func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
@@ -53,11 +43,7 @@ public final class PipeLoop: TaskExecutor, Sendable {
             s.signalled = true
             return true
         }
-        if wake {
-            var byte: UInt8 = 1
-            // A full pipe already holds a wake-up, so EAGAIN loses nothing.
-            _ = write(wakeWrite, &byte, 1)
-        }
+        if wake { wakeUp.wake() }
     }
 
     /// Runs the loop on the calling OS thread, for good: reads `input` whenever it has bytes and
@@ -67,7 +53,6 @@ public final class PipeLoop: TaskExecutor, Sendable {
         let me = asUnownedTaskExecutor()
         var batch: [UnownedJob] = []
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
-        var sink = [UInt8](repeating: 0, count: 64)
         var inputOpen = true
         while true {
             // Jobs beget jobs (every actor hop is one), so run until none is left before
@@ -84,7 +69,7 @@ public final class PipeLoop: TaskExecutor, Sendable {
                 return s.sleeping
             }
             // With jobs waiting the poll only looks (timeout 0), so a stream of jobs cannot starve input.
-            var fds = [pollfd(fd: wakeRead, events: Int16(POLLIN), revents: 0),
+            var fds = [pollfd(fd: wakeUp.readEnd, events: Int16(POLLIN), revents: 0),
                        pollfd(fd: inputOpen ? input : -1, events: Int16(POLLIN), revents: 0)]
             let ready = poll(&fds, 2, idle ? -1 : 0)
             if idle {
@@ -94,9 +79,7 @@ public final class PipeLoop: TaskExecutor, Sendable {
                 }
             }
             guard ready > 0 else { continue }
-            if fds[0].revents != 0 {
-                while read(wakeRead, &sink, sink.count) > 0 {}
-            }
+            if fds[0].revents != 0 { wakeUp.drain() }
             if fds[1].revents != 0 {
                 let n = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress!, $0.count) }
                 if n < 0 && (errno == EINTR || errno == EAGAIN) { continue }
@@ -107,6 +90,39 @@ public final class PipeLoop: TaskExecutor, Sendable {
                     buffer.withUnsafeBytes { onInput(UnsafeRawBufferPointer(rebasing: $0[0..<n])) }
                 }
             }
+        }
+    }
+}
+
+/// A pipe that wakes an OS thread asleep in `poll` on its read end: a byte means "look again".
+/// Both ends are non-blocking and closed on exec.
+public struct WakeUpPipe: Sendable {
+    public let readEnd: Int32
+    private let writeEnd: Int32
+
+    /// `owner` names, in the fatal error, what could not get its pipe.
+    public init(for owner: String) {
+        var fds: [Int32] = [-1, -1]
+        guard pipe(&fds) == 0 else { fatalError("wisp-core: cannot create \(owner)'s wake-up pipe: errno \(errno)") }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        readEnd = fds[0]
+        writeEnd = fds[1]
+    }
+
+    public func wake() {
+        var byte: UInt8 = 1
+        // A full pipe already holds a wake-up, so EAGAIN loses nothing.
+        _ = write(writeEnd, &byte, 1)
+    }
+
+    /// Empties the pipe, once the poll has seen it readable.
+    public func drain() {
+        // On the stack: the pipe loop drains on every wake-up.
+        withUnsafeTemporaryAllocation(of: UInt8.self, capacity: 64) { sink in
+            while read(readEnd, sink.baseAddress!, sink.count) > 0 {}
         }
     }
 }
