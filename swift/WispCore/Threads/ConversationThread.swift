@@ -180,10 +180,12 @@ public actor ConversationThread {
         }
         let state = ThreadStore.State(instructions: agent.instructions, tools: agent.tools.map(\.name), roots: roots, history: agent.history)
         let store = durability.store, id = self.id, held = self.held
-        // Off the pipe's thread: the write and its fsyncs.
+        // The file holds the history but this turn unless turns were dropped or kept in memory only.
+        let appendingTo = outcome.dropped > 0 || unstored ? nil : stamp
+        // Off the pipe's thread: the write and its sync.
         saving = true
         let saved: Result<ThreadStore.Stamp, WispError> = await offPipe {
-            do throws(WispError) { return .success(try store.save(id, state)) } catch { return .failure(error) }
+            do throws(WispError) { return .success(try store.save(id, state, appendingTo: appendingTo)) } catch { return .failure(error) }
         }
         saving = false
         if closed {
