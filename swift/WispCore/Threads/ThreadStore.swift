@@ -35,7 +35,8 @@ import Darwin
 /// - Several processes may share a directory. A call holds `flock` on `thread-<id>.lock` for its
 ///   whole run (another process waits up to `lockWait`, then gets `busy`), and reloads the file
 ///   first when its identity (device, inode, size, mtime) is not what this process last wrote or
-///   read: every write renames a new inode into place, so a change is always seen. A lock file is
+///   read: every write renames a new inode into place or appends (the size grows), so a change
+///   is always seen. A lock file is
 ///   unlinked only by its holder, and a taker checks the path still names the inode it locked.
 /// - At most `maxStored` thread files; writing a new one deletes the least recently written
 ///   (by the `written` of its last commit or header) that no process holds.
@@ -420,7 +421,9 @@ public final class ThreadStore: Sendable {
         guard st.st_size <= Self.maxFileBytes else { throw corrupt(id, "it is \(st.st_size) bytes, over the \(Self.maxFileBytes)-byte limit") }
         guard let data = Self.readAll(fd, count: Int(st.st_size)) else { throw corrupt(id, "it was shorter than its size when read") }
         do throws(Unreadable) {
-            return (try Self.decode(data, id: id).state, Self.stamp(st))
+            let (state, _, torn) = try Self.decode(data, id: id)
+            if torn { log(.info, "stored thread '\(id)': \(file) ends in a record cut short (a crash while it was written), which is not part of the thread; the thread's next turn rewrites the file") }
+            return (state, Self.stamp(st))
         } catch {
             throw corrupt(id, error.why)
         }
@@ -533,13 +536,7 @@ public final class ThreadStore: Sendable {
             _ = ftruncate(fd, end)
             return WispError(.internal, "could not store thread '\(id)' in \(directory): \(what): \(Self.errorText(code))")
         }
-        var offset = 0
-        while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress! + offset, $0.count - offset, end + off_t(offset)) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { throw failed("appending") }
-            offset += n
-        }
+        guard Self.writeAll(fd, bytes, at: end) else { throw failed("appending") }
         // The size is what makes the record readable: fdatasync syncs it with the data.
         guard Self.syncData(fd) == 0 else { throw failed("fdatasync") }
         fstat(fd, &st)
@@ -564,13 +561,7 @@ public final class ThreadStore: Sendable {
             self.failed("cannot create a file in it: \(Self.errorText(e))")
             throw failed("creating a temporary file", e)
         }
-        var offset = 0
-        while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { let e = errno; close(fd); throw failed("writing", e) }
-            offset += n
-        }
+        guard Self.writeAll(fd, bytes, at: 0) else { let e = errno; close(fd); throw failed("writing", e) }
         guard fsync(fd) == 0 else { let e = errno; close(fd); throw failed("fsync", e) }
         var st = stat()
         fstat(fd, &st)
@@ -580,6 +571,18 @@ public final class ThreadStore: Sendable {
         syncDirectory()
         if isNew { enforceCap(keeping: id) }
         return Self.stamp(st)
+    }
+
+    /// Writes `bytes` at `start`; false (errno says why) when the file takes fewer.
+    private static func writeAll(_ fd: Int32, _ bytes: [UInt8], at start: off_t) -> Bool {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress! + offset, $0.count - offset, start + off_t(offset)) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return false }
+            offset += n
+        }
+        return true
     }
 
     /// A whole file in the current format.
