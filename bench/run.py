@@ -69,7 +69,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "files_caller_bytes_ratio": (0.02, "max"),
     "real_tokens_per_s_ratio": (0.95, "min"),
     "schema_valid_rate": (1.0, "min"),
-    "durable_turn_ratio": (1.5, "max"),
+    "durable_turn_ratio": (1.3, "max"),
     "real_concurrency_throughput_ratio": (1.3, "min"),
     "real_turn_ttft_ratio_20": (1.5, "max"),
     "real_turn_ttft_ratio_condensed": (2.0, "max"),
@@ -754,7 +754,7 @@ async def durable(calls: int, repeats: int, resume_repeats: int) -> dict[str, An
                 times: dict[str, list[float]] = {k: [] for k in clients}
                 for i in range(calls + 20):
                     for name in (list(clients) if i % 2 else list(clients)[::-1]):
-                        # A new thread every 50 turns: the write is O(the thread), so length is part of the figure.
+                        # A new thread every 50 turns: its first turn writes a whole file, the others append.
                         args = {"prompt": f"ping {i}", "thread_id": f"{name}-{r}-{i // 50}"}
                         t = time.perf_counter()
                         res = await clients[name].call_tool("respond", args)

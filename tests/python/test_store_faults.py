@@ -74,6 +74,7 @@ async def test_a_state_dir_turned_read_only_serves_in_memory_says_so_and_recover
         r = await say(c, "t", "3")
         assert r["text"] == "echo 3: 3" and r.get("store_error") is None, r
         assert not (state / "thread-s.json").exists()
+        # Written whole (a header and three records of two lines), not appended to the older file.
         lines = (state / "thread-t.json").read_text().splitlines()
-        assert json.loads(lines[0])["turns"] == 3
+        assert json.loads(lines[0])["format"] == 2 and len(lines) == 7 and json.loads(lines[-1])["turns"] == 3
         assert "threads are not stored" not in text_of(await c.call_tool("list_threads", {}))

@@ -182,10 +182,12 @@ public actor ConversationThread {
         }
         let state = ThreadStore.State(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots, history: conversation.history)
         let store = durability.store, id = self.id, held = self.held
-        // Off the pipe loop: the write and its fsyncs.
+        // The file holds the history but this turn unless turns were dropped or kept in memory only.
+        let appendingTo = outcome.dropped > 0 || unstored ? nil : stamp
+        // Off the pipe loop: the write and its sync.
         saving = true
         let saved: Result<ThreadStore.Stamp, WispError> = await offPipeLoop {
-            do throws(WispError) { return .success(try store.save(id, state)) } catch { return .failure(error) }
+            do throws(WispError) { return .success(try store.save(id, state, appendingTo: appendingTo)) } catch { return .failure(error) }
         }
         saving = false
         if closed {

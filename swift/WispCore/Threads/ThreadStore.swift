@@ -12,21 +12,35 @@ import Darwin
 /// - One file per thread, `thread-<id>.json` (ids `.` and `..` are valid ids, hence the prefix),
 ///   mode 0600, in a directory of mode 0700 created if missing; an existing directory that is
 ///   not ours or is group/world-writable is refused (someone else could plant or swap files).
-/// - A file is two lines of JSON: a header `{"format":1,"id":…,"turns":N,"written":T}` (read alone by
-///   `list_threads`) and the state: binding (instructions, tool names, client roots) and the
-///   canonical history. Anything else (garbage, truncated, another format, over `maxFileBytes`,
-///   a directory or symlink in its place, a header that disagrees with its body) is corrupt:
-///   moved aside to `thread-<id>.json.corrupt-<unix time>-<random>`, that call fails naming the file,
-///   and the id starts afresh on the next call.
-/// - A write is atomic: a temporary file in the same directory, written, fsynced, renamed over
-///   the old one, then the directory fsynced. A crash at any instant leaves the old or the new state.
+/// - A file (format 2) is an append-only log of JSON lines: a header line
+///   `{"format":2,"id":…,"written":T,"instructions":…,"tools":[…],"roots":[…]}` (the binding; T is
+///   Unix seconds), then one record per turn of the history, oldest first, each two lines: the
+///   turn `{"prompt":…,"toolExchanges":[…],"response":…,"tokens":N}` (`Turn.write`) and its commit
+///   `{"turns":K,"written":T}` (K: the turns stored up to it; `list_threads` reads only this last line).
+/// - A committed turn appends its record and `fdatasync`s the file, one sync, when the file is
+///   the one this process last wrote or read and ends with the commit of the turn before. Any
+///   other write replaces the whole file atomically: a temporary file in the same directory,
+///   written, fsynced, renamed over the old one, then the directory fsynced. That is the first
+///   store of a thread, a turn that condensed (dropped turns), turns that were kept in memory
+///   only, and a file of format 1 or with a torn record. A crash at any instant leaves the old
+///   or the new state.
+/// - A torn last record (its writer killed, or the machine stopped, mid-append: at most two lines
+///   that are cut short or do not read) is not part of the thread: the file holds the turns
+///   before it. Anything else (garbage, a record that does not read with more after it, another
+///   format, over `maxFileBytes`, a directory or symlink in its place, a header for another id, a
+///   commit that miscounts) is corrupt: moved aside to `thread-<id>.json.corrupt-<unix time>-<random>`,
+///   that call fails naming the file, and the id starts afresh on the next call.
+/// - Format 1, two lines (a header `{"format":1,"id":…,"turns":N,"written":T}` and the state
+///   `{"instructions":…,"tools":[…],"roots":[…],"history":[turn…]}`), is still read; the thread's
+///   next write replaces it in format 2.
 /// - Several processes may share a directory. A call holds `flock` on `thread-<id>.lock` for its
 ///   whole run (another process waits up to `lockWait`, then gets `busy`), and reloads the file
 ///   first when its identity (device, inode, size, mtime) is not what this process last wrote or
-///   read: every write renames a new inode into place, so a change is always seen. A lock file is
+///   read: every write renames a new inode into place or appends (the size grows), so a change
+///   is always seen. A lock file is
 ///   unlinked only by its holder, and a taker checks the path still names the inode it locked.
 /// - At most `maxStored` thread files; writing a new one deletes the least recently written
-///   (every committed turn rewrites its file, stamping the header) that no process holds.
+///   (by the `written` of its last commit or header) that no process holds.
 ///   A lock file lives only while its thread is stored or a call holds it: a call that leaves
 ///   no stored file removes its lock, and start-up sweeps orphans (of processes that died).
 /// - A lock file that is not a regular file (a symlink, a directory, a FIFO in its place) is
@@ -37,7 +51,8 @@ import Darwin
 /// - Every operation here may block on the file system: callers run them off the pipe's
 ///   thread (`lock` hops off itself).
 public final class ThreadStore: Sendable {
-    public static let format = 1
+    /// The format written; format 1 is read too.
+    public static let format = 2
     /// Over this, a file is corrupt: the pipe's frame limit bounds what one turn may add, and no
     /// thread a model's context can hold comes near it.
     public static let maxFileBytes = 64 * 1024 * 1024
@@ -76,13 +91,23 @@ public final class ThreadStore: Sendable {
         }
     }
 
+    /// A file's first line. Format 2 holds the binding here; format 1 the turns of its state line.
     struct Header: Codable {
         var format: Int
         var id: String
-        var turns: Int
+        var turns: Int?
         /// When it was written (Unix seconds): the order for the cap, finer than a file's mtime,
         /// which the kernel keeps to a clock tick (several writes may share one).
         var written: Double?
+        var instructions: String?
+        var tools: [String]?
+        var roots: [String]?
+    }
+
+    /// The line that makes a turn's record whole: the turns stored up to it, and when.
+    struct Commit: Codable {
+        var turns: Int
+        var written: Double
     }
 
     /// A file's identity: which write of it this is.
@@ -395,24 +420,79 @@ public final class ThreadStore: Sendable {
         guard fstat(fd, &st) == 0 else { throw WispError(.internal, "could not read stored thread '\(id)' (\(file)): \(Self.errorText())") }
         guard (st.st_mode & S_IFMT) == S_IFREG else { throw corrupt(id, "it is not a regular file") }
         guard st.st_size <= Self.maxFileBytes else { throw corrupt(id, "it is \(st.st_size) bytes, over the \(Self.maxFileBytes)-byte limit") }
-        var data = [UInt8](repeating: 0, count: Int(st.st_size))
+        guard let data = Self.readAll(fd, count: Int(st.st_size)) else { throw corrupt(id, "it was shorter than its size when read") }
+        do throws(Unreadable) {
+            let (state, _, torn) = try Self.decode(data, id: id)
+            if torn { log(.info, "stored thread '\(id)': \(file) ends in a record cut short (a crash while it was written), which is not part of the thread; the thread's next turn rewrites the file") }
+            return (state, Self.stamp(st))
+        } catch {
+            throw corrupt(id, error.why)
+        }
+    }
+
+    /// `count` bytes from the start of `fd`; nil when it has fewer.
+    private static func readAll(_ fd: Int32, count: Int) -> [UInt8]? {
+        var data = [UInt8](repeating: 0, count: count)
         var got = 0
         while got < data.count {
-            let n = data.withUnsafeMutableBytes { read(fd, $0.baseAddress! + got, $0.count - got) }
+            let n = data.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + got, $0.count - got, off_t(got)) }
             if n < 0 && errno == EINTR { continue }
             guard n > 0 else { break }
             got += n
         }
-        guard got == data.count else { throw corrupt(id, "it was shorter than its size when read") }
-        guard let newline = data.firstIndex(of: 0x0A) else { throw corrupt(id, "it has no header line") }
+        return got == data.count ? data : nil
+    }
+
+    /// Why a file's bytes are not a thread.
+    struct Unreadable: Error { let why: String }
+
+    /// A file's bytes (either format) as the thread `id`'s state, and when its last whole record
+    /// (or its header) was written. A torn last record is left out (`torn`).
+    static func decode(_ data: [UInt8], id: String) throws(Unreadable) -> (state: State, written: Double?, torn: Bool) {
+        guard let newline = data.firstIndex(of: 0x0A) else { throw Unreadable(why: "it has no header line") }
         let header: Header
-        do { header = try Header.read(data[..<newline]) } catch { throw corrupt(id, "its header is not valid JSON (\(error))") }
-        guard header.format == Self.format else { throw corrupt(id, "it is in format \(header.format), this wisp reads format \(Self.format)") }
-        guard header.id == id else { throw corrupt(id, "its header names thread '\(header.id)'") }
-        let state: State
-        do { state = try State.read(data[(newline + 1)...]) } catch { throw corrupt(id, "its state is not valid JSON (truncated?)") }
-        guard state.history.count == header.turns else { throw corrupt(id, "its header says \(header.turns) turns, its history holds \(state.history.count)") }
-        return (state, Self.stamp(st))
+        do { header = try Header.read(data[..<newline]) } catch { throw Unreadable(why: "its header is not valid JSON (\(error))") }
+        guard header.format == 1 || header.format == Self.format else {
+            throw Unreadable(why: "it is in format \(header.format), this wisp reads formats 1 and \(Self.format)")
+        }
+        guard header.id == id else { throw Unreadable(why: "its header names thread '\(header.id)'") }
+        if header.format == 1 {
+            guard let turns = header.turns else { throw Unreadable(why: "its header is not valid JSON (field 'turns' is missing)") }
+            let state: State
+            do { state = try State.read(data[(newline + 1)...]) } catch { throw Unreadable(why: "its state is not valid JSON (truncated?)") }
+            guard state.history.count == turns else { throw Unreadable(why: "its header says \(turns) turns, its history holds \(state.history.count)") }
+            return (state, header.written, false)
+        }
+        guard let tools = header.tools, let roots = header.roots else { throw Unreadable(why: "its header lacks the thread's tools or roots") }
+        var history: [Turn] = []
+        var written = header.written
+        var at = newline + 1
+        while at < data.count {
+            if let (turn, commit, next) = Self.record(data, at: at) {
+                guard commit.turns == history.count + 1 else {
+                    throw Unreadable(why: "its record of turn \(history.count + 1) says \(commit.turns) turns")
+                }
+                history.append(turn)
+                written = commit.written
+                at = next
+                continue
+            }
+            // Not whole: the torn last record when no more than its own two lines follow.
+            var lines = 0
+            for byte in data[at...] where byte == 0x0A { lines += 1; if lines > 2 { break } }
+            guard lines <= 2 else { throw Unreadable(why: "its record of turn \(history.count + 1) is not valid JSON, and more follows it") }
+            return (State(instructions: header.instructions, tools: tools, roots: roots, history: history), written, true)
+        }
+        return (State(instructions: header.instructions, tools: tools, roots: roots, history: history), written, false)
+    }
+
+    /// The record (turn line, commit line) at `at`, and where the next one starts; nil when
+    /// there is none whole there.
+    private static func record(_ data: [UInt8], at: Int) -> (Turn, Commit, next: Int)? {
+        guard let end = data[at...].firstIndex(of: 0x0A), let close = data[(end + 1)...].firstIndex(of: 0x0A),
+              let turn = try? readWhole(data[at..<end], { r throws(JSONError) in try Turn.read(&r) }),
+              let commit = try? Commit.read(data[(end + 1)..<close]) else { return nil }
+        return (turn, commit, close + 1)
     }
 
     /// Moves a bad thread file aside and says so, as the error of the call that found it.
@@ -428,16 +508,47 @@ public final class ThreadStore: Sendable {
 
     // MARK: writing
 
-    /// Stores a thread's state atomically; the caller holds its lock. Returns the new file's identity.
-    public func save(_ id: String, _ state: State) throws(WispError) -> Stamp {
+    /// Stores a thread's state; the caller holds its lock. `appendingTo`: the identity of the file
+    /// as the caller last wrote or read it, when that file holds this state but its last turn
+    /// (no turn dropped, none kept in memory only since): the turn is appended, if the file is
+    /// still that one and ends with the commit of the turn before. Otherwise the whole file is
+    /// replaced. Returns the new file's identity.
+    public func save(_ id: String, _ state: State, appendingTo seen: Stamp? = nil) throws(WispError) -> Stamp {
+        if let seen, let last = state.history.last, let appended = try append(id, last, turns: state.history.count, to: seen) {
+            return appended
+        }
+        return try replace(id, state)
+    }
+
+    /// Appends turn number `turns`'s record to the file `seen` and syncs it; nil when the file
+    /// is not that one, or does not end with the commit of turn `turns - 1`.
+    private func append(_ id: String, _ turn: Turn, turns: Int, to seen: Stamp) throws(WispError) -> Stamp? {
+        let fd = open(path(id), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, Self.stamp(st) == seen,
+              Self.lastCommit(fd, size: Int(st.st_size))?.turns == turns - 1 else { return nil }
+        var w = JSONWriter(capacity: 1024)
+        Self.record(turn, turns: turns, written: Date().timeIntervalSince1970, to: &w)
+        let bytes = w.bytes, end = off_t(st.st_size)
+        func failed(_ what: String, _ code: Int32 = errno) -> WispError {
+            // A record cut short would read as torn anyway; cut it off so the file is as it was.
+            _ = ftruncate(fd, end)
+            return WispError(.internal, "could not store thread '\(id)' in \(directory): \(what): \(Self.errorText(code))")
+        }
+        guard Self.writeAll(fd, bytes, at: end) else { throw failed("appending") }
+        // The size is what makes the record readable: fdatasync syncs it with the data.
+        guard Self.syncData(fd) == 0 else { throw failed("fdatasync") }
+        fstat(fd, &st)
+        _ = closedMeanwhile.withLock { $0.remove(id) }
+        return Self.stamp(st)
+    }
+
+    /// Writes the thread's whole file atomically: a temporary file, synced, renamed into place.
+    private func replace(_ id: String, _ state: State) throws(WispError) -> Stamp {
         let file = path(id)
-        // By hand (JSONWriter): the whole thread is written on every turn.
-        var w = JSONWriter(capacity: 4096)
-        Header(format: Self.format, id: id, turns: state.history.count, written: Date().timeIntervalSince1970).write(to: &w)
-        w.byte(0x0A)
-        state.write(to: &w)
-        w.byte(0x0A)
-        let bytes = w.bytes
+        let bytes = Self.encode(id, state, written: Date().timeIntervalSince1970)
         let isNew = stamp(id) == nil
         let temporary = directory + "/.tmp-thread-\(id).\(getpid()).\(UInt32.random(in: 0...UInt32.max))"
         func failed(_ what: String, _ code: Int32 = errno) -> WispError {
@@ -451,13 +562,7 @@ public final class ThreadStore: Sendable {
             self.failed("cannot create a file in it: \(Self.errorText(e))")
             throw failed("creating a temporary file", e)
         }
-        var offset = 0
-        while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + offset, $0.count - offset) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { let e = errno; close(fd); throw failed("writing", e) }
-            offset += n
-        }
+        guard Self.writeAll(fd, bytes, at: 0) else { let e = errno; close(fd); throw failed("writing", e) }
         guard fsync(fd) == 0 else { let e = errno; close(fd); throw failed("fsync", e) }
         var st = stat()
         fstat(fd, &st)
@@ -467,6 +572,56 @@ public final class ThreadStore: Sendable {
         syncDirectory()
         if isNew { enforceCap(keeping: id) }
         return Self.stamp(st)
+    }
+
+    /// Writes `bytes` at `start`; false (errno says why) when the file takes fewer.
+    private static func writeAll(_ fd: Int32, _ bytes: [UInt8], at start: off_t) -> Bool {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { pwrite(fd, $0.baseAddress! + offset, $0.count - offset, start + off_t(offset)) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { return false }
+            offset += n
+        }
+        return true
+    }
+
+    /// A whole file in the current format.
+    static func encode(_ id: String, _ state: State, written: Double) -> [UInt8] {
+        // By hand (JSONWriter): a whole thread is written at once.
+        var w = JSONWriter(capacity: 4096)
+        Header(format: format, id: id, written: written, instructions: state.instructions, tools: state.tools, roots: state.roots).write(to: &w)
+        w.byte(0x0A)
+        for (i, turn) in state.history.enumerated() { record(turn, turns: i + 1, written: written, to: &w) }
+        return w.bytes
+    }
+
+    /// One turn's record: the turn's line, then its commit.
+    private static func record(_ turn: Turn, turns: Int, written: Double, to w: inout JSONWriter) {
+        turn.write(to: &w)
+        w.byte(0x0A)
+        Commit(turns: turns, written: written).write(to: &w)
+        w.byte(0x0A)
+    }
+
+    /// The file's last line read as a commit, when it is one (nil: a format-1 file, a torn
+    /// record, a file of no turns). A commit is a few dozen bytes: the tail holds it whole.
+    private static func lastCommit(_ fd: Int32, size: Int) -> Commit? {
+        var tail = [UInt8](repeating: 0, count: min(size, 128))
+        let n = tail.withUnsafeMutableBytes { pread(fd, $0.baseAddress!, $0.count, off_t(size - $0.count)) }
+        guard n == tail.count, tail.last == 0x0A else { return nil }
+        let body = tail.dropLast()
+        guard let start = body.lastIndex(of: 0x0A) else { return nil }
+        return try? Commit.read(body[(start + 1)...])
+    }
+
+    /// Syncs a file's data and what reading it needs (its size), not its times.
+    private static func syncData(_ fd: Int32) -> Int32 {
+        #if canImport(Glibc)
+        return fdatasync(fd)
+        #else
+        return fsync(fd)
+        #endif
     }
 
     /// Makes a rename durable: without it a crash may forget the new directory entry.
@@ -519,22 +674,31 @@ public final class ThreadStore: Sendable {
             var st = stat()
             guard lstat(path(id), &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { continue }
             let s = Self.stamp(st)
-            let h = header(id)
+            let h = summary(id)
             out.append(Summary(id: id, turns: h?.turns ?? 0, modified: h?.written ?? Double(s.sec) + Double(s.nsec) / 1e9))
         }
         return out.sorted { $0.modified > $1.modified }
     }
 
-    private func header(_ id: String) -> Header? {
+    /// A stored thread's turns and when it was last written, read cheaply: a format-2 file's
+    /// last commit, a format-1 file's header; a file that has neither (no turns, a torn record)
+    /// is read whole.
+    private func summary(_ id: String) -> (turns: Int, written: Double?)? {
         let fd = open(path(id), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else { return nil }
         defer { close(fd) }
         var st = stat()
-        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { return nil }
-        var buffer = [UInt8](repeating: 0, count: 512)
-        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
-        guard n > 0, let newline = buffer[..<n].firstIndex(of: 0x0A) else { return nil }
-        return try? Header.read(buffer[..<newline])
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, st.st_size <= Self.maxFileBytes else { return nil }
+        let size = Int(st.st_size)
+        if let commit = Self.lastCommit(fd, size: size) { return (commit.turns, commit.written) }
+        var buffer = [UInt8](repeating: 0, count: min(size, 512))
+        let n = buffer.withUnsafeMutableBytes { pread(fd, $0.baseAddress!, $0.count, 0) }
+        if n > 0, let newline = buffer[..<n].firstIndex(of: 0x0A), let header = try? Header.read(buffer[..<newline]),
+           header.format == 1, let turns = header.turns {
+            return (turns, header.written)
+        }
+        guard let data = Self.readAll(fd, count: size), let (state, written, _) = try? Self.decode(data, id: id) else { return nil }
+        return (state.history.count, written)
     }
 
     /// Deletes the least recently written threads over `maxStored`, skipping any a call holds.
@@ -560,15 +724,20 @@ public final class ThreadStore: Sendable {
     }
 }
 
-extension ThreadStore.State: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object { $0.field("instructions", instructions); $0.field("tools", tools); $0.field("roots", roots); $0.field("history", history) }
+extension ThreadStore.Header: JSONWritable {
+    func write(to w: inout JSONWriter) {
+        w.object {
+            $0.field("format", format); $0.field("id", id); $0.field("turns", turns); $0.field("written", written)
+            $0.field("instructions", instructions)
+            if let tools { $0.field("tools", tools) }
+            if let roots { $0.field("roots", roots) }
+        }
     }
 }
 
-extension ThreadStore.Header: JSONWritable {
+extension ThreadStore.Commit: JSONWritable {
     func write(to w: inout JSONWriter) {
-        w.object { $0.field("format", format); $0.field("id", id); $0.field("turns", turns); $0.field("written", written) }
+        w.object { $0.field("turns", turns); $0.field("written", written) }
     }
 }
 
@@ -607,19 +776,39 @@ private func readWhole<T>(_ bytes: ArraySlice<UInt8>, _ read: (inout JSONReader)
 }
 
 extension ThreadStore.Header {
-    private struct Fields { var format: Int?, id: String?, turns: Int?, written: Double? }
+    private struct Fields { var format: Int?, id: String?, turns: Int?, written: Double?, instructions: String?, tools: [String]?, roots: [String]? }
     private static let table = JSONFields<Fields>([
         "format": { r, f throws(JSONError) in f.format = try r.int() },
         "id": { r, f throws(JSONError) in f.id = try r.string() },
         "turns": { r, f throws(JSONError) in f.turns = try r.int() },
         "written": { r, f throws(JSONError) in f.written = try r.nullable { r throws(JSONError) in try r.double() } },
+        "instructions": { r, f throws(JSONError) in f.instructions = try r.nullable { r throws(JSONError) in try r.string() } },
+        "tools": { r, f throws(JSONError) in f.tools = try r.strings() },
+        "roots": { r, f throws(JSONError) in f.roots = try r.strings() },
     ])
 
     static func read(_ bytes: ArraySlice<UInt8>) throws(JSONError) -> Self {
         try readWhole(bytes) { r throws(JSONError) in
             var f = Fields()
             try r.object(into: &f, table)
-            return Self(format: try required(f.format, "format"), id: try required(f.id, "id"), turns: try required(f.turns, "turns"), written: f.written)
+            return Self(format: try required(f.format, "format"), id: try required(f.id, "id"), turns: f.turns, written: f.written,
+                        instructions: f.instructions, tools: f.tools, roots: f.roots)
+        }
+    }
+}
+
+extension ThreadStore.Commit {
+    private struct Fields { var turns: Int?, written: Double? }
+    private static let table = JSONFields<Fields>([
+        "turns": { r, f throws(JSONError) in f.turns = try r.int() },
+        "written": { r, f throws(JSONError) in f.written = try r.double() },
+    ])
+
+    static func read(_ bytes: ArraySlice<UInt8>) throws(JSONError) -> Self {
+        try readWhole(bytes) { r throws(JSONError) in
+            var f = Fields()
+            try r.object(into: &f, table)
+            return Self(turns: try required(f.turns, "turns"), written: try required(f.written, "written"))
         }
     }
 }

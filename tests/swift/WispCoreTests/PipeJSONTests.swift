@@ -71,11 +71,20 @@ import WispInfrastructure
                                                            ToolExchange(name: text, arguments: "{}", output: "")], response: "r", tokens: 7)]
             for state in [ThreadStore.State(instructions: text, tools: ["read_file", text], roots: [text], history: turns),
                           ThreadStore.State(instructions: nil, tools: [], roots: [], history: [])] {
-                try sameAsJSONEncoder(state)
-                var w = JSONWriter()
-                state.write(to: &w)
-                #expect(try JSONDecoder().decode(ThreadStore.State.self, from: Data(w.bytes)) == state)
-                #expect(try ThreadStore.State.read(w.bytes[...]) == state)
+                for turn in state.history { try sameAsJSONEncoder(turn) }
+                try sameAsJSONEncoder(ThreadStore.Header(format: ThreadStore.format, id: text, instructions: state.instructions,
+                                                         tools: state.tools, roots: state.roots))
+                let file = ThreadStore.encode("t", state, written: 1764645123.5)
+                #expect(try ThreadStore.decode(file, id: "t").state == state)
+                // Every line is JSON that JSONDecoder reads as it was meant.
+                let lines = file.split(separator: 0x0A, omittingEmptySubsequences: false)
+                #expect(lines.count == 2 + 2 * state.history.count && lines.last?.isEmpty == true)
+                let header = try JSONDecoder().decode(ThreadStore.Header.self, from: Data(lines[0]))
+                #expect(header.instructions == state.instructions && header.tools == state.tools && header.roots == state.roots)
+                for (i, turn) in state.history.enumerated() {
+                    #expect(try JSONDecoder().decode(Turn.self, from: Data(lines[1 + 2 * i])) == turn)
+                    #expect(try JSONDecoder().decode(ThreadStore.Commit.self, from: Data(lines[2 + 2 * i])).turns == i + 1)
+                }
             }
         }
         for written in [0, 1764645123.123456, 1e-7, 12345678901234567890.0, -2.5] {
@@ -83,6 +92,11 @@ import WispInfrastructure
             ThreadStore.Header(format: 1, id: "t", turns: 3, written: written).write(to: &w)
             for back in [try JSONDecoder().decode(ThreadStore.Header.self, from: Data(w.bytes)), try ThreadStore.Header.read(w.bytes[...])] {
                 #expect(back.written == written && back.id == "t" && back.turns == 3 && back.format == 1)
+            }
+            w = JSONWriter()
+            ThreadStore.Commit(turns: 3, written: written).write(to: &w)
+            for back in [try JSONDecoder().decode(ThreadStore.Commit.self, from: Data(w.bytes)), try ThreadStore.Commit.read(w.bytes[...])] {
+                #expect(back.written == written && back.turns == 3)
             }
         }
     }
