@@ -13,7 +13,10 @@ let package = Package(
         .executable(name: "wisp-core", targets: ["wisp-core"]),
     ],
     targets: [
-        .target(name: "WispInfrastructure", path: "swift/WispInfrastructure"),
+        // Release builds inline the codec's calls into WispCore as they were within one module
+        // (the pipe's request decoding is on every call's path).
+        .target(name: "WispInfrastructure", path: "swift/WispInfrastructure",
+                swiftSettings: [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]),
         .target(name: "WispCore", dependencies: ["WispInfrastructure"], path: "swift/WispCore"),
         .executableTarget(name: "wisp-core", dependencies: ["WispCore", "WispInfrastructure"], path: "swift/wisp-core"),
         .testTarget(name: "WispInfrastructureTests", dependencies: ["WispInfrastructure"], path: "tests/swift/WispInfrastructureTests"),
