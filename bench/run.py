@@ -62,7 +62,8 @@ TARGETS: dict[str, tuple[float, str]] = {
     "pipe_p50_us": (100, "max"),
     "concurrency_ratio": (1.05, "max"),
     "serial_ratio": (0.95, "min"),
-    "cold_start_ratio": (1.1, "max"),
+    "cold_start_ratio": (1.0, "max"),
+    "rss_idle_mb": (80, "max"),
     "rss_32x50_mb": (100, "max"),
     "rss_growth_10k_mb": (2, "max"),
     "caller_bytes_ratio": (0.15, "max"),
@@ -248,7 +249,12 @@ async def _cold(argv: list[str]) -> float:
 
 async def cold_start(repeats: int) -> dict[str, Any]:
     """Wall time from spawn until tools/list is answered, alternating wisp and the baseline
-    (a raw JSON-RPC client, so that no client library's import time is in the figure)."""
+    (a raw JSON-RPC client, so that no client library's import time is in the figure).
+    wisp's .pyc files are written first, as an install writes them: run from the source tree
+    under PYTHONDONTWRITEBYTECODE, every start would compile the shim again."""
+    import compileall
+
+    compileall.compile_dir(str(REPO / "python" / "wisp_shim"), quiet=1)
     await _cold(baseline_argv())  # warm the page cache and .pyc files for both
     await _cold(wisp_argv())
     runs = []

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+
+if __name__ == "__main__":
+    # Start-up imports the SDK (a few hundred thousand objects, all kept for the process's
+    # life): the cyclic collector would walk them again and again for the few cycles among
+    # them. Off until they are in, then they are frozen out of every later collection.
+    gc.disable()
+
 import argparse
 import asyncio
 import contextlib
@@ -273,6 +281,7 @@ async def _serve(config: CoreLaunch, max_threads: int) -> None:
     from .server import build_server
     from .transport import guard
 
+    _imports_done()
     core = Core(config)
     # The core (and the local model) start once the client has listed the tools, or after
     # CORE_START_DELAY_S, or at the first call that needs it, whichever comes first: started
@@ -397,6 +406,11 @@ def _exit_now() -> NoReturn:
     os._exit(0)
 
 
+def _imports_done() -> None:
+    gc.freeze()
+    gc.enable()
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
     level = ns.log_level or os.environ.get("WISP_LOG_LEVEL") or "info"
@@ -409,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     config = core_launch(ns)
     http = http_options(ns, generate_token=not ns.check)
     use = LocalModelUse(ns, config)
+    if ns.check or http is not None:
+        _imports_done()  # their imports come as they go; the stdio server's, in _serve
     if ns.check:
         return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None, http)
     # wisp's event loop polls briefly for the core's reply before sleeping (loop.py).

@@ -25,6 +25,11 @@ SPIN_S = 250e-6
 # wake the core on that sleeping one (measured: 2 ms between calls, 456 us p50 polling vs
 # 205 us not). A busy core's vCPU is still awake, and there polling wins.
 HOT_S = 200e-6
+# asyncio reads a pipe into a fresh 256 KiB buffer, above malloc's mmap threshold: every read
+# cost an mmap, an mremap to shrink the buffer to what came and a munmap (and a page fault).
+# The shim's pipe transports (the core's stdout, stdio's stdin) read this much at a time, a
+# buffer that comes from the heap; a large message just takes more reads.
+PIPE_READ_CHUNK = 64 * 1024
 
 
 class SpinSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from . import errors
 from . import protocol as p
 from .errors import ShimError
-from .loop import reply_due
+from .loop import PIPE_READ_CHUNK, reply_due
 
 if TYPE_CHECKING:
     from .client import PendingCall
@@ -347,6 +347,7 @@ class Supervisor:
         transport, _ = await loop.connect_read_pipe(
             lambda: _CoreStdout(run, self._listener, ended), os.fdopen(run.stdout_fd, "rb", buffering=0)
         )
+        transport.max_size = PIPE_READ_CHUNK  # type: ignore[attr-defined]
         try:
             reason = await ended
         finally:
