@@ -16,7 +16,7 @@ import anyio
 
 from . import http_server
 from . import local_model, logs
-from . import protocol as p
+from . import protocol
 from . import errors
 from .client import Core
 from .errors import ShimError
@@ -306,7 +306,7 @@ async def _serve(config: CoreLaunch, max_threads: int) -> None:
             tg.cancel_scope.cancel()
 
 
-async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[p.StatusResult, str]:
+async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[protocol.StatusResult, str]:
     """The core's status; with `then`, also what it says while the core still runs (None: fine)."""
     core = Core(config)
     core.start()

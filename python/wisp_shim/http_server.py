@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
-from . import protocol as p
+from . import protocol
 from .client import Core
 from .supervisor import CoreLaunch
 
@@ -48,7 +48,7 @@ MCP_PATH = "/mcp"
 DEFAULT_HTTP = "127.0.0.1:8765"
 # A tools/call whose arguments fit wisp's frame limit (protocol.py) fits in this body with
 # room for the JSON-RPC envelope; a larger body could not be served anyway: 413 before parsing.
-MAX_BODY_BYTES = p.MAX_FRAME_BYTES + 1024 * 1024
+MAX_BODY_BYTES = protocol.MAX_FRAME_BYTES + 1024 * 1024
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE_S = 30 * 60.0
 # Open connections and requests in flight, over every client: past it uvicorn answers 503.

@@ -69,13 +69,15 @@ class SchemaError(ValueError):
 
 
 @dataclass(frozen=True)
-class Checked:
+class CheckedSchema:
+    """A schema check_schema took: its value, and the text the core receives."""
+
     schema: dict[str, Any]
     # Compact JSON text, key order kept: what the core receives.
     text: str
 
 
-def check_schema(schema: Any) -> Checked:
+def check_schema(schema: Any) -> CheckedSchema:
     """Accept `schema` when it is valid JSON Schema inside wisp's supported subset and bounds."""
     if not isinstance(schema, dict):
         raise SchemaError(f"`schema` must be a JSON object (a JSON Schema), got {_kind(schema)}.")
@@ -102,7 +104,7 @@ def check_schema(schema: Any) -> Checked:
     _check_size(schema)
     # The core judges replies with 2020-12 semantics whatever `$schema` says (draft 4 alone
     # would call 1.0 no integer): the subset's keywords mean the same in every draft.
-    return Checked(schema=schema, text=text)
+    return CheckedSchema(schema=schema, text=text)
 
 
 def reply_value(text: str) -> Any:

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from . import errors
-from . import protocol as p
+from . import protocol
 from .errors import ShimError
-from .loop import reply_due
+from .loop import spin_for_reply
 
 if TYPE_CHECKING:
     from .client import PendingCall
@@ -118,7 +118,7 @@ class CoreProcess:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.started = time.monotonic()
-        self.ready: asyncio.Future[p.Ready] = asyncio.get_running_loop().create_future()
+        self.ready: asyncio.Future[protocol.Ready] = asyncio.get_running_loop().create_future()
         self.pending: dict[int, PendingCall] = {}
         # Threads this core created for us and that we have not seen closed, oldest first.
         self.alive: OrderedDict[str, None] = OrderedDict()
@@ -164,7 +164,7 @@ class CoreProcess:
             # The reader sees the exit too and fails every pending call with the crash message.
             log.warning("write to wisp-core failed: %s", exc)
             return
-        reply_due(now - self.last_frame)
+        spin_for_reply(now - self.last_frame)
 
 
 class CoreListener(Protocol):
@@ -172,7 +172,7 @@ class CoreListener(Protocol):
 
     def next_id(self) -> int: ...
 
-    def dispatch(self, run: CoreProcess, msg: p.CoreMessage) -> None:
+    def dispatch(self, run: CoreProcess, msg: protocol.CoreMessage) -> None:
         """A frame from a ready core (any frame but Ready); may raise ProtocolError."""
 
     def core_exited(self, run: CoreProcess, how: str) -> None:
@@ -380,7 +380,7 @@ class Supervisor:
                 if now - max(run.last_frame, run.busy_since or now) >= PING_AFTER_S:
                     ping_id = self._listener.next_id()
                     run.ping = (ping_id, now)
-                    run.send(p.encode(p.Ping(id=ping_id)))
+                    run.send(protocol.encode(protocol.Ping(id=ping_id)))
                 continue
             if now - run.ping[1] >= PING_TIMEOUT_S:
                 run.fault = (
@@ -426,7 +426,7 @@ class _CoreStdout(asyncio.Protocol):
         self._run = run
         self._listener = listener
         self._ended = ended
-        self._decoder = p.FrameDecoder()
+        self._decoder = protocol.FrameDecoder()
 
     def data_received(self, data: bytes) -> None:
         if self._ended.done():
@@ -434,20 +434,20 @@ class _CoreStdout(asyncio.Protocol):
         self._run.last_frame = time.monotonic()
         try:
             for payload in self._decoder.feed(data):
-                self._handle(p.decode_message(payload))
-        except p.ProtocolError as exc:
+                self._handle(protocol.decode_message(payload))
+        except protocol.ProtocolError as exc:
             self._ended.set_result(str(exc))
 
-    def _handle(self, msg: p.CoreMessage) -> None:
+    def _handle(self, msg: protocol.CoreMessage) -> None:
         ready = self._run.ready
-        if isinstance(msg, p.Ready):
+        if isinstance(msg, protocol.Ready):
             if ready.done():
-                raise p.ProtocolError("a second ready frame")
-            if msg.protocol != p.PROTOCOL_VERSION:
-                raise p.ProtocolError(f"wisp-core speaks pipe protocol {msg.protocol}, this shim speaks {p.PROTOCOL_VERSION}; rebuild both (`make build`)")
+                raise protocol.ProtocolError("a second ready frame")
+            if msg.protocol != protocol.PROTOCOL_VERSION:
+                raise protocol.ProtocolError(f"wisp-core speaks pipe protocol {msg.protocol}, this shim speaks {protocol.PROTOCOL_VERSION}; rebuild both (`make build`)")
             ready.set_result(msg)
         elif not ready.done():
-            raise p.ProtocolError("the first frame was not ready")
+            raise protocol.ProtocolError("the first frame was not ready")
         else:
             self._listener.dispatch(self._run, msg)
 
@@ -456,7 +456,7 @@ class _CoreStdout(asyncio.Protocol):
             return
         try:
             self._decoder.finish()
-        except p.ProtocolError as err:
+        except protocol.ProtocolError as err:
             self._ended.set_result(str(err))
             return
         self._ended.set_result(None)

@@ -59,6 +59,19 @@ async def test_a_reply_whose_result_does_not_decode_restarts_the_core(tmp_path):
         assert lost.startswith("thread_lost:") and "keep" in lost, lost
 
 
+async def test_a_reply_whose_result_answers_another_op_restarts_the_core(tmp_path):
+    core, starts = fake_core_binary(tmp_path)
+    async with wisp(core=core, env=shim_env(WISP_FAKE_CORE_LOG=str(starts))) as c:
+        assert ok(await c.call_tool("respond", {"prompt": "keep", "thread_id": "keep"}))["text"] == "echo 1: keep"
+        broken = fake_core_starts(starts)[-1]
+        msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!wrongresult", "thread_id": "bad"}), 10))
+        assert msg.startswith("core_crashed:") and "protocol error" in msg and "CloseThreadResult" in msg and "'bad'" in msg, msg
+        await wait_for(lambda: not running(broken), 5)
+        r = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": "new"}))
+        assert (r["created"], r["text"]) == (True, "echo 1: after")
+        assert len(fake_core_starts(starts)) == 2
+
+
 async def test_garbage_from_the_core_fails_calls_and_restarts_it(tmp_path):
     stub = stub_core(tmp_path, "time.sleep(0.3)\nframe(b'this is not json')\nsys.stdin.buffer.read()\n")
     async with wisp(core=stub) as c:
