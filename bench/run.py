@@ -148,7 +148,7 @@ async def pipe(calls: int, repeats: int, idle_ms: float = 2.0) -> dict[str, Any]
     MCP client's calls come (both processes' vCPUs go idle in between, and waking them is
     most of what a call costs then)."""
     from wisp_shim.client import Core
-    from wisp_shim.supervisor import CoreLaunch
+    from wisp_shim.core_process import CoreLaunch
 
     runs = []
     for r in range(repeats):

@@ -2,7 +2,7 @@
 limits (cancelling in the core when one passes), forwards progress, and keeps the ids of
 threads lost in a crash so the next call naming one is told so.
 
-The process itself (start, restart, watchdog, stop) is the supervisor's (supervisor.py).
+The process itself is core_process.py's; starting, watching and restarting it, supervisor.py's.
 Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP layer
 turns into tool errors.
 """
@@ -20,7 +20,9 @@ from pathlib import Path
 from . import errors
 from . import protocol
 from .errors import ShimError
-from .supervisor import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess, Supervisor
+from .core_process import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess
+from .pending import PendingCall, Answer
+from .supervisor import Supervisor
 
 log = logging.getLogger("wisp.core")
 
@@ -32,30 +34,6 @@ QUICK_CALL_TIMEOUT_S = 30.0
 # Progress notifications at most this often: the partial text is cumulative, so
 # skipped events lose nothing.
 PROGRESS_INTERVAL_S = 0.1
-
-
-class PendingCall:
-    __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "progress_event", "sent", "answered")
-
-    def __init__(self, call_id: int, thread_id: str | None, want_progress: bool, result_type: type[protocol.Result]) -> None:
-        self.id = call_id
-        self.thread_id = thread_id
-        # What an ok reply's result must be (checked as the frame arrives: dispatch).
-        self.result_type = result_type
-        self.future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
-        # Set once the call's time limit passed: its own reply may still come, for a moment.
-        self.late: asyncio.Future[_Answer] | None = None
-        self.latest: tuple[int, str] | None = None
-        self.progress_event = asyncio.Event() if want_progress else None
-        # Tokens of the last progress notification sent: each must go higher.
-        self.sent = 0
-        # Set when the reply is in, so the progress pump flushes and stops.
-        self.answered = asyncio.Event() if want_progress else None
-
-
-# A reply whose result, when it is ok, is the one its call wants.
-_Answer = protocol.Reply
-
 
 
 class Core:
@@ -200,7 +178,7 @@ class Core:
 
     async def _request(self, run: CoreProcess, call: PendingCall, data: bytes | list[bytes], timeout: float,
                        on_timeout: Callable[[], ShimError],
-                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> _Answer:
+                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> Answer:
         if run.dead:
             raise ShimError(errors.CORE_CRASHED, "the wisp core crashed just before this call was sent and is restarting; call again.")
         run.pending[call.id] = call
@@ -238,7 +216,7 @@ class Core:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pump
 
-    async def _after_expiry(self, run: CoreProcess, call: PendingCall, on_timeout: Callable[[], ShimError]) -> _Answer:
+    async def _after_expiry(self, run: CoreProcess, call: PendingCall, on_timeout: Callable[[], ShimError]) -> Answer:
         """The time limit passed: cancel the call in the core and give its own reply a moment.
         A success (or a real failure) that beat the cancel is the call's outcome; the core's
         own `timeout` or `cancelled` answer, or silence, is the shim's timeout error."""

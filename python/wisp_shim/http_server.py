@@ -30,7 +30,7 @@ import anyio
 
 from . import protocol
 from .client import Core
-from .supervisor import CoreLaunch
+from .core_process import CoreLaunch
 
 # The SDK's HTTP side, starlette and the stdlib modules only the shared server needs are
 # imported where they are used: a stdio wisp, which imports this module for its flags, must
@@ -54,7 +54,7 @@ DEFAULT_SESSION_IDLE_S = 30 * 60.0
 # Open connections and requests in flight, over every client: past it uvicorn answers 503.
 MAX_CONNECTIONS = 1024
 # On a stop signal, after the core is down: how long open connections (SSE streams) get to
-# close before the process exits anyway; the core's own stop is bounded by supervisor.py.
+# close before the process exits anyway; the core's own stop is bounded by core_process.py.
 SHUTDOWN_GRACE_S = 0.5
 TOKEN_BYTES = 32
 # A token set by hand must be hard to guess too, and must fit an HTTP header as it is.

