@@ -177,8 +177,9 @@ def test_kv_bytes_per_token_of_an_unreadable_file_is_unknown(tmp_path, content):
     assert lm.kv_bytes_per_token(path) is None
 
 
-def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
-    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL", "WISP_CONTEXT_SIZE"):
+def _smollm2_shaped(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """A fake llama-server and a GGUF of SmolLM2's shape, on a machine of 8 GiB."""
+    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL", "WISP_CONTEXT_SIZE", "WISP_SLOTS"):
         monkeypatch.delenv(name, raising=False)
     binary = install_fake(tmp_path / "bin")
     model = tmp_path / "m.gguf"
@@ -186,6 +187,11 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
                              ("llama.embedding_length", 4, 576), ("llama.attention.head_count", 4, 9),
                              ("llama.attention.head_count_kv", 4, 3)]))
     monkeypatch.setattr(lm, "physical_memory", lambda: 8 * GiB)
+    return binary, model
+
+
+def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
+    binary, model = _smollm2_shaped(tmp_path, monkeypatch)
     monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)  # memory, not CPUs, is the limit here
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
@@ -198,14 +204,7 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
 
 
 def test_wisp_slots_sets_the_local_models_slots_apart_from_max_threads(tmp_path, monkeypatch):
-    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL", "WISP_CONTEXT_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    binary = install_fake(tmp_path / "bin")
-    model = tmp_path / "m.gguf"
-    model.write_bytes(_gguf([("general.architecture", 8, "llama"), ("llama.block_count", 4, 30),
-                             ("llama.embedding_length", 4, 576), ("llama.attention.head_count", 4, 9),
-                             ("llama.attention.head_count_kv", 4, 3)]))
-    monkeypatch.setattr(lm, "physical_memory", lambda: 8 * GiB)
+    binary, model = _smollm2_shaped(tmp_path, monkeypatch)
     monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     monkeypatch.setenv("WISP_SLOTS", "5")
