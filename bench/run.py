@@ -4,7 +4,7 @@
 
 Every figure is a median over repeated runs (p99 too for latencies), and every ratio is taken
 against its baseline measured in the same run, interleaved with wisp so that both see the same
-machine load. Sections (see README "Performance" for what each means):
+machine load. Sections (see bench/README.md for what each means):
 
   roundtrip   `respond` through wisp (echo backend, one thread) vs the same SDK client calling
               bench/baseline_server.py, a bare `mcp` SDK server whose tool returns its input
@@ -149,7 +149,7 @@ async def pipe(calls: int, repeats: int, idle_ms: float = 2.0) -> dict[str, Any]
     MCP client's calls come (both processes' vCPUs go idle in between, and waking them is
     most of what a call costs then)."""
     from wisp_shim.client import Core
-    from wisp_shim.supervisor import CoreLaunch
+    from wisp_shim.core_process import CoreLaunch
 
     runs = []
     for r in range(repeats):

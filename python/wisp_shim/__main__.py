@@ -23,13 +23,13 @@ from typing import Awaitable, Callable, NoReturn
 import anyio
 
 from . import http_server
-from . import local_model, logs
-from . import protocol as p
+from . import llama_server, local_model, logs
+from . import protocol
 from . import errors
 from .client import Core
 from .errors import ShimError
 from .loop import WispEventLoop
-from .supervisor import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, CoreLaunch
+from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, CoreLaunch
 
 log = logging.getLogger("wisp")
 
@@ -57,12 +57,14 @@ environment (a flag wins over its variable):
   WISP_ROOTS                   --root: directories the model's file tools may read, ':'-separated
   WISP_API_KEY                 API key for --endpoint (environment only: it stays out of process listings)
   WISP_LOCAL_MODEL             0: never start the local model; 1: start it even on macOS
-  WISP_LOCAL_THREADS           local model: CPU threads (default half the CPUs, at most 4)
+  WISP_LOCAL_CPU_THREADS       local model: llama-server's CPU threads (default half the CPUs, at most 4;
+                               WISP_LOCAL_THREADS, its old name, still works)
   WISP_CACHE_DIR               where `make local-model` caches llama-server (default ~/.cache/wisp)
   WISP_HTTP                    --http
   WISP_HTTP_TOKEN              --http: the bearer token (environment only: it stays out of process listings)
   WISP_SLOTS                   llama-server's parallel slots, each live thread kept on one (default:
-                               what its /props says, or the local model's own; 0: name no slot)
+                               what its /props says; the local model's: one per live thread, as
+                               memory allows; 0: name no slot)
 
 wisp-core not found? Run `make build` in the wisp repository.
 stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT
@@ -119,7 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
     ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
     ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=_at_least(FLAG_MINIMUMS["--max-threads"]), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
+    ap.add_argument("--max-threads", type=_at_least(FLAG_MINIMUMS["--max-threads"]), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots unless WISP_SLOTS says, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
     ap.add_argument("--max-queue", type=_at_least(FLAG_MINIMUMS["--max-queue"]), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
     ap.add_argument("--context-size", type=_at_least(FLAG_MINIMUMS["--context-size"]), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
     ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
@@ -188,9 +190,6 @@ APPLE_ALTERNATIVES = (
     "(then `--backend auto` starts it whenever Apple's model is unavailable), or point --endpoint at an "
     "OpenAI-compatible server."
 )
-
-
-# The core's codes for a call the model server failed (down, or the connection broke mid-answer).
 
 
 def max_threads(ns: argparse.Namespace) -> int:
@@ -315,7 +314,7 @@ async def _serve(config: CoreLaunch, max_threads: int) -> None:
             tg.cancel_scope.cancel()
 
 
-async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[p.StatusResult, str]:
+async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[protocol.StatusResult, str]:
     """The core's status; with `then`, also what it says while the core still runs (None: fine)."""
     core = Core(config)
     core.start()
@@ -360,7 +359,7 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
-            return await local_model.decode(use.lm, timeout=60)
+            return await llama_server.decode(use.lm, timeout=60)
         return None
 
     try:
@@ -426,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.check or http is not None:
         _imports_done()  # their imports come as they go; the stdio server's, in _serve
     if ns.check:
-        return anyio.run(_check, config, use if use.plan.decision != local_model.CORE else None, http)
+        return anyio.run(_check, config, use if use.plan.decision != local_model.LEAVE_TO_CORE else None, http)
     # wisp's event loop polls briefly for the core's reply before sleeping (loop.py).
     if http is not None:
         try:
@@ -435,8 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"wisp: {exc}") from None
     else:
         anyio.run(_serve, config, max_threads(ns), backend_options={"loop_factory": WispEventLoop})
-    # Everything is shut down by now; interpreter teardown of the SDK's import graph
-    # would add ~0.5 s that an MCP client waits through on every exit.
+    # Everything is shut down by now; interpreter teardown of the SDK's import graph would keep
+    # an MCP client waiting through every exit (bench: cold_start).
     _exit_now()
 
 

@@ -2,7 +2,7 @@
 limits (cancelling in the core when one passes), forwards progress, and keeps the ids of
 threads lost in a crash so the next call naming one is told so.
 
-The process itself (start, restart, watchdog, stop) is the supervisor's (supervisor.py).
+The process itself is core_process.py's; starting, watching and restarting it, supervisor.py's.
 Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP layer
 turns into tool errors.
 """
@@ -17,12 +17,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import msgspec
-
 from . import errors
-from . import protocol as p
+from . import protocol
 from .errors import ShimError
-from .supervisor import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess, Supervisor
+from .core_process import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess
+from .pending import PendingCall, Answer
+from .supervisor import Supervisor
 
 log = logging.getLogger("wisp.core")
 
@@ -34,30 +34,6 @@ QUICK_CALL_TIMEOUT_S = 30.0
 # Progress notifications at most this often: the partial text is cumulative, so
 # skipped events lose nothing.
 PROGRESS_INTERVAL_S = 0.1
-
-
-class PendingCall:
-    __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "progress_event", "sent", "answered")
-
-    def __init__(self, call_id: int, thread_id: str | None, want_progress: bool, result_type: type[msgspec.Struct]) -> None:
-        self.id = call_id
-        self.thread_id = thread_id
-        # What an ok reply's result must decode to; decoded as the frame arrives (dispatch).
-        self.result_type = result_type
-        self.future: asyncio.Future[_Answer] = asyncio.get_running_loop().create_future()
-        # Set once the call's time limit passed: its own reply may still come, for a moment.
-        self.late: asyncio.Future[_Answer] | None = None
-        self.latest: tuple[int, str] | None = None
-        self.progress_event = asyncio.Event() if want_progress else None
-        # Tokens of the last progress notification sent: each must go higher.
-        self.sent = 0
-        # Set when the reply is in, so the progress pump flushes and stops.
-        self.answered = asyncio.Event() if want_progress else None
-
-
-# A reply and, when it is ok, its decoded result.
-_Answer = tuple[p.Reply, msgspec.Struct | None]
-
 
 
 class Core:
@@ -97,8 +73,8 @@ class Core:
         self._next_id += 1
         return self._next_id
 
-    def dispatch(self, run: CoreProcess, msg: p.CoreMessage) -> None:
-        if isinstance(msg, p.Reply):
+    def dispatch(self, run: CoreProcess, msg: protocol.CoreMessage) -> None:
+        if isinstance(msg, protocol.Reply):
             call = run.pending.get(msg.id)
             if call is None:
                 if run.ping is not None and run.ping[0] == msg.id:
@@ -107,14 +83,15 @@ class Core:
                     # A reply to a call we gave up on (cancelled) or to a cancel.
                     log.debug("reply for request %d nobody waits for", msg.id)
                 return
-            result = None
-            if msg.ok:
-                # A result that does not decode is a broken frame like any other: the ProtocolError
-                # ends this core (the stream cannot be trusted, nor the shim's view of its threads),
-                # and every pending call, this one included, fails as in a crash.
-                result = p.decode_result(msg.result, call.result_type)
+            result = msg.result if msg.ok else None
+            if result is not None:
+                # A result for another op is a broken frame like any other: the ProtocolError ends
+                # this core (the stream cannot be trusted, nor the shim's view of its threads), and
+                # every pending call, this one included, fails as in a crash.
+                if not isinstance(result, call.result_type):
+                    raise protocol.ProtocolError(f"reply {msg.id} carries a {type(result).__name__}, not the {call.result_type.__name__} its request wants")
                 self._track(run, result)
-                if isinstance(result, p.RespondResult):
+                if isinstance(result, protocol.RespondResult):
                     self._known[result.thread_id] = None
                     self._known.move_to_end(result.thread_id)
                     if len(self._known) > MAX_REMEMBERED_IDS:
@@ -126,21 +103,21 @@ class Core:
             del run.pending[msg.id]
             target = call.future if not call.future.done() else call.late
             if target is not None and not target.done():
-                target.set_result((msg, result))
-        elif isinstance(msg, p.Progress):
+                target.set_result(msg)
+        elif isinstance(msg, protocol.Progress):
             call = run.pending.get(msg.id)
 
             if call is not None and call.progress_event is not None:
                 call.latest = (msg.tokens, msg.text)
                 call.progress_event.set()
-        elif isinstance(msg, p.Evicted):
+        elif isinstance(msg, protocol.Evicted):
             run.alive.pop(msg.thread_id, None)  # gone already: a later crash did not lose it
 
     @staticmethod
-    def _track(run: CoreProcess, result: msgspec.Struct) -> None:
+    def _track(run: CoreProcess, result: protocol.Result) -> None:
         """The shim's view of the core's live threads, updated in frame order: an eviction
         or a close that the core sent after this reply must win over it."""
-        if isinstance(result, p.RespondResult):
+        if isinstance(result, protocol.RespondResult):
             durable = run.durable
             if durable and result.store_error is None:
                 # Stored: a crash from here on loses nothing of it.
@@ -148,7 +125,7 @@ class Core:
             # A thread closed or evicted while this call ran is not alive again because the call finished.
             elif durable or result.created or result.thread_id in run.alive:
                 run.remember(result.thread_id)
-        elif isinstance(result, p.CloseThreadResult):
+        elif isinstance(result, protocol.CloseThreadResult):
             run.alive.pop(result.thread_id, None)
 
     def core_exited(self, run: CoreProcess, how: str) -> None:
@@ -197,11 +174,11 @@ class Core:
     # --- calls -------------------------------------------------------------
 
     def _send_cancel(self, run: CoreProcess, request_id: int) -> None:
-        run.send(p.encode(p.Cancel(id=self.next_id(), request=request_id)))
+        run.send(protocol.encode(protocol.Cancel(id=self.next_id(), request=request_id)))
 
     async def _request(self, run: CoreProcess, call: PendingCall, data: bytes | list[bytes], timeout: float,
                        on_timeout: Callable[[], ShimError],
-                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> _Answer:
+                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> Answer:
         if run.dead:
             raise ShimError(errors.CORE_CRASHED, "the wisp core crashed just before this call was sent and is restarting; call again.")
         run.pending[call.id] = call
@@ -239,7 +216,7 @@ class Core:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pump
 
-    async def _after_expiry(self, run: CoreProcess, call: PendingCall, on_timeout: Callable[[], ShimError]) -> _Answer:
+    async def _after_expiry(self, run: CoreProcess, call: PendingCall, on_timeout: Callable[[], ShimError]) -> Answer:
         """The time limit passed: cancel the call in the core and give its own reply a moment.
         A success (or a real failure) that beat the cancel is the call's outcome; the core's
         own `timeout` or `cancelled` answer, or silence, is the shim's timeout error."""
@@ -247,12 +224,12 @@ class Core:
         assert late is not None  # made by _expire
         self._send_cancel(run, call.id)
         try:
-            reply, result = await asyncio.wait_for(late, CANCEL_GRACE_S)
+            reply = await asyncio.wait_for(late, CANCEL_GRACE_S)
         except asyncio.TimeoutError:
             raise on_timeout() from None
         if not reply.ok and reply.error is not None and reply.error.code in (errors.TIMEOUT, errors.CANCELLED):
             raise on_timeout()
-        return reply, result
+        return reply
 
     async def respond(
         self,
@@ -266,7 +243,7 @@ class Core:
         roots: list[str] | None = None,
         files: list[str] | None = None,
         schema: str | None = None,
-    ) -> p.RespondResult:
+    ) -> protocol.RespondResult:
         if thread_id is not None and thread_id in self.lost:
             del self.lost[thread_id]
             raise ShimError(
@@ -280,19 +257,19 @@ class Core:
         call_id = self.next_id()
         # The core gets the same limit as an instant on the clock both read, so that it neither runs
         # nor commits a call past it, even one it reads late (stopped, or busy, while it queued).
-        options = p.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit,
-                                   deadline=p.monotonic_now() + limit)
-        msg = p.Respond(
+        options = protocol.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit,
+                                   deadline=protocol.monotonic_now() + limit)
+        msg = protocol.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
             files=files or None,
             schema=schema,
         )
-        payload = p.encode_payload(msg)
-        if len(payload) > p.MAX_FRAME_BYTES:
+        payload = protocol.encode_payload(msg)
+        if len(payload) > protocol.MAX_FRAME_BYTES:
             raise ShimError(
                 errors.INVALID_ARGUMENT,
-                f"the request is {len(payload)} bytes, over wisp's {p.MAX_FRAME_BYTES // (1024 * 1024)} MiB limit; "
+                f"the request is {len(payload)} bytes, over wisp's {protocol.MAX_FRAME_BYTES // (1024 * 1024)} MiB limit; "
                 "send a shorter prompt (or split the work across several calls).",
             )
 
@@ -304,13 +281,13 @@ class Core:
                 "(--timeout / WISP_TIMEOUT sets the limit for respond.)",
             )
 
-        call = PendingCall(call_id, thread_id, on_progress is not None, p.RespondResult)
+        call = PendingCall(call_id, thread_id, on_progress is not None, protocol.RespondResult)
         started = time.monotonic()
         # The request's bytes are not held while the call runs (the box is emptied as it is sent):
         # with 128 calls of megabytes in flight, the copies would add up.
-        box = [p.frame(payload)]
+        box = [protocol.frame(payload)]
         del payload, msg
-        reply, result = await self._request(run, call, box, limit, timed_out, on_progress)
+        reply = await self._request(run, call, box, limit, timed_out, on_progress)
         if not reply.ok:
             assert reply.error is not None
             if reply.error.code == errors.TIMEOUT:
@@ -319,31 +296,31 @@ class Core:
             if self.launch.explain is not None:
                 error = await self.launch.explain(error, started)
             raise error
-        assert isinstance(result, p.RespondResult)
-        return result
+        assert isinstance(reply.result, protocol.RespondResult)
+        return reply.result
 
-    async def close_thread(self, thread_id: str) -> p.CloseThreadResult:
+    async def close_thread(self, thread_id: str) -> protocol.CloseThreadResult:
         # Closing a lost thread is what the caller would do anyway: no notice needed.
         self.lost.pop(thread_id, None)
         run = await self._supervisor.running()
-        call = PendingCall(self.next_id(), thread_id, False, p.CloseThreadResult)
-        frame = p.encode(p.CloseThread(id=call.id, thread_id=thread_id))
-        reply, result = await self._request(run, call, frame, QUICK_CALL_TIMEOUT_S, _quick_timeout("close_thread"))
+        call = PendingCall(self.next_id(), thread_id, False, protocol.CloseThreadResult)
+        frame = protocol.encode(protocol.CloseThread(id=call.id, thread_id=thread_id))
+        reply = await self._request(run, call, frame, QUICK_CALL_TIMEOUT_S, _quick_timeout("close_thread"))
         if not reply.ok:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
-        assert isinstance(result, p.CloseThreadResult)
-        return result
+        assert isinstance(reply.result, protocol.CloseThreadResult)
+        return reply.result
 
-    async def status(self) -> p.StatusResult:
+    async def status(self) -> protocol.StatusResult:
         run = await self._supervisor.running()
-        call = PendingCall(self.next_id(), None, False, p.StatusResult)
-        reply, result = await self._request(run, call, p.encode(p.Status(id=call.id)), QUICK_CALL_TIMEOUT_S, _quick_timeout("status"))
+        call = PendingCall(self.next_id(), None, False, protocol.StatusResult)
+        reply = await self._request(run, call, protocol.encode(protocol.Status(id=call.id)), QUICK_CALL_TIMEOUT_S, _quick_timeout("status"))
         if not reply.ok:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
-        assert isinstance(result, p.StatusResult)
-        return result
+        assert isinstance(reply.result, protocol.StatusResult)
+        return reply.result
 
 class _Expired(Exception):
     """The shim's own time limit for a call passed before the core replied."""

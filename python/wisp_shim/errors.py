@@ -7,7 +7,7 @@ its own for what only it can see: the core process itself failing, or the shim s
 
 from __future__ import annotations
 
-# --- the core's codes (swift/WispCore/Errors.swift) ----------------------------------------
+# --- the core's codes (swift/WispCore/Support/Errors.swift) --------------------------------
 INVALID_ARGUMENT = "invalid_argument"
 CONTEXT_OVERFLOW = "context_overflow"
 MODEL_UNAVAILABLE = "model_unavailable"

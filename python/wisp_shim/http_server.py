@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
-from . import protocol as p
+from . import protocol
 from .client import Core
-from .supervisor import CoreLaunch
+from .core_process import CoreLaunch
 
 # The SDK's HTTP side, starlette and the stdlib modules only the shared server needs are
 # imported where they are used: a stdio wisp, which imports this module for its flags, must
@@ -48,13 +48,13 @@ MCP_PATH = "/mcp"
 DEFAULT_HTTP = "127.0.0.1:8765"
 # A tools/call whose arguments fit wisp's frame limit (protocol.py) fits in this body with
 # room for the JSON-RPC envelope; a larger body could not be served anyway: 413 before parsing.
-MAX_BODY_BYTES = p.MAX_FRAME_BYTES + 1024 * 1024
+MAX_BODY_BYTES = protocol.MAX_FRAME_BYTES + 1024 * 1024
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE_S = 30 * 60.0
 # Open connections and requests in flight, over every client: past it uvicorn answers 503.
 MAX_CONNECTIONS = 1024
 # On a stop signal, after the core is down: how long open connections (SSE streams) get to
-# close before the process exits anyway; the core's own stop is bounded by supervisor.py.
+# close before the process exits anyway; the core's own stop is bounded by core_process.py.
 SHUTDOWN_GRACE_S = 0.5
 TOKEN_BYTES = 32
 # A token set by hand must be hard to guess too, and must fit an HTTP header as it is.

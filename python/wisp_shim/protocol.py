@@ -1,8 +1,13 @@
-"""The pipe protocol between the shim and wisp-core, version 1 (ARCHITECTURE.md).
+"""The pipe protocol between the shim and wisp-core, version 2 (ARCHITECTURE.md).
 
 One msgspec Struct per message, under the same names as the Swift side
 (swift/WispCore/Pipe/Messages.swift); keep the two in step. Frames are a 4-byte
 unsigned big-endian length followed by that many bytes of UTF-8 JSON.
+
+Every message is tagged, so each direction decodes in one pass: shim -> core messages
+by `op` (respond, close_thread, cancel, status, ping); core -> shim messages by `event`
+(ready, progress, evicted, reply), and an ok reply's result by `op`, the op of the request
+it answers. Version 2 added the core -> shim tags.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import msgspec
 
 from . import errors
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 # The core treats a larger frame as a protocol error and exits, so the shim must
 # refuse to send one rather than let a single oversized prompt kill every thread.
@@ -88,11 +93,12 @@ Request = Respond | CloseThread | Cancel | Status | Ping
 
 
 # --- core -> shim -----------------------------------------------------------
+# Every message is tagged by `event`, and an ok reply's result by `op` (the request it
+# answers), so that one Decoder(CoreMessage) reads any of them, result included, in one pass.
 
 
-class Ready(msgspec.Struct):
+class Ready(msgspec.Struct, tag_field="event", tag="ready"):
     id: int
-    event: str
     protocol: int
     backend: str
     model: str
@@ -101,19 +107,17 @@ class Ready(msgspec.Struct):
     durable: bool = False
 
 
-class Progress(msgspec.Struct):
+class Progress(msgspec.Struct, tag_field="event", tag="progress"):
     id: int
-    event: str
     text: str
     tokens: int
 
 
-class Evicted(msgspec.Struct):
+class Evicted(msgspec.Struct, tag_field="event", tag="evicted"):
     """The core evicted `thread_id` (least recently used) to make room; sent before the reply
     of the call that caused it."""
 
     id: int
-    event: str
     thread_id: str
 
 
@@ -122,19 +126,7 @@ class ErrorBody(msgspec.Struct):
     message: str
 
 
-class Reply(msgspec.Struct):
-    id: int
-    ok: bool
-    # Raw until we know which request this answers: the result's type depends on the op.
-    result: msgspec.Raw = msgspec.Raw()
-    error: ErrorBody | None = None
-
-    @property
-    def has_result(self) -> bool:
-        return len(self.result) > 0 and bytes(self.result) != b"null"
-
-
-class RespondResult(msgspec.Struct, omit_defaults=True):
+class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True):
     thread_id: str
     created: bool
     text: str
@@ -147,16 +139,16 @@ class RespondResult(msgspec.Struct, omit_defaults=True):
     store_error: str | None = None
 
 
-class CloseThreadResult(msgspec.Struct):
+class CloseThreadResult(msgspec.Struct, tag_field="op", tag="close_thread"):
     thread_id: str
     closed: bool
 
 
-class CancelResult(msgspec.Struct):
+class CancelResult(msgspec.Struct, tag_field="op", tag="cancel"):
     cancelled: bool
 
 
-class PingResult(msgspec.Struct):
+class PingResult(msgspec.Struct, tag_field="op", tag="ping"):
     pass
 
 
@@ -168,7 +160,7 @@ class ThreadInfo(msgspec.Struct):
     stored: bool = False
 
 
-class StatusResult(msgspec.Struct):
+class StatusResult(msgspec.Struct, tag_field="op", tag="status"):
     backend: str
     model: str
     available: bool
@@ -182,15 +174,26 @@ class StatusResult(msgspec.Struct):
     state_error: str | None = None
 
 
-CoreMessage = Ready | Progress | Evicted | Reply
+Result = RespondResult | CloseThreadResult | CancelResult | PingResult | StatusResult
 
 
-class _Envelope(msgspec.Struct):
-    """Just enough of any core -> shim message to tell which one it is."""
+class Reply(msgspec.Struct, tag_field="event", tag="reply"):
+    """Exactly one per request: `ok` with the op's result, or not ok with an error."""
 
     id: int
-    event: str | None = None
-    ok: bool | None = None
+    ok: bool
+    result: Result | None = None
+    error: ErrorBody | None = None
+
+    def __post_init__(self) -> None:
+        # Raised inside the decoder, so a reply that breaks this fails like any malformed frame.
+        if self.ok and self.result is None:
+            raise ValueError(f"reply {self.id} is ok but carries no result")
+        if not self.ok and self.error is None:
+            raise ValueError(f"reply {self.id} failed but carries no error")
+
+
+CoreMessage = Ready | Progress | Evicted | Reply
 
 
 class ProtocolError(Exception):
@@ -198,11 +201,7 @@ class ProtocolError(Exception):
 
 
 _encoder = msgspec.json.Encoder()
-_envelope_decoder = msgspec.json.Decoder(_Envelope)
-_ready_decoder = msgspec.json.Decoder(Ready)
-_progress_decoder = msgspec.json.Decoder(Progress)
-_evicted_decoder = msgspec.json.Decoder(Evicted)
-_reply_decoder = msgspec.json.Decoder(Reply)
+_decoder = msgspec.json.Decoder(CoreMessage)
 
 
 def encode_payload(message: Request) -> bytes:
@@ -221,32 +220,29 @@ def encode(message: Request) -> bytes:
 
 
 def decode_message(payload: bytes | memoryview) -> CoreMessage:
-    """Decode one core -> shim payload; raises ProtocolError when it is not one."""
+    """Decode one core -> shim payload, an ok reply's result included; raises ProtocolError
+    when it is not one."""
     try:
-        env = _envelope_decoder.decode(payload)
-        if env.event == "ready":
-            return _ready_decoder.decode(payload)
-        if env.event == "progress":
-            return _progress_decoder.decode(payload)
-        if env.event == "evicted":
-            return _evicted_decoder.decode(payload)
-        if env.event is None and env.ok is not None:
-            reply = _reply_decoder.decode(payload)
-            if reply.ok and not reply.has_result:
-                raise ProtocolError(f"reply {reply.id} is ok but carries no result")
-            if not reply.ok and reply.error is None:
-                raise ProtocolError(f"reply {reply.id} failed but carries no error")
-            return reply
+        return _decoder.decode(payload)
     except msgspec.DecodeError as exc:
-        raise ProtocolError(f"undecodable message from the core: {exc}") from None
-    raise ProtocolError(f"unknown message from the core: {bytes(payload[:200])!r}")
+        raise ProtocolError(f"undecodable {_meant(payload)} from the core: {exc}") from None
 
 
-def decode_result(raw: msgspec.Raw, type_: type[msgspec.Struct]):
+_RESULT_NAMES = {t.__struct_config__.tag: t.__name__ for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult)}
+
+
+def _meant(payload: bytes | memoryview) -> str:
+    """What a payload that did not decode says it is, for the error (only on that path)."""
     try:
-        return msgspec.json.decode(raw, type=type_)
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"malformed {type_.__name__} from the core: {exc}") from None
+        value = msgspec.json.decode(payload)
+    except msgspec.DecodeError:
+        return "message"
+    if not isinstance(value, dict):
+        return "message"
+    result = value.get("result")
+    if value.get("event") == "reply" and isinstance(result, dict) and result.get("op") in _RESULT_NAMES:
+        return f"reply (a {_RESULT_NAMES[result['op']]})"
+    return f"{value['event']} message" if isinstance(value.get("event"), str) and len(value["event"]) < 40 else "message"
 
 
 class FrameDecoder:

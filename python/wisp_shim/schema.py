@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# jsonschema is imported by the first call that passes a schema, not at start: it is ~35 ms
-# of the shim's start-up (referencing, attrs, the meta-schemas) that most sessions never use.
+# jsonschema is imported by the first call that passes a schema, not at start: it is a
+# noticeable share of the shim's start-up (bench/README.md) (referencing, attrs, the meta-schemas) that most sessions never use.
 
 # A schema is sent to the model with every call that uses it and takes room in its context.
 MAX_SCHEMA_BYTES = 16 * 1024
@@ -69,13 +69,15 @@ class SchemaError(ValueError):
 
 
 @dataclass(frozen=True)
-class Checked:
+class CheckedSchema:
+    """A schema check_schema took: its value, and the text the core receives."""
+
     schema: dict[str, Any]
     # Compact JSON text, key order kept: what the core receives.
     text: str
 
 
-def check_schema(schema: Any) -> Checked:
+def check_schema(schema: Any) -> CheckedSchema:
     """Accept `schema` when it is valid JSON Schema inside wisp's supported subset and bounds."""
     if not isinstance(schema, dict):
         raise SchemaError(f"`schema` must be a JSON object (a JSON Schema), got {_kind(schema)}.")
@@ -102,7 +104,7 @@ def check_schema(schema: Any) -> Checked:
     _check_size(schema)
     # The core judges replies with 2020-12 semantics whatever `$schema` says (draft 4 alone
     # would call 1.0 no integer): the subset's keywords mean the same in every draft.
-    return Checked(schema=schema, text=text)
+    return CheckedSchema(schema=schema, text=text)
 
 
 def reply_value(text: str) -> Any:

@@ -30,7 +30,7 @@ from mcp.types import (
 )
 
 from . import __version__
-from . import protocol as p
+from . import protocol
 from . import schema as output_schema
 from . import errors
 from .client import Core
@@ -136,7 +136,7 @@ def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-def _output(r: p.RespondResult) -> Any:
+def _output(r: protocol.RespondResult) -> Any:
     """The reply's value. The core judged it (valid JSON matching the schema) before it kept the
     turn; that verdict stands, so it is not judged again here."""
     try:
@@ -151,7 +151,7 @@ def _output(r: p.RespondResult) -> Any:
         ) from None
 
 
-def _respond_content(r: p.RespondResult, restarted: bool) -> str:
+def _respond_content(r: protocol.RespondResult, restarted: bool) -> str:
     """The result as text; `restarted`: the call named an id this wisp had held a thread under."""
     lines = [r.text, ""]
     if r.created and restarted:
@@ -276,7 +276,7 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         roots = await _client_roots(ctx) if a.tools or a.files else None
         if roots:
             charge(ctx.request, json_size(roots))  # held while the call runs, like its arguments
-        checked: output_schema.Checked | None = a.output_schema
+        checked: output_schema.CheckedSchema | None = a.output_schema
         # Asked before the call, which makes the id known: a new caller-chosen id was never lost.
         knew = a.thread_id is not None and core.knew(a.thread_id)
         r = await core.respond(

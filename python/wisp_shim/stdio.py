@@ -2,7 +2,7 @@
 
 The SDK's `stdio_server()` reads stdin and writes stdout through `anyio.wrap_file`, which
 runs every `readline`, `write` and `flush` in a worker thread: three thread hand-offs per
-request, ~0.3 ms of a ~1.1 ms round trip on a 2-core machine (`make bench` measures it).
+request, a large share of a round trip on a 2-core machine (bench/README.md has the figure).
 Here the same `stdio_server()` is fed streams backed by non-blocking asyncio pipe
 transports, so a request costs no thread hand-off at all. Everything else (JSON-RPC
 parsing, the message streams) is still the SDK's.

@@ -1,8 +1,9 @@
-"""The wisp-core child process: finding the binary, starting it, reading its stdout, the
-watchdog, restarting it with backoff when it dies, and stopping it.
+"""Keeps one wisp-core running: started on demand, its readiness awaited, the watchdog that
+pings a silent core, and the restart policy (backoff, what a death means for pending calls).
 
-What the frames mean to callers (calls, replies, lost threads) is the client's business
-(client.py), reached through the small `CoreListener` interface below.
+The process itself is core_process.py's, its stdout core_reader.py's; what the frames mean to
+callers (calls, replies, lost threads) is the client's business (client.py), reached through
+the small `CoreListener` interface (core_reader.py).
 """
 
 from __future__ import annotations
@@ -11,35 +12,16 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from . import errors
-from . import protocol as p
+from . import protocol
+from .core_process import BUILD_HINT, CoreLaunch, CoreProcess, find_core, stop_process, terminate
+from .core_reader import CoreListener, read_frames
 from .errors import ShimError
-from .loop import PIPE_READ_CHUNK, reply_due
-
-if TYPE_CHECKING:
-    from .client import PendingCall
 
 log = logging.getLogger("wisp.core")
-
-CORE_NAME = "wisp-core"
-BUILD_HINT = (
-    "Build it with `make build` in the wisp repository (or `swift build -c release --product wisp-core`), "
-    "or point --core / WISP_CORE at an existing wisp-core binary."
-)
-
-# What the core's flags accept, for the shim to refuse a bad value before starting it (a core
-# that refuses its flags would fail to start again and again); a test checks they agree.
-BACKENDS = ("auto", "apple", "openai", "echo")
-DEFAULT_MAX_THREADS = 32
-FLAG_MINIMUMS = {"--max-threads": 1, "--max-queue": 0, "--context-size": 1, "--max-stored-threads": 1, "--echo-delay-ms": 0}
 
 # A core writes Ready before loading any model, so this only bounds a wedged start.
 READY_TIMEOUT_S = 15.0
@@ -47,10 +29,6 @@ RESTART_BACKOFF_MIN_S = 0.1
 RESTART_BACKOFF_MAX_S = 5.0
 # A core that lived this long was healthy; its crash restarts at the minimum delay.
 HEALTHY_RUN_S = 10.0
-# How long a closing core gets after stdin EOF, and then after SIGTERM, before SIGKILL:
-# together well under the 2 s in which wisp promises to exit on a signal.
-EOF_GRACE_S = 0.5
-TERM_GRACE_S = 1.0
 # The watchdog: while calls are pending and the core has sent nothing for PING_AFTER_S, the
 # shim sends a `ping` (answered by the core's dispatcher at once, whatever the model does);
 # if nothing at all comes back within PING_TIMEOUT_S, the core is wedged or stopped and is
@@ -61,125 +39,6 @@ TERM_GRACE_S = 1.0
 PING_AFTER_S = 2.0
 PING_TIMEOUT_S = 3.0
 WATCHDOG_TICK_S = 0.5
-# Bounds for the shim's memory of thread ids, which must not grow without limit
-# across a long session.
-MAX_REMEMBERED_IDS = 4096
-
-
-@dataclass
-class CoreLaunch:
-    """How the shim launches wisp-core (the core's own flags are in `args`)."""
-
-    core: str | None = None
-    args: list[str] = field(default_factory=list)
-    timeout_s: float = 300.0
-    env: dict[str, str] | None = None
-    # The state dir configured (--state-dir / WISP_STATE_DIR), for what wisp tells callers about
-    # retention; whether the core could use it, its Ready (durable) and status say.
-    state_dir: str | None = None
-    # Awaited before each start of the core, e.g. to bring up the local model server it will
-    # talk to (local_model.py); `args` is read after it, so it may add to them. A ShimError it
-    # raises fails the start like a missing binary.
-    before_start: Callable[[], Awaitable[None]] | None = None
-    # Called once the core is stopped for good (aclose), e.g. to stop that server.
-    after_stop: Callable[[], None] | None = None
-    # Awaited when a respond call fails, with the call's start (time.monotonic()); returns the
-    # error the caller sees, e.g. one naming the signal that killed the local model server
-    # during the call (the core sees only a broken connection).
-    explain: Callable[[ShimError, float], Awaitable[ShimError]] | None = None
-
-
-def find_core(explicit: str | None = None) -> Path:
-    """The wisp-core binary: --core / WISP_CORE, a copy bundled in the package, then
-    the repository's release build, searched upward from the package and the cwd."""
-    if explicit:
-        path = Path(explicit).expanduser()
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-        raise ShimError(errors.CORE_MISSING, f"the wisp-core binary named by --core/WISP_CORE ({path}) is not an executable file. {BUILD_HINT}")
-    here = Path(__file__).resolve().parent
-    candidates = [here / "bin" / CORE_NAME]
-    seen: set[Path] = set()
-    for start in (here, Path.cwd().resolve()):
-        for d in (start, *start.parents):
-            c = d / ".build" / "release" / CORE_NAME
-            if c not in seen:
-                seen.add(c)
-                candidates.append(c)
-    for c in candidates:
-        if c.is_file() and os.access(c, os.X_OK):
-            return c
-    raise ShimError(errors.CORE_MISSING, f"the wisp-core binary was not found (looked for {candidates[0]} and .build/release/{CORE_NAME} above {here} and {Path.cwd()}). {BUILD_HINT}")
-
-
-class CoreProcess:
-    """One run of the core process, from spawn to exit, with the calls waiting on it."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.started = time.monotonic()
-        self.ready: asyncio.Future[p.Ready] = asyncio.get_running_loop().create_future()
-        self.pending: dict[int, PendingCall] = {}
-        # Threads this core created for us and that we have not seen closed, oldest first.
-        self.alive: OrderedDict[str, None] = OrderedDict()
-        self.dead = False
-        self.reader: asyncio.Task[tuple[int | None, str | None]] | None = None
-        self.stdout_fd = -1  # the read end of the core's stdout
-        # The watchdog's view: when the core last sent anything, when the first frame went to it
-        # since the watchdog last saw no call pending (None: none since), and the ping it has
-        # not answered yet (with when it went out).
-        self.last_frame = time.monotonic()
-        self.busy_since: float | None = None
-        self.ping: tuple[int, float] | None = None
-        self.watchdog: asyncio.Task[None] | None = None
-        # Why the shim stopped this core itself (the watchdog), for the crash message.
-        self.fault: str | None = None
-
-    @property
-    def durable(self) -> bool:
-        """The core stores threads (--state-dir): a crash loses only turns it could not store."""
-        return self.ready.done() and self.ready.exception() is None and self.ready.result().durable
-
-    def remember(self, thread_id: str) -> None:
-        self.alive[thread_id] = None
-        self.alive.move_to_end(thread_id)
-        while len(self.alive) > MAX_REMEMBERED_IDS:
-            self.alive.popitem(last=False)
-
-    def send(self, data: bytes) -> None:
-        """Queue a whole frame for the core without waiting for it to be read.
-
-        Never waiting is what lets a time limit, a cancel or a ping go out to a core that has
-        stopped reading; what can queue here is bounded by the MCP layer's in-flight limits
-        (transport.py: 128 calls, 64 MiB), not by the core."""
-        stdin = self.proc.stdin
-        if self.dead or stdin is None:
-            return
-        now = time.monotonic()
-        if self.busy_since is None:
-            self.busy_since = now
-        try:
-            stdin.write(data)
-        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
-            # The reader sees the exit too and fails every pending call with the crash message.
-            log.warning("write to wisp-core failed: %s", exc)
-            return
-        reply_due(now - self.last_frame)
-
-
-class CoreListener(Protocol):
-    """The client side, as the supervisor sees it."""
-
-    def next_id(self) -> int: ...
-
-    def dispatch(self, run: CoreProcess, msg: p.CoreMessage) -> None:
-        """A frame from a ready core (any frame but Ready); may raise ProtocolError."""
-
-    def core_exited(self, run: CoreProcess, how: str) -> None:
-        """The core died (`how` says how); its pending calls must fail."""
-
-    def shutting_down(self, run: CoreProcess) -> None:
-        """The shim is stopping this core for good; its pending calls must fail."""
 
 
 class Supervisor:
@@ -216,7 +75,7 @@ class Supervisor:
                 run.watchdog.cancel()
             self._listener.shutting_down(run)
         for proc in procs:
-            await _stop_process(proc)
+            await stop_process(proc)
         if self.launch.after_stop is not None:
             self.launch.after_stop()
         self._notify()
@@ -295,12 +154,12 @@ class Supervisor:
         self._starting = proc
         run = CoreProcess(proc)
         run.stdout_fd = out_r
-        run.reader = asyncio.get_running_loop().create_task(self._read(run), name="wisp-core reader")
+        run.reader = asyncio.get_running_loop().create_task(read_frames(run, self._listener), name="wisp-core reader")
         try:
             done, _ = await asyncio.wait({run.ready, run.reader}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             self._starting = None
-            await _stop_process(proc)
+            await stop_process(proc)
             raise
         if run.ready.done() and run.ready.exception() is None:
             ready = run.ready.result()
@@ -313,7 +172,7 @@ class Supervisor:
             return run
         # Died or hung before Ready: nothing was running on it, so nothing was lost.
         detail = "it exited before it was ready" if done else f"it did not say it was ready within {READY_TIMEOUT_S:.0f} s"
-        await _stop_process(proc)
+        await stop_process(proc)
         try:
             rc, reason = await run.reader
         except Exception:
@@ -334,34 +193,6 @@ class Supervisor:
         self._startup_error = exc
         self._notify()
 
-    async def _read(self, run: CoreProcess) -> tuple[int | None, str | None]:
-        """The one reader of the core's stdout: hands each frame on until EOF.
-
-        A protocol on the pipe rather than a loop over asyncio's StreamReader: each reply is
-        decoded and its caller's future resolved in the event loop's own read callback. The
-        StreamReader path (subprocess transport -> call_soon -> StreamReader -> reader task ->
-        future) cost two more event-loop iterations per call, ~40 us of a ~110 us round trip.
-        """
-        loop = asyncio.get_running_loop()
-        ended: asyncio.Future[str | None] = loop.create_future()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: _CoreStdout(run, self._listener, ended), os.fdopen(run.stdout_fd, "rb", buffering=0)
-        )
-        transport.max_size = PIPE_READ_CHUNK  # type: ignore[attr-defined]
-        try:
-            reason = await ended
-        finally:
-            transport.close()
-        if reason is not None:
-            log.error("protocol error from wisp-core: %s; killing it", reason)
-            with contextlib.suppress(ProcessLookupError):
-                run.proc.kill()
-        if not run.ready.done():
-            run.ready.set_exception(ShimError(errors.CORE_UNAVAILABLE, reason or "exited before ready"))
-            run.ready.exception()  # mark retrieved
-        rc = await run.proc.wait()
-        return rc, reason
-
     async def _watch(self, run: CoreProcess) -> None:
         """Restart a core that stopped answering while calls wait on it (see PING_AFTER_S)."""
         while not run.dead:
@@ -381,7 +212,7 @@ class Supervisor:
                 if now - max(run.last_frame, run.busy_since or now) >= PING_AFTER_S:
                     ping_id = self._listener.next_id()
                     run.ping = (ping_id, now)
-                    run.send(p.encode(p.Ping(id=ping_id)))
+                    run.send(protocol.encode(protocol.Ping(id=ping_id)))
                 continue
             if now - run.ping[1] >= PING_TIMEOUT_S:
                 run.fault = (
@@ -389,7 +220,7 @@ class Supervisor:
                     f"{len(run.pending)} call(s) waited, so wisp stopped it"
                 )
                 log.error("wisp-core (pid %d) %s", run.proc.pid, run.fault)
-                await _terminate(run.proc)
+                await terminate(run.proc)
                 return
 
     async def _serve(self, run: CoreProcess) -> tuple[int | None, str | None]:
@@ -417,86 +248,3 @@ class Supervisor:
             how = f"was killed by signal {-(rc or 0)}"
         self._listener.core_exited(run, how)
         self._notify()
-
-
-class _CoreStdout(asyncio.Protocol):
-    """The core's stdout: frames are handed on as they arrive. `ended` gets None at EOF,
-    or the reason the stream can no longer be trusted."""
-
-    def __init__(self, run: CoreProcess, listener: CoreListener, ended: asyncio.Future[str | None]) -> None:
-        self._run = run
-        self._listener = listener
-        self._ended = ended
-        self._decoder = p.FrameDecoder()
-
-    def data_received(self, data: bytes) -> None:
-        if self._ended.done():
-            return
-        self._run.last_frame = time.monotonic()
-        try:
-            for payload in self._decoder.feed(data):
-                self._handle(p.decode_message(payload))
-        except p.ProtocolError as exc:
-            self._ended.set_result(str(exc))
-
-    def _handle(self, msg: p.CoreMessage) -> None:
-        ready = self._run.ready
-        if isinstance(msg, p.Ready):
-            if ready.done():
-                raise p.ProtocolError("a second ready frame")
-            if msg.protocol != p.PROTOCOL_VERSION:
-                raise p.ProtocolError(f"wisp-core speaks pipe protocol {msg.protocol}, this shim speaks {p.PROTOCOL_VERSION}; rebuild both (`make build`)")
-            ready.set_result(msg)
-        elif not ready.done():
-            raise p.ProtocolError("the first frame was not ready")
-        else:
-            self._listener.dispatch(self._run, msg)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._ended.done():
-            return
-        try:
-            self._decoder.finish()
-        except p.ProtocolError as err:
-            self._ended.set_result(str(err))
-            return
-        self._ended.set_result(None)
-
-
-def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(sig)
-
-
-async def _wait(proc: asyncio.subprocess.Process, grace: float | None) -> bool:
-    try:
-        await asyncio.wait_for(proc.wait(), grace)
-        return True
-    except asyncio.TimeoutError:
-        return False
-
-
-async def _terminate(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM, then SIGKILL. SIGCONT goes with the SIGTERM: a stopped process (SIGSTOP) keeps
-    a SIGTERM pending until it runs again, and only SIGKILL or SIGCONT can change that."""
-    if proc.returncode is not None:
-        return
-    _signal(proc, signal.SIGTERM)
-    _signal(proc, signal.SIGCONT)
-    if not await _wait(proc, TERM_GRACE_S):
-        _signal(proc, signal.SIGKILL)
-        await _wait(proc, None)
-
-
-async def _stop_process(proc: asyncio.subprocess.Process) -> None:
-    """Close the core's stdin (a healthy core exits at EOF), then _terminate."""
-    if proc.returncode is not None:
-        return
-    if proc.stdin is not None:
-        with contextlib.suppress(Exception):
-            proc.stdin.close()
-    # No signal yet: Popen.send_signal polls first, and that can reap a core that is just
-    # exiting under asyncio's child watcher, which then reports status 255. A stopped core,
-    # which cannot see the EOF, gets its SIGCONT with the SIGTERM.
-    if not await _wait(proc, EOF_GRACE_S):
-        await _terminate(proc)

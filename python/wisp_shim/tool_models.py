@@ -40,7 +40,7 @@ class ArgumentError(Exception):
 
 
 @dataclass(frozen=True)
-class Says:
+class ErrorWording:
     """How an argument's errors read: it must be `what`; `required` when it is missing;
     `items` when the list holds something else."""
 
@@ -81,23 +81,23 @@ ThreadId = Annotated[str, Field(pattern=f"^{THREAD_ID_CHARS}$")]
 
 
 class _Arguments(BaseModel):
-    # strict: true is not a number and 5.0 not a token count, as JSON says.
+    # strict: true is not a number and 5.0 not a token count, as JSON wording.
     model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
 
 
 class RespondArgs(_Arguments):
-    prompt: Annotated[str, Says("a string", required="`prompt` is required: the message for the model.")] = Field(
+    prompt: Annotated[str, ErrorWording("a string", required="`prompt` is required: the message for the model.")] = Field(
         description="The message for the model: the task, with whatever context it needs.",
     )
-    thread_id: Annotated[ThreadId | None, Says("a string")] = Field(
+    thread_id: Annotated[ThreadId | None, ErrorWording("a string")] = Field(
         None,
         description=f"Continue this thread. Omit to start a new one with a generated id. {THREAD_ID_RULE}.",
     )
-    instructions: Annotated[str | None, Says("a string")] = Field(
+    instructions: Annotated[str | None, ErrorWording("a string")] = Field(
         None,
         description="System instructions for a NEW thread (role, rules, output format). Only allowed when the call creates the thread.",
     )
-    tools: Annotated[list[str] | None, Says("a list of tool names", items="`tools` must be a list of tool names (strings).")] = Field(
+    tools: Annotated[list[str] | None, ErrorWording("a list of tool names", items="`tools` must be a list of tool names (strings).")] = Field(
         None,
         description=(
             "Tools the model may call in a NEW thread (only allowed when the call creates it): "
@@ -107,7 +107,7 @@ class RespondArgs(_Arguments):
     )
     files: Annotated[
         list[Annotated[str, Field(min_length=1)]] | None,
-        Says("a list of file paths", items="`files` must be a list of file paths (non-empty strings)."),
+        ErrorWording("a list of file paths", items="`files` must be a list of file paths (non-empty strings)."),
     ] = Field(
         None,
         description=(
@@ -116,14 +116,14 @@ class RespondArgs(_Arguments):
             "passes through you. Works on new and existing threads; the files join this turn."
         ),
     )
-    temperature: Annotated[float | None, Says(f"a number from 0 to {MAX_TEMPERATURE}")] = Field(
+    temperature: Annotated[float | None, ErrorWording(f"a number from 0 to {MAX_TEMPERATURE}")] = Field(
         None, ge=0, le=MAX_TEMPERATURE, description="Sampling temperature for this call; omit for the model's default.",
     )
-    max_output_tokens: Annotated[int | None, Says(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
+    max_output_tokens: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
         None, ge=1, le=MAX_OUTPUT_TOKENS, description="Upper bound on the reply's length in tokens for this call.",
     )
     # Any here: schema.py checks it, with its own messages, after the other fields.
-    output_schema: Annotated[Any, Says("a JSON Schema object")] = Field(
+    output_schema: Annotated[Any, ErrorWording("a JSON Schema object")] = Field(
         None,
         alias="schema",
         json_schema_extra={"type": "object"},
@@ -137,7 +137,7 @@ class RespondArgs(_Arguments):
 
 
 class CloseThreadArgs(_Arguments):
-    thread_id: Annotated[ThreadId, Says("a string", required="`thread_id` is required.")] = Field(description="The thread to close.")
+    thread_id: Annotated[ThreadId, ErrorWording("a string", required="`thread_id` is required.")] = Field(description="The thread to close.")
 
 
 class ListThreadsArgs(_Arguments):
@@ -219,14 +219,14 @@ def tool_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 @functools.cache
-def _fields(model: type[BaseModel]) -> list[tuple[str, Says]]:
+def _fields(model: type[BaseModel]) -> list[tuple[str, ErrorWording]]:
     """Each argument's wire name and its error wording, in declaration order (once per model:
     it is on every call's path)."""
     out = []
     for name, info in model.model_fields.items():
-        says = next((m for m in info.metadata if isinstance(m, Says)), None)
-        assert says is not None, f"{model.__name__}.{name} has no Says"
-        out.append((info.alias or name, says))
+        wording = next((m for m in info.metadata if isinstance(m, ErrorWording)), None)
+        assert wording is not None, f"{model.__name__}.{name} has no ErrorWording"
+        out.append((info.alias or name, wording))
     return out
 
 
@@ -241,9 +241,9 @@ def parse_args(model: type[_Arguments], args: dict[str, Any]) -> Any:
         named = ", ".join(short(x) if len(x) > 60 else x for x in extra[:5])
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
         raise ArgumentError(f"unknown argument(s) {named}{more}; this tool takes {', '.join(allowed) or 'no arguments'}.")
-    for name, says in fields:
-        if says.required is not None and args.get(name) is None:
-            raise ArgumentError(says.required)
+    for name, wording in fields:
+        if wording.required is not None and args.get(name) is None:
+            raise ArgumentError(wording.required)
     given = {k: v for k, v in args.items() if v is not None}
     try:
         parsed = model.model_validate(given)
@@ -257,10 +257,10 @@ def parse_args(model: type[_Arguments], args: dict[str, Any]) -> Any:
     return parsed
 
 
-def _message(exc: ValidationError, says: dict[str, Says], given: dict[str, Any]) -> str:
+def _message(exc: ValidationError, wording: dict[str, ErrorWording], given: dict[str, Any]) -> str:
     error = exc.errors(include_url=False)[0]
     name = str(error["loc"][0])
-    rule = says[name]
+    rule = wording[name]
     value = given.get(name)
     if len(error["loc"]) > 1 and rule.items is not None:
         return rule.items

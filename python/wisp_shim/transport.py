@@ -28,9 +28,10 @@ from typing import Any
 
 import anyio
 import msgspec
-from mcp.shared.dispatcher import coerce_request_id
-from mcp.shared.message import ServerMessageMetadata, SessionMessage
+from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, JSONRPCRequest
+
+from .sdk_seams import bad_line, last_context, request_key, request_metadata
 
 log = logging.getLogger("wisp.transport")
 
@@ -102,38 +103,27 @@ def _id_from_line(line: str) -> int | str | None:
 def _answer_for(exc: Exception) -> JSONRPCError | None:
     """The error reply for a line the transport could not turn into a message, or None for
     a line that was not a request (a bad notification or response gets no reply)."""
-    errors = getattr(exc, "errors", None)
-    details: list[dict[str, Any]] = []
-    if callable(errors):
-        try:
-            details = list(errors())
-        except Exception:
-            details = []
-    for d in details:
-        if d.get("type") == "json_invalid":
-            raw = d.get("input")
-            if isinstance(raw, str) and not raw.strip():
-                return None  # a blank line is no message: nothing to answer
-            if raw == INVALID_ID_LINE:
-                return JSONRPCError(
-                    jsonrpc="2.0", id=None,
-                    error=ErrorData(
-                        code=INVALID_REQUEST,
-                        message="Invalid Request: a request's \"id\" must be a string or an integer (a message without "
-                        "an id is a notification); nothing was done.",
-                    ),
-                )
-            rid = _id_from_line(raw) if isinstance(raw, str) else None
-            why = (d.get("ctx") or {}).get("error") or d.get("msg") or "invalid JSON"
+    bad = bad_line(exc)
+    if bad is not None and bad.not_json:
+        raw = bad.line
+        if raw is not None and not raw.strip():
+            return None  # a blank line is no message: nothing to answer
+        if raw == INVALID_ID_LINE:
             return JSONRPCError(
-                jsonrpc="2.0", id=rid,
-                error=ErrorData(code=PARSE_ERROR, message=f"Parse error: the line is not valid JSON ({why}); nothing was done."),
+                jsonrpc="2.0", id=None,
+                error=ErrorData(
+                    code=INVALID_REQUEST,
+                    message="Invalid Request: a request's \"id\" must be a string or an integer (a message without "
+                    "an id is a notification); nothing was done.",
+                ),
             )
-    # Well-formed JSON that is not a JSON-RPC message: the validator's input is the object itself.
-    # (A `missing` field error's input is the object that lacks it: here, the message.)
-    obj = next((d.get("input") for d in details if d.get("type") == "missing" and len(d.get("loc", ())) == 2), None)
-    if obj is None:
-        obj = next((d.get("input") for d in details if d.get("loc") == ()), None)
+        rid = _id_from_line(raw) if raw is not None else None
+        return JSONRPCError(
+            jsonrpc="2.0", id=rid,
+            error=ErrorData(code=PARSE_ERROR, message=f"Parse error: the line is not valid JSON ({bad.why}); nothing was done."),
+        )
+    # Well-formed JSON that is not a JSON-RPC message.
+    obj = bad.value if bad is not None else None
     if isinstance(obj, dict):
         if "method" not in obj or "id" not in obj:
             return None  # a notification or a response: nobody waits for an answer
@@ -241,7 +231,7 @@ def charge(request_context: Any, weight: int) -> None:
 
 def _key(rid: Any) -> Any:
     # Exactly the SDK's correlation key, so that budget, duplicates and cancels agree with it.
-    return coerce_request_id(rid)
+    return request_key(rid)
 
 
 class GuardedReadStream:
@@ -252,7 +242,7 @@ class GuardedReadStream:
 
     @property
     def last_context(self) -> Any:
-        return getattr(self._inner, "last_context", None)
+        return last_context(self._inner)
 
     async def receive(self) -> Any:
         while self._budget.full():
@@ -289,8 +279,7 @@ class GuardedReadStream:
                 # stdio carries no metadata of its own; this hook is how the SDK says a request
                 # ended without a reply (it was cancelled), whatever spelling its cancel used.
                 # The handler reaches its own budget entry as `ctx.request` (InFlight).
-                item = SessionMessage(msg, metadata=ServerMessageMetadata(
-                    on_request_unanswered=unanswered, request_context=InFlight(self._budget, key, token)))
+                item = SessionMessage(msg, metadata=request_metadata(unanswered, InFlight(self._budget, key, token)))
             return item
 
     def __aiter__(self) -> GuardedReadStream:

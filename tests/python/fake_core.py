@@ -1,7 +1,7 @@
 """A fake wisp-core for fault tests (stdlib only), selected with the shim's --core flag
 through a small wrapper script.
 
-It speaks pipe protocol 1 well enough to serve `respond` like the echo backend ("echo N: P"
+It speaks pipe protocol 2 well enough to serve `respond` like the echo backend ("echo N: P"
 per thread), `close_thread` and `status`, until a prompt asks it to misbehave:
 
   !garbage     write a frame whose payload is not JSON, then wait
@@ -9,6 +9,7 @@ per thread), `close_thread` and `status`, until a prompt asks it to misbehave:
   !truncated   write a length prefix of 100 and 10 bytes of payload, then exit 0
   !badjson     write a frame that is JSON but no message of the protocol, then wait
   !badresult   reply ok with a RespondResult that lacks required fields, then go on serving
+  !wrongresult reply ok with a CloseThreadResult (a result for another op), then go on serving
   !evicted-at-once  reply (creating the thread) and, in the same write, an `evicted` event
                for that very thread, as when another call evicts it right after
   !stall       stop reading and answering (pings included), as a wedged core would
@@ -39,6 +40,11 @@ def send(obj: dict) -> None:
     write(json.dumps(obj).encode())
 
 
+def reply(rid: int, op: str, result: dict) -> dict:
+    """An ok reply, tagged as the core tags it: `event` on the message, `op` on its result."""
+    return {"id": rid, "event": "reply", "ok": True, "result": {"op": op, **result}}
+
+
 def read_exact(n: int) -> bytes | None:
     buf = b""
     while len(buf) < n:
@@ -60,7 +66,7 @@ def main() -> None:
     if log:
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
-    send({"id": 0, "event": "ready", "protocol": 1, "backend": "fake", "model": "fake", "pid": os.getpid()})
+    send({"id": 0, "event": "ready", "protocol": 2, "backend": "fake", "model": "fake", "pid": os.getpid()})
     args = sys.argv[1:]
     capacity = int(args[args.index("--max-threads") + 1]) if "--max-threads" in args else 32
     threads: dict[str, int] = {}  # insertion order is recency: least recently used first
@@ -91,13 +97,16 @@ def main() -> None:
                 send({"hello": "world"})
                 hang()
             if prompt.startswith("!badresult"):
-                send({"id": rid, "ok": True, "result": {"thread_id": req.get("thread_id") or "x", "text": "half a result"}})
+                send(reply(rid, "respond", {"thread_id": req.get("thread_id") or "x", "text": "half a result"}))
+                continue
+            if prompt.startswith("!wrongresult"):
+                send(reply(rid, "close_thread", {"thread_id": req.get("thread_id") or "x", "closed": True}))
                 continue
             if prompt.startswith("!evicted-at-once"):
                 tid = req["thread_id"]
-                reply = {"id": rid, "ok": True, "result": {"thread_id": tid, "created": True, "text": f"echo 1: {prompt}",
-                                                           "condensed": False, "turns": 1, "dropped": 0}}
-                both = [json.dumps(reply).encode(), json.dumps({"id": rid + 1000000, "event": "evicted", "thread_id": tid}).encode()]
+                answer = reply(rid, "respond", {"thread_id": tid, "created": True, "text": f"echo 1: {prompt}",
+                                                "condensed": False, "turns": 1, "dropped": 0})
+                both = [json.dumps(answer).encode(), json.dumps({"id": rid + 1000000, "event": "evicted", "thread_id": tid}).encode()]
                 out.write(b"".join(struct.pack(">I", len(b)) + b for b in both))
                 out.flush()
                 continue
@@ -113,19 +122,19 @@ def main() -> None:
                 del threads[victim]
                 send({"id": rid, "event": "evicted", "thread_id": victim})
             threads[tid] = threads.pop(tid, 0) + 1
-            send({"id": rid, "ok": True, "result": {
+            send(reply(rid, "respond", {
                 "thread_id": tid, "created": created, "text": f"echo {threads[tid]}: {prompt}",
-                "condensed": False, "turns": threads[tid], "dropped": 0}})
+                "condensed": False, "turns": threads[tid], "dropped": 0}))
         elif op == "close_thread":
-            send({"id": rid, "ok": True, "result": {"thread_id": req["thread_id"], "closed": threads.pop(req["thread_id"], None) is not None}})
+            send(reply(rid, "close_thread", {"thread_id": req["thread_id"], "closed": threads.pop(req["thread_id"], None) is not None}))
         elif op == "status":
-            send({"id": rid, "ok": True, "result": {
+            send(reply(rid, "status", {
                 "backend": "fake", "model": "fake", "available": True, "context_size": 4096, "max_threads": 32,
-                "max_queue": 16, "threads": [{"thread_id": t, "turns": n, "pending": 0} for t, n in threads.items()]}})
+                "max_queue": 16, "threads": [{"thread_id": t, "turns": n, "pending": 0} for t, n in threads.items()]}))
         elif op == "cancel":
-            send({"id": rid, "ok": True, "result": {"cancelled": False}})
+            send(reply(rid, "cancel", {"cancelled": False}))
         elif op == "ping":
-            send({"id": rid, "ok": True, "result": {}})
+            send(reply(rid, "ping", {}))
 
 
 if __name__ == "__main__":

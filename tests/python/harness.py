@@ -332,7 +332,7 @@ def stub_core(tmp_path, after_ready: str) -> str:
         "def frame(obj):\n"
         "    b = obj if isinstance(obj, bytes) else json.dumps(obj).encode()\n"
         "    out.write(struct.pack('>I', len(b)) + b); out.flush()\n"
-        "frame({'id': 0, 'event': 'ready', 'protocol': 1, 'backend': 'stub', 'model': 'stub', 'pid': 0})\n"
+        "frame({'id': 0, 'event': 'ready', 'protocol': 2, 'backend': 'stub', 'model': 'stub', 'pid': 0})\n"
         + after_ready
     )
     stub.chmod(0o755)

@@ -13,7 +13,7 @@ import pytest
 
 from harness import REPO, core_exchange, core_path
 from wisp_shim import errors
-from wisp_shim import protocol as p
+from wisp_shim import protocol
 from wisp_shim.__main__ import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS
 from wisp_shim.tool_models import THREAD_ID_RE
 
@@ -40,16 +40,16 @@ def test_the_error_codes_agree_with_the_cores():
 def test_the_pipe_version_and_frame_limit_agree_with_the_cores():
     source = _swift_sources()
     version = re.search(r"\bprotocolVersion\s*=\s*(\d+)", source)
-    assert version and int(version.group(1)) == p.PROTOCOL_VERSION
+    assert version and int(version.group(1)) == protocol.PROTOCOL_VERSION
     # A frame of exactly the limit is read; one byte more is refused before it is read.
-    status = msgspec.json.encode(p.Status(id=1))
-    at_limit = status + b" " * (p.MAX_FRAME_BYTES - len(status))
-    frames = core_exchange(["--backend", "echo"], p.frame(at_limit))
+    status = msgspec.json.encode(protocol.Status(id=1))
+    at_limit = status + b" " * (protocol.MAX_FRAME_BYTES - len(status))
+    frames = core_exchange(["--backend", "echo"], protocol.frame(at_limit))
     assert any(f.get("id") == 1 and f.get("ok") for f in frames), frames
     # One byte more: the core stops at the header, with stdin still open, and says why.
     proc = subprocess.Popen([core_path(), "--backend", "echo"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        proc.stdin.write((p.MAX_FRAME_BYTES + 1).to_bytes(4, "big") + p.frame(status))
+        proc.stdin.write((protocol.MAX_FRAME_BYTES + 1).to_bytes(4, "big") + protocol.frame(status))
         proc.stdin.flush()
         assert proc.wait(timeout=30) != 0, "wisp-core took a frame over the shim's limit"
     finally:
@@ -62,12 +62,12 @@ def test_the_core_reads_a_deadline_on_the_shims_clock():
     """RespondOptions.deadline is an instant of protocol.monotonic_now(): the core, another
     process, must read the same clock. A deadline just past is refused without running (and
     creates no thread); one a minute ahead is served."""
-    now = p.monotonic_now()
-    past = p.RespondOptions(timeout_s=2.0, deadline=now - 0.5)
-    ahead = p.RespondOptions(timeout_s=60.0, deadline=now + 60)
-    frames = core_exchange(["--backend", "echo"], p.encode(p.Respond(id=1, prompt="late", thread_id="late", options=past))
-                           + p.encode(p.Respond(id=2, prompt="on time", thread_id="ok", options=ahead))
-                           + p.encode(p.Status(id=3)), want=(1, 2, 3))
+    now = protocol.monotonic_now()
+    past = protocol.RespondOptions(timeout_s=2.0, deadline=now - 0.5)
+    ahead = protocol.RespondOptions(timeout_s=60.0, deadline=now + 60)
+    frames = core_exchange(["--backend", "echo"], protocol.encode(protocol.Respond(id=1, prompt="late", thread_id="late", options=past))
+                           + protocol.encode(protocol.Respond(id=2, prompt="on time", thread_id="ok", options=ahead))
+                           + protocol.encode(protocol.Status(id=3)), want=(1, 2, 3))
     by_id = {f["id"]: f for f in frames if "ok" in f}
     assert not by_id[1]["ok"] and by_id[1]["error"]["code"] == "timeout", by_id[1]
     assert "thread 'late' is unchanged" in by_id[1]["error"]["message"], by_id[1]
@@ -76,7 +76,7 @@ def test_the_core_reads_a_deadline_on_the_shims_clock():
 
 
 def test_the_default_max_threads_agrees_with_the_cores():
-    frames = core_exchange(["--backend", "echo"], p.encode(p.Status(id=1)))
+    frames = core_exchange(["--backend", "echo"], protocol.encode(protocol.Status(id=1)))
     status = next(f for f in frames if f.get("id") == 1)
     assert status["result"]["max_threads"] == DEFAULT_MAX_THREADS
 
@@ -86,7 +86,7 @@ def test_the_flag_minimums_agree_with_the_cores(flag):
     minimum = FLAG_MINIMUMS[flag]
     assert f"≥ {minimum}" in _core_refuses("--backend", "echo", flag, str(minimum - 1))
     # The minimum itself is taken: the core starts and answers.
-    frames = core_exchange(["--backend", "echo", flag, str(minimum)], p.encode(p.Status(id=1)))
+    frames = core_exchange(["--backend", "echo", flag, str(minimum)], protocol.encode(protocol.Status(id=1)))
     assert any(f.get("id") == 1 and f.get("ok") for f in frames), frames
 
 
@@ -99,8 +99,8 @@ def test_the_backend_list_agrees_with_the_cores():
 
 @pytest.mark.parametrize("thread_id", ["a", "A.b_c-9", "x" * 64, "x" * 65, "", "a b", "é", "a/b", "a\n"])
 def test_the_thread_id_rule_agrees_with_the_cores(thread_id):
-    request = p.Respond(id=1, prompt="hi", thread_id=thread_id)
-    frames = core_exchange(["--backend", "echo"], p.encode(request))
+    request = protocol.Respond(id=1, prompt="hi", thread_id=thread_id)
+    frames = core_exchange(["--backend", "echo"], protocol.encode(request))
     reply = next(f for f in frames if f.get("id") == 1)
     shim_accepts = THREAD_ID_RE.fullmatch(thread_id) is not None
     assert reply["ok"] == shim_accepts, reply

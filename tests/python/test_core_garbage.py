@@ -9,6 +9,7 @@ import sys
 import time
 
 import anyio
+import pytest
 
 from harness import error_text, fake_core_binary, fake_core_starts, ok, running, shim_env, stub_core, wait_for, wisp
 
@@ -44,13 +45,17 @@ async def test_a_core_that_breaks_the_frame_protocol_is_restarted_cleanly(tmp_pa
             assert lost.startswith("thread_lost:"), (fault, lost)
 
 
-async def test_a_reply_whose_result_does_not_decode_restarts_the_core(tmp_path):
+@pytest.mark.parametrize("fault, named", [
+    ("!badresult", "RespondResult"),  # a result that does not decode
+    ("!wrongresult", "CloseThreadResult"),  # a result for another op
+])
+async def test_a_reply_whose_result_is_not_its_calls_restarts_the_core(tmp_path, fault, named):
     core, starts = fake_core_binary(tmp_path)
     async with wisp(core=core, env=shim_env(WISP_FAKE_CORE_LOG=str(starts))) as c:
         assert ok(await c.call_tool("respond", {"prompt": "keep", "thread_id": "keep"}))["text"] == "echo 1: keep"
         broken = fake_core_starts(starts)[-1]
-        msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!badresult", "thread_id": "bad"}), 10))
-        assert msg.startswith("core_crashed:") and "protocol error" in msg and "RespondResult" in msg and "'bad'" in msg, msg
+        msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": fault, "thread_id": "bad"}), 10))
+        assert msg.startswith("core_crashed:") and "protocol error" in msg and named in msg and "'bad'" in msg, msg
         await wait_for(lambda: not running(broken), 5)
         r = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": "new"}))
         assert (r["created"], r["text"]) == (True, "echo 1: after")

@@ -23,7 +23,7 @@ import pytest
 from harness import REPO, core_path, core_pids, error_text, ok, shim_env, text_of, wait_for, wisp
 
 sys.path.insert(0, str(REPO / "python"))
-from wisp_shim import protocol as p  # noqa: E402
+from wisp_shim import protocol  # noqa: E402
 
 
 def read_thread(data: bytes) -> dict:
@@ -130,7 +130,7 @@ def _read_frame(proc: subprocess.Popen) -> dict | None:
     header = proc.stdout.read(4)
     if len(header) < 4:
         return None
-    (n,) = p._HEADER.unpack(header)
+    (n,) = protocol._HEADER.unpack(header)
     body = proc.stdout.read(n)
     return json.loads(body) if len(body) == n else None
 
@@ -161,7 +161,7 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
             for i in range(60):
                 tid = threads[i % 3]
                 ids[i + 1] = tid
-                proc.stdin.write(p.encode(p.Respond(id=i + 1, prompt=f"{trial}-{i} {big}", thread_id=tid)))
+                proc.stdin.write(protocol.encode(protocol.Respond(id=i + 1, prompt=f"{trial}-{i} {big}", thread_id=tid)))
             proc.stdin.flush()
         except BrokenPipeError:
             pass

@@ -183,7 +183,8 @@ async def test_a_reply_that_beats_the_cancel_is_returned(tmp_path):
         "    return json.loads(sys.stdin.buffer.read(n))\n"
         "req = read()\n"
         "time.sleep(1.1)\n"
-        "frame({'id': req['id'], 'ok': True, 'result': {'thread_id': 'late', 'created': True, 'text': 'just in time',"
+        "frame({'id': req['id'], 'event': 'reply', 'ok': True, 'result': {'op': 'respond', 'thread_id': 'late', 'created': True,"
+        " 'text': 'just in time',"
         " 'condensed': False, 'turns': 1, 'dropped': 0}})\n"
         "sys.stdin.buffer.read()\n"
     ))

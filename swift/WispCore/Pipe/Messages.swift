@@ -1,9 +1,10 @@
-/// The pipe protocol, version 1 (ARCHITECTURE.md): one type per message. The Python side
+/// The pipe protocol, version 2 (ARCHITECTURE.md): one type per message. The Python side
 /// (`python/wisp_shim/protocol.py`) declares the same types under the same names; keep them in step.
 ///
 /// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `Ping`, each tagged by `op`.
 /// Core → shim: `Ready` (first frame), `Progress` and `Evicted` (events), `Reply` (one per
-/// request, ok or not).
+/// request, ok or not), each tagged by `event`; an ok reply's result is tagged by `op`, the op
+/// of the request it answers, so the shim decodes any core message in one pass.
 
 #if canImport(Glibc)
 import Glibc
@@ -12,7 +13,7 @@ import Darwin
 #endif
 
 /// The pipe protocol version `Ready` announces (the shim's `PROTOCOL_VERSION`).
-public let protocolVersion = 1
+public let protocolVersion = 2
 
 // MARK: shim → core
 
@@ -207,6 +208,7 @@ public struct ErrorBody: Codable, Sendable, Equatable {
 /// The result of `respond`. `turns` counts the turns the thread holds after this call
 /// (this one included); `dropped` counts the turns condensing removed during this call.
 public struct RespondResult: Codable, Sendable, Equatable {
+    var op = Request.Op.respond
     public var thread_id: String
     public var created: Bool
     public var text: String
@@ -234,18 +236,21 @@ public struct RespondResult: Codable, Sendable, Equatable {
 }
 
 public struct CloseThreadResult: Codable, Sendable, Equatable {
+    var op = Request.Op.close_thread
     public var thread_id: String
     public var closed: Bool
     public init(thread_id: String, closed: Bool) { self.thread_id = thread_id; self.closed = closed }
 }
 
 public struct CancelResult: Codable, Sendable, Equatable {
+    var op = Request.Op.cancel
     /// False when the request had already finished or was never seen.
     public var cancelled: Bool
     public init(cancelled: Bool) { self.cancelled = cancelled }
 }
 
 public struct PingResult: Codable, Sendable, Equatable {
+    var op = Request.Op.ping
     public init() {}
 }
 
@@ -268,6 +273,7 @@ public struct ThreadInfo: Codable, Sendable, Equatable {
 }
 
 public struct StatusResult: Codable, Sendable, Equatable {
+    var op = Request.Op.status
     public var backend: String
     public var model: String
     public var available: Bool
@@ -304,6 +310,7 @@ public struct StatusResult: Codable, Sendable, Equatable {
 /// Exactly one per request: `ok` with the op's result, or not ok with an error.
 public struct Reply<Result: Codable & Sendable>: Codable, Sendable {
     public var id: Int
+    public var event = "reply"
     public var ok: Bool
     public var result: Result?
     public var error: ErrorBody?

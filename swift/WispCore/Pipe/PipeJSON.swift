@@ -140,7 +140,7 @@ extension ErrorBody: JSONWritable {
 extension RespondResult: JSONWritable {
     public func write(to w: inout JSONWriter) {
         w.object {
-            $0.field("thread_id", thread_id); $0.field("created", created); $0.field("text", text)
+            $0.field("op", op.rawValue); $0.field("thread_id", thread_id); $0.field("created", created); $0.field("text", text)
             $0.field("condensed", condensed); $0.field("turns", turns); $0.field("dropped", dropped)
             $0.field("prompt_tokens", prompt_tokens); $0.field("output_tokens", output_tokens); $0.field("store_error", store_error)
         }
@@ -149,18 +149,18 @@ extension RespondResult: JSONWritable {
 
 extension CloseThreadResult: JSONWritable {
     public func write(to w: inout JSONWriter) {
-        w.object { $0.field("thread_id", thread_id); $0.field("closed", closed) }
+        w.object { $0.field("op", op.rawValue); $0.field("thread_id", thread_id); $0.field("closed", closed) }
     }
 }
 
 extension CancelResult: JSONWritable {
     public func write(to w: inout JSONWriter) {
-        w.object { $0.field("cancelled", cancelled) }
+        w.object { $0.field("op", op.rawValue); $0.field("cancelled", cancelled) }
     }
 }
 
 extension PingResult: JSONWritable {
-    public func write(to w: inout JSONWriter) { w.object { _ in } }
+    public func write(to w: inout JSONWriter) { w.object { $0.field("op", op.rawValue) } }
 }
 
 extension Empty: JSONWritable {
@@ -179,7 +179,8 @@ extension ThreadInfo: JSONWritable {
 extension StatusResult: JSONWritable {
     public func write(to w: inout JSONWriter) {
         w.object {
-            $0.field("backend", backend); $0.field("model", model); $0.field("available", available); $0.field("reason", reason)
+            $0.field("op", op.rawValue); $0.field("backend", backend); $0.field("model", model); $0.field("available", available)
+            $0.field("reason", reason)
             $0.field("context_size", context_size); $0.field("max_threads", max_threads); $0.field("max_queue", max_queue)
             $0.key("threads"); $0.array(threads) { w, t in t.write(to: &w) }
             $0.field("tools", tools); $0.field("state_dir", state_dir); $0.field("state_error", state_error)
@@ -190,7 +191,7 @@ extension StatusResult: JSONWritable {
 extension Reply: JSONWritable where Result: JSONWritable {
     public func write(to w: inout JSONWriter) {
         w.object {
-            $0.field("id", id); $0.field("ok", ok)
+            $0.field("id", id); $0.field("event", event); $0.field("ok", ok)
             if let result { $0.field("result", result) }
             if let error { $0.field("error", error) }
         }

@@ -80,10 +80,12 @@ import WispInfrastructure
     @Test func repliesEncodeAsTheProtocolSays() throws {
         let ok = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Reply.success(7, CloseThreadResult(thread_id: "t", closed: true)))) as! [String: Any]
         #expect(ok["id"] as? Int == 7 && ok["ok"] as? Bool == true && (ok["result"] as? [String: Any])?["closed"] as? Bool == true)
+        #expect(ok["event"] as? String == "reply" && (ok["result"] as? [String: Any])?["op"] as? String == "close_thread")
         #expect(ok["error"] == nil)
         let bad = try JSONSerialization.jsonObject(with: JSONEncoder().encode(ErrorReply.failure(8, WispError(.busy, "full")))) as! [String: Any]
         #expect(bad["ok"] as? Bool == false && (bad["error"] as? [String: Any])?["code"] as? String == "busy")
+        #expect(bad["event"] as? String == "reply" && bad["result"] == nil)
         let ready = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Ready(backend: "echo", model: "echo", pid: 1))) as! [String: Any]
-        #expect(ready["id"] as? Int == 0 && ready["event"] as? String == "ready" && ready["protocol"] as? Int == 1)
+        #expect(ready["id"] as? Int == 0 && ready["event"] as? String == "ready" && ready["protocol"] as? Int == 2)
     }
 }

@@ -99,7 +99,7 @@ final class Wire: Sendable {
     func send(_ bytes: [UInt8]) {
         let text = String(decoding: bytes.dropFirst(4), as: UTF8.self)
         let o = Wire.object(text)
-        let reply = o["event"] == nil ? o["id"] as? Int : nil
+        let reply = o["event"] as? String == "reply" ? o["id"] as? Int : nil
         let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
             defer { s.frames.append(text) }
             guard let reply, s.replies[reply] == nil else { return nil }

@@ -1,0 +1,185 @@
+"""One wisp-core child process: how it is launched (CoreLaunch, find_core), one run of it with
+the calls waiting on it (CoreProcess), and how it is stopped (stdin EOF, SIGTERM with SIGCONT,
+SIGKILL). Reading its stdout is core_reader.py's; restarting it, supervisor.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import errors
+from . import protocol
+from .errors import ShimError
+from .loop import spin_for_reply
+from .pending import PendingCall
+
+log = logging.getLogger("wisp.core")
+
+CORE_NAME = "wisp-core"
+BUILD_HINT = (
+    "Build it with `make build` in the wisp repository (or `swift build -c release --product wisp-core`), "
+    "or point --core / WISP_CORE at an existing wisp-core binary."
+)
+
+# What the core's flags accept, for the shim to refuse a bad value before starting it (a core
+# that refuses its flags would fail to start again and again); a test checks they agree.
+BACKENDS = ("auto", "apple", "openai", "echo")
+DEFAULT_MAX_THREADS = 32
+FLAG_MINIMUMS = {"--max-threads": 1, "--max-queue": 0, "--context-size": 1, "--max-stored-threads": 1, "--echo-delay-ms": 0}
+
+# Bounds for the shim's memory of thread ids, which must not grow without limit
+# across a long session.
+MAX_REMEMBERED_IDS = 4096
+# How long a closing core gets after stdin EOF, and then after SIGTERM, before SIGKILL:
+# together well under the 2 s in which wisp promises to exit on a signal.
+EOF_GRACE_S = 0.5
+TERM_GRACE_S = 1.0
+
+
+@dataclass
+class CoreLaunch:
+    """How the shim launches wisp-core (the core's own flags are in `args`)."""
+
+    core: str | None = None
+    args: list[str] = field(default_factory=list)
+    timeout_s: float = 300.0
+    env: dict[str, str] | None = None
+    # The state dir configured (--state-dir / WISP_STATE_DIR), for what wisp tells callers about
+    # retention; whether the core could use it, its Ready (durable) and status say.
+    state_dir: str | None = None
+    # Awaited before each start of the core, e.g. to bring up the local model server it will
+    # talk to (local_model.py); `args` is read after it, so it may add to them. A ShimError it
+    # raises fails the start like a missing binary.
+    before_start: Callable[[], Awaitable[None]] | None = None
+    # Called once the core is stopped for good (aclose), e.g. to stop that server.
+    after_stop: Callable[[], None] | None = None
+    # Awaited when a respond call fails, with the call's start (time.monotonic()); returns the
+    # error the caller sees, e.g. one naming the signal that killed the local model server
+    # during the call (the core sees only a broken connection).
+    explain: Callable[[ShimError, float], Awaitable[ShimError]] | None = None
+
+
+def find_core(explicit: str | None = None) -> Path:
+    """The wisp-core binary: --core / WISP_CORE, a copy bundled in the package, then
+    the repository's release build, searched upward from the package and the cwd."""
+    if explicit:
+        path = Path(explicit).expanduser()
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+        raise ShimError(errors.CORE_MISSING, f"the wisp-core binary named by --core/WISP_CORE ({path}) is not an executable file. {BUILD_HINT}")
+    here = Path(__file__).resolve().parent
+    candidates = [here / "bin" / CORE_NAME]
+    seen: set[Path] = set()
+    for start in (here, Path.cwd().resolve()):
+        for d in (start, *start.parents):
+            c = d / ".build" / "release" / CORE_NAME
+            if c not in seen:
+                seen.add(c)
+                candidates.append(c)
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise ShimError(errors.CORE_MISSING, f"the wisp-core binary was not found (looked for {candidates[0]} and .build/release/{CORE_NAME} above {here} and {Path.cwd()}). {BUILD_HINT}")
+
+
+class CoreProcess:
+    """One run of the core process, from spawn to exit, with the calls waiting on it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.started = time.monotonic()
+        self.ready: asyncio.Future[protocol.Ready] = asyncio.get_running_loop().create_future()
+        self.pending: dict[int, PendingCall] = {}
+        # Threads this core created for us and that we have not seen closed, oldest first.
+        self.alive: OrderedDict[str, None] = OrderedDict()
+        self.dead = False
+        self.reader: asyncio.Task[tuple[int | None, str | None]] | None = None
+        self.stdout_fd = -1  # the read end of the core's stdout
+        # The watchdog's view: when the core last sent anything, when the first frame went to it
+        # since the watchdog last saw no call pending (None: none since), and the ping it has
+        # not answered yet (with when it went out).
+        self.last_frame = time.monotonic()
+        self.busy_since: float | None = None
+        self.ping: tuple[int, float] | None = None
+        self.watchdog: asyncio.Task[None] | None = None
+        # Why the shim stopped this core itself (the watchdog), for the crash message.
+        self.fault: str | None = None
+
+    @property
+    def durable(self) -> bool:
+        """The core stores threads (--state-dir): a crash loses only turns it could not store."""
+        return self.ready.done() and self.ready.exception() is None and self.ready.result().durable
+
+    def remember(self, thread_id: str) -> None:
+        self.alive[thread_id] = None
+        self.alive.move_to_end(thread_id)
+        while len(self.alive) > MAX_REMEMBERED_IDS:
+            self.alive.popitem(last=False)
+
+    def send(self, data: bytes) -> None:
+        """Queue a whole frame for the core without waiting for it to be read.
+
+        Never waiting is what lets a time limit, a cancel or a ping go out to a core that has
+        stopped reading; what can queue here is bounded by the MCP layer's in-flight limits
+        (transport.py: 128 calls, 64 MiB), not by the core."""
+        stdin = self.proc.stdin
+        if self.dead or stdin is None:
+            return
+        now = time.monotonic()
+        if self.busy_since is None:
+            self.busy_since = now
+        try:
+            stdin.write(data)
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
+            # The reader sees the exit too and fails every pending call with the crash message.
+            log.warning("write to wisp-core failed: %s", exc)
+            return
+        spin_for_reply(now - self.last_frame)
+
+
+def _signal(proc: asyncio.subprocess.Process, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+
+
+async def _wait(proc: asyncio.subprocess.Process, grace: float | None) -> bool:
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+async def terminate(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL. SIGCONT goes with the SIGTERM: a stopped process (SIGSTOP) keeps
+    a SIGTERM pending until it runs again, and only SIGKILL or SIGCONT can change that."""
+    if proc.returncode is not None:
+        return
+    _signal(proc, signal.SIGTERM)
+    _signal(proc, signal.SIGCONT)
+    if not await _wait(proc, TERM_GRACE_S):
+        _signal(proc, signal.SIGKILL)
+        await _wait(proc, None)
+
+
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    """Close the core's stdin (a healthy core exits at EOF), then terminate."""
+    if proc.returncode is not None:
+        return
+    if proc.stdin is not None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+    # No signal yet: Popen.send_signal polls first, and that can reap a core that is just
+    # exiting under asyncio's child watcher, which then reports status 255. A stopped core,
+    # which cannot see the EOF, gets its SIGCONT with the SIGTERM.
+    if not await _wait(proc, EOF_GRACE_S):
+        await terminate(proc)

@@ -1,0 +1,299 @@
+"""Running llama-server for wisp: its command line (slots, context, CPU threads), its process
+(own process group, output on the shim's stderr, PR_SET_PDEATHSIG on Linux), its health, the
+restart when it dies, its stop (SIGTERM, then SIGKILL), how its exit reads in an error, and
+`verify`: one real decode, which proves a binary computes on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import http.client
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from .llama_install import LocalModelError
+
+log = logging.getLogger("wisp.local_model")
+
+MODEL_ALIAS = "SmolLM2-135M-Instruct"
+# Per thread, like Apple's on-device model, so a thread behaves alike on Linux and on a Mac
+# (and what the core's condensing assumes when it cannot ask).
+DEFAULT_CONTEXT = 4096
+READY_TIMEOUT_S = 120.0
+TERM_GRACE_S = 2.0
+
+# What a signal death of llama-server most likely means, and what to do about it.
+_SIGNAL_ADVICE = {
+    signal.SIGILL: "it uses a CPU instruction this machine does not allow (a VM can advertise AVX-512 or AMX "
+                   "and trap it); rebuild it portable: `WISP_LLAMA_NATIVE=0 make local-model`",
+    signal.SIGBUS: "its binary or the model file changed under it; run `make local-model` again",
+    signal.SIGSEGV: "it crashed; run `make local-model` again, and if it persists rebuild it portable "
+                    "with `WISP_LLAMA_NATIVE=0 make local-model`",
+}
+
+
+def describe_exit(binary: Path, returncode: int, when: str = "") -> str:
+    """How a llama-server exit reads in an error: a signal by its name, with the fix.
+    `when` ("while starting", "during its first decode") goes before the advice."""
+    at = f" {when}" if when else ""
+    if returncode >= 0:
+        return f"the local model server ({binary}) exited with status {returncode}{at} (its log is above on stderr)"
+    try:
+        sig = signal.Signals(-returncode)
+    except ValueError:
+        return f"the local model server ({binary}) was killed by signal {-returncode}{at} (its log is above on stderr)"
+    advice = _SIGNAL_ADVICE.get(sig, "its log is above on stderr")
+    return f"the local model server ({binary}) was killed by {sig.name}{at}: {advice}"
+
+
+def default_cpu_threads() -> int:
+    """llama-server's CPU threads (-t): half the CPUs (1 on a 2-core machine, at most 4), or
+    WISP_LOCAL_CPU_THREADS (WISP_LOCAL_THREADS, its old name, still works). ggml's worker
+    threads spin-wait for each other, so with as many threads as cores, any other busy process
+    (the agent harness, a build, wisp itself) stalls every token (bench/README.md has the
+    figures)."""
+    env = os.environ.get("WISP_LOCAL_CPU_THREADS") or os.environ.get("WISP_LOCAL_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent(parent: int) -> None:
+    """preexec_fn: SIGKILL this child when the shim dies, however it dies (Linux only).
+    PDEATHSIG fires when the *thread* that forked exits, so spawn from a long-lived thread."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the shim died before prctl took effect
+        os._exit(1)
+
+
+@dataclass
+class LocalModel:
+    binary: Path
+    model: Path
+    context_size: int = DEFAULT_CONTEXT  # per slot, i.e. per thread
+    cpu_threads: int = 0  # llama-server's -t
+    port: int = 0
+    slots: int = 1
+    alias: str = MODEL_ALIAS
+
+    def __post_init__(self) -> None:
+        if not self.cpu_threads:
+            self.cpu_threads = default_cpu_threads()
+        if not self.port:
+            self.port = free_port()  # chosen now: the core's --endpoint names it before the server starts
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = False
+        self._monitor: asyncio.Task[None] | None = None
+        self.started_at = 0.0
+        self.ready_after_s: float | None = None
+        # The last exit seen (monotonic time it was seen, return code): the watcher restarts a
+        # dead server at once, so a call that failed against it asks here how it died.
+        self.last_exit: tuple[float, int] | None = None
+        self._noted: subprocess.Popen[bytes] | None = None
+        self._up = False  # the current process has answered /health
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def core_args(self) -> list[str]:
+        # --slots: the core pins each live thread to one of them (id_slot).
+        return ["--backend", "openai", "--endpoint", self.endpoint, "--model", self.alias, "--slots", str(self.slots)]
+
+    def argv(self) -> list[str]:
+        return [
+            str(self.binary), "-m", str(self.model), "--alias", self.alias,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            # Each slot its own context (no unified pool one thread could fill for the others),
+            # and continuous batching so that slots decode together: both defaults with an
+            # explicit -np, said here so a newer llama-server cannot change them.
+            "-c", str(self.context_size * self.slots), "-np", str(self.slots),
+            "--no-kv-unified", "--cont-batching",
+            "-t", str(self.cpu_threads), "--no-ui",
+        ]
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def spawn(self) -> None:
+        """Start the server process (does not wait for it to load the model)."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        self._stopping = False
+        parent = os.getpid()
+        log.info("starting the local model: %s", " ".join(self.argv()))
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(
+            self.argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=sys.stderr.fileno(),  # never the shim's stdout: that carries MCP
+            stderr=sys.stderr.fileno(),
+            start_new_session=True,  # its own process group, out of reach of the terminal's ^C
+            preexec_fn=(lambda: _die_with_parent(parent)) if sys.platform.startswith("linux") else None,
+            close_fds=True,
+        )
+
+    def _note_exit(self) -> bool:
+        """True when the server process has exited; records how, once per process."""
+        proc = self.proc
+        if proc is None or proc.poll() is None:
+            return False
+        if self._noted is not proc:
+            self._noted = proc
+            self.last_exit = (time.monotonic(), proc.returncode)
+            self._up = False
+        return True
+
+    async def died_since(self, since: float, wait: float = 0.5, when: str = "during this call") -> str | None:
+        """How the server died, if it exited at or after `since` (time.monotonic()) or is still
+        down (dead, or restarted and not yet healthy) after an exit; else None. Waits up to `wait`
+        s for a process whose connection just broke to be reaped: its socket closes a moment
+        before the kernel reports the exit."""
+        deadline = time.monotonic() + wait
+        while True:
+            self._note_exit()
+            if self.last_exit is not None:
+                at, returncode = self.last_exit
+                if at >= since:
+                    return describe_exit(self.binary, returncode, when)
+                if not self._up:
+                    return describe_exit(self.binary, returncode, "shortly before this call (wisp is restarting it)")
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.05)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1.0) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    async def ensure_running(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Start (or restart) the server and wait until it answers /health; then watch it.
+        Raises LocalModelError."""
+        await self._start_and_wait(timeout)
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.get_running_loop().create_task(self._watch(), name="local model monitor")
+
+    async def _start_and_wait(self, timeout: float) -> None:
+        if self.proc is None or self._note_exit():
+            if self.proc is not None:
+                log.warning("%s; restarting it", describe_exit(self.binary, self.proc.returncode))
+            self.spawn()
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self._note_exit():
+                raise LocalModelError(describe_exit(self.binary, self.proc.returncode, "while starting"))
+            if await asyncio.to_thread(self.healthy):
+                self._up = True
+                if self.ready_after_s is None:
+                    self.ready_after_s = time.monotonic() - self.started_at
+                    log.info("local model ready in %.2f s at %s", self.ready_after_s, self.endpoint)
+                return
+            if time.monotonic() > deadline:
+                raise LocalModelError(f"the local model server did not become healthy within {timeout:.0f} s at {self.endpoint}")
+            await asyncio.sleep(0.05)
+
+    async def _watch(self) -> None:
+        """Restart the server on the same port if it dies while wisp runs."""
+        backoff = 1.0
+        while not self._stopping:
+            await asyncio.sleep(1.0)
+            if self._stopping or not self._note_exit():
+                continue
+            try:
+                await self._start_and_wait(READY_TIMEOUT_S)
+                backoff = 1.0
+            except LocalModelError as exc:
+                log.error("%s; retrying in %.0f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL after 2 s. Safe to call twice."""
+        self._stopping = True
+        if self._monitor is not None and not self._monitor.done():
+            with contextlib.suppress(RuntimeError):
+                self._monitor.cancel()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.info("local model server stopped")
+
+
+VERIFY_PROMPT = "The capital of France is"
+VERIFY_TOKENS = 4
+
+
+async def decode(lm: LocalModel, timeout: float = READY_TIMEOUT_S) -> str | None:
+    """One short decode on the running server: None when it computed, else why not. The decode
+    is the point: matrix kernels (where an instruction the CPU does not allow would trap) run
+    only once a prompt is evaluated, never for --version or /health."""
+    import json
+
+    body = json.dumps({"prompt": VERIFY_PROMPT, "n_predict": VERIFY_TOKENS, "temperature": 0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{lm.port}/completion", data=body,
+                                 headers={"Content-Type": "application/json"})
+
+    def post() -> object:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    since = time.monotonic()
+    try:
+        answer = await asyncio.to_thread(post)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        died = await lm.died_since(since, wait=2.0, when="during a decode")
+        if died:
+            return died
+        return f"the local model server ({lm.binary}) gave no answer to a {VERIFY_TOKENS}-token decode: {exc}"
+    predicted = answer.get("tokens_predicted") if isinstance(answer, dict) else None
+    if not isinstance(predicted, int) or predicted < 1:
+        return f"the local model server ({lm.binary}) decoded no tokens (answer: {str(answer)[:200]})"
+    return None
+
+
+def verify(binary: Path, model: Path, timeout: float = READY_TIMEOUT_S) -> str | None:
+    """Start `binary` on `model`, decode a few tokens, stop it. None when it computed, else why not."""
+    lm = LocalModel(binary=binary, model=model, context_size=512, cpu_threads=1)
+
+    async def run() -> str | None:
+        try:
+            await lm._start_and_wait(timeout)
+        except LocalModelError as exc:
+            return str(exc)
+        return await decode(lm, timeout)
+
+    try:
+        return asyncio.run(run())
+    finally:
+        lm.stop()
