@@ -87,6 +87,9 @@ public actor ConversationThread {
     }
 
     public var turnCount: Int { agent.history.count }
+    /// What the committed calls cost so far, in this process (a resumed thread counts from its
+    /// resume); nil before any.
+    public private(set) var usage: Usage?
     public var history: [Turn] { agent.history }
     public var instructions: String? { agent.instructions }
 
@@ -172,6 +175,7 @@ public actor ConversationThread {
     /// caller hears of it (the store's lock is still held: `advance` releases it).
     private func commit(_ staged: Agent.Staged) async -> Agent.Outcome {
         var outcome = agent.commit(staged)
+        usage = usage.map { $0 + outcome.usage } ?? outcome.usage
         guard let durability, !closed else { return outcome }
         guard held != nil else {
             unstored = true

@@ -1,7 +1,7 @@
 import Foundation
 
 /// The `echo` backend: no model, fully deterministic. Its behaviour is a public contract
-/// (ARCHITECTURE.md) that outside checks rely on; change it only on purpose.
+/// (README.md) that outside checks rely on; change it only on purpose.
 public struct EchoBackend: ModelBackend {
     public let name = "echo"
     public let model = "echo"
@@ -119,7 +119,10 @@ final class EchoSession: ModelSession {
 
         let turn = Turn(prompt: prompt, toolExchanges: exchanges, response: text)
         turns.append(turn)
-        return Generation(text: text, toolExchanges: exchanges, promptTokens: used - estimatedTokens(text), outputTokens: estimatedTokens(text))
+        // Usage is echo's own count of what it read and wrote (the contract); `reasoning` changes nothing here.
+        let read = used - estimatedTokens(text), wrote = estimatedTokens(text)
+        return Generation(text: text, toolExchanges: exchanges, promptTokens: read, outputTokens: wrote,
+                          usage: Usage(inputTokens: read, outputTokens: wrote))
     }
 
     private static func sleep(ms: Int) async throws {

@@ -28,6 +28,8 @@ final class OpenAIServer: Sendable {
         var contextSize: Int?
         var contextProbed = false
         var tokenize: Bool?
+        /// llama.cpp's `POST /v1/chat/completions/input_tokens` answers (nil: not tried yet).
+        var inputTokens: Bool?
         var lastReachable: ContinuousClock.Instant?
         /// llama.cpp's server, with this many slots: its own request fields may be sent.
         var slots: SlotPool?
@@ -188,6 +190,28 @@ final class OpenAIServer: Sendable {
         }
     }
 
+    /// The prompt tokens of a chat request `body` as the server itself would read it: llama.cpp's
+    /// `POST {base}/chat/completions/input_tokens` applies the chat template and the tools, so
+    /// it is the `prompt_tokens` the request will report. Nil from a server without it (asked
+    /// once) or one unreachable now.
+    func inputTokens(body: Data) async throws -> Int? {
+        if facts.withLock({ $0.inputTokens }) == false { return nil }
+        do {
+            let (status, data) = try await fetch("POST", base.appendingPathComponent("chat/completions/input_tokens"), body: body,
+                                                 timeout: Self.probeTimeout)
+            let object = status == 200 ? (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] : nil
+            guard let n = Self.int(object?["input_tokens"]) else {
+                if status != 503 { facts.withLock { $0.inputTokens = false } }
+                return nil
+            }
+            facts.withLock { $0.inputTokens = true }
+            return n
+        } catch {
+            try Task.checkCancellation()
+            return nil
+        }
+    }
+
     // MARK: HTTP
 
     func makeRequest(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval, streaming: Bool = false) -> URLRequest {
@@ -206,7 +230,11 @@ final class OpenAIServer: Sendable {
     /// One short request, whole answer collected. Throws only on transport failure.
     nonisolated(nonsending)
     func fetch(_ method: String, _ url: URL, json: [String: Any]? = nil, timeout: TimeInterval) async throws -> (Int, Data) {
-        let body = try json.map { try JSONSerialization.data(withJSONObject: $0) }
+        try await fetch(method, url, body: try json.map { try JSONSerialization.data(withJSONObject: $0) }, timeout: timeout)
+    }
+
+    nonisolated(nonsending)
+    func fetch(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval) async throws -> (Int, Data) {
         var status = 0
         var data = Data()
         for try await event in probeClient.open(makeRequest(method, url, body: body, timeout: timeout)) {
