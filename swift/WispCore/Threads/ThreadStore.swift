@@ -13,7 +13,8 @@ import Darwin
 ///   not ours or is group/world-writable is refused (someone else could plant or swap files).
 /// - A file is two lines of JSON: a header `{"format":1,"id":…,"turns":N,"written":T}` (read alone by
 ///   `list_threads`) and the state: binding (instructions, tool names, client roots) and the
-///   canonical history. Anything else (garbage, truncated, another format, over `maxFileBytes`,
+///   canonical history (a turn's `reasoning`, where its model returned one, is an optional field,
+///   so files without it read as before). Anything else (garbage, truncated, another format, over `maxFileBytes`,
 ///   a directory or symlink in its place, a header that disagrees with its body) is corrupt:
 ///   moved aside to `thread-<id>.json.corrupt-<unix time>-<random>`, that call fails naming the file,
 ///   and the id starts afresh on the next call.
@@ -573,7 +574,7 @@ extension ThreadStore.Header: JSONWritable {
 
 extension Turn: JSONWritable {
     public func write(to w: inout JSONWriter) {
-        w.object { $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response); $0.field("tokens", tokens) }
+        w.object { $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response); $0.field("tokens", tokens); $0.field("reasoning", reasoning) }
     }
 }
 
@@ -643,19 +644,20 @@ extension ThreadStore.State {
 }
 
 extension Turn {
-    private struct Fields { var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int? }
+    private struct Fields { var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int?, reasoning: String? }
     private static let table = JSONFields<Fields>([
         "prompt": { r, f throws(JSONError) in f.prompt = try r.string() },
         "toolExchanges": { r, f throws(JSONError) in f.toolExchanges = try r.array { r throws(JSONError) in try ToolExchange.read(&r) } },
         "response": { r, f throws(JSONError) in f.response = try r.string() },
         "tokens": { r, f throws(JSONError) in f.tokens = try r.int() },
+        "reasoning": { r, f throws(JSONError) in f.reasoning = try r.nullable { r throws(JSONError) in try r.string() } },
     ])
 
     static func read(_ r: inout JSONReader) throws(JSONError) -> Turn {
         var f = Fields()
         try r.object(into: &f, table)
         return Turn(prompt: try required(f.prompt, "prompt"), toolExchanges: try required(f.toolExchanges, "toolExchanges"),
-                    response: try required(f.response, "response"), tokens: try required(f.tokens, "tokens"))
+                    response: try required(f.response, "response"), reasoning: f.reasoning, tokens: try required(f.tokens, "tokens"))
     }
 }
 

@@ -68,6 +68,31 @@ public struct AppleBackend: ModelBackend {
         }
     }
 
+    /// The instructions, tools, kept turns and prompt as the transcript the session would hold,
+    /// counted by the model on macOS 26.4+; nil below, or when it cannot count now.
+    public func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
+                             settings: GenerationSettings) async throws -> Int? {
+        guard #available(macOS 26.4, *), let fmTools = try? AppleSession.tools(tools) else { return nil }
+        let entries = AppleSession.entries(instructions: instructions, tools: fmTools, history: history) + [AppleSession.prompt(prompt)]
+        do {
+            return try await systemModel.tokenCount(for: entries)
+        } catch let error as CancellationError {
+            throw error
+        } catch {
+            return nil
+        }
+    }
+
+    /// `reasoning` on a system whose model takes no reasoning level.
+    static func noReasoningLevel() -> WispError {
+        #if canImport(FoundationModels, _version: 2.0)
+        let why = "this Mac runs \(ProcessInfo.processInfo.operatingSystemVersionString)"
+        #else
+        let why = "this wisp-core was built with an SDK before macOS 27's (build it with Xcode 27 or later)"
+        #endif
+        return WispError(.invalidArgument, "reasoning: Apple's model takes a reasoning level on macOS 27 or later only; \(why). Omit `reasoning`.")
+    }
+
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
         AppleSession(model: systemModel, instructions: instructions, tools: tools, history: history)
     }

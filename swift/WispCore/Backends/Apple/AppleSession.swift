@@ -8,37 +8,52 @@ import FoundationModels
 /// wisp's canonical history (the condensing path): instructions entry first, then whole turns.
 @available(macOS 26.0, *)
 final class AppleSession: ModelSession {
+    private let model: SystemLanguageModel
     private let session: LanguageModelSession
     /// A tool whose schema FoundationModels cannot take: reported on the first call.
     private let setupError: WispError?
 
     init(model: SystemLanguageModel, instructions: String?, tools: [ModelTool], history: [Turn]) {
+        self.model = model
         var fmTools: [any FoundationModels.Tool] = []
         var setupError: WispError?
         do {
-            for tool in tools { fmTools.append(try AppleTool(tool)) }
+            fmTools = try Self.tools(tools)
         } catch {
-            setupError = WispError.from(error)
+            setupError = error
             fmTools = []
         }
         self.setupError = setupError
         if history.isEmpty {
             session = LanguageModelSession(model: model, tools: fmTools, instructions: instructions)
         } else {
-            var entries: [Transcript.Entry] = []
-            if instructions != nil || !fmTools.isEmpty {
-                entries.append(.instructions(Transcript.Instructions(
-                    segments: instructions.map { [.text(Transcript.TextSegment(content: $0))] } ?? [],
-                    toolDefinitions: fmTools.map { Transcript.ToolDefinition(tool: $0) })))
-            }
-            for turn in history { entries += Self.entries(for: turn) }
+            let entries = Self.entries(instructions: instructions, tools: fmTools, history: history[...])
             session = LanguageModelSession(model: model, tools: fmTools, transcript: Transcript(entries: entries))
         }
     }
 
+    static func tools(_ tools: [ModelTool]) throws(WispError) -> [any FoundationModels.Tool] {
+        var fmTools: [any FoundationModels.Tool] = []
+        for tool in tools { fmTools.append(try AppleTool(tool)) }
+        return fmTools
+    }
+
+    /// The transcript a session rebuilt from `history` starts with. A turn's reasoning is not put
+    /// back: the model signs its reasoning, and wisp keeps the text only.
+    static func entries(instructions: String?, tools: [any FoundationModels.Tool], history: ArraySlice<Turn>) -> [Transcript.Entry] {
+        var entries: [Transcript.Entry] = []
+        if instructions != nil || !tools.isEmpty {
+            entries.append(.instructions(Transcript.Instructions(
+                segments: instructions.map { [.text(Transcript.TextSegment(content: $0))] } ?? [],
+                toolDefinitions: tools.map { Transcript.ToolDefinition(tool: $0) })))
+        }
+        for turn in history { entries += Self.entries(for: turn) }
+        return entries
+    }
+
     /// A whole turn: prompt, each tool call with its output, response. The new prompt never goes here.
     static func entries(for turn: Turn) -> [Transcript.Entry] {
-        var entries: [Transcript.Entry] = [.prompt(Transcript.Prompt(segments: [.text(Transcript.TextSegment(content: turn.prompt))]))]
+        var entries: [Transcript.Entry] = [prompt(turn.prompt)]
         for exchange in turn.toolExchanges {
             let id = UUID().uuidString
             let arguments = (try? GeneratedContent(json: exchange.arguments)) ?? GeneratedContent(kind: .string(exchange.arguments))
@@ -49,6 +64,10 @@ final class AppleSession: ModelSession {
         return entries
     }
 
+    static func prompt(_ text: String) -> Transcript.Entry {
+        .prompt(Transcript.Prompt(segments: [.text(Transcript.TextSegment(content: text))]))
+    }
+
     nonisolated(nonsending)
     func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
         if let setupError { throw setupError }
@@ -56,31 +75,10 @@ final class AppleSession: ModelSession {
         if let t = settings.temperature { options.temperature = min(max(t, 0), 1) }
         if let n = settings.maxOutputTokens { options.maximumResponseTokens = max(n, 1) }
         let start = session.transcript.count
-        var text = ""
-        // Response and ResponseStream stay in this method: they are not Sendable on the 26 SDK.
+        var text: String
+        var usage: Usage
         do {
-            if let schema = settings.schema {
-                // Guided generation: the model can only produce values of this schema.
-                let guided = try AppleOutputSchema.generationSchema(schema)
-                if let onPartial {
-                    for try await snapshot in session.streamResponse(to: prompt, schema: guided, options: options) {
-                        text = snapshot.content.jsonString
-                        onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
-                    }
-                } else {
-                    text = try await session.respond(to: prompt, schema: guided, options: options).content.jsonString
-                }
-            } else if let onPartial {
-                // Snapshots are cumulative: each one holds the whole reply so far.
-                // A first snapshot of "null" has been seen in string streams (AnyLanguageModel): skipped.
-                for try await snapshot in session.streamResponse(to: prompt, options: options) {
-                    if text.isEmpty && snapshot.content == "null" { continue }
-                    text = snapshot.content
-                    onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
-                }
-            } else {
-                text = try await session.respond(to: prompt, options: options).content
-            }
+            (text, usage) = try await generate(prompt, settings: settings, options: options, onPartial: onPartial)
         } catch {
             // A cancelled call may surface as some other error: cancellation wins.
             if Task.isCancelled { throw WispError.callCancelled }
@@ -115,8 +113,121 @@ final class AppleSession: ModelSession {
         }
         // A stream can end without a snapshot (e.g. after a tool call): the transcript has the reply.
         if text.isEmpty, let lastResponse { text = lastResponse }
-        return Generation(text: text, toolExchanges: exchanges)
+        // Below 27 the model reports no usage; from 26.4 its tokenizer counts what was read and written.
+        if usage == Usage(), #available(macOS 26.4, *) { usage = await counted(since: start) }
+        return Generation(text: text, toolExchanges: exchanges, promptTokens: usage.inputTokens, outputTokens: usage.outputTokens,
+                          usage: usage, reasoning: reasoning(since: start))
     }
+
+    /// The reply, by the overloads this system has, and on macOS 27 what it cost as the model
+    /// reports it. Response and ResponseStream stay in this method: they are not Sendable on the 26 SDK.
+    nonisolated(nonsending)
+    private func generate(_ prompt: String, settings: GenerationSettings, options: GenerationOptions,
+                          onPartial: PartialHandler?) async throws -> (String, Usage) {
+        var text = ""
+        #if canImport(FoundationModels, _version: 2.0)
+        if #available(macOS 27.0, *) {
+            // The same defaults as the overloads without context options, plus the call's reasoning level.
+            let context = ContextOptions(includeSchemaInPrompt: settings.schema == nil ? nil : true,
+                                         reasoningLevel: settings.reasoning.map(Self.level))
+            var usage = Usage()
+            if let schema = settings.schema {
+                // Guided generation: the model can only produce values of this schema.
+                let guided = try AppleOutputSchema.generationSchema(schema)
+                guard let onPartial else {
+                    let response = try await session.respond(to: prompt, schema: guided, options: options, contextOptions: context)
+                    return (response.content.jsonString, Self.usage(response.usage))
+                }
+                for try await snapshot in session.streamResponse(to: prompt, schema: guided, options: options, contextOptions: context) {
+                    text = snapshot.content.jsonString
+                    usage = Self.usage(snapshot.usage)
+                    onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
+                }
+                return (text, usage)
+            }
+            guard let onPartial else {
+                let response = try await session.respond(to: prompt, options: options, contextOptions: context)
+                return (response.content, Self.usage(response.usage))
+            }
+            for try await snapshot in session.streamResponse(to: prompt, options: options, contextOptions: context) {
+                usage = Self.usage(snapshot.usage)
+                if text.isEmpty && snapshot.content == "null" { continue }
+                text = snapshot.content
+                onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
+            }
+            return (text, usage)
+        }
+        #endif
+        if settings.reasoning != nil { throw AppleBackend.noReasoningLevel() }
+        if let schema = settings.schema {
+            let guided = try AppleOutputSchema.generationSchema(schema)
+            guard let onPartial else {
+                return (try await session.respond(to: prompt, schema: guided, options: options).content.jsonString, Usage())
+            }
+            for try await snapshot in session.streamResponse(to: prompt, schema: guided, options: options) {
+                text = snapshot.content.jsonString
+                onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
+            }
+            return (text, Usage())
+        }
+        guard let onPartial else { return (try await session.respond(to: prompt, options: options).content, Usage()) }
+        // Snapshots are cumulative: each one holds the whole reply so far.
+        // A first snapshot of "null" has been seen in string streams (AnyLanguageModel): skipped.
+        for try await snapshot in session.streamResponse(to: prompt, options: options) {
+            if text.isEmpty && snapshot.content == "null" { continue }
+            text = snapshot.content
+            onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
+        }
+        return (text, Usage())
+    }
+
+    /// What the model read (the transcript up to the new prompt, the prompt, tool outputs) and
+    /// wrote (tool calls, the reply) in this call, by its tokenizer; nothing when it cannot count.
+    @available(macOS 26.4, *)
+    nonisolated(nonsending)
+    private func counted(since start: Int) async -> Usage {
+        var read = Array(session.transcript.prefix(start)), wrote: [Transcript.Entry] = []
+        for entry in session.transcript.dropFirst(start) {
+            switch entry {
+            case .toolCalls, .response: wrote.append(entry)
+            default: read.append(entry)
+            }
+        }
+        guard !wrote.isEmpty, let input = try? await model.tokenCount(for: read),
+              let output = try? await model.tokenCount(for: wrote) else { return Usage() }
+        return Usage(inputTokens: input, outputTokens: output)
+    }
+
+    /// The reasoning entries this call appended (macOS 27), as text.
+    private func reasoning(since start: Int) -> String? {
+        #if canImport(FoundationModels, _version: 2.0)
+        if #available(macOS 27.0, *) {
+            var thoughts: [String] = []
+            for entry in session.transcript.dropFirst(start) {
+                if case .reasoning(let r) = entry { thoughts.append(Self.text(r.segments)) }
+            }
+            let text = thoughts.filter { !$0.isEmpty }.joined(separator: "\n\n")
+            return text.isEmpty ? nil : text
+        }
+        #endif
+        return nil
+    }
+
+    #if canImport(FoundationModels, _version: 2.0)
+    @available(macOS 27.0, *)
+    static func level(_ level: ReasoningLevel) -> ContextOptions.ReasoningLevel {
+        switch level {
+        case .light: .light
+        case .moderate: .moderate
+        case .deep: .deep
+        }
+    }
+
+    @available(macOS 27.0, *)
+    static func usage(_ u: LanguageModelSession.Usage) -> Usage {
+        Usage(inputTokens: u.input.totalTokenCount, outputTokens: u.output.totalTokenCount, reasoningTokens: u.output.reasoningTokenCount)
+    }
+    #endif
 
     nonisolated(nonsending)
     func prewarm() async {
