@@ -147,10 +147,10 @@ async def test_second_call_carries_the_first_turn(llama):
 
 
 async def test_overflow_with_small_context_condenses_through_the_servers_error(llama_small):
-    # /tokenize hidden: no pre-flight count, so the drop must come from llama.cpp's own
+    # /tokenize and the whole-request count hidden: no pre-flight count, so the drop must come from llama.cpp's own
     # HTTP 400 exceed_context_size_error, recognised and handed to the core's condensing.
     filler = "Here is a note about the weather today: it is mild, dry and calm with a light breeze. " * 5
-    with RecordingProxy(llama_small.port, hide=("/tokenize",)) as proxy:
+    with RecordingProxy(llama_small.port, hide=("/tokenize", "/v1/chat/completions/input_tokens")) as proxy:
         async with via(proxy) as c:
             assert ok(await c.call_tool("list_threads", {}))["context_size"] == 512  # read from /props
             tid, results = None, []

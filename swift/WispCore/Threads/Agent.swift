@@ -78,14 +78,23 @@ public final class Agent {
         // Pre-flight: where the model can count, drop what cannot fit beside the prompt and a reply
         // reserve: the whole request as the model's template counts it, else the sum of its parts.
         let promptTokens = try await backend.tokenCount(prompt)
-        let whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
-                                                   prompt: prompt, settings: settings)
-        if whole != nil || promptTokens != nil {
-            let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
-            var total = reserve
-            if let whole { total += whole } else if let promptTokens {
-                total += try await countInstructions() + promptTokens + kept.reduce(0) { $0 + $1.tokens }
+        let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
+        if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
+                                                      prompt: prompt, settings: settings) {
+            // Turns' own counts choose what to drop; the request is counted again until it fits.
+            while whole + reserve > context, !kept.isEmpty {
+                var total = whole + reserve
+                while total > context, let oldest = kept.first {
+                    total -= oldest.tokens
+                    kept.removeFirst()
+                    dropped += 1
+                }
+                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
+                                                                   prompt: prompt, settings: settings) else { break }
+                whole = recount
             }
+        } else if let promptTokens {
+            var total = try await countInstructions() + promptTokens + reserve + kept.reduce(0) { $0 + $1.tokens }
             while total > context, let oldest = kept.first {
                 total -= oldest.tokens
                 kept.removeFirst()
