@@ -26,8 +26,11 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any
-    # RecordingProxy, chat requests: the `timings` llama-server streamed (None: none), once answered.
+    # RecordingProxy, chat requests: the `timings` and the `usage` llama-server streamed (None:
+    # none); other requests: the JSON it answered (None: not JSON). Set once answered.
     timings: dict | None = None
+    usage: dict | None = None
+    answer: Any = None
     answered: threading.Event = field(default_factory=threading.Event)
 
 
@@ -213,8 +216,8 @@ class OpenAIStub:
         self.server.server_close()
 
 
-def _last_timings(stream: bytes) -> dict | None:
-    """The last `timings` object in an SSE stream (or a plain JSON answer)."""
+def _last_timings(stream: bytes, key: str = "timings") -> dict | None:
+    """The last `timings` (or `key`) object in an SSE stream (or a plain JSON answer)."""
     found = None
     for line in stream.split(b"\n"):
         line = line.strip()
@@ -226,8 +229,8 @@ def _last_timings(stream: bytes) -> dict | None:
             event = json.loads(line)
         except ValueError:
             continue
-        if isinstance(event, dict) and isinstance(event.get("timings"), dict):
-            found = event["timings"]
+        if isinstance(event, dict) and isinstance(event.get(key), dict):
+            found = event[key]
     return found
 
 
@@ -284,8 +287,7 @@ class RecordingProxy:
                         chunk = resp.read1(65536)
                         if not chunk:
                             break
-                        if chat:
-                            seen += chunk
+                        seen += chunk
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
@@ -295,6 +297,12 @@ class RecordingProxy:
                     conn.close()  # closing upstream makes llama-server stop generating
                     if chat:
                         recorded.timings = _last_timings(bytes(seen))
+                        recorded.usage = _last_timings(bytes(seen), "usage")
+                    else:
+                        try:
+                            recorded.answer = json.loads(bytes(seen))
+                        except ValueError:
+                            pass
                     recorded.answered.set()
 
             do_GET = do_POST = _forward
