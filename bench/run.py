@@ -29,6 +29,9 @@ machine load. Sections (see bench/README.md for what each means):
   http        the shared server (`wisp --http`): round trip vs the bare SDK server over streamable
               HTTP, 8 clients at once vs one call, RSS of one server with 8 clients vs 8 stdio
               wisps (bench/http_bench.py)
+  precount    the tokens the core counts for a request before sending it vs the prompt_tokens
+              llama-server reports, on 20 calls of mixed length; the old count beside it (when
+              installed; bench/precount_bench.py)
   long, long_interleaved, long_12on8, long_resume
               long threads on the local model: time to first token of turn 20 / turn 1 within
               the context (and resent whole), of the turns after condensing / turn 1, one thread
@@ -908,6 +911,8 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"  (schema: {res['schema_reason']})")
     if res.get("real_concurrency_throughput_ratio") is None and res.get("real_concurrency_reason"):
         lines.append(f"  (4 threads at once: {res['real_concurrency_reason']})")
+    if res.get("precount_error_tokens_max") is None and res.get("precount_reason"):
+        lines.append(f"  (pre-count: {res['precount_reason']})")
     if res.get("long_reason"):
         lines.append(f"  (long threads: {res['long_reason']})")
     return "\n".join(lines)
@@ -932,6 +937,14 @@ ROWS += HTTP_ROWS
 SECTIONS += ("http",)
 # --- end http ------------------------------------------------------------------------------
 
+# --- precount: the pre-count's error against prompt_tokens (bench/precount_bench.py) --------
+from precount_bench import PRECOUNT_ROWS, PRECOUNT_TARGETS, precount_section  # noqa: E402
+
+TARGETS.update(PRECOUNT_TARGETS)
+ROWS += PRECOUNT_ROWS
+SECTIONS += ("precount",)
+# --- end precount --------------------------------------------------------------------------
+
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     q = ns.quick
@@ -952,6 +965,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "long_resume": lambda: _long(long_threads.resume, q),
     }
     plan["http"] = lambda: http_section(q)
+    plan["precount"] = lambda: precount_section(q, _local_model())
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     for name in SECTIONS:

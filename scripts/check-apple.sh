@@ -11,7 +11,7 @@
 #   3. build WispInfrastructure's module, then WispCore against it (every source, so
 #      canImport(FoundationModels) is true wherever it is asked) with -D WISP_CHECK_APPLE, and
 #      typecheck tests/swift/WispCoreTests/AppleBackendTests.swift.
-# Any error, or any warning in AppleBackend.swift or AppleBackendTests.swift, fails the check.
+# Any error, or any warning in the apple backend (Backends/Apple/*.swift) or AppleBackendTests.swift, fails the check.
 # The interfaces are read where they are; nothing is copied into the repo. Scratch:
 # $WISP_CHECK_APPLE_DIR (default .build/check-apple), never the package's own build products.
 set -euo pipefail
@@ -81,11 +81,11 @@ for iface in "${interfaces[@]}"; do
         cat "$log"; echo "check-apple: $label: FAILED: $tests does not typecheck"
         failed=1; continue
     fi
-    if grep -E '(AppleBackend|AppleBackendTests)\.swift:[0-9]+:[0-9]+: warning' "$log"; then
+    if grep -E '(Backends/Apple/[A-Za-z]+|AppleBackendTests)\.swift:[0-9]+:[0-9]+: warning' "$log"; then
         echo "check-apple: $label: FAILED: warnings in the apple backend (above)"
         failed=1; continue
     fi
-    echo "  ok: AppleBackend.swift$([ -f "$tests" ] && echo " and AppleBackendTests.swift") typecheck against $label"
+    echo "  ok: Backends/Apple/*.swift$([ -f "$tests" ] && echo " and AppleBackendTests.swift") typecheck against $label"
 
     # 4. Availability, which Linux ignores for macOS: the same build with every macOS availability
     #    moved onto the Swift runtime domain (the filter's --swift-availability), which Linux

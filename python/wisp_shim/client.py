@@ -243,6 +243,7 @@ class Core:
         roots: list[str] | None = None,
         files: list[str] | None = None,
         schema: str | None = None,
+        reasoning: str | None = None,
     ) -> protocol.RespondResult:
         if thread_id is not None and thread_id in self.lost:
             del self.lost[thread_id]
@@ -258,7 +259,7 @@ class Core:
         # The core gets the same limit as an instant on the clock both read, so that it neither runs
         # nor commits a call past it, even one it reads late (stopped, or busy, while it queued).
         options = protocol.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit,
-                                   deadline=protocol.monotonic_now() + limit)
+                                   deadline=protocol.monotonic_now() + limit, reasoning=reasoning)
         msg = protocol.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,

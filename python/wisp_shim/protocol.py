@@ -43,6 +43,8 @@ class RespondOptions(msgspec.Struct, omit_defaults=True):
     # When that limit runs out, in monotonic_now() seconds: the core neither runs nor commits the
     # call after it, however late it reads the request.
     deadline: float | None = None
+    # light | moderate | deep (tool_models.REASONING_LEVELS); None: the backend's default.
+    reasoning: str | None = None
 
 
 def monotonic_now() -> float:
@@ -126,6 +128,14 @@ class ErrorBody(msgspec.Struct):
     message: str
 
 
+class UsageBody(msgspec.Struct, omit_defaults=True):
+    """Tokens the model requests cost, as the backend reported them: an unreported count is absent."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
 class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True):
     thread_id: str
     created: bool
@@ -137,6 +147,8 @@ class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults
     output_tokens: int | None = None
     # Durable threads only: why this turn could not be stored (kept in memory only).
     store_error: str | None = None
+    # What this call's model requests cost, added up (tool rounds included).
+    usage: UsageBody | None = None
 
 
 class CloseThreadResult(msgspec.Struct, tag_field="op", tag="close_thread"):
@@ -158,6 +170,8 @@ class ThreadInfo(msgspec.Struct):
     pending: int
     live: bool = True
     stored: bool = False
+    # Live threads: what their committed calls cost so far (since created or resumed).
+    usage: UsageBody | None = None
 
 
 class StatusResult(msgspec.Struct, tag_field="op", tag="status"):

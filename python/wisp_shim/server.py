@@ -45,6 +45,7 @@ from .tool_models import (
     RespondArgs,
     RespondOutput,
     ThreadEntry,
+    UsageOutput,
     parse_args,
     short,
     tool_schema,
@@ -149,6 +150,20 @@ def _output(r: protocol.RespondResult) -> Any:
             f"wisp's core kept a reply it judged valid but that does not parse here ({exc}); the turn is in thread "
             f"{r.thread_id}'s history. Please report this.",
         ) from None
+
+
+def _usage(u: protocol.UsageBody | None) -> UsageOutput | None:
+    if u is None:
+        return None
+    return UsageOutput(input_tokens=u.input_tokens, output_tokens=u.output_tokens, reasoning_tokens=u.reasoning_tokens)
+
+
+def _usage_text(u: protocol.UsageBody | None) -> str:
+    """A thread's total as list_threads' text shows it: only the counts reported."""
+    if u is None:
+        return ""
+    parts = [f"{n} {what}" for n, what in ((u.input_tokens, "in"), (u.output_tokens, "out"), (u.reasoning_tokens, "reasoning")) if n is not None]
+    return f", tokens {' / '.join(parts)}" if parts else ""
 
 
 def _respond_content(r: protocol.RespondResult, restarted: bool) -> str:
@@ -282,11 +297,12 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         r = await core.respond(
             a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,
             temperature=a.temperature, max_output_tokens=a.max_output_tokens,
-            on_progress=on_progress, roots=roots, schema=checked.text if checked else None,
+            on_progress=on_progress, roots=roots, schema=checked.text if checked else None, reasoning=a.reasoning,
         )
         out = RespondOutput(
             thread_id=r.thread_id, created=r.created, text=r.text, condensed=r.condensed, turns=r.turns, dropped=r.dropped,
             prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens, store_error=r.store_error,
+            usage=_usage(r.usage) or UsageOutput(), reasoning=a.reasoning,
         )
         structured = out.model_dump(exclude_none=True)
         if checked is not None:
@@ -310,7 +326,10 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         s = await core.status()
         structured = ListThreadsOutput(
             backend=s.backend, model=s.model, available=s.available, context_size=s.context_size, max_threads=s.max_threads,
-            threads=[ThreadEntry(thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored) for t in s.threads],
+            threads=[
+                ThreadEntry(thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored, usage=_usage(t.usage))
+                for t in s.threads
+            ],
             # An empty state_dir or reason says nothing: left out, as when absent.
             state_dir=s.state_dir or None, reason=s.reason or None,
         ).model_dump(exclude_none=True)
@@ -320,7 +339,7 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         if s.state_error:
             lines.append(f"threads are not stored: {s.state_error}")
         lines += [
-            f"- {t.thread_id}: {t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{'' if t.live else ' (stored)'}"
+            f"- {t.thread_id}: {t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{_usage_text(t.usage)}{'' if t.live else ' (stored)'}"
             for t in s.threads
         ]
         return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=structured)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import GenerateJsonSchema
@@ -33,6 +33,8 @@ MODEL_TOOLS = {
 MAX_OUTPUT_TOKENS = 2**31 - 1
 # OpenAI-compatible servers take 0-2; Apple's model clamps to 0-1.
 MAX_TEMPERATURE = 2
+# `reasoning`'s levels, as the core's ReasoningLevel (a test checks they agree).
+REASONING_LEVELS = ("light", "moderate", "deep")
 
 
 class ArgumentError(Exception):
@@ -122,6 +124,14 @@ class RespondArgs(_Arguments):
     max_output_tokens: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
         None, ge=1, le=MAX_OUTPUT_TOKENS, description="Upper bound on the reply's length in tokens for this call.",
     )
+    reasoning: Annotated[Literal[REASONING_LEVELS] | None, Says("one of " + ", ".join(f'"{x}"' for x in REASONING_LEVELS))] = Field(
+        None,
+        description=(
+            "How hard a reasoning model thinks for this call: light, moderate or deep; omit for the model's default "
+            "(nothing is sent). OpenAI-compatible servers get reasoning_effort low/medium/high; Apple's model needs "
+            "macOS 27. A model server that refuses it is an error, not a silent retry without it."
+        ),
+    )
     # Any here: schema.py checks it, with its own messages, after the other fields.
     output_schema: Annotated[Any, ErrorWording("a JSON Schema object")] = Field(
         None,
@@ -134,6 +144,12 @@ class RespondArgs(_Arguments):
             "invalid_output error and is not added to the thread."
         ),
     )
+
+
+class UsageOutput(BaseModel):
+    input_tokens: int | None = Field(None, description="Tokens the model read, every model request of the call added up (tool rounds included).")
+    output_tokens: int | None = Field(None, description="Tokens the model wrote (reasoning included), added up the same way.")
+    reasoning_tokens: int | None = Field(None, description="Of output_tokens, those spent reasoning.")
 
 
 class CloseThreadArgs(_Arguments):
@@ -156,6 +172,10 @@ class RespondOutput(BaseModel):
     # May be JSON null, when the schema allows it: present whenever the call had a schema.
     output: Any = Field(None, description="With `schema`: the reply as a JSON value that matches it.")
     store_error: str | None = Field(None, description="With --state-dir: why this turn could not be stored (the thread is in memory only).")
+    usage: UsageOutput = Field(
+        description="What this call cost, as the backend reported it; a count the backend does not report is absent, never guessed.",
+    )
+    reasoning: str | None = Field(None, description="With `reasoning`: the level this call was answered with.")
 
 
 class CloseThreadOutput(BaseModel):
@@ -169,6 +189,7 @@ class ThreadEntry(BaseModel):
     pending: int = Field(description="Calls running or waiting on the thread.")
     live: bool = Field(description="In memory now.")
     stored: bool = Field(description="In the state dir (--state-dir); a stored thread that is not live resumes on its next respond.")
+    usage: UsageOutput | None = Field(None, description="Live threads: what their calls cost so far (since created, or resumed from the state dir), each count summed as in respond's usage.")
 
 
 class ListThreadsOutput(BaseModel):

@@ -26,8 +26,11 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any
-    # RecordingProxy, chat requests: the `timings` llama-server streamed (None: none), once answered.
+    # RecordingProxy, chat requests: the `timings` and the `usage` llama-server streamed (None:
+    # none); other requests: the JSON it answered (None: not JSON). Set once answered.
     timings: dict | None = None
+    usage: dict | None = None
+    answer: Any = None
     answered: threading.Event = field(default_factory=threading.Event)
 
 
@@ -46,6 +49,10 @@ class StubConfig:
     ignore_stream: bool = False       # answer with one JSON body even when asked to stream
     reply: str | None = None          # stream this text (4 characters a token) instead of "reply N: …";
                                       # past the request's max_tokens it stops with finish_reason "length"
+    usage: bool = True                # end each stream (tool rounds too) with a `usage` event
+    reasoning: str | None = None      # stream this as `reasoning_content` deltas before the reply
+    reject_reasoning: bool = False    # a request with reasoning_effort → HTTP 400 naming it (OpenAI's words)
+    input_tokens: bool = False        # POST /v1/chat/completions/input_tokens answers (chars // 4, as usage says)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -86,6 +93,8 @@ class _Handler(BaseHTTPRequestHandler):
         cfg = self.stub.config
         if self.path == "/tokenize" and cfg.tokenize:
             self._json(200, {"tokens": list(range(len(body["content"].split())))})
+        elif self.path == "/v1/chat/completions/input_tokens" and cfg.input_tokens:
+            self._json(200, {"input_tokens": _chars(body) // 4, "object": "response.input_tokens"})
         elif self.path == "/v1/chat/completions":
             self._chat(body)
         else:
@@ -96,7 +105,11 @@ class _Handler(BaseHTTPRequestHandler):
         if cfg.status != 200:
             self._json(cfg.status, {"error": {"code": cfg.status, "message": "the stub is broken on purpose", "type": "server_error"}})
             return
-        chars = sum(len(m.get("content") or "") for m in body["messages"])
+        if cfg.reject_reasoning and "reasoning_effort" in body:
+            self._json(400, {"error": {"message": "Unrecognized request argument supplied: reasoning_effort",
+                                       "type": "invalid_request_error", "param": None, "code": None}})
+            return
+        chars = _chars(body)
         if cfg.overflow_chars is not None and chars > cfg.overflow_chars:
             self._json(400, _overflow(cfg.overflow_style, chars))
             return
@@ -118,6 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
                                      "function": {"name": cfg.tool_call["name"], "arguments": json.dumps(cfg.tool_call["arguments"])}}]}
             self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
             self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+            if cfg.usage:
+                self._event({"choices": [], "usage": {"prompt_tokens": chars // 4, "completion_tokens": 1, "total_tokens": 0}})
         else:
             prompt = last["content"] if last["role"] == "user" else f"tool said {last['content']}"
             pieces = [f"reply {len(users)}:", *[" " + w for w in prompt.split(" ")]] + [" filler"] * cfg.words
@@ -127,6 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if body.get("max_tokens") is not None and len(pieces) > body["max_tokens"]:
                     pieces, finish = pieces[: body["max_tokens"]], "length"
             try:
+                for k in range(0, len(cfg.reasoning or ""), 4):
+                    self._event({"choices": [{"index": 0, "delta": {"reasoning_content": cfg.reasoning[k : k + 4]}, "finish_reason": None}]})
                 for piece in pieces:
                     self._event({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
                     if cfg.chunk_delay_s:
@@ -135,7 +152,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self.stub.disconnects += 1
                 return
             self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
-            self._event({"choices": [], "usage": {"prompt_tokens": chars // 4, "completion_tokens": len(pieces), "total_tokens": 0}})
+            if cfg.usage:
+                thought = -(-len(cfg.reasoning or "") // 4)
+                usage: dict[str, Any] = {"prompt_tokens": chars // 4, "completion_tokens": thought + len(pieces), "total_tokens": 0}
+                if cfg.reasoning is not None:  # as OpenAI reports it; llama-server reports no details
+                    usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+                self._event({"choices": [], "usage": usage})
         self._raw(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.stub.completed += 1
@@ -146,6 +168,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _raw(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+
+def _chars(body: dict) -> int:
+    """What the stub counts a request's prompt by: its messages' characters (4 to a token)."""
+    return sum(len(m.get("content") or "") for m in body["messages"])
 
 
 def _overflow(style: str, tokens: int) -> dict:
@@ -189,8 +216,8 @@ class OpenAIStub:
         self.server.server_close()
 
 
-def _last_timings(stream: bytes) -> dict | None:
-    """The last `timings` object in an SSE stream (or a plain JSON answer)."""
+def _last_timings(stream: bytes, key: str = "timings") -> dict | None:
+    """The last `timings` (or `key`) object in an SSE stream (or a plain JSON answer)."""
     found = None
     for line in stream.split(b"\n"):
         line = line.strip()
@@ -202,8 +229,8 @@ def _last_timings(stream: bytes) -> dict | None:
             event = json.loads(line)
         except ValueError:
             continue
-        if isinstance(event, dict) and isinstance(event.get("timings"), dict):
-            found = event["timings"]
+        if isinstance(event, dict) and isinstance(event.get(key), dict):
+            found = event[key]
     return found
 
 
@@ -260,8 +287,7 @@ class RecordingProxy:
                         chunk = resp.read1(65536)
                         if not chunk:
                             break
-                        if chat:
-                            seen += chunk
+                        seen += chunk
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
@@ -271,6 +297,12 @@ class RecordingProxy:
                     conn.close()  # closing upstream makes llama-server stop generating
                     if chat:
                         recorded.timings = _last_timings(bytes(seen))
+                        recorded.usage = _last_timings(bytes(seen), "usage")
+                    else:
+                        try:
+                            recorded.answer = json.loads(bytes(seen))
+                        except ValueError:
+                            pass
                     recorded.answered.set()
 
             do_GET = do_POST = _forward

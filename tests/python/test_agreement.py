@@ -15,7 +15,7 @@ from harness import REPO, core_exchange, core_path
 from wisp_shim import errors
 from wisp_shim import protocol
 from wisp_shim.__main__ import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS
-from wisp_shim.tool_models import THREAD_ID_RE
+from wisp_shim.tool_models import REASONING_LEVELS, THREAD_ID_RE
 
 
 def _swift_sources() -> str:
@@ -106,3 +106,16 @@ def test_the_thread_id_rule_agrees_with_the_cores(thread_id):
     assert reply["ok"] == shim_accepts, reply
     if not shim_accepts:
         assert reply["error"]["code"] == errors.INVALID_ARGUMENT
+
+
+def test_the_reasoning_levels_agree_with_the_cores():
+    # The core names its levels when it refuses another; each of the shim's is taken.
+    asks = [p.Respond(id=1, prompt="hi", options=p.RespondOptions(reasoning="fast"))]
+    asks += [p.Respond(id=2 + k, prompt="hi", options=p.RespondOptions(reasoning=level)) for k, level in enumerate(REASONING_LEVELS)]
+    frames = core_exchange(["--backend", "echo"], b"".join(p.encode(m) for m in asks), want=tuple(m.id for m in asks))
+    replies = {f["id"]: f for f in frames if "ok" in f}
+    said = replies[1]["error"]["message"]
+    named = re.search(r"reasoning must be one of (.*?), got 'fast'", said)
+    assert named, said
+    assert named.group(1).split(", ") == list(REASONING_LEVELS)
+    assert all(replies[2 + k]["ok"] for k in range(len(REASONING_LEVELS))), replies

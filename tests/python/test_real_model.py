@@ -147,10 +147,10 @@ async def test_second_call_carries_the_first_turn(llama):
 
 
 async def test_overflow_with_small_context_condenses_through_the_servers_error(llama_small):
-    # /tokenize hidden: no pre-flight count, so the drop must come from llama.cpp's own
+    # /tokenize and the whole-request count hidden: no pre-flight count, so the drop must come from llama.cpp's own
     # HTTP 400 exceed_context_size_error, recognised and handed to the core's condensing.
     filler = "Here is a note about the weather today: it is mild, dry and calm with a light breeze. " * 5
-    with RecordingProxy(llama_small.port, hide=("/tokenize",)) as proxy:
+    with RecordingProxy(llama_small.port, hide=("/tokenize", "/v1/chat/completions/input_tokens")) as proxy:
         async with via(proxy) as c:
             assert ok(await c.call_tool("list_threads", {}))["context_size"] == 512  # read from /props
             tid, results = None, []
@@ -439,3 +439,29 @@ async def test_a_thread_past_the_context_keeps_answering_on_its_slot_from_its_ca
         assert whole > LONG_CONTEXT // 2, t  # the prompt was the full context's worth
         assert t["prompt_n"] < whole // 3, f"a turn after condensing evaluated {t['prompt_n']} of {whole} tokens: {t}"
     assert all(r["text"].strip() for r in results), [r["text"] for r in results]
+
+
+async def test_usage_input_tokens_is_llama_servers_prompt_tokens(llama):
+    with RecordingProxy(llama.port) as proxy:
+        async with via(proxy) as c:
+            s1 = ok(await c.call_tool("respond", {"prompt": "Name a colour.", "instructions": "Answer in one word.", **SETTINGS}))
+            s2 = ok(await c.call_tool("respond", {"prompt": "Another one.", "thread_id": s1["thread_id"], **SETTINGS}))
+            listed = ok(await c.call_tool("list_threads", {}))["threads"]
+        first, second = proxy.answered_chats()
+    for s, chat in ((s1, first), (s2, second)):
+        assert s["usage"] == {"input_tokens": chat.usage["prompt_tokens"], "output_tokens": chat.usage["completion_tokens"]}
+    total = next(t["usage"] for t in listed if t["thread_id"] == s1["thread_id"])
+    assert total == {k: s1["usage"][k] + s2["usage"][k] for k in ("input_tokens", "output_tokens")}
+
+
+async def test_the_pre_count_is_within_a_token_of_prompt_tokens_on_20_prompts(llama):
+    """The core's count of each request before it sends it (llama-server's input_tokens, read off
+    the core's own request) against the prompt_tokens the chat reports, on bench/precount_bench.py's
+    20 calls of mixed length (threads with history, with and without instructions)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import precount_bench
+
+    samples = await precount_bench.measure(llama.port, local_model.MODEL_ALIAS)
+    assert len(samples) == 20
+    worst = precount_bench.summary(samples)["precount_error_tokens_max"]
+    assert worst <= 1, [(s["new"], s["prompt_tokens"]) for s in samples]

@@ -1,17 +1,50 @@
 /// The seam between wisp's thread layer and a model. It is wisp's own protocol, so the actor
 /// layer runs on Linux exactly as on a Mac; each backend lives in its own folder beside this file.
 
+/// How hard a reasoning model thinks for one call (`respond`'s `reasoning`): each backend maps
+/// it to its own setting, and one that has none refuses it rather than ignore it.
+public enum ReasoningLevel: String, Sendable, Equatable, CaseIterable {
+    case light, moderate, deep
+}
+
 /// Per-call generation settings, as the caller passed them.
 public struct GenerationSettings: Sendable, Equatable {
     public var temperature: Double?
     public var maxOutputTokens: Int?
     /// Structured output for this call: the reply must be JSON matching it (OutputSchema.swift).
     public var schema: OutputSchema?
+    /// Nil: the backend's default, and nothing about reasoning is sent.
+    public var reasoning: ReasoningLevel?
 
-    public init(temperature: Double? = nil, maxOutputTokens: Int? = nil, schema: OutputSchema? = nil) {
+    public init(temperature: Double? = nil, maxOutputTokens: Int? = nil, schema: OutputSchema? = nil,
+                reasoning: ReasoningLevel? = nil) {
         self.temperature = temperature
         self.maxOutputTokens = maxOutputTokens
         self.schema = schema
+        self.reasoning = reasoning
+    }
+}
+
+/// What model requests cost, as the backend reported it: a count it did not report is nil,
+/// never guessed. Summed over a call's requests (tool rounds) and over a thread's calls.
+public struct Usage: Sendable, Equatable {
+    public var inputTokens: Int?
+    public var outputTokens: Int?
+    /// Of `outputTokens`, those spent reasoning.
+    public var reasoningTokens: Int?
+
+    public init(inputTokens: Int? = nil, outputTokens: Int? = nil, reasoningTokens: Int? = nil) {
+        self.inputTokens = inputTokens
+        self.outputTokens = outputTokens
+        self.reasoningTokens = reasoningTokens
+    }
+
+    /// A count is known for the sum only where both parts report it: a sum over a request that
+    /// reported nothing would pass an undercount for the real figure.
+    public static func + (a: Usage, b: Usage) -> Usage {
+        func add(_ x: Int?, _ y: Int?) -> Int? { if let x, let y { x + y } else { nil } }
+        return Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
+                     reasoningTokens: add(a.reasoningTokens, b.reasoningTokens))
     }
 }
 
@@ -32,12 +65,19 @@ public struct Generation: Sendable, Equatable {
     public var toolExchanges: [ToolExchange]
     public var promptTokens: Int?
     public var outputTokens: Int?
+    /// What the call's model requests cost, added up (tool rounds included).
+    public var usage: Usage
+    /// The model's reasoning, where the backend returns it apart from the reply: never part of `text`.
+    public var reasoning: String?
 
-    public init(text: String, toolExchanges: [ToolExchange] = [], promptTokens: Int? = nil, outputTokens: Int? = nil) {
+    public init(text: String, toolExchanges: [ToolExchange] = [], promptTokens: Int? = nil, outputTokens: Int? = nil,
+                usage: Usage = Usage(), reasoning: String? = nil) {
         self.text = text
         self.toolExchanges = toolExchanges
         self.promptTokens = promptTokens
         self.outputTokens = outputTokens
+        self.usage = usage
+        self.reasoning = reasoning
     }
 }
 
@@ -75,6 +115,12 @@ public protocol ModelBackend: Sendable {
     /// (the core then relies on the model's overflow report and `estimatedTokens`).
     func tokenCount(_ text: String) async throws -> Int?
 
+    /// The tokens the model would read for `prompt` after `history`, counted by the model's own
+    /// template (instructions, tools and the chat markup included), or nil when the backend cannot
+    /// count a whole request (the core then adds up `tokenCount`s). Default: nil.
+    func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
+                      settings: GenerationSettings) async throws -> Int?
+
     /// A fresh session that already holds `history` after `instructions`, with `tools`
     /// bound. Sessions are not Sendable: each one lives inside one thread's actor.
     func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession
@@ -86,6 +132,9 @@ public protocol ModelBackend: Sendable {
 }
 
 extension ModelBackend {
+    public func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
+                             settings: GenerationSettings) async throws -> Int? { nil }
+
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) -> any ModelSession {
         makeSession(instructions: instructions, tools: tools, history: history)
     }

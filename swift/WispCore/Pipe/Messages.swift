@@ -26,12 +26,16 @@ public struct RespondOptions: Codable, Sendable, Equatable {
     /// read after it (a core stopped or busy while requests queued) is neither run nor committed.
     /// Without it, the limit counts from when the core reads the request.
     public var deadline: Double?
+    /// `light`, `moderate` or `deep` (`ReasoningLevel`); nil: the backend's default.
+    public var reasoning: String?
 
-    public init(temperature: Double? = nil, max_output_tokens: Int? = nil, timeout_s: Double? = nil, deadline: Double? = nil) {
+    public init(temperature: Double? = nil, max_output_tokens: Int? = nil, timeout_s: Double? = nil, deadline: Double? = nil,
+                reasoning: String? = nil) {
         self.temperature = temperature
         self.max_output_tokens = max_output_tokens
         self.timeout_s = timeout_s
         self.deadline = deadline
+        self.reasoning = reasoning
     }
 }
 
@@ -205,6 +209,24 @@ public struct ErrorBody: Codable, Sendable, Equatable {
     public init(code: String, message: String) { self.code = code; self.message = message }
 }
 
+/// Tokens model requests cost, as the backend reported them (`Usage`): a count it did not
+/// report is absent.
+public struct UsageBody: Codable, Sendable, Equatable {
+    public var input_tokens: Int?
+    public var output_tokens: Int?
+    public var reasoning_tokens: Int?
+
+    public init(input_tokens: Int? = nil, output_tokens: Int? = nil, reasoning_tokens: Int? = nil) {
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.reasoning_tokens = reasoning_tokens
+    }
+
+    public init(_ u: Usage) {
+        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens)
+    }
+}
+
 /// The result of `respond`. `turns` counts the turns the thread holds after this call
 /// (this one included); `dropped` counts the turns condensing removed during this call.
 public struct RespondResult: Codable, Sendable, Equatable {
@@ -220,9 +242,12 @@ public struct RespondResult: Codable, Sendable, Equatable {
     /// Durable threads only: why this turn could not be stored (it is kept in memory only, and
     /// a crash would lose the thread).
     public var store_error: String?
+    /// What this call's model requests cost, added up (tool rounds included).
+    public var usage: UsageBody?
 
     public init(thread_id: String, created: Bool, text: String, condensed: Bool, turns: Int, dropped: Int,
-                prompt_tokens: Int? = nil, output_tokens: Int? = nil, store_error: String? = nil) {
+                prompt_tokens: Int? = nil, output_tokens: Int? = nil, store_error: String? = nil, usage: UsageBody? = nil) {
+        self.usage = usage
         self.store_error = store_error
         self.thread_id = thread_id
         self.created = created
@@ -263,7 +288,10 @@ public struct ThreadInfo: Codable, Sendable, Equatable {
     public var live: Bool
     /// In the state dir (`--state-dir`).
     public var stored: Bool
-    public init(thread_id: String, turns: Int, pending: Int, live: Bool = true, stored: Bool = false) {
+    /// Live threads: what their committed calls cost so far (since created or resumed); nil before any.
+    public var usage: UsageBody?
+    public init(thread_id: String, turns: Int, pending: Int, live: Bool = true, stored: Bool = false, usage: UsageBody? = nil) {
+        self.usage = usage
         self.thread_id = thread_id
         self.turns = turns
         self.pending = pending

@@ -40,6 +40,7 @@ extension RespondOptions {
         "max_output_tokens": { r, o throws(JSONError) in o.max_output_tokens = try r.nullable { r throws(JSONError) in try r.int() } },
         "timeout_s": { r, o throws(JSONError) in o.timeout_s = try r.nullable { r throws(JSONError) in try r.double() } },
         "deadline": { r, o throws(JSONError) in o.deadline = try r.nullable { r throws(JSONError) in try r.double() } },
+        "reasoning": { r, o throws(JSONError) in o.reasoning = try r.nullable { r throws(JSONError) in try r.string() } },
     ])
 }
 
@@ -143,7 +144,14 @@ extension RespondResult: JSONWritable {
             $0.field("op", op.rawValue); $0.field("thread_id", thread_id); $0.field("created", created); $0.field("text", text)
             $0.field("condensed", condensed); $0.field("turns", turns); $0.field("dropped", dropped)
             $0.field("prompt_tokens", prompt_tokens); $0.field("output_tokens", output_tokens); $0.field("store_error", store_error)
+            if let usage { $0.field("usage", usage) }
         }
+    }
+}
+
+extension UsageBody: JSONWritable {
+    public func write(to w: inout JSONWriter) {
+        w.object { $0.field("input_tokens", input_tokens); $0.field("output_tokens", output_tokens); $0.field("reasoning_tokens", reasoning_tokens) }
     }
 }
 
@@ -172,6 +180,7 @@ extension ThreadInfo: JSONWritable {
         w.object {
             $0.field("thread_id", thread_id); $0.field("turns", turns); $0.field("pending", pending)
             $0.field("live", live); $0.field("stored", stored)
+            if let usage { $0.field("usage", usage) }
         }
     }
 }

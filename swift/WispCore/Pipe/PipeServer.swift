@@ -124,6 +124,10 @@ public final class PipeServer: Sendable {
         guard !r.prompt.isEmpty else {
             return fail(r.id, WispError(.invalidArgument, "prompt must not be empty"))
         }
+        if let level = r.options?.reasoning, ReasoningLevel(rawValue: level) == nil {
+            let levels = ReasoningLevel.allCases.map(\.rawValue).joined(separator: ", ")
+            return fail(r.id, WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
+        }
         let deadline = Self.deadline(r.options)
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
         // has told the caller it timed out, so it must change nothing, not even create its thread.
@@ -175,7 +179,7 @@ public final class PipeServer: Sendable {
 
     private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance, schema: OutputSchema?) async {
         let settings = GenerationSettings(temperature: r.options?.temperature, maxOutputTokens: r.options?.max_output_tokens,
-                                          schema: schema)
+                                          schema: schema, reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
         var onPartial: PartialHandler?
         if r.progress == true {
             let id = r.id
@@ -209,7 +213,7 @@ public final class PipeServer: Sendable {
                 let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
-                    store_error: o.storeError)
+                    store_error: o.storeError, usage: UsageBody(o.usage))
                 // A long reply is encoded off the pipe loop (milliseconds per megabyte).
                 reply = o.text.utf8.count < Self.encodeInPlace
                     ? Frame.encode(Reply.success(r.id, result))

@@ -18,6 +18,8 @@ public final class Conversation {
         public var dropped: Int
         public var promptTokens: Int?
         public var outputTokens: Int?
+        /// What this call's model requests cost, as the backend reported it.
+        public var usage: Usage = Usage()
         /// Durable threads: why this turn could not be stored (it is kept in memory only).
         public var storeError: String? = nil
     }
@@ -30,6 +32,7 @@ public final class Conversation {
         fileprivate let dropped: Int
         fileprivate let promptTokens: Int?
         fileprivate let outputTokens: Int?
+        fileprivate let usage: Usage
         public var text: String { turn.response }
     }
 
@@ -74,10 +77,25 @@ public final class Conversation {
         var kept = history[...]
         var dropped = 0
 
-        // Pre-flight: where the model can count, drop what cannot fit beside the prompt and a reply reserve.
+        // Pre-flight: where the model can count, drop what cannot fit beside the prompt and a reply
+        // reserve: the whole request as the model's template counts it, else the sum of its parts.
         let promptTokens = try await backend.tokenCount(prompt)
-        if let promptTokens {
-            let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
+        let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
+        if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
+                                                      prompt: prompt, settings: settings) {
+            // Turns' own counts choose what to drop; the request is counted again until it fits.
+            while whole + reserve > context, !kept.isEmpty {
+                var total = whole + reserve
+                while total > context, let oldest = kept.first {
+                    total -= oldest.tokens
+                    kept.removeFirst()
+                    dropped += 1
+                }
+                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
+                                                                   prompt: prompt, settings: settings) else { break }
+                whole = recount
+            }
+        } else if let promptTokens {
             var total = try await countInstructions() + promptTokens + reserve + kept.reduce(0) { $0 + $1.tokens }
             while total > context, let oldest = kept.first {
                 total -= oldest.tokens
@@ -104,13 +122,13 @@ public final class Conversation {
                 // Before the turn is committed: a reply that misses the schema, or could not be
                 // delivered, never joins the history.
                 try await OutputSchema.checkReply(g.text, settings: settings)
-                let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text,
+                let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text, reasoning: g.reasoning,
                                 tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g))
-                return Staged(turn: turn, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens)
+                return Staged(turn: turn, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens, usage: g.usage)
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
                 guard !kept.isEmpty else {
-                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context)
+                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings)
                 }
                 overflows += 1
                 let n = dropCount(kept: kept, prompt: prompt, context: context, overflows: overflows)
@@ -135,8 +153,11 @@ public final class Conversation {
     /// What an overflow with no earlier turn left to drop says: whether the prompt itself is too
     /// big or only the reply did not fit beside it, and closing the thread only where there is one.
     nonisolated(nonsending)
-    private func unfit(_ error: WispError, prompt: String, promptTokens: Int?, context: Int) async throws -> WispError {
-        let own = try await countInstructions() + (promptTokens ?? estimatedTokens(prompt))
+    private func unfit(_ error: WispError, prompt: String, promptTokens: Int?, context: Int,
+                       settings: GenerationSettings) async throws -> WispError {
+        let alone = try await backend.promptTokens(instructions: instructions, tools: tools, history: [], prompt: prompt, settings: settings)
+        var own = alone ?? 0
+        if alone == nil { own = try await countInstructions() + (promptTokens ?? estimatedTokens(prompt)) }
         let fresh = history.isEmpty
         if own < context {
             let dropped = fresh ? "" : ", with every earlier turn of this thread dropped"
@@ -167,7 +188,8 @@ public final class Conversation {
         if staged.dropped > 0 { history.removeFirst(staged.dropped) }
         history.append(staged.turn)
         return Outcome(text: staged.turn.response, created: created, condensed: staged.dropped > 0, turns: history.count,
-                       dropped: staged.dropped, promptTokens: staged.promptTokens, outputTokens: staged.outputTokens)
+                       dropped: staged.dropped, promptTokens: staged.promptTokens, outputTokens: staged.outputTokens,
+                       usage: staged.usage)
     }
 
     /// Forgets a staged turn. The live session heard it, so it goes too, rebuilt from the history next time.
@@ -219,7 +241,8 @@ public final class Conversation {
     }
 
     private func turnTokens(prompt: String, promptTokens: Int?, generation g: Generation) -> Int {
-        var n = (promptTokens ?? estimatedTokens(prompt)) + (g.outputTokens ?? estimatedTokens(g.text))
+        // A backend's output count includes its reasoning; an estimate adds the reasoning text.
+        var n = (promptTokens ?? estimatedTokens(prompt)) + (g.outputTokens ?? (estimatedTokens(g.text) + estimatedTokens(g.reasoning ?? "")))
         for e in g.toolExchanges { n += e.estimatedTokens }
         return n
     }

@@ -89,6 +89,9 @@ public actor ConversationThread {
     }
 
     public var turnCount: Int { conversation.history.count }
+    /// What the committed calls cost so far, in this process (a resumed thread counts from its
+    /// resume); nil before any.
+    public private(set) var usage: Usage?
     public var history: [Turn] { conversation.history }
     public var instructions: String? { conversation.instructions }
 
@@ -174,6 +177,7 @@ public actor ConversationThread {
     /// caller hears of it (the store's lock is still held: `advance` releases it).
     private func commit(_ staged: Conversation.Staged) async -> Conversation.Outcome {
         var outcome = conversation.commit(staged)
+        usage = usage.map { $0 + outcome.usage } ?? outcome.usage
         guard let durability, !closed else { return outcome }
         guard held != nil else {
             unstored = true

@@ -30,18 +30,22 @@ public struct Turn: Sendable, Codable, Equatable {
     public var prompt: String
     public var toolExchanges: [ToolExchange]
     public var response: String
+    /// The model's reasoning before its reply, where the backend returned it (never part of
+    /// `response`). It goes with its turn: condensing drops both.
+    public var reasoning: String?
     /// Tokens this turn occupies in the context, counted once when the turn was committed.
     public var tokens: Int
 
-    public init(prompt: String, toolExchanges: [ToolExchange] = [], response: String, tokens: Int? = nil) {
+    public init(prompt: String, toolExchanges: [ToolExchange] = [], response: String, reasoning: String? = nil, tokens: Int? = nil) {
         self.prompt = prompt
         self.toolExchanges = toolExchanges
         self.response = response
-        self.tokens = tokens ?? Turn.estimateTokens(prompt: prompt, toolExchanges: toolExchanges, response: response)
+        self.reasoning = reasoning
+        self.tokens = tokens ?? Turn.estimateTokens(prompt: prompt, toolExchanges: toolExchanges, response: response, reasoning: reasoning)
     }
 
-    static func estimateTokens(prompt: String, toolExchanges: [ToolExchange], response: String) -> Int {
-        var n = estimatedTokens(prompt) + estimatedTokens(response)
+    static func estimateTokens(prompt: String, toolExchanges: [ToolExchange], response: String, reasoning: String? = nil) -> Int {
+        var n = estimatedTokens(prompt) + estimatedTokens(response) + estimatedTokens(reasoning ?? "")
         for t in toolExchanges { n += t.estimatedTokens }
         return n
     }

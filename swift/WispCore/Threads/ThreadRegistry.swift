@@ -226,7 +226,8 @@ public actor ThreadRegistry {
         let storedIDs = Set(stored.map(\.id))
         for (id, entry) in entries {
             infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,
-                                                     live: true, stored: storedIDs.contains(id))))
+                                                     live: true, stored: storedIDs.contains(id),
+                                                     usage: await entry.thread.usage.map(UsageBody.init))))
         }
         let live = infos.sorted { $0.0 > $1.0 }.map(\.1)
         let liveIDs = Set(entries.keys)

@@ -15,7 +15,8 @@ import Darwin
 /// - A file (format 2) is an append-only log of JSON lines: a header line
 ///   `{"format":2,"id":…,"written":T,"instructions":…,"tools":[…],"roots":[…]}` (the binding; T is
 ///   Unix seconds), then one record per turn of the history, oldest first, each two lines: the
-///   turn `{"prompt":…,"toolExchanges":[…],"response":…,"tokens":N}` (`Turn.write`) and its commit
+///   turn `{"prompt":…,"toolExchanges":[…],"response":…,"tokens":N}` (`Turn.write`; a turn's
+///   `reasoning`, where its model returned one, is an optional field) and its commit
 ///   `{"turns":K,"written":T}` (K: the turns stored up to it; `list_threads` reads only this last line).
 /// - A committed turn appends its record and `fdatasync`s the file, one sync, when the file is
 ///   the one this process last wrote or read and ends with the commit of the turn before. Any
@@ -743,7 +744,7 @@ extension ThreadStore.Commit: JSONWritable {
 
 extension Turn: JSONWritable {
     public func write(to w: inout JSONWriter) {
-        w.object { $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response); $0.field("tokens", tokens) }
+        w.object { $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response); $0.field("tokens", tokens); $0.field("reasoning", reasoning) }
     }
 }
 
@@ -833,19 +834,20 @@ extension ThreadStore.State {
 }
 
 extension Turn {
-    private struct Fields { var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int? }
+    private struct Fields { var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int?, reasoning: String? }
     private static let table = JSONFields<Fields>([
         "prompt": { r, f throws(JSONError) in f.prompt = try r.string() },
         "toolExchanges": { r, f throws(JSONError) in f.toolExchanges = try r.array { r throws(JSONError) in try ToolExchange.read(&r) } },
         "response": { r, f throws(JSONError) in f.response = try r.string() },
         "tokens": { r, f throws(JSONError) in f.tokens = try r.int() },
+        "reasoning": { r, f throws(JSONError) in f.reasoning = try r.nullable { r throws(JSONError) in try r.string() } },
     ])
 
     static func read(_ r: inout JSONReader) throws(JSONError) -> Turn {
         var f = Fields()
         try r.object(into: &f, table)
         return Turn(prompt: try required(f.prompt, "prompt"), toolExchanges: try required(f.toolExchanges, "toolExchanges"),
-                    response: try required(f.response, "response"), tokens: try required(f.tokens, "tokens"))
+                    response: try required(f.response, "response"), reasoning: f.reasoning, tokens: try required(f.tokens, "tokens"))
     }
 }
 

@@ -35,6 +35,29 @@ func appleContextSizeIsTheLiveValueWhenPositive(_ live: Int, _ expected: Int) {
     }
 }
 
+/// A reasoning level reaches the model as its own level on macOS 27; before it, the call is
+/// refused naming the macOS it needs, before the model is asked.
+@Test func appleReasoningLevelsAreTheModelsOwnOrRefused() async throws {
+    #if canImport(FoundationModels, _version: 2.0)
+    if #available(macOS 27.0, *) {
+        // Compared outside #expect: its closure does not keep the #available refinement.
+        let mapped = [ReasoningLevel.light, .moderate, .deep].map { AppleSession.level($0) }
+        let same = mapped == [.light, .moderate, .deep]
+        #expect(same)
+        return
+    }
+    #endif
+    if #available(macOS 26.0, *) {
+        let session = AppleBackend().makeSession(instructions: nil, tools: [], history: [])
+        do {
+            _ = try await session.respond(to: "hi", settings: GenerationSettings(reasoning: .light), onPartial: nil)
+            Issue.record("a reasoning level before macOS 27 must be refused")
+        } catch let e as WispError {
+            #expect(e.code == .invalidArgument && e.message.contains("macOS 27"))
+        }
+    }
+}
+
 @Suite(.enabled(if: appleSkipReason == nil, Comment(rawValue: appleSkipReason ?? "")), .serialized)
 struct AppleModelTests {
     let brief = GenerationSettings(temperature: 0, maxOutputTokens: 120)

@@ -51,6 +51,28 @@ import Testing
         #expect(heavyFirst < plainFirst)
     }
 
+    @Test func preflightCountsTheWholeRequestWhereTheBackendCan() async throws {
+        // The same echo model, once counted whole with a template's markup around every message:
+        // the pre-flight drops turns before the model would have to report an overflow.
+        let plain = ThreadRegistry(backend: EchoBackend(contextSize: 200))
+        let templated = ThreadRegistry(backend: TemplateBackend(echo: EchoBackend(contextSize: 200), markup: 8))
+        var plainFirst = 0, templatedFirst = 0
+        for i in 1...14 {
+            let p = try await call(plain, "t", "turn \(i) with some padding here")
+            let t = try await call(templated, "t", "turn \(i) with some padding here")
+            if p.outcome.condensed && plainFirst == 0 { plainFirst = i }
+            if t.outcome.condensed && templatedFirst == 0 { templatedFirst = i }
+        }
+        #expect(templatedFirst > 0 && plainFirst > 0)
+        #expect(templatedFirst < plainFirst)
+        // What the last call kept fit, counted whole, beside the reply reserve (a quarter of 200).
+        let last = try await templated.accept(threadID: "t", instructions: nil, tools: nil)
+        let history = await last.thread.history
+        _ = try await last.thread.respond(last.ticket, prompt: "x", settings: .init(), onPartial: nil)
+        let whole = history.dropLast().reduce(0) { $0 + $1.tokens + 16 } + estimatedTokens(history.last!.prompt) + 8
+        #expect(whole + 50 <= 200)
+    }
+
     @Test func promptThatCannotFitIsAnUnrecoverableOverflowAndHistoryIsUnchanged() async throws {
         let registry = ThreadRegistry(backend: EchoBackend(contextSize: 50))
         try await call(registry, "t", "small")
@@ -115,5 +137,24 @@ import Testing
         // build after the first came from a pre-flight trim, one per condensed call at most.
         let spans = probe.spans.withLock { $0.count }
         #expect(spans == 12)
+    }
+}
+
+/// Echo, counted as a chat template would count it: `markup` tokens around every message.
+struct TemplateBackend: ModelBackend {
+    let echo: EchoBackend
+    let markup: Int
+    var name: String { "template" }
+    var model: String { "template" }
+    func availability() async -> Availability { .ready }
+    func contextSize() async -> Int { await echo.contextSize() }
+    func tokenCount(_ text: String) async throws -> Int? { estimatedTokens(text) }
+    func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
+                      settings: GenerationSettings) async throws -> Int? {
+        history.reduce(0) { $0 + $1.tokens + 2 * markup } + estimatedTokens(prompt) + markup
+            + (instructions.map { estimatedTokens($0) + markup } ?? 0)
+    }
+    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
+        echo.makeSession(instructions: instructions, tools: tools, history: history)
     }
 }

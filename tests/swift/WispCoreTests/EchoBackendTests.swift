@@ -21,6 +21,25 @@ import Testing
         #expect(tool.outcome.text == "echo 3: tool read_file failed: no tools are bound to this thread (bind them with `tools` when the thread is created)")
     }
 
+    @Test func usageIsEchosOwnCountOfWhatItReadAndWrote() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        let first = try await call(registry, "u", "hello there", instructions: "Be brief.").outcome
+        #expect(first.usage == Usage(inputTokens: estimatedTokens("Be brief.") + estimatedTokens("hello there"),
+                                     outputTokens: estimatedTokens("echo 1: hello there")))
+        let second = try await call(registry, "u", "again").outcome
+        let earlier = estimatedTokens("hello there") + estimatedTokens("echo 1: hello there")
+        #expect(second.usage == Usage(inputTokens: estimatedTokens("Be brief.") + earlier + estimatedTokens("again"),
+                                      outputTokens: estimatedTokens("echo 2: again")))
+        // A reasoning level changes nothing in echo's reply or its count.
+        let levelled = try await EchoBackend().makeSession(instructions: nil, tools: [], history: [])
+            .respond(to: "hi", settings: GenerationSettings(reasoning: .deep), onPartial: nil)
+        let plain = try await EchoBackend().makeSession(instructions: nil, tools: [], history: [])
+            .respond(to: "hi", settings: GenerationSettings(), onPartial: nil)
+        #expect(levelled == plain && plain.usage.reasoningTokens == nil && plain.reasoning == nil)
+        let threads = await registry.snapshot()
+        #expect(threads.first?.usage == UsageBody(first.usage + second.usage))
+    }
+
     @Test func progressGivesAtLeastTwoCumulativePartials() async throws {
         let registry = ThreadRegistry(backend: EchoBackend())
         let seen = Probe()

@@ -62,6 +62,32 @@ import Testing
         #expect(bare?["temperature"] == nil && bare?["max_tokens"] == nil && bare?["tools"] == nil)
     }
 
+    @Test func reasoningIsSentAsReasoningEffortAndOnlyWhenAsked() throws {
+        for (level, effort) in [(ReasoningLevel.light, "low"), (.moderate, "medium"), (.deep, "high")] {
+            let data = try OpenAIServer.chatBody(model: "m", messages: [], tools: [], toolChoice: nil, settings: GenerationSettings(reasoning: level))
+            #expect((try JSONSerialization.jsonObject(with: data) as? [String: Any])?["reasoning_effort"] as? String == effort)
+        }
+        let plain = try OpenAIServer.chatBody(model: "m", messages: [], tools: [], toolChoice: nil, settings: GenerationSettings())
+        #expect((try JSONSerialization.jsonObject(with: plain) as? [String: Any])?["reasoning_effort"] == nil)
+    }
+
+    @Test func aRefusedReasoningEffortIsNamedWithTheServersWords() throws {
+        let server = try OpenAIServer(endpoint: "http://127.0.0.1:9/v1", model: nil, apiKey: nil, contextSize: nil)
+        let body = Data(#"{"error":{"message":"Unsupported parameter: 'reasoning_effort' is not supported with this model.","type":"invalid_request_error"}}"#.utf8)
+        let e = server.httpError(400, body, reasoning: .moderate)
+        #expect(e.code == .invalidArgument)
+        #expect(e.message.hasPrefix("reasoning:") && e.message.contains("`reasoning_effort` (\"medium\"")
+                && e.message.contains("Unsupported parameter: 'reasoning_effort' is not supported with this model."))
+        // Without reasoning_effort in the request, the same answer is the server's plain refusal.
+        #expect(server.httpError(400, body).code == .generationFailed)
+    }
+
+    @Test func usageAddsUpOnlyWhatEveryPartReported() {
+        let a = Usage(inputTokens: 10, outputTokens: 3, reasoningTokens: nil)
+        #expect(a + Usage(inputTokens: 7, outputTokens: 2, reasoningTokens: 1) == Usage(inputTokens: 17, outputTokens: 5))
+        #expect(a + Usage() == Usage())
+    }
+
     @Test(arguments: [
         // llama.cpp llama-server
         #"{"error":{"code":400,"message":"request (5560 tokens) exceeds the available context size (2048 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5560,"n_ctx":2048}}"#,

@@ -122,6 +122,16 @@ private func store(_ dir: String, max: Int = 1000) throws -> ThreadStore {
         #expect(try s.load("old")?.0 == next)
     }
 
+    @Test func aTurnsReasoningIsStoredAndRestored() throws {
+        let s = try store(freshDir())
+        let state = ThreadStore.State(instructions: nil, tools: [], roots: [],
+                                      history: [Turn(prompt: "p", response: "r", reasoning: "thought first", tokens: 9), Turn(prompt: "q", response: "s")])
+        _ = try s.save("t", state)
+        let (loaded, _) = try #require(try s.load("t"))
+        #expect(loaded == state)
+        #expect(loaded.history.map(\.reasoning) == ["thought first", nil])
+    }
+
     @Test func refusesAGroupWritableDirectory() throws {
         let dir = freshDir()
         try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)

@@ -121,7 +121,10 @@ final class EchoSession: ModelSession {
 
         let turn = Turn(prompt: prompt, toolExchanges: exchanges, response: text)
         turns.append(turn)
-        return Generation(text: text, toolExchanges: exchanges, promptTokens: used - estimatedTokens(text), outputTokens: estimatedTokens(text))
+        // Usage is echo's own count of what it read and wrote (the contract); `reasoning` changes nothing here.
+        let read = used - estimatedTokens(text), wrote = estimatedTokens(text)
+        return Generation(text: text, toolExchanges: exchanges, promptTokens: read, outputTokens: wrote,
+                          usage: Usage(inputTokens: read, outputTokens: wrote))
     }
 
     private static func sleep(ms: Int) async throws {

@@ -14,7 +14,11 @@ import FoundationNetworking
 /// - context size: llama.cpp `GET /props` (`default_generation_settings.n_ctx`), vLLM
 ///   `GET /v1/models` (`max_model_len`), Ollama `POST /api/show` (`num_ctx` in `parameters`);
 ///   else `--context-size`, else 4096.
-/// - token counts: llama.cpp's (and vLLM's) `POST /tokenize`; else nil (the core estimates).
+/// - token counts: a whole request with llama.cpp's `POST /v1/chat/completions/input_tokens`
+///   (the chat template and tools applied: the request's `prompt_tokens`); a text with llama.cpp's
+///   (and vLLM's) `POST /tokenize`; else nil (the core estimates).
+/// - usage: the stream's `usage` (asked for with `stream_options.include_usage`), each request's
+///   added up; `reasoning_effort` for `reasoning`; reasoning deltas kept apart from the reply.
 /// - slots: llama.cpp's `total_slots` in `/props`, or `--slots`: each thread's requests name
 ///   its slot (`id_slot`, `cache_prompt`; `OpenAISlots.swift`), so that its earlier turns stay
 ///   in llama-server's KV cache. Sent to llama.cpp's server only: others may refuse unknown fields.
@@ -47,6 +51,17 @@ public struct OpenAIBackend: ModelBackend {
     public func contextSize() async -> Int { await server.contextSize() }
 
     public func tokenCount(_ text: String) async throws -> Int? { try await server.tokenCount(text) }
+
+    /// The request the session would send for `prompt` (its first round), counted by the server.
+    public func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
+                             settings: GenerationSettings) async throws -> Int? {
+        let messages = OpenAISession.messages(instructions: instructions, history: history) + [.text("user", prompt)]
+        // Sampling and output settings do not change the prompt; the template's inputs do.
+        let counted = GenerationSettings(reasoning: settings.reasoning)
+        let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: messages,
+                                             tools: OpenAISession.offered(tools, settings), toolChoice: nil, settings: counted)
+        return try await server.inputTokens(body: body)
+    }
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
         OpenAISession(server: server, instructions: instructions, tools: tools, history: history, affinity: nil)

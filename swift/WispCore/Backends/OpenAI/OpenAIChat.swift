@@ -8,6 +8,11 @@ struct ChatReply: Sendable {
     var finishReason: String?
     var promptTokens: Int?
     var outputTokens: Int?
+    /// `completion_tokens_details.reasoning_tokens` (OpenAI; llama-server reports none).
+    var reasoningTokens: Int?
+    /// The reasoning the server streamed apart from the content (`reasoning_content`: llama.cpp,
+    /// vLLM, DeepSeek; `reasoning`: Ollama, newer vLLM, OpenRouter).
+    var reasoning = ""
     /// Content chunks received: a token count when the server does not report usage.
     var chunks = 0
     /// llama.cpp's `timings`: prompt tokens taken from the slot's cache, and evaluated.
@@ -39,6 +44,7 @@ extension OpenAIServer {
             "stream_options": ["include_usage": true],
         ]
         if let t = settings.temperature { body["temperature"] = t }
+        if let level = settings.reasoning { body["reasoning_effort"] = Self.reasoningEffort(level) }
         if let n = settings.maxOutputTokens { body["max_tokens"] = n }
         if let cache {
             body["cache_prompt"] = true
@@ -62,9 +68,20 @@ extension OpenAIServer {
         return data.dropLast() + Data(format.utf8)
     }
 
+    /// OpenAI's `reasoning_effort` for a level: the three values every server that takes it knows.
+    static func reasoningEffort(_ level: ReasoningLevel) -> String {
+        switch level {
+        case .light: "low"
+        case .moderate: "medium"
+        case .deep: "high"
+        }
+    }
+
     /// Sends one streamed chat request and folds its SSE events; `onDelta` sees the cumulative text.
     nonisolated(nonsending)
-    func streamChat(body: Data, onDelta: (_ partial: (text: String, tokens: Int)) -> Void) async throws -> ChatReply {
+    /// `reasoning`: the level the body asks for, so that a server's refusal of the field is named.
+    func streamChat(body: Data, reasoning: ReasoningLevel? = nil,
+                    onDelta: (_ partial: (text: String, tokens: Int)) -> Void) async throws -> ChatReply {
         let url = base.appendingPathComponent("chat/completions")
         let request = makeRequest("POST", url, body: body, timeout: Self.chatIdleTimeout, streaming: true)
         var reply = ChatReply()
@@ -97,7 +114,7 @@ extension OpenAIServer {
             throw mapTransport(error, what: "get an answer from")
         }
         try Task.checkCancellation() // a cancelled stream ends quietly
-        guard (200..<300).contains(status) else { throw httpError(status, errorBody) }
+        guard (200..<300).contains(status) else { throw httpError(status, errorBody, reasoning: reasoning) }
         facts.withLock { $0.lastReachable = .now }
         reply.toolCalls = calls.sorted { $0.key < $1.key }.map { index, call in
             var c = call
@@ -126,6 +143,8 @@ extension OpenAIServer {
         if let usage = object["usage"] as? [String: Any] {
             reply.promptTokens = Self.int(usage["prompt_tokens"]) ?? reply.promptTokens
             reply.outputTokens = Self.int(usage["completion_tokens"]) ?? reply.outputTokens
+            let details = usage["completion_tokens_details"] as? [String: Any]
+            reply.reasoningTokens = Self.int(details?["reasoning_tokens"]) ?? reply.reasoningTokens
         }
         if let timings = object["timings"] as? [String: Any] {
             reply.cachedTokens = Self.int(timings["cache_n"]) ?? reply.cachedTokens
@@ -143,6 +162,9 @@ extension OpenAIServer {
                 if let arguments = function["arguments"] as? String { call.arguments += arguments }
             }
             calls[index] = call
+        }
+        if let thought = (delta["reasoning_content"] as? String) ?? (delta["reasoning"] as? String) {
+            reply.reasoning += thought
         }
         if let content = delta["content"] as? String, !content.isEmpty {
             reply.text += content

@@ -6,12 +6,20 @@ import FoundationNetworking
 /// The error dialects of OpenAI-compatible servers and their transports, as `WispError`s.
 extension OpenAIServer {
     /// An HTTP error answer, as a WispError naming the endpoint. Overflow is recognised in all its known forms.
-    func httpError(_ status: Int, _ body: Data) -> WispError {
+    /// `reasoning`: the request carried `reasoning_effort` for this level; a refusal that speaks of
+    /// reasoning names the field (the call is not retried without it: the caller asked for it).
+    func httpError(_ status: Int, _ body: Data, reasoning: ReasoningLevel? = nil) -> WispError {
         let message = Self.errorMessage(body) ?? String(decoding: body.prefix(500), as: UTF8.self)
         if Self.isOverflow(body) {
             return WispError(.contextOverflow, "the conversation does not fit in the model's context (\(message))")
         }
         let at = "the model server at \(endpointDescription)"
+        if let reasoning, [400, 422].contains(status), message.lowercased().contains("reasoning") {
+            return WispError(.invalidArgument, """
+                reasoning: \(at) refused `reasoning_effort` ("\(Self.reasoningEffort(reasoning))", sent for reasoning \
+                '\(reasoning.rawValue)') with HTTP \(status): \(message). Omit `reasoning` for this model.
+                """)
+        }
         switch status {
         case 401, 403:
             return WispError(.modelUnavailable, "\(at) refused the credentials (HTTP \(status)): check WISP_API_KEY. \(message)")

@@ -29,6 +29,8 @@ final class OpenAIServer: Sendable {
         var contextSize: Int?
         var contextProbed = false
         var tokenize: Bool?
+        /// llama.cpp's `POST /v1/chat/completions/input_tokens` answers (nil: not tried yet).
+        var inputTokens: Bool?
         var lastReachable: ContinuousClock.Instant?
         /// llama.cpp's server, with this many slots: its own request fields may be sent.
         var slots: SlotPool?
@@ -169,23 +171,42 @@ final class OpenAIServer: Sendable {
     }
 
     func tokenCount(_ text: String) async throws -> Int? {
-        if facts.withLock({ $0.tokenize }) == false { return nil }
+        if facts.withLock({ $0.tokenize }) == false { return nil } // before the model name is looked up
+        // llama.cpp reads `content`, vLLM `prompt` (+ `model`); each ignores the other's keys.
+        let body: [String: Any] = ["content": text, "add_special": false,
+                                   "prompt": text, "add_special_tokens": false, "model": await requestModel()]
+        return try await count(root.appendingPathComponent("tokenize"), body: try JSONSerialization.data(withJSONObject: body),
+                               offered: \.tokenize) { ($0?["tokens"] as? [Any])?.count ?? Self.int($0?["count"]) }
+    }
+
+    /// The prompt tokens of a chat request `body` as the server itself would read it: llama.cpp's
+    /// `POST {base}/chat/completions/input_tokens` applies the chat template and the tools, so
+    /// it is the `prompt_tokens` the request will report. Nil from a server without it.
+    func inputTokens(body: Data) async throws -> Int? {
+        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body, offered: \.inputTokens) {
+            Self.int($0?["input_tokens"])
+        }
+    }
+
+    /// A count from one of the server's counting endpoints, which `offered` remembers it has:
+    /// asked once of a server without it (any answer but a count, other than 503 while it loads),
+    /// nil while the server is unreachable (the chat request will say so clearly).
+    nonisolated(nonsending)
+    private func count(_ url: URL, body: Data, offered: WritableKeyPath<Facts, Bool?> & Sendable,
+                       read: ([String: Any]?) -> Int?) async throws -> Int? {
+        if facts.withLock({ $0[keyPath: offered] }) == false { return nil }
         do {
-            // llama.cpp reads `content`, vLLM `prompt` (+ `model`); each ignores the other's keys.
-            let body: [String: Any] = ["content": text, "add_special": false,
-                                       "prompt": text, "add_special_tokens": false, "model": await requestModel()]
-            let (status, data) = try await fetch("POST", root.appendingPathComponent("tokenize"), json: body,
-                                                 timeout: Self.probeTimeout)
+            let (status, data) = try await fetch("POST", url, body: body, timeout: Self.probeTimeout)
             let object = status == 200 ? (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] : nil
-            guard let n = (object?["tokens"] as? [Any])?.count ?? Self.int(object?["count"]) else {
-                if status != 503 { facts.withLock { $0.tokenize = false } }
+            guard let n = read(object) else {
+                if status != 503 { facts.withLock { $0[keyPath: offered] = false } }
                 return nil
             }
-            facts.withLock { $0.tokenize = true }
+            facts.withLock { $0[keyPath: offered] = true }
             return n
         } catch {
             try Task.checkCancellation()
-            return nil // unreachable now: the chat request will say so clearly
+            return nil
         }
     }
 
@@ -207,7 +228,11 @@ final class OpenAIServer: Sendable {
     /// One short request, whole answer collected. Throws only on transport failure.
     nonisolated(nonsending)
     func fetch(_ method: String, _ url: URL, json: [String: Any]? = nil, timeout: TimeInterval) async throws -> (Int, Data) {
-        let body = try json.map { try JSONSerialization.data(withJSONObject: $0) }
+        try await fetch(method, url, body: try json.map { try JSONSerialization.data(withJSONObject: $0) }, timeout: timeout)
+    }
+
+    nonisolated(nonsending)
+    func fetch(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval) async throws -> (Int, Data) {
         var status = 0
         var data = Data()
         for try await event in probeClient.open(makeRequest(method, url, body: body, timeout: timeout)) {

@@ -16,6 +16,13 @@ final class OpenAISession: ModelSession {
         self.server = server
         self.tools = tools
         self.affinity = affinity
+        messages = Self.messages(instructions: instructions, history: history[...])
+    }
+
+    /// The `messages` a session rebuilt from `history` starts with. A turn's reasoning is not sent
+    /// back: reasoning models' chat templates drop earlier turns' reasoning, and servers differ in
+    /// the field they would take it in.
+    static func messages(instructions: String?, history: ArraySlice<Turn>) -> [ChatMessage] {
         var m: [ChatMessage] = []
         if let instructions, !instructions.isEmpty { m.append(.text("system", instructions)) }
         for (t, turn) in history.enumerated() {
@@ -27,7 +34,13 @@ final class OpenAISession: ModelSession {
             }
             m.append(.text("assistant", turn.response))
         }
-        messages = m
+        return m
+    }
+
+    /// Tools a request offers: none with a schema, as llama-server cannot constrain a reply to
+    /// a schema and offer tools in one request ("Cannot use custom grammar constraints with tools").
+    static func offered(_ tools: [ModelTool], _ settings: GenerationSettings) -> [ModelTool] {
+        settings.schema == nil ? tools : []
     }
 
     nonisolated(nonsending)
@@ -36,11 +49,11 @@ final class OpenAISession: ModelSession {
         var exchanges: [ToolExchange] = []
         var promptTokens: Int?
         var outputTokens = 0
+        var usage: Usage?
+        var reasoning: [String] = []
         var round = 0
         while true {
-            // llama-server cannot constrain a reply to a schema and offer tools in one request
-            // ("Cannot use custom grammar constraints with tools"), so a call with a schema offers none.
-            let offerTools = !tools.isEmpty && settings.schema == nil
+            let offerTools = !Self.offered(tools, settings).isEmpty
             let mustAnswer = round >= Self.maxToolRounds
             let pool = await server.slotPool()
             let slot = affinity.flatMap { pool?.acquire($0) }
@@ -49,11 +62,14 @@ final class OpenAISession: ModelSession {
                                                  tools: offerTools ? tools : [], toolChoice: mustAnswer ? "none" : nil,
                                                  settings: settings, cache: pool.map { _ in PromptCache(slot: slot) })
             let tokensBefore = outputTokens
-            let reply = try await server.streamChat(body: body) { partial in
+            let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
                 onPartial?(PartialReply(text: partial.text, tokens: tokensBefore + partial.tokens))
             }
             if promptTokens == nil { promptTokens = reply.promptTokens }
             outputTokens += reply.outputTokens ?? reply.chunks
+            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens)
+            usage = usage.map { $0 + reported } ?? reported
+            if !reply.reasoning.isEmpty { reasoning.append(reply.reasoning) }
             // Cut-off JSON can still parse (a number, say), so the server's word decides.
             if settings.schema != nil, reply.finishReason == "length" {
                 throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens)
@@ -63,7 +79,8 @@ final class OpenAISession: ModelSession {
                 added.append(.text("assistant", reply.text))
                 messages += added
                 return Generation(text: reply.text, toolExchanges: exchanges,
-                                  promptTokens: promptTokens, outputTokens: outputTokens)
+                                  promptTokens: promptTokens, outputTokens: outputTokens, usage: usage ?? Usage(),
+                                  reasoning: reasoning.isEmpty ? nil : reasoning.joined(separator: "\n\n"))
             }
             added.append(.toolCalls(reply.toolCalls))
             for call in reply.toolCalls {
