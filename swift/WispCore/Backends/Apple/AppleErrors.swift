@@ -2,6 +2,7 @@
 // this folder is checked without a Mac).
 #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
 import Foundation
+import WispInfrastructure
 import FoundationModels
 
 @available(macOS 26.0, *)

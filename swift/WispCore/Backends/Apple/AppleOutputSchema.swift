@@ -2,6 +2,7 @@
 // folder is checked without a Mac).
 #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
 import Foundation
+import WispInfrastructure
 import FoundationModels
 
 /// A `respond` schema (wisp's supported subset, OutputSchema.swift) as a FoundationModels

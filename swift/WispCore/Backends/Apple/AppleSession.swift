@@ -2,6 +2,7 @@
 // without a Mac).
 #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
 import Foundation
+import WispInfrastructure
 import FoundationModels
 
 /// One live `LanguageModelSession`. Built fresh from `instructions` alone, or rebuilt from

@@ -2,6 +2,7 @@
 // without a Mac).
 #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
 import Foundation
+import WispInfrastructure
 import FoundationModels
 
 /// A wisp `ModelTool` as a FoundationModels tool: arguments arrive as `GeneratedContent`
