@@ -124,7 +124,7 @@ class RespondArgs(_Arguments):
     max_output_tokens: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
         None, ge=1, le=MAX_OUTPUT_TOKENS, description="Upper bound on the reply's length in tokens for this call.",
     )
-    reasoning: Annotated[Literal[REASONING_LEVELS] | None, Says("one of " + ", ".join(f'"{x}"' for x in REASONING_LEVELS))] = Field(
+    reasoning: Annotated[Literal[REASONING_LEVELS] | None, ErrorWording("one of " + ", ".join(f'"{x}"' for x in REASONING_LEVELS))] = Field(
         None,
         description=(
             "How hard a reasoning model thinks for this call: light, moderate or deep; omit for the model's default "
