@@ -110,9 +110,9 @@ def test_the_thread_id_rule_agrees_with_the_cores(thread_id):
 
 def test_the_reasoning_levels_agree_with_the_cores():
     # The core names its levels when it refuses another; each of the shim's is taken.
-    asks = [p.Respond(id=1, prompt="hi", options=p.RespondOptions(reasoning="fast"))]
-    asks += [p.Respond(id=2 + k, prompt="hi", options=p.RespondOptions(reasoning=level)) for k, level in enumerate(REASONING_LEVELS)]
-    frames = core_exchange(["--backend", "echo"], b"".join(p.encode(m) for m in asks), want=tuple(m.id for m in asks))
+    asks = [protocol.Respond(id=1, prompt="hi", options=protocol.RespondOptions(reasoning="fast"))]
+    asks += [protocol.Respond(id=2 + k, prompt="hi", options=protocol.RespondOptions(reasoning=level)) for k, level in enumerate(REASONING_LEVELS)]
+    frames = core_exchange(["--backend", "echo"], b"".join(protocol.encode(m) for m in asks), want=tuple(m.id for m in asks))
     replies = {f["id"]: f for f in frames if "ok" in f}
     said = replies[1]["error"]["message"]
     named = re.search(r"reasoning must be one of (.*?), got 'fast'", said)

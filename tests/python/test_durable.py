@@ -188,7 +188,7 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
     assert not [f for f in state.iterdir() if f.name.startswith(".tmp-")]
     files = stored(state, torn_allowed=True)
     for i, tid in enumerate(threads):
-        last.stdin.write(p.encode(p.Respond(id=i + 1, prompt="after", thread_id=tid)))
+        last.stdin.write(protocol.encode(protocol.Respond(id=i + 1, prompt="after", thread_id=tid)))
         last.stdin.flush()
         r = _read_frame(last)["result"]
         assert r["turns"] == len(files[tid]["history"]) + 1, (tid, r["turns"])
