@@ -461,7 +461,7 @@ async def test_the_pre_count_is_within_a_token_of_prompt_tokens_on_20_prompts(ll
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import precount_bench
 
-    samples = await precount_bench.measure(llama.port, local_model.MODEL_ALIAS)
+    samples = await precount_bench.measure(llama.port, llama_server.MODEL_ALIAS)
     assert len(samples) == 20
     worst = precount_bench.summary(samples)["precount_error_tokens_max"]
     assert worst <= 1, [(s["new"], s["prompt_tokens"]) for s in samples]
