@@ -57,14 +57,14 @@ import WispInfrastructure
             try sameAsJSONEncoder(Reply.success(5, StatusResult(backend: "b", model: "m", available: true, reason: nil, context_size: 1,
                                                                  max_threads: 1, max_queue: 1, threads: [], tools: [])))
         }
-        var rng = SystemRandomNumberGenerator()
+        var rng = SeededGenerator()
         for _ in 0..<100 {
             try sameAsJSONEncoder(Progress(id: Int.random(in: Int.min...Int.max, using: &rng), text: Self.randomText(&rng), tokens: 1))
         }
     }
 
     @Test func storedThreadsAreWrittenAsJSONEncoderWritesThemAndReadBack() throws {
-        var rng = SystemRandomNumberGenerator()
+        var rng = SeededGenerator()
         for text in Self.texts + (0..<20).map({ _ in Self.randomText(&rng) }) {
             let turns = [Turn(prompt: text, response: text),
                          Turn(prompt: "p", toolExchanges: [ToolExchange(name: "read_file", arguments: text, output: text, failed: true),
@@ -163,7 +163,7 @@ import WispInfrastructure
     }
 
     @Test func requestsAsTheShimAndJSONEncoderWriteThemAreTakenAndReadAlike() throws {
-        var rng = SystemRandomNumberGenerator()
+        var rng = SeededGenerator()
         for _ in 0..<300 {
             let request = Self.randomRequest(&rng)
             let bytes = [UInt8](try JSONEncoder().encode(request))
@@ -221,7 +221,7 @@ import WispInfrastructure
     }
 
     @Test func randomMutationsOfARequestNeverMakeTheTwoDisagree() throws {
-        var rng = SystemRandomNumberGenerator()
+        var rng = SeededGenerator()
         let alphabet = Array(#"{}[]:,"\ u0123456789.eE+-abcdefnrtlsux/"#.utf8)
         for _ in 0..<600 {
             var bytes = [UInt8](try JSONEncoder().encode(Self.randomRequest(&rng)))

@@ -257,3 +257,28 @@ struct SlowToAnswerBackend: ModelBackend {
 func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
     await withCheckedContinuation { c in Thread.detachNewThread { c.resume(returning: body()) } }
 }
+
+/// The random tests' generator: seeded (WISP_TEST_SEED replays a run; the seed is in each
+/// generator's description) and with state of its own. ThreadSanitizer's inout-access check
+/// faults on the zero-sized SystemRandomNumberGenerator when a closure captures it.
+struct SeededGenerator: RandomNumberGenerator, CustomStringConvertible {
+    let seed: UInt64
+    private var state: UInt64
+
+    init() {
+        let given = ProcessInfo.processInfo.environment["WISP_TEST_SEED"].flatMap { UInt64($0) }
+        seed = given ?? UInt64.random(in: 0...UInt64.max)
+        state = seed
+    }
+
+    /// SplitMix64: one add and three mixes per draw, every 64-bit output reachable.
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+
+    var description: String { "WISP_TEST_SEED=\(seed)" }
+}
