@@ -9,6 +9,9 @@ if __name__ == "__main__":
     # life): the cyclic collector would walk them again and again for the few cycles among
     # them. Off until they are in, then they are frozen out of every later collection.
     gc.disable()
+    from .sdk_imports import import_server_side_only
+
+    import_server_side_only()
 
 import argparse
 import asyncio
@@ -24,7 +27,7 @@ import anyio
 
 from . import http_server
 from . import llama_server, local_model, logs
-from . import protocol
+from . import protocol, sdk_imports
 from . import errors
 from .client import Core
 from .errors import ShimError
@@ -406,6 +409,7 @@ def _exit_now() -> NoReturn:
 
 
 def _imports_done() -> None:
+    sdk_imports.imports_done()
     gc.freeze()
     gc.enable()
 

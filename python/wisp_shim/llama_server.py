@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import http.client
 import logging
 import os
 import signal
@@ -17,8 +15,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,15 +71,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent(parent: int) -> None:
+def _die_with_parent(parent: int, libc: object) -> None:
     """preexec_fn: SIGKILL this child when the shim dies, however it dies (Linux only).
-    PDEATHSIG fires when the *thread* that forked exits, so spawn from a long-lived thread."""
+    PDEATHSIG fires when the *thread* that forked exits, so spawn from a long-lived thread.
+    `libc` is loaded before the fork: a child must not import."""
     with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # type: ignore[attr-defined]
     if os.getppid() != parent:  # the shim died before prctl took effect
         os._exit(1)
+
+
+def _libc() -> object:
+    # ctypes, like urllib below, is imported by the first use: a shim that never starts the
+    # local model does not carry it.
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
@@ -140,6 +144,7 @@ class LocalModel:
             return
         self._stopping = False
         parent = os.getpid()
+        libc = _libc() if sys.platform.startswith("linux") else None
         log.info("starting the local model: %s", " ".join(self.argv()))
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
@@ -148,7 +153,7 @@ class LocalModel:
             stdout=sys.stderr.fileno(),  # never the shim's stdout: that carries MCP
             stderr=sys.stderr.fileno(),
             start_new_session=True,  # its own process group, out of reach of the terminal's ^C
-            preexec_fn=(lambda: _die_with_parent(parent)) if sys.platform.startswith("linux") else None,
+            preexec_fn=(lambda: _die_with_parent(parent, libc)) if libc is not None else None,
             close_fds=True,
         )
 
@@ -182,6 +187,9 @@ class LocalModel:
             await asyncio.sleep(0.05)
 
     def healthy(self) -> bool:
+        import urllib.error
+        import urllib.request
+
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1.0) as r:
                 return r.status == 200
@@ -258,7 +266,10 @@ async def decode(lm: LocalModel, timeout: float = READY_TIMEOUT_S) -> str | None
     """One short decode on the running server: None when it computed, else why not. The decode
     is the point: matrix kernels (where an instruction the CPU does not allow would trap) run
     only once a prompt is evaluated, never for --version or /health."""
+    import http.client
     import json
+    import urllib.error
+    import urllib.request
 
     body = json.dumps({"prompt": VERIFY_PROMPT, "n_predict": VERIFY_TOKENS, "temperature": 0}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{lm.port}/completion", data=body,

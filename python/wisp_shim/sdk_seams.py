@@ -16,6 +16,9 @@ misreading somewhere else.
   stream that wraps one must pass it on.
 - stdio.py feeds the SDK's `stdio_server(stdin=, stdout=)` objects that are not anyio files, only
   their `async for` / `write` / `flush`.
+- sdk_imports.py (apart, because it must run before anything imports the SDK): the server
+  process loads `mcp` and `mcp.server` as bare packages, skipping their `__init__` (the client
+  side, MCPServer), and holds uvicorn back until its imports are done.
 """
 
 from __future__ import annotations

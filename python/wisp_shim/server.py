@@ -14,8 +14,9 @@ from typing import Any
 
 import anyio
 from pydantic import BaseModel, ValidationError
-from mcp import MCPError
-from mcp.server import Server, ServerRequestContext
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp.types import (
     INVALID_PARAMS,

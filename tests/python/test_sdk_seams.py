@@ -79,3 +79,52 @@ def test_the_sdks_read_streams_carry_last_context():
 def test_stdio_server_takes_streams_of_our_own():
     params = inspect.signature(stdio_server).parameters
     assert "stdin" in params and "stdout" in params
+
+
+# sdk_imports.py: the server process imports the SDK's server side only. In a child, because
+# this process has imported the SDK whole.
+SERVER_SIDE_ONLY = r"""
+import json, sys
+from wisp_shim import sdk_imports
+took = sdk_imports.import_server_side_only()
+import wisp_shim.__main__, wisp_shim.client, wisp_shim.server, wisp_shim.stdio, wisp_shim.transport
+loaded = sorted(m for m in sys.modules if sys.modules[m] is not None)
+import mcp.server.lowlevel.server, mcp.server.context, mcp.shared.exceptions
+same = (wisp_shim.server.Server is mcp.server.lowlevel.server.Server
+        and wisp_shim.server.ServerRequestContext is mcp.server.context.ServerRequestContext
+        and wisp_shim.server.MCPError is mcp.shared.exceptions.MCPError)
+held = "uvicorn" in sys.modules and sys.modules["uvicorn"] is None
+sdk_imports.imports_done()
+import uvicorn
+print(json.dumps({"took": took, "loaded": loaded, "same": same, "held": held, "uvicorn": uvicorn.Server.__name__}))
+"""
+
+
+def _in_child(code: str) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_the_server_process_imports_the_sdks_server_side_only():
+    seen = _in_child(SERVER_SIDE_ONLY)
+    assert seen["took"] and seen["same"] and seen["held"]
+    loaded = set(seen["loaded"])
+    # What the two package inits would have brought: the client side, MCPServer, the HTTP client.
+    for absent in ("mcp.client", "mcp.client.session_group", "mcp.server.mcpserver", "httpx2", "uvicorn", "click"):
+        assert absent not in loaded, absent
+    # What the server needs is there, sse_starlette included (it takes a missing uvicorn).
+    for present in ("mcp.server.lowlevel.server", "sse_starlette.sse", "mcp_types"):
+        assert present in loaded, present
+    # Held back only until imports_done: the HTTP server imports uvicorn after it.
+    assert seen["uvicorn"] == "Server"
+
+
+def test_the_sdk_loads_whole_where_it_is_already_imported():
+    seen = _in_child("import json, mcp\nfrom wisp_shim import sdk_imports\n"
+                     "print(json.dumps({'took': sdk_imports.import_server_side_only(), 'client': hasattr(mcp, 'Client')}))")
+    assert seen == {"took": False, "client": True}
