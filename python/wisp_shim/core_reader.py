@@ -15,7 +15,7 @@ from . import errors
 from . import protocol
 from .core_process import CoreProcess
 from .errors import ShimError
-from .loop import PIPE_READ_CHUNK
+from .loop import connect_read_pipe
 
 log = logging.getLogger("wisp.core")
 
@@ -45,10 +45,9 @@ async def read_frames(run: CoreProcess, listener: CoreListener) -> tuple[int | N
     """
     loop = asyncio.get_running_loop()
     ended: asyncio.Future[str | None] = loop.create_future()
-    transport, _ = await loop.connect_read_pipe(
-        lambda: _CoreStdout(run, listener, ended), os.fdopen(run.stdout_fd, "rb", buffering=0)
+    transport, _ = await connect_read_pipe(
+        loop, lambda: _CoreStdout(run, listener, ended), os.fdopen(run.stdout_fd, "rb", buffering=0)
     )
-    transport.max_size = PIPE_READ_CHUNK  # type: ignore[attr-defined]
     try:
         reason = await ended
     finally:

@@ -16,6 +16,9 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
+from typing import Any, Callable, TypeVar
+
+P = TypeVar("P", bound=asyncio.BaseProtocol)
 
 # How long the loop polls before sleeping after a frame went to the core: several echo
 # round trips, a small share of any model call.
@@ -73,3 +76,14 @@ def spin_for_reply(core_idle_s: float) -> None:
     loop = asyncio.get_running_loop()
     if isinstance(loop, WispEventLoop):
         loop.spinner.spin_until = time.monotonic() + SPIN_S
+
+
+async def connect_read_pipe(
+    loop: asyncio.AbstractEventLoop, protocol_factory: Callable[[], P], pipe: Any
+) -> tuple[asyncio.ReadTransport, P]:
+    """`loop.connect_read_pipe`, reading PIPE_READ_CHUNK at a time. The read size is the
+    `max_size` attribute of asyncio's Unix read-pipe transport, no API: this is its one use,
+    and tests/python/test_loop.py fails by name if a Python release drops it."""
+    transport, protocol = await loop.connect_read_pipe(protocol_factory, pipe)
+    transport.max_size = PIPE_READ_CHUNK  # type: ignore[attr-defined]
+    return transport, protocol

@@ -26,7 +26,7 @@ import stat
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .loop import PIPE_READ_CHUNK
+from .loop import connect_read_pipe
 from .transport import INVALID_ID_LINE, has_invalid_id
 
 # One JSON-RPC line may carry a 16 MiB prompt, escaped; a longer line is cut here (and
@@ -188,8 +188,7 @@ async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
         os.dup2(devnull, 0)
         os.close(devnull)
         os.dup2(2, 1)
-        rt, reader = await loop.connect_read_pipe(_LineReader, os.fdopen(wire_in, "rb", buffering=0))
-        rt.max_size = PIPE_READ_CHUNK  # type: ignore[attr-defined]
+        rt, reader = await connect_read_pipe(loop, _LineReader, os.fdopen(wire_in, "rb", buffering=0))
         transports.append(rt)
         wt, wp = await loop.connect_write_pipe(_WriteFlow, os.fdopen(wire_out, "wb", buffering=0))
         transports.append(wt)
