@@ -56,7 +56,7 @@ def proxy(out_dir: Path, argv: list[str]) -> int:
 
 
 async def session(core_wrapper: str) -> None:
-    from conftest import wisp
+    from harness import wisp
 
     async def ignore(*_):
         pass
@@ -96,7 +96,7 @@ def frames(stream: bytes) -> list[bytes]:
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--proxy":
         return proxy(Path(sys.argv[2]), sys.argv[3:])
-    from conftest import core_path
+    from harness import core_path
 
     with tempfile.TemporaryDirectory() as tmp:
         rec = Path(tmp)
