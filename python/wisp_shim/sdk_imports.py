@@ -22,11 +22,15 @@ its own `from mcp import Client`.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 
 # Outermost first: finding a subpackage's spec reads its parent's __path__.
 BARE_PACKAGES = ("mcp", "mcp.server")
 HELD_BACK = ("uvicorn",)
+# The module that then logs, at debug, that uvicorn is "not installed": true of this process
+# for now, misleading in a debug log. Quiet until imports_done.
+HELD_BACK_NOTICE = "sse_starlette.sse"
 
 
 def import_server_side_only() -> bool:
@@ -56,6 +60,7 @@ def import_server_side_only() -> bool:
         # None in sys.modules: `import uvicorn` raises ImportError (sse_starlette expects one
         # where uvicorn is not installed) instead of loading it.
         sys.modules[name] = None  # type: ignore[assignment]
+    logging.getLogger(HELD_BACK_NOTICE).setLevel(logging.INFO)
     return True
 
 
@@ -64,3 +69,4 @@ def imports_done() -> None:
     for name in HELD_BACK:
         if name in sys.modules and sys.modules[name] is None:
             del sys.modules[name]
+            logging.getLogger(HELD_BACK_NOTICE).setLevel(logging.NOTSET)

@@ -84,7 +84,11 @@ def test_stdio_server_takes_streams_of_our_own():
 # sdk_imports.py: the server process imports the SDK's server side only. In a child, because
 # this process has imported the SDK whole.
 SERVER_SIDE_ONLY = r"""
-import json, sys
+import json, logging, sys
+records = []
+class Keep(logging.Handler):
+    def emit(self, record): records.append(record.getMessage())
+logging.basicConfig(level=logging.DEBUG, handlers=[Keep()])  # as the shim's --log-level debug
 from wisp_shim import sdk_imports
 took = sdk_imports.import_server_side_only()
 import wisp_shim.__main__, wisp_shim.client, wisp_shim.server, wisp_shim.stdio, wisp_shim.transport
@@ -96,7 +100,8 @@ same = (wisp_shim.server.Server is mcp.server.lowlevel.server.Server
 held = "uvicorn" in sys.modules and sys.modules["uvicorn"] is None
 sdk_imports.imports_done()
 import uvicorn
-print(json.dumps({"took": took, "loaded": loaded, "same": same, "held": held, "uvicorn": uvicorn.Server.__name__}))
+print(json.dumps({"took": took, "loaded": loaded, "same": same, "held": held, "uvicorn": uvicorn.Server.__name__,
+                  "logged": records}))
 """
 
 
@@ -120,8 +125,10 @@ def test_the_server_process_imports_the_sdks_server_side_only():
     # What the server needs is there, sse_starlette included (it takes a missing uvicorn).
     for present in ("mcp.server.lowlevel.server", "sse_starlette.sse", "mcp_types"):
         assert present in loaded, present
-    # Held back only until imports_done: the HTTP server imports uvicorn after it.
+    # Held back only until imports_done: the HTTP server imports uvicorn after it. Meanwhile no
+    # debug line says it is not installed.
     assert seen["uvicorn"] == "Server"
+    assert not [m for m in seen["logged"] if "uvicorn" in m.lower()], seen["logged"]
 
 
 def test_the_sdk_loads_whole_where_it_is_already_imported():
