@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import gc
-
-if __name__ == "__main__":
-    # Start-up imports the SDK (a few hundred thousand objects, all kept for the process's
-    # life): the cyclic collector would walk them again and again for the few cycles among
-    # them. Off until they are in, then they are frozen out of every later collection.
-    gc.disable()
-    from .sdk_imports import import_server_side_only
-
-    import_server_side_only()
-
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -443,5 +433,15 @@ def main(argv: list[str] | None = None) -> int:
     _exit_now()
 
 
+def start() -> int:
+    """The server process: `python -m wisp_shim` and the `wisp` script."""
+    # Start-up imports the SDK (a few hundred thousand objects, all kept for the process's
+    # life): the cyclic collector would walk them again and again for the few cycles among
+    # them. Off until they are in, then they are frozen out of every later collection.
+    gc.disable()
+    sdk_imports.import_server_side_only()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(start())

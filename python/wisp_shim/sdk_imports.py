@@ -13,10 +13,11 @@ imports it, when it can, only to patch uvicorn's exit-signal handler, which wisp
 uvicorn install (http_server.serve handles the stop signals itself and imports uvicorn when it
 serves HTTP). A stdio server never uses it.
 
-The two together: the shim idle at 57 MB of RSS instead of 69, and start-up imports at about
-half the CPU (bench/README.md). Only `python -m wisp_shim` calls this. A process that imports
-wisp_shim as a library (the tests, an embedding program) keeps the SDK's packages whole, for
-its own `from mcp import Client`.
+The two together: the shim's imports at 51 MB of RSS instead of 66, and a fifth less of its
+start-up CPU (bench/README.md). Only the server process calls this (`start` in __main__.py, for
+`python -m wisp_shim` and the `wisp` script). A process that imports wisp_shim as a library
+(the tests, an embedding program) keeps the SDK's packages whole, for its own
+`from mcp import Client`.
 """
 
 from __future__ import annotations
