@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
+import json
+import subprocess
+import sys
 
 import pytest
 from mcp.server.stdio import stdio_server
@@ -106,10 +109,6 @@ print(json.dumps({"took": took, "loaded": loaded, "same": same, "held": held, "u
 
 
 def _in_child(code: str) -> dict:
-    import json
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)

@@ -258,8 +258,8 @@ func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
     await withCheckedContinuation { c in Thread.detachNewThread { c.resume(returning: body()) } }
 }
 
-/// The random tests' generator: seeded (WISP_TEST_SEED replays a run; the seed is in each
-/// generator's description) and with state of its own. ThreadSanitizer's inout-access check
+/// The random tests' generator: seeded (WISP_TEST_SEED replays a run: a failure that does not
+/// show its input shows the generator, whose description is its seed) and with state of its own. ThreadSanitizer's inout-access check
 /// faults on the zero-sized SystemRandomNumberGenerator when a closure captures it.
 struct SeededGenerator: RandomNumberGenerator, CustomStringConvertible {
     let seed: UInt64
