@@ -130,7 +130,9 @@ async def test_the_time_limit_holds_while_the_core_is_stopped():
             "timeout: no reply within 2 s; the call was stopped and thread 't' is unchanged. "
             "(--timeout / WISP_TIMEOUT sets the limit for respond.)"
         ), msg
-        assert 2.0 <= took < 2.5, took
+        # The shim's timer fires at 2 s plus 0.25 s for a racing reply; the bound leaves a slow CI
+        # machine room and still fails a timer a second late.
+        assert 2.0 <= took < 3.0, took
         assert ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "two", "thread_id": "t"}), 10))["text"] == "echo 2: two"
 
 
