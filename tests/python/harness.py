@@ -259,6 +259,12 @@ def rss_kib(pid: int | None) -> int:
         return 0
 
 
+def cpu_s(p: psutil.Process) -> float:
+    """The user and system CPU seconds a process has spent."""
+    t = p.cpu_times()
+    return t.user + t.system
+
+
 def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ import statistics
 import time
 
 import psutil
-from harness import INITIALIZE, INITIALIZED, call, core_exchange, error_text, ok, read_until, shim_env, spawn, text_of, wisp
+from harness import INITIALIZE, INITIALIZED, call, core_exchange, cpu_s, error_text, ok, read_until, shim_env, spawn, text_of, wisp
 from openai_stub import OpenAIStub, StubConfig
 
 NFC, NFD = "caf\u00e9", "cafe\u0301"
@@ -159,10 +159,10 @@ async def test_a_costly_reply_check_holds_up_no_other_thread_and_stops_at_its_ti
     async with wisp("--timeout", "2", "--context-size", "1000000") as c:
         await _quick_latencies(c, 5)  # warm
         core = _core(c)
-        cpu0 = sum(core.cpu_times()[:2])
+        cpu0 = cpu_s(core)
         alone = statistics.median(await _quick_latencies(c, 20))
-        quick_cpu = sum(core.cpu_times()[:2]) - cpu0  # what 20 quick calls cost the core
-        cpu0, t0 = sum(core.cpu_times()[:2]), time.monotonic()
+        cpu1, t1 = cpu_s(core), time.monotonic()
+        quick_cpu = cpu1 - cpu0  # what 20 quick calls cost the core
         hostile = asyncio.create_task(c.call_tool("respond", {"prompt": "x", "thread_id": "h", "schema": COSTLY}))
         await asyncio.sleep(0.5)  # the check is under way
         during = statistics.median(await _quick_latencies(c, 20))
@@ -171,14 +171,14 @@ async def test_a_costly_reply_check_holds_up_no_other_thread_and_stops_at_its_ti
         # Proof that the quick calls ran beside the check, not before or after it: the core spent
         # far more than the quick calls cost while the hostile call was open. The bound is a
         # fraction of one CPU for its 2 s so that a CI machine shared with other jobs passes.
-        busy = sum(core.cpu_times()[:2]) - cpu0 - quick_cpu
-        span = time.monotonic() - t0
+        busy = cpu_s(core) - cpu1 - quick_cpu
+        span = time.monotonic() - t1
         assert busy > 0.4, f"the costly check was not running meanwhile ({busy:.3f} s of CPU in {span:.1f} s)"
         # Within 0.5 s of its time limit the core is idle again: the check stopped.
         await asyncio.sleep(0.5)
-        cpu1 = sum(core.cpu_times()[:2])
+        cpu2 = cpu_s(core)
         await asyncio.sleep(1.0)
-        idle = sum(core.cpu_times()[:2]) - cpu1
+        idle = cpu_s(core) - cpu2
         print(f"\nquick call p50 alone {alone * 1000:.1f} ms, during the costly check {during * 1000:.1f} ms; "
               f"core CPU: {busy:.3f} s for the check in {span:.1f} s (20 quick calls alone: {quick_cpu:.3f} s), "
               f"{idle:.3f} s in the second from 0.5 s after the limit")

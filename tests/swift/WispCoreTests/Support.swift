@@ -259,8 +259,9 @@ func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
 }
 
 /// The random tests' generator: seeded (WISP_TEST_SEED replays a run: a failure that does not
-/// show its input shows the generator, whose description is its seed) and with state of its own. ThreadSanitizer's inout-access check
-/// faults on the zero-sized SystemRandomNumberGenerator when a closure captures it.
+/// show its input shows the generator, whose description is its seed) and with state of its
+/// own. ThreadSanitizer's inout-access check faults on the zero-sized
+/// SystemRandomNumberGenerator when a closure captures it.
 struct SeededGenerator: RandomNumberGenerator, CustomStringConvertible {
     let seed: UInt64
     private var state: UInt64
