@@ -244,7 +244,15 @@ class Core:
         files: list[str] | None = None,
         schema: str | None = None,
         reasoning: str | None = None,
+        fork_from: str | None = None,
+        rewind: int | None = None,
     ) -> protocol.RespondResult:
+        if fork_from is not None and fork_from in self.lost:
+            raise ShimError(
+                errors.THREAD_LOST,
+                f"thread {fork_from!r}'s history was lost when the wisp core crashed and restarted, so there is "
+                "nothing to fork. Nothing was sent to the model.",
+            )
         if thread_id is not None and thread_id in self.lost:
             del self.lost[thread_id]
             raise ShimError(
@@ -264,7 +272,7 @@ class Core:
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
             files=files or None,
-            schema=schema,
+            schema=schema, fork_from=fork_from, rewind=rewind,
         )
         payload = protocol.encode_payload(msg)
         if len(payload) > protocol.MAX_FRAME_BYTES:
@@ -303,24 +311,31 @@ class Core:
     async def close_thread(self, thread_id: str) -> protocol.CloseThreadResult:
         # Closing a lost thread is what the caller would do anyway: no notice needed.
         self.lost.pop(thread_id, None)
-        run = await self._supervisor.running()
         call = PendingCall(self.next_id(), thread_id, False, protocol.CloseThreadResult)
-        frame = protocol.encode(protocol.CloseThread(id=call.id, thread_id=thread_id))
-        reply = await self._request(run, call, frame, QUICK_CALL_TIMEOUT_S, _quick_timeout("close_thread"))
-        if not reply.ok:
-            assert reply.error is not None
-            raise ShimError(reply.error.code, reply.error.message)
-        assert isinstance(reply.result, protocol.CloseThreadResult)
-        return reply.result
+        result = await self._quick(call, protocol.CloseThread(id=call.id, thread_id=thread_id), "close_thread")
+        assert isinstance(result, protocol.CloseThreadResult)
+        return result
 
-    async def status(self) -> protocol.StatusResult:
-        run = await self._supervisor.running()
+    async def status(self, query: str | None = None, limit: int | None = None, cursor: str | None = None) -> protocol.StatusResult:
         call = PendingCall(self.next_id(), None, False, protocol.StatusResult)
-        reply = await self._request(run, call, protocol.encode(protocol.Status(id=call.id)), QUICK_CALL_TIMEOUT_S, _quick_timeout("status"))
+        result = await self._quick(call, protocol.Status(id=call.id, query=query, limit=limit, cursor=cursor), "status")
+        assert isinstance(result, protocol.StatusResult)
+        return result
+
+    async def read_thread(self, thread_id: str, last: int | None, max_bytes: int) -> protocol.ReadThreadResult:
+        call = PendingCall(self.next_id(), None, False, protocol.ReadThreadResult)
+        result = await self._quick(call, protocol.ReadThread(id=call.id, thread_id=thread_id, last=last, max_bytes=max_bytes), "read_thread")
+        assert isinstance(result, protocol.ReadThreadResult)
+        return result
+
+    async def _quick(self, call: PendingCall, message: protocol.Request, op: str) -> protocol.Result:
+        """A call that never waits for a model: its reply's result, or its error raised."""
+        run = await self._supervisor.running()
+        reply = await self._request(run, call, protocol.encode(message), QUICK_CALL_TIMEOUT_S, _quick_timeout(op))
         if not reply.ok:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
-        assert isinstance(reply.result, protocol.StatusResult)
+        assert reply.result is not None
         return reply.result
 
 class _Expired(Exception):

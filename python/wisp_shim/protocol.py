@@ -5,7 +5,7 @@ One msgspec Struct per message, under the same names as the Swift side
 unsigned big-endian length followed by that many bytes of UTF-8 JSON.
 
 Every message is tagged, so each direction decodes in one pass: shim -> core messages
-by `op` (respond, close_thread, cancel, status, ping); core -> shim messages by `event`
+by `op` (respond, close_thread, cancel, status, read_thread, ping); core -> shim messages by `event`
 (ready, progress, evicted, reply), and an ok reply's result by `op`, the op of the request
 it answers. Version 2 added the core -> shim tags.
 """
@@ -69,6 +69,10 @@ class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True)
     # Structured output: the call's JSON Schema as compact JSON text (text keeps its key order
     # through Swift's decoder), already checked against wisp's supported subset (schema.py).
     schema: str | None = None
+    # The call creates its thread as a copy of this one's binding and committed history.
+    fork_from: str | None = None
+    # The thread's last `rewind` turns are dropped as part of this call (all or nothing).
+    rewind: int | None = None
 
 
 class CloseThread(msgspec.Struct, tag_field="op", tag="close_thread"):
@@ -81,8 +85,23 @@ class Cancel(msgspec.Struct, tag_field="op", tag="cancel"):
     request: int
 
 
-class Status(msgspec.Struct, tag_field="op", tag="status"):
+class Status(msgspec.Struct, tag_field="op", tag="status", omit_defaults=True):
+    """The backend's state and a page of threads: with `query`, those holding its words, best
+    match first; else most recently used first. `cursor`: a StatusResult's `next_cursor`."""
+
     id: int
+    query: str | None = None
+    limit: int | None = None
+    cursor: str | None = None
+
+
+class ReadThread(msgspec.Struct, tag_field="op", tag="read_thread", omit_defaults=True):
+    """A thread's binding and its last turns (at most `last`), at most `max_bytes` of their text."""
+
+    id: int
+    thread_id: str
+    last: int | None = None
+    max_bytes: int | None = None
 
 
 class Ping(msgspec.Struct, tag_field="op", tag="ping"):
@@ -91,7 +110,7 @@ class Ping(msgspec.Struct, tag_field="op", tag="ping"):
     id: int
 
 
-Request = Respond | CloseThread | Cancel | Status | Ping
+Request = Respond | CloseThread | Cancel | Status | ReadThread | Ping
 
 
 # --- core -> shim -----------------------------------------------------------
@@ -172,6 +191,13 @@ class ThreadInfo(msgspec.Struct):
     stored: bool = False
     # Live threads: what their committed calls cost so far (since created or resumed).
     usage: UsageBody | None = None
+    # Unix seconds of its first and latest committed turn, where known.
+    created_at: float | None = None
+    updated_at: float | None = None
+    # The start of its first prompt and of its last reply, and its instructions, each clipped by the core.
+    first_prompt: str | None = None
+    last_reply: str | None = None
+    instructions: str | None = None
 
 
 class StatusResult(msgspec.Struct, tag_field="op", tag="status"):
@@ -186,9 +212,32 @@ class StatusResult(msgspec.Struct, tag_field="op", tag="status"):
     tools: list[str] = []
     state_dir: str | None = None
     state_error: str | None = None
+    # For the next page, when there is one.
+    next_cursor: str | None = None
 
 
-Result = RespondResult | CloseThreadResult | CancelResult | PingResult | StatusResult
+class TurnItem(msgspec.Struct):
+    prompt: str
+    reply: str
+    # The turn answered a `schema`: `reply` is its value's JSON text.
+    structured: bool = False
+    # Its prompt or reply was clipped to fit the reading.
+    cut: bool = False
+
+
+class ReadThreadResult(msgspec.Struct, tag_field="op", tag="read_thread"):
+    thread_id: str
+    tools: list[str]
+    # Turns the thread holds; `items` are its last ones, `omitted` the earlier ones left out.
+    turns: int
+    omitted: int
+    # Turns condensing dropped from the thread while this core held it.
+    condensed: int
+    items: list[TurnItem]
+    instructions: str | None = None
+
+
+Result = RespondResult | CloseThreadResult | CancelResult | PingResult | StatusResult | ReadThreadResult
 
 
 class Reply(msgspec.Struct, tag_field="event", tag="reply"):
@@ -242,7 +291,7 @@ def decode_message(payload: bytes | memoryview) -> CoreMessage:
         raise ProtocolError(f"undecodable {_meant(payload)} from the core: {exc}") from None
 
 
-_RESULT_NAMES = {t.__struct_config__.tag: t.__name__ for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult)}
+_RESULT_NAMES = {t.__struct_config__.tag: t.__name__ for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult, ReadThreadResult)}
 
 
 def _meant(payload: bytes | memoryview) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime, timezone
 from urllib.parse import unquote, urlsplit
 from typing import Any
 
@@ -41,11 +42,15 @@ from .tool_models import (
     ArgumentError,
     CloseThreadArgs,
     CloseThreadOutput,
+    DEFAULT_PAGE,
     ListThreadsArgs,
     ListThreadsOutput,
+    ReadThreadArgs,
+    ReadThreadOutput,
     RespondArgs,
     RespondOutput,
     ThreadEntry,
+    TurnOutput,
     UsageOutput,
     parse_args,
     short,
@@ -63,6 +68,8 @@ MAX_CLIENT_ROOTS = 256
 LISTED_START_DELAY_S = 0.02
 # Progress messages are shown to people in a status line, not read by the model.
 PROGRESS_MESSAGE_CHARS = 200
+# read_thread's bound on the turns' text it returns (the rest is left out, and counted).
+READ_THREAD_BYTES = 32 * 1024
 
 
 def _retention(max_threads: int, state_dir: str | None) -> str:
@@ -99,11 +106,10 @@ def _respond_tool(max_threads: int, state_dir: str | None = None) -> Tool:
         title="Ask the local model",
         description=(
             "Send a prompt to the local language model and get its reply. Omit thread_id to start a new "
-            "thread; pass the thread_id from an earlier result to continue that conversation (the model "
-            "sees the earlier turns). An unknown thread_id starts a new thread under that id "
-            "(created=true says so). instructions and tools are fixed when a thread is created; passing "
-            "them for an existing thread is an error, even empty: omit them to continue. Calls on one thread run in order; different threads "
-            "run in parallel. If a thread outgrows the model's context, its oldest turns are dropped "
+            "thread; pass a result's thread_id to continue that conversation (the model sees the earlier turns). "
+            "An unknown thread_id starts a new thread under that id (created=true). instructions and tools bind "
+            "when a thread is created: passing them for an existing thread is an error, even empty. Calls on one "
+            "thread run in order, threads in parallel. A thread that outgrows the model's context loses its oldest turns "
             f"(condensed=true). Retention: {_retention(max_threads, state_dir)}."
         ),
         input_schema=tool_schema(RespondArgs),
@@ -126,10 +132,22 @@ CLOSE_THREAD = Tool(
 
 LIST_THREADS = Tool(
     name="list_threads",
-    title="List live threads",
-    description="List wisp's threads: live ones (most recently used first), then stored ones not in memory (with --state-dir), with their turn counts, plus the backend and model in use. Use it to recover thread ids.",
+    title="Find threads",
+    description=(
+        "List or search wisp's threads (live, and stored with --state-dir): most recently used first, or best match "
+        "first with query; each with a preview. Also says which backend and model wisp uses."
+    ),
     input_schema=tool_schema(ListThreadsArgs),
     output_schema=tool_schema(ListThreadsOutput),
+    annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+)
+
+READ_THREAD = Tool(
+    name="read_thread",
+    title="Reread a thread",
+    description=f"A thread's instructions, tools and last turns (at most {READ_THREAD_BYTES // 1024} KB of text; says what it left out).",
+    input_schema=tool_schema(ReadThreadArgs),
+    output_schema=tool_schema(ReadThreadOutput),
     annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
 
@@ -138,19 +156,29 @@ def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-def _output(r: protocol.RespondResult) -> Any:
-    """The reply's value. The core judged it (valid JSON matching the schema) before it kept the
-    turn; that verdict stands, so it is not judged again here."""
+def _output(text: str, thread_id: str) -> Any:
+    """A structured reply's value. The core judged it (valid JSON matching the schema) before it
+    kept the turn; that verdict stands, so it is not judged again here."""
     try:
-        return output_schema.reply_value(r.text)
+        return output_schema.reply_value(text)
     except ValueError as exc:
         # Only a core bug gets here: say so, and that the turn is kept.
-        log.error("the core accepted a reply that is not JSON to Python (%s): %r", exc, r.text[:200])
+        log.error("the core accepted a reply that is not JSON to Python (%s): %r", exc, text[:200])
         raise ShimError(
             errors.INTERNAL,
             f"wisp's core kept a reply it judged valid but that does not parse here ({exc}); the turn is in thread "
-            f"{r.thread_id}'s history. Please report this.",
+            f"{thread_id}'s history. Please report this.",
         ) from None
+
+
+def _iso(seconds: float | None) -> str | None:
+    """Unix seconds as ISO 8601 in UTC, to the second; None for none (or one out of range)."""
+    if seconds is None:
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _usage(u: protocol.UsageBody | None) -> UsageOutput | None:
@@ -272,7 +300,7 @@ def _progress_message(text: str) -> str:
 
 def build_server(core: Core, max_threads: int) -> Server[Any]:
     respond_tool = _respond_tool(max_threads, core.launch.state_dir)
-    tools = [respond_tool, CLOSE_THREAD, LIST_THREADS]
+    tools = [respond_tool, CLOSE_THREAD, LIST_THREADS, READ_THREAD]
     listing = ListToolsResult(tools=tools)
 
     async def list_tools(ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None) -> ListToolsResult:
@@ -299,15 +327,16 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
             a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,
             temperature=a.temperature, max_output_tokens=a.max_output_tokens,
             on_progress=on_progress, roots=roots, schema=checked.text if checked else None, reasoning=a.reasoning,
+            fork_from=a.fork_from, rewind=a.rewind,
         )
+        # With a schema the reply is its value: `output` alone carries it.
         out = RespondOutput(
-            thread_id=r.thread_id, created=r.created, text=r.text, condensed=r.condensed, turns=r.turns, dropped=r.dropped,
-            prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens, store_error=r.store_error,
-            usage=_usage(r.usage) or UsageOutput(), reasoning=a.reasoning,
+            thread_id=r.thread_id, created=r.created, text=None if checked else r.text, condensed=r.condensed, turns=r.turns,
+            dropped=r.dropped, store_error=r.store_error, usage=_usage(r.usage) or UsageOutput(), reasoning=a.reasoning,
         )
         structured = out.model_dump(exclude_none=True)
         if checked is not None:
-            structured["output"] = _output(r)  # may be null
+            structured["output"] = _output(r.text, r.thread_id)  # may be null
         return CallToolResult(
             content=[TextContent(type="text", text=_respond_content(r, knew))],
             structured_content=structured,
@@ -323,29 +352,60 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         )
 
     async def list_threads(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
-        parse_args(ListThreadsArgs, args)
-        s = await core.status()
+        a: ListThreadsArgs = parse_args(ListThreadsArgs, args)
+        s = await core.status(query=a.query, limit=a.limit or DEFAULT_PAGE, cursor=a.cursor)
         structured = ListThreadsOutput(
             backend=s.backend, model=s.model, available=s.available, context_size=s.context_size, max_threads=s.max_threads,
             threads=[
-                ThreadEntry(thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored, usage=_usage(t.usage))
+                ThreadEntry(
+                    thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored, usage=_usage(t.usage),
+                    created_at=_iso(t.created_at), updated_at=_iso(t.updated_at), first_prompt=t.first_prompt,
+                    last_reply=t.last_reply, instructions=t.instructions,
+                )
                 for t in s.threads
             ],
             # An empty state_dir or reason says nothing: left out, as when absent.
-            state_dir=s.state_dir or None, reason=s.reason or None,
+            state_dir=s.state_dir or None, reason=s.reason or None, next_cursor=s.next_cursor,
         ).model_dump(exclude_none=True)
         lines = [f"backend {s.backend}, model {s.model}, " + ("available" if s.available else f"unavailable: {s.reason or 'unknown reason'}")]
-        live = sum(t.live for t in s.threads)
-        lines.append(f"{live} of {s.max_threads} threads live" + (f", {len(s.threads) - live} more stored in {s.state_dir}" if s.state_dir else "") + (":" if s.threads else "."))
+        found = f"{len(s.threads)} thread(s) matching {a.query!r}" if a.query else f"{len(s.threads)} thread(s)"
+        lines.append(found + (f" (threads are stored in {s.state_dir})" if s.state_dir else "") + (":" if s.threads else "."))
         if s.state_error:
             lines.append(f"threads are not stored: {s.state_error}")
-        lines += [
-            f"- {t.thread_id}: {t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{_usage_text(t.usage)}{'' if t.live else ' (stored)'}"
-            for t in s.threads
-        ]
+        for t in s.threads:
+            what = f"{t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{_usage_text(t.usage)}{'' if t.live else ' (stored)'}"
+            when = f", updated {_iso(t.updated_at)}" if t.updated_at is not None else ""
+            lines.append(f"- {t.thread_id}: {what}{when}")
+            if t.first_prompt is not None:
+                lines.append(f"  first prompt: {t.first_prompt!r}; last reply: {t.last_reply!r}")
+        if s.next_cursor:
+            lines.append(f"[more: pass cursor {s.next_cursor!r}]")
         return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=structured)
 
-    handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads}
+    async def read_thread(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+        a: ReadThreadArgs = parse_args(ReadThreadArgs, args)
+        r = await core.read_thread(a.thread_id, a.last, READ_THREAD_BYTES)
+        structured = ReadThreadOutput(
+            thread_id=r.thread_id, instructions=r.instructions, tools=r.tools, turns=r.turns, omitted=r.omitted,
+            dropped=r.condensed, items=[TurnOutput(prompt=t.prompt, reply=t.reply, cut=t.cut or None) for t in r.items],
+        ).model_dump(exclude_none=True)
+        for item, t in zip(structured["items"], r.items):
+            if t.structured and not t.cut:
+                # The value alone (it may be null), as respond gives it.
+                del item["reply"]
+                item["output"] = _output(t.reply, r.thread_id)
+        first = r.turns - len(r.items) + 1
+        lines = [f"thread {r.thread_id}: {r.turns} turn(s)" + (f", showing {first}-{r.turns} ({r.omitted} earlier left out)" if r.omitted else "")]
+        if r.condensed:
+            lines.append(f"[{r.condensed} earlier turn(s) were condensed away]")
+        lines.append(f"instructions: {r.instructions!r}" if r.instructions is not None else "no instructions")
+        if r.tools:
+            lines.append(f"tools: {', '.join(r.tools)}")
+        for n, t in enumerate(r.items, start=first):
+            lines += [f"--- turn {n}{' (shortened)' if t.cut else ''}", f"prompt: {t.prompt}", f"reply: {t.reply}"]
+        return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=structured)
+
+    handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads, "read_thread": read_thread}
 
     async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
         handler = handlers.get(params.name)

@@ -1,7 +1,7 @@
 /// The pipe protocol, version 2 (ARCHITECTURE.md): one type per message. The Python side
 /// (`python/wisp_shim/protocol.py`) declares the same types under the same names; keep them in step.
 ///
-/// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `Ping`, each tagged by `op`.
+/// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `ReadThread`, `Ping`, each tagged by `op`.
 /// Core → shim: `Ready` (first frame), `Progress` and `Evicted` (events), `Reply` (one per
 /// request, ok or not), each tagged by `event`; an ok reply's result is tagged by `op`, the op
 /// of the request it answers, so the shim decodes any core message in one pass.
@@ -70,10 +70,16 @@ public struct Respond: Codable, Sendable, Equatable {
     /// value, so that the core keeps its key order; see OutputSchema.swift). The shim has
     /// checked that it stays inside wisp's supported subset.
     public var schema: String?
+    /// The call creates its thread as a copy of this one's binding and committed history.
+    public var fork_from: String?
+    /// Drops the thread's last `rewind` turns as part of this call (all or nothing).
+    public var rewind: Int?
 
     public init(id: Int, prompt: String, thread_id: String? = nil, instructions: String? = nil,
                 tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil, roots: [String]? = nil,
-                files: [String]? = nil, schema: String? = nil) {
+                files: [String]? = nil, schema: String? = nil, fork_from: String? = nil, rewind: Int? = nil) {
+        self.fork_from = fork_from
+        self.rewind = rewind
         self.id = id
         self.prompt = prompt
         self.thread_id = thread_id
@@ -100,9 +106,34 @@ public struct Cancel: Codable, Sendable, Equatable {
     public init(id: Int, request: Int) { self.id = id; self.request = request }
 }
 
+/// The backend's state and a page of threads: with `query`, those whose prompts and replies hold
+/// its words, best match first; else most recently used first. `cursor` is a `next_cursor`.
 public struct Status: Codable, Sendable, Equatable {
     public var id: Int
-    public init(id: Int) { self.id = id }
+    public var query: String?
+    public var limit: Int?
+    public var cursor: String?
+    public init(id: Int, query: String? = nil, limit: Int? = nil, cursor: String? = nil) {
+        self.id = id
+        self.query = query
+        self.limit = limit
+        self.cursor = cursor
+    }
+}
+
+/// A thread's binding and its last turns, at most `max_bytes` of their text.
+public struct ReadThread: Codable, Sendable, Equatable {
+    public var id: Int
+    public var thread_id: String
+    /// At most this many of the newest turns; nil: as many as fit.
+    public var last: Int?
+    public var max_bytes: Int?
+    public init(id: Int, thread_id: String, last: Int? = nil, max_bytes: Int? = nil) {
+        self.id = id
+        self.thread_id = thread_id
+        self.last = last
+        self.max_bytes = max_bytes
+    }
 }
 
 /// A liveness check: answered at once by the dispatcher (`PingResult`), without touching the
@@ -118,6 +149,7 @@ public enum Request: Sendable, Equatable {
     case closeThread(CloseThread)
     case cancel(Cancel)
     case status(Status)
+    case readThread(ReadThread)
     case ping(Ping)
 
     public var id: Int {
@@ -126,13 +158,14 @@ public enum Request: Sendable, Equatable {
         case .closeThread(let m): m.id
         case .cancel(let m): m.id
         case .status(let m): m.id
+        case .readThread(let m): m.id
         case .ping(let m): m.id
         }
     }
 }
 
 extension Request: Codable {
-    enum Op: String, Codable { case respond, close_thread, cancel, status, ping }
+    enum Op: String, Codable { case respond, close_thread, cancel, status, read_thread, ping }
     private enum Keys: String, CodingKey { case op }
 
     public init(from decoder: any Decoder) throws {
@@ -142,6 +175,7 @@ extension Request: Codable {
         case .close_thread: self = .closeThread(try CloseThread(from: decoder))
         case .cancel: self = .cancel(try Cancel(from: decoder))
         case .status: self = .status(try Status(from: decoder))
+        case .read_thread: self = .readThread(try ReadThread(from: decoder))
         case .ping: self = .ping(try Ping(from: decoder))
         }
     }
@@ -153,6 +187,7 @@ extension Request: Codable {
         case .closeThread(let m): try c.encode(Op.close_thread, forKey: .op); try m.encode(to: encoder)
         case .cancel(let m): try c.encode(Op.cancel, forKey: .op); try m.encode(to: encoder)
         case .status(let m): try c.encode(Op.status, forKey: .op); try m.encode(to: encoder)
+        case .readThread(let m): try c.encode(Op.read_thread, forKey: .op); try m.encode(to: encoder)
         case .ping(let m): try c.encode(Op.ping, forKey: .op); try m.encode(to: encoder)
         }
     }
@@ -290,7 +325,21 @@ public struct ThreadInfo: Codable, Sendable, Equatable {
     public var stored: Bool
     /// Live threads: what their committed calls cost so far (since created or resumed); nil before any.
     public var usage: UsageBody?
-    public init(thread_id: String, turns: Int, pending: Int, live: Bool = true, stored: Bool = false, usage: UsageBody? = nil) {
+    /// Unix seconds: the thread's first and latest committed turn, where known.
+    public var created_at: Double?
+    public var updated_at: Double?
+    /// The start of its first prompt and of its last reply, and its instructions, each clipped (`ThreadPreview`).
+    public var first_prompt: String?
+    public var last_reply: String?
+    public var instructions: String?
+    public init(thread_id: String, turns: Int, pending: Int, live: Bool = true, stored: Bool = false, usage: UsageBody? = nil,
+                created_at: Double? = nil, updated_at: Double? = nil, first_prompt: String? = nil, last_reply: String? = nil,
+                instructions: String? = nil) {
+        self.created_at = created_at
+        self.updated_at = updated_at
+        self.first_prompt = first_prompt
+        self.last_reply = last_reply
+        self.instructions = instructions
         self.usage = usage
         self.thread_id = thread_id
         self.turns = turns
@@ -309,8 +358,10 @@ public struct StatusResult: Codable, Sendable, Equatable {
     public var context_size: Int
     public var max_threads: Int
     public var max_queue: Int
-    /// Live threads, most recently used first.
+    /// The page of threads the request asked for.
     public var threads: [ThreadInfo]
+    /// For the next page, when there is one.
+    public var next_cursor: String?
     /// The model-tool catalogue, by name.
     public var tools: [String]
     /// The state dir threads are stored in, when durable.
@@ -320,7 +371,8 @@ public struct StatusResult: Codable, Sendable, Equatable {
 
     public init(backend: String, model: String, available: Bool, reason: String?, context_size: Int,
                 max_threads: Int, max_queue: Int, threads: [ThreadInfo], tools: [String],
-                state_dir: String? = nil, state_error: String? = nil) {
+                state_dir: String? = nil, state_error: String? = nil, next_cursor: String? = nil) {
+        self.next_cursor = next_cursor
         self.state_dir = state_dir
         self.state_error = state_error
         self.backend = backend
@@ -332,6 +384,44 @@ public struct StatusResult: Codable, Sendable, Equatable {
         self.max_queue = max_queue
         self.threads = threads
         self.tools = tools
+    }
+}
+
+/// One turn as `read_thread` returns it; `cut`: its prompt or reply was clipped to fit.
+public struct TurnItem: Codable, Sendable, Equatable {
+    public var prompt: String
+    public var reply: String
+    /// The turn answered a `schema`: `reply` is its JSON value as text.
+    public var structured: Bool
+    public var cut: Bool
+    public init(prompt: String, reply: String, structured: Bool = false, cut: Bool = false) {
+        self.prompt = prompt
+        self.reply = reply
+        self.structured = structured
+        self.cut = cut
+    }
+}
+
+public struct ReadThreadResult: Codable, Sendable, Equatable {
+    var op = Request.Op.read_thread
+    public var thread_id: String
+    public var instructions: String?
+    public var tools: [String]
+    /// Turns the thread holds; `items` are its last ones, `omitted` the earlier ones left out.
+    public var turns: Int
+    public var omitted: Int
+    /// Turns condensing dropped from this thread while this core held it.
+    public var condensed: Int
+    public var items: [TurnItem]
+    public init(thread_id: String, instructions: String?, tools: [String], turns: Int, omitted: Int, condensed: Int,
+                items: [TurnItem]) {
+        self.thread_id = thread_id
+        self.instructions = instructions
+        self.tools = tools
+        self.turns = turns
+        self.omitted = omitted
+        self.condensed = condensed
+        self.items = items
     }
 }
 

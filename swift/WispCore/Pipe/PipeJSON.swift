@@ -50,6 +50,7 @@ private struct RequestFields {
     var prompt: String?, threadID: String?, instructions: String?, schema: String?
     var tools: [String]?, roots: [String]?, files: [String]?
     var options: RespondOptions?, progress: Bool?
+    var forkFrom: String?, rewind: Int?, query: String?, limit: Int?, cursor: String?, last: Int?, maxBytes: Int?
 
     static let table = JSONFields<RequestFields>([
         "op": { r, f throws(JSONError) in f.op = try r.string() },
@@ -70,6 +71,13 @@ private struct RequestFields {
             }
         },
         "progress": { r, f throws(JSONError) in f.progress = try r.nullable { r throws(JSONError) in try r.bool() } },
+        "fork_from": { r, f throws(JSONError) in f.forkFrom = try r.nullable { r throws(JSONError) in try r.string() } },
+        "rewind": { r, f throws(JSONError) in f.rewind = try r.nullable { r throws(JSONError) in try r.int() } },
+        "query": { r, f throws(JSONError) in f.query = try r.nullable { r throws(JSONError) in try r.string() } },
+        "limit": { r, f throws(JSONError) in f.limit = try r.nullable { r throws(JSONError) in try r.int() } },
+        "cursor": { r, f throws(JSONError) in f.cursor = try r.nullable { r throws(JSONError) in try r.string() } },
+        "last": { r, f throws(JSONError) in f.last = try r.nullable { r throws(JSONError) in try r.int() } },
+        "max_bytes": { r, f throws(JSONError) in f.maxBytes = try r.nullable { r throws(JSONError) in try r.int() } },
     ])
 
     func required<T>(_ value: T?, _ name: String) throws(JSONError) -> T {
@@ -82,13 +90,16 @@ private struct RequestFields {
         switch op {
         case "respond":
             return .respond(Respond(id: id, prompt: try required(prompt, "prompt"), thread_id: threadID, instructions: instructions,
-                                    tools: tools, options: options, progress: progress, roots: roots, files: files, schema: schema))
+                                    tools: tools, options: options, progress: progress, roots: roots, files: files, schema: schema,
+                                    fork_from: forkFrom, rewind: rewind))
         case "close_thread": return .closeThread(CloseThread(id: id, thread_id: try required(threadID, "thread_id")))
         case "cancel": return .cancel(Cancel(id: id, request: try required(request, "request")))
-        case "status": return .status(Status(id: id))
+        case "status": return .status(Status(id: id, query: query, limit: limit, cursor: cursor))
+        case "read_thread":
+            return .readThread(ReadThread(id: id, thread_id: try required(threadID, "thread_id"), last: last, max_bytes: maxBytes))
         case "ping": return .ping(Ping(id: id))
         default:
-            var e = JSONError("unknown op '\(op.prefix(40))' (respond, close_thread, cancel, status or ping)", at: -1)
+            var e = JSONError("unknown op '\(op.prefix(40))' (respond, close_thread, cancel, status, read_thread or ping)", at: -1)
             e.path = ["op"]
             throw e
         }
@@ -181,6 +192,8 @@ extension ThreadInfo: JSONWritable {
             $0.field("thread_id", thread_id); $0.field("turns", turns); $0.field("pending", pending)
             $0.field("live", live); $0.field("stored", stored)
             if let usage { $0.field("usage", usage) }
+            $0.field("created_at", created_at); $0.field("updated_at", updated_at)
+            $0.field("first_prompt", first_prompt); $0.field("last_reply", last_reply); $0.field("instructions", instructions)
         }
     }
 }
@@ -193,6 +206,25 @@ extension StatusResult: JSONWritable {
             $0.field("context_size", context_size); $0.field("max_threads", max_threads); $0.field("max_queue", max_queue)
             $0.key("threads"); $0.array(threads) { w, t in t.write(to: &w) }
             $0.field("tools", tools); $0.field("state_dir", state_dir); $0.field("state_error", state_error)
+            $0.field("next_cursor", next_cursor)
+        }
+    }
+}
+
+extension TurnItem: JSONWritable {
+    public func write(to w: inout JSONWriter) {
+        w.object {
+            $0.field("prompt", prompt); $0.field("reply", reply); $0.field("structured", structured); $0.field("cut", cut)
+        }
+    }
+}
+
+extension ReadThreadResult: JSONWritable {
+    public func write(to w: inout JSONWriter) {
+        w.object {
+            $0.field("op", op.rawValue); $0.field("thread_id", thread_id); $0.field("instructions", instructions)
+            $0.field("tools", tools); $0.field("turns", turns); $0.field("omitted", omitted); $0.field("condensed", condensed)
+            $0.key("items"); $0.array(items) { w, t in t.write(to: &w) }
         }
     }
 }

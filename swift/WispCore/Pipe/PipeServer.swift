@@ -31,6 +31,8 @@ public final class PipeServer: Sendable {
     private let watchdog = Locked<Task<Void, Never>?>(nil)
     /// Replies up to this many bytes of text are encoded on the pipe loop: less than a hop to the pool costs.
     private static let encodeInPlace = 64 * 1024
+    /// `read_thread`'s bound on the turns' text when the request gives none.
+    static let readThreadBytes = 64 * 1024
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
 
@@ -70,12 +72,29 @@ public final class PipeServer: Sendable {
             // In its own task: asking a backend about itself can take seconds (an endpoint that
             // does not answer), and the dispatcher must keep taking calls and cancels meanwhile.
             Task {
+                let page: (threads: [ThreadInfo], next: String?)
+                do {
+                    page = try await registry.list(query: s.query, limit: s.limit, cursor: s.cursor)
+                } catch {
+                    return fail(s.id, WispError.from(error))
+                }
                 let availability = await backend.availability()
                 write(Reply.success(s.id, StatusResult(
                     backend: backend.name, model: backend.model, available: availability.available,
                     reason: availability.reason, context_size: await backend.contextSize(),
-                    max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot(),
-                    tools: registry.toolNames, state_dir: registry.store?.directory, state_error: registry.storeError)))
+                    max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
+                    tools: registry.toolNames, state_dir: registry.store?.directory, state_error: registry.storeError,
+                    next_cursor: page.next)))
+            }
+        case .readThread(let m):
+            // In its own task: a stored thread is read from disk.
+            Task {
+                do {
+                    let result = try await registry.read(m.thread_id, last: m.last, maxBytes: m.max_bytes ?? Self.readThreadBytes)
+                    write(Reply.success(m.id, result))
+                } catch {
+                    fail(m.id, WispError.from(error))
+                }
             }
         }
     }
@@ -128,6 +147,12 @@ public final class PipeServer: Sendable {
             let levels = ReasoningLevel.allCases.map(\.rawValue).joined(separator: ", ")
             return fail(r.id, WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
         }
+        if let n = r.rewind, n < 1 {
+            return fail(r.id, WispError(.invalidArgument, "rewind must be at least 1, got \(n)"))
+        }
+        if r.rewind != nil, r.thread_id == nil, r.fork_from == nil {
+            return fail(r.id, WispError(.invalidArgument, "rewind takes back turns of an existing thread: name it in thread_id"))
+        }
         let deadline = Self.deadline(r.options)
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
         // has told the caller it timed out, so it must change nothing, not even create its thread.
@@ -157,7 +182,8 @@ public final class PipeServer: Sendable {
 
         let acceptance: ThreadRegistry.Acceptance
         do {
-            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots)
+            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots,
+                                                   forkFrom: r.fork_from, rewinding: r.rewind != nil)
         } catch {
             return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, WispError.from(error))))
         }
@@ -205,7 +231,8 @@ public final class PipeServer: Sendable {
                 let base = registry.fileRoots, extra = r.roots ?? []
                 files = FileRequest(paths: paths, roots: await offPipeLoop { base.adding(extra) })
             }
-            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
+            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial,
+                                                   rewind: r.rewind ?? 0) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {

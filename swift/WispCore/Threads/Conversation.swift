@@ -22,12 +22,16 @@ public final class Conversation {
         public var usage: Usage = Usage()
         /// Durable threads: why this turn could not be stored (it is kept in memory only).
         public var storeError: String? = nil
+        /// Turns this call took back (`rewind`).
+        public var rewound: Int = 0
     }
 
     /// A turn the model has answered but the history does not hold yet: a call's result until
     /// it is `commit`ted (the call ended un-stopped) or `discard`ed (cancelled, timed out).
     public struct Staged: Sendable {
         fileprivate let turn: Turn
+        /// The newest turns of the history the call took back (`rewind`), dropped when committing.
+        fileprivate let rewound: Int
         /// The oldest turns of the history to drop when committing (condensing).
         fileprivate let dropped: Int
         fileprivate let promptTokens: Int?
@@ -40,6 +44,8 @@ public final class Conversation {
     public let instructions: String?
     public let tools: [ModelTool]
     public private(set) var history: [Turn] = []
+    /// Turns condensing dropped from this conversation (and the one it was forked from) in this process.
+    public private(set) var condensedAway = 0
     /// Disposable: rebuilt from `history` after condensing or any failed call.
     private var session: (any ModelSession)?
     private var instructionTokens: Int?
@@ -49,7 +55,8 @@ public final class Conversation {
     /// `history`: a stored thread's turns; its session is rebuilt from them on the first call,
     /// the same way as after condensing. `affinity`: the thread's (its conversations share it).
     public init(backend: any ModelBackend, instructions: String?, tools: [ModelTool], history: [Turn] = [],
-                affinity: SessionAffinity? = nil) {
+                affinity: SessionAffinity? = nil, condensedAway: Int = 0) {
+        self.condensedAway = condensedAway
         self.backend = backend
         self.instructions = instructions
         self.tools = tools
@@ -59,10 +66,14 @@ public final class Conversation {
 
     /// Answers `prompt` in this conversation, staging the turn: the history is left exactly as
     /// it was until `commit`, which must come before any other call (the thread's gate sees to it).
+    /// `rewind`: the model answers as if the last `rewind` turns had never been (the caller has
+    /// checked there are that many); they go at the commit.
     nonisolated(nonsending)
     public func respond(to callerPrompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?) async throws -> Staged {
+                        onPartial: PartialHandler?, rewind: Int = 0) async throws -> Staged {
         if Task.isCancelled { throw WispError.callCancelled }
+        // The live session heard the turns being taken back.
+        if rewind > 0 { session = nil }
         let context = max(1, await backend.contextSize())
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
@@ -74,7 +85,7 @@ public final class Conversation {
         let message = ModelPrompt(text: callerPrompt, files: attached)
         if !message.files.isEmpty { try await checkFilesFit(message, context: context, settings: settings) }
         let prompt = message.rendered
-        var kept = history[...]
+        var kept = history.dropLast(rewind)
         var dropped = 0
 
         // Pre-flight: where the model can count, drop what cannot fit beside the prompt and a reply
@@ -123,12 +134,14 @@ public final class Conversation {
                 // delivered, never joins the history.
                 try await OutputSchema.checkReply(g.text, settings: settings)
                 let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text, reasoning: g.reasoning,
-                                tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g))
-                return Staged(turn: turn, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens, usage: g.usage)
+                                tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g),
+                                structured: settings.schema != nil)
+                return Staged(turn: turn, rewound: rewind, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens, usage: g.usage)
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
                 guard !kept.isEmpty else {
-                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings)
+                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings,
+                                         rewind: rewind)
                 }
                 overflows += 1
                 let n = dropCount(kept: kept, prompt: prompt, context: context, overflows: overflows)
@@ -154,11 +167,11 @@ public final class Conversation {
     /// big or only the reply did not fit beside it, and closing the thread only where there is one.
     nonisolated(nonsending)
     private func unfit(_ error: WispError, prompt: String, promptTokens: Int?, context: Int,
-                       settings: GenerationSettings) async throws -> WispError {
+                       settings: GenerationSettings, rewind: Int) async throws -> WispError {
         let alone = try await backend.promptTokens(instructions: instructions, tools: tools, history: [], prompt: prompt, settings: settings)
         var own = alone ?? 0
         if alone == nil { own = try await countInstructions() + (promptTokens ?? estimatedTokens(prompt)) }
-        let fresh = history.isEmpty
+        let fresh = history.count == rewind
         if own < context {
             let dropped = fresh ? "" : ", with every earlier turn of this thread dropped"
             return WispError(.contextOverflow, """
@@ -185,11 +198,13 @@ public final class Conversation {
     public func commit(_ staged: Staged) -> Outcome {
         let created = history.isEmpty
         // Appended in place: rebuilding the array cost O(turns) per call on a long thread.
+        if staged.rewound > 0 { history.removeLast(staged.rewound) }
         if staged.dropped > 0 { history.removeFirst(staged.dropped) }
+        condensedAway += staged.dropped
         history.append(staged.turn)
         return Outcome(text: staged.turn.response, created: created, condensed: staged.dropped > 0, turns: history.count,
                        dropped: staged.dropped, promptTokens: staged.promptTokens, outputTokens: staged.outputTokens,
-                       usage: staged.usage)
+                       usage: staged.usage, rewound: staged.rewound)
     }
 
     /// Forgets a staged turn. The live session heard it, so it goes too, rebuilt from the history next time.

@@ -21,6 +21,18 @@ public actor ConversationThread {
         }
     }
 
+    /// What a fork starts from: another thread's binding and committed history.
+    public struct Copy: Sendable {
+        public let binding: Binding
+        public let history: [Turn]
+        public let condensed: Int
+        public init(binding: Binding, history: [Turn], condensed: Int = 0) {
+            self.binding = binding
+            self.history = history
+            self.condensed = condensed
+        }
+    }
+
     /// A durable thread's store, and how to turn stored tool names and roots back into tools.
     public struct Durability: Sendable {
         public let store: ThreadStore
@@ -59,9 +71,15 @@ public actor ConversationThread {
     /// The call being served is writing the thread's file (off the pipe loop, so `close`
     /// may run meanwhile): that call deletes it afterwards if the thread was closed by then.
     private var saving = false
-    /// A turn was committed that the store does not have (the directory failed): the memory is
-    /// newer than any file, so the next call that can store stores it rather than reloading.
+    /// A turn was committed that the store does not have (the directory failed), or the thread
+    /// is a fork not stored yet: the memory is newer than any file, so the next call that can
+    /// store stores it rather than reloading.
     private var unstored = false
+    /// A fork whose first call has not committed: that call creates the thread for its caller.
+    private var forked: Bool
+    /// Unix seconds of the first and latest committed turn, where known.
+    public private(set) var createdAt: Double?
+    public private(set) var updatedAt: Double?
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
@@ -77,14 +95,22 @@ public actor ConversationThread {
     /// Tickets whose caller gave up (cancelled) while waiting; skipped when their turn comes.
     private var abandoned: Set<UInt64> = []
 
+    /// `copy`: the thread is a fork of it (its binding then comes from there).
     public init(id: String, backend: any ModelBackend, instructions: String?, tools: [ModelTool], maxQueue: Int,
-                roots: [String] = [], durability: Durability? = nil) {
+                roots: [String] = [], durability: Durability? = nil, copy: Copy? = nil) {
         self.id = id
         self.backend = backend
         self.affinity = SessionAffinity(key: id)
-        self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
+        if let copy {
+            self.conversation = Conversation(backend: backend, instructions: copy.binding.instructions, tools: copy.binding.tools,
+                                             history: copy.history, affinity: affinity, condensedAway: copy.condensed)
+        } else {
+            self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
+        }
+        self.forked = copy != nil
+        self.unstored = copy != nil
         self.maxQueue = maxQueue
-        self.roots = roots
+        self.roots = copy?.binding.roots ?? roots
         self.durability = durability
     }
 
@@ -94,6 +120,41 @@ public actor ConversationThread {
     public private(set) var usage: Usage?
     public var history: [Turn] { conversation.history }
     public var instructions: String? { conversation.instructions }
+
+    /// The binding and committed history, as a fork copies them: a call running meanwhile is not
+    /// in them (its turn is staged, not committed). A durable thread another process wrote since
+    /// this one last looked is read from the store.
+    public func copy() async throws(WispError) -> Copy {
+        if let durability, !unstored, !closed {
+            let store = durability.store, id = self.id, seen = stamp
+            let found = try await offPipeLoop { () throws(WispError) in try store.loadIfChanged(id, seen: seen) }
+            if case .loaded(let state, _) = found {
+                let tools = try durability.resolve(state.tools, state.roots)
+                return Copy(binding: Binding(instructions: state.instructions, tools: tools, roots: state.roots), history: state.history)
+            }
+        }
+        return Copy(binding: Binding(instructions: conversation.instructions, tools: conversation.tools, roots: roots),
+                    history: conversation.history, condensed: conversation.condensedAway)
+    }
+
+    /// This thread in a listing, or nil when it does not match `query`.
+    public func listed(query: ThreadQuery?, pending: Int, stored: Bool) -> (ThreadInfo, ListPlace)? {
+        var score = 0
+        if let query {
+            guard let s = query.score(conversation.history) else { return nil }
+            score = s
+        }
+        let info = ThreadViews.info(id: id, instructions: conversation.instructions, history: conversation.history, pending: pending,
+                                    live: true, stored: stored, usage: usage.map(UsageBody.init), created: createdAt,
+                                    updated: updatedAt)
+        return (info, ListPlace(score: score, updated: updatedAt ?? .infinity, id: id))
+    }
+
+    /// The thread's last turns as `read_thread` gives them.
+    public func read(last: Int?, maxBytes: Int) -> ReadThreadResult {
+        ThreadViews.read(id: id, instructions: conversation.instructions, tools: conversation.tools.map(\.name),
+                         history: conversation.history, condensed: conversation.condensedAway, last: last, maxBytes: maxBytes)
+    }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
     public var pending: Int { Int(issued - serving) - abandoned.count }
@@ -111,21 +172,24 @@ public actor ConversationThread {
 
     /// Waits for `ticket`'s turn, then answers and commits the turn.
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?) async throws -> Conversation.Outcome {
+                        onPartial: PartialHandler?, rewind: Int = 0) async throws -> Conversation.Outcome {
         // `keep` always says yes, so there is always an outcome.
-        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: { true })!
+        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind, keep: { true })!
     }
 
     /// Waits for `ticket`'s turn, then answers; the turn is committed only if `keep()`, asked once
     /// the model has answered and before anything else runs on this thread, says so. Nil when it
     /// did not (the call was stopped): the history is then exactly as it was. A call cancelled
     /// while waiting leaves the line without running; one that fails leaves the history unchanged.
+    /// `rewind`: the last turns the call takes back, in the same commit (none if it is not kept).
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
+                        onPartial: PartialHandler?, rewind: Int = 0,
+                        keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         try await waitForTurn(ticket.number)
         defer { advance() }
         do {
-            return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: keep)
+            return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind,
+                                   keep: keep)
         } catch {
             await release()
             throw error
@@ -133,7 +197,7 @@ public actor ConversationThread {
     }
 
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
-                       onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
+                       onPartial: PartialHandler?, rewind: Int, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         if let durability, !closed {
             // No lock while the state dir is not usable: the call is served in memory. What is
             // stored is still read where it can be (a read-only directory holds its threads).
@@ -151,7 +215,12 @@ public actor ConversationThread {
         } else if !ticket.binds.isEmpty {
             throw bindingError(passed: ticket.binds)
         }
-        let staged = try await conversation.respond(to: prompt, files: files, settings: settings, onPartial: onPartial)
+        guard rewind <= conversation.history.count else {
+            let has = conversation.history.count
+            throw WispError(.invalidArgument, "rewind \(rewind) is more than thread '\(id)' holds (\(has) turn\(has == 1 ? "" : "s")); "
+                            + "nothing was dropped. Rewind at most \(has).")
+        }
+        let staged = try await conversation.respond(to: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind)
         guard keep() else {
             conversation.discard(staged)
             await release()
@@ -178,6 +247,13 @@ public actor ConversationThread {
     private func commit(_ staged: Conversation.Staged) async -> Conversation.Outcome {
         var outcome = conversation.commit(staged)
         usage = usage.map { $0 + outcome.usage } ?? outcome.usage
+        let now = ThreadViews.now()
+        if outcome.created || forked { createdAt = now }
+        updatedAt = now
+        if forked {
+            outcome.created = true
+            forked = false
+        }
         guard let durability, !closed else { return outcome }
         guard held != nil else {
             unstored = true
@@ -186,8 +262,8 @@ public actor ConversationThread {
         }
         let state = ThreadStore.State(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots, history: conversation.history)
         let store = durability.store, id = self.id, held = self.held
-        // The file holds the history but this turn unless turns were dropped or kept in memory only.
-        let appendingTo = outcome.dropped > 0 || unstored ? nil : stamp
+        // The file holds the history but this turn unless turns were dropped, taken back or kept in memory only.
+        let appendingTo = outcome.dropped > 0 || outcome.rewound > 0 || unstored ? nil : stamp
         // Off the pipe loop: the write and its sync.
         saving = true
         let saved: Result<ThreadStore.Stamp, WispError> = await offPipeLoop {

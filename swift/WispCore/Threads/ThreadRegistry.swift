@@ -12,6 +12,10 @@ import WispInfrastructure
 /// - A turn is committed only when its call ends un-stopped (`PipeServer` decides). A thread
 ///   none of whose calls committed a turn is forgotten when its last call ends; a call that
 ///   runs on it before then starts it afresh, with its own binding (`created: true`).
+/// - `fork_from` creates the call's thread (a generated id, or `thread_id`, which must not be
+///   live or stored) as a copy of another thread's binding and committed history, live or
+///   stored, busy or idle; the source is not touched. Binding arguments with it are refused.
+/// - `rewind` takes back a thread's last turns in the call's own commit (`ConversationThread`).
 /// - `close_thread` frees a thread; closing an unknown id is not an error (`closed: false`).
 /// - At most `capacity` live threads. Creating one more evicts the least recently used,
 ///   preferring one with no call in flight (and says which, in `Acceptance.evicted`). Calls already accepted for an evicted or closed
@@ -102,11 +106,17 @@ public actor ThreadRegistry {
     /// Accepts a `respond` call: finds or creates its thread and takes its place in that
     /// thread's line. The caller must call `finished(_:committed:)` when the call ends.
     /// `instructions` and `tools` are as the caller passed them: nil when absent.
+    /// `forkFrom`: the thread to copy (see the rules above); `rewinding`: the call takes back
+    /// turns, so the thread must exist.
     public func accept(threadID: String?, instructions: String?, tools toolNames: [String]?,
-                       roots: [String]? = nil) async throws(WispError) -> Acceptance {
+                       roots: [String]? = nil, forkFrom: String? = nil, rewinding: Bool = false) async throws(WispError) -> Acceptance {
         if let threadID { try Self.validate(threadID) }
         if let roots { try Self.validate(roots: roots) }
         let binds = [instructions != nil ? "instructions" : nil, toolNames != nil ? "tools" : nil].compactMap { $0 }
+        if let forkFrom { return try await fork(forkFrom, into: threadID, binds: binds) }
+        if rewinding, let threadID, entries[threadID] == nil, try await !isStored(threadID) {
+            throw WispError(.invalidArgument, "rewind: no thread '\(threadID)' (not live\(store != nil ? " or stored" : "")); nothing to take back")
+        }
 
         clock += 1
         if let threadID, var entry = entries[threadID] {
@@ -143,6 +153,56 @@ public actor ThreadRegistry {
         // can binding arguments be told apart from a new thread's.
         let ticket = durability != nil && threadID != nil ? ConversationThread.firstTicket(binds: binds) : ConversationThread.firstTicket
         return Acceptance(thread: thread, ticket: ticket, evicted: evicted)
+    }
+
+    private func fork(_ source: String, into threadID: String?, binds: [String]) async throws(WispError) -> Acceptance {
+        try Self.validate(source)
+        guard binds.isEmpty else {
+            throw WispError(.invalidArgument, "fork_from copies thread '\(source)''s instructions and tools; omit \(binds.joined(separator: " and ")) (a fork's binding is its source's)")
+        }
+        func taken(_ id: String) -> WispError {
+            WispError(.invalidArgument, "thread '\(id)' already exists; a fork creates its thread: name a new thread_id, or omit it for a generated one")
+        }
+        if let threadID {
+            if entries[threadID] != nil { throw taken(threadID) }
+            if try await isStored(threadID) { throw taken(threadID) }
+        }
+        let copy = try await copy(of: source)
+        // The registry may have changed during those awaits.
+        var id = threadID ?? Self.generateID()
+        while threadID == nil && entries[id] != nil { id = Self.generateID() }
+        if entries[id] != nil { throw taken(id) }
+        clock += 1
+        let evicted = entries.count >= capacity ? evictOne() : nil
+        let thread = ConversationThread(id: id, backend: backend, instructions: nil, tools: [], maxQueue: maxQueue,
+                                        durability: durability, copy: copy)
+        entries[id] = Entry(thread: thread, lastUsed: clock, inFlight: 1)
+        return Acceptance(thread: thread, ticket: ConversationThread.firstTicket, evicted: evicted)
+    }
+
+    /// A thread's binding and committed history: live (even with a call running), else stored.
+    private func copy(of id: String) async throws(WispError) -> ConversationThread.Copy {
+        if let entry = entries[id] {
+            let copy = try await entry.thread.copy()
+            // A thread whose first call is still running has nothing to copy yet, unless it is stored.
+            if !copy.history.isEmpty { return copy }
+        }
+        if let durability, let (state, _) = try await stored(id) {
+            let tools = try durability.resolve(state.tools, state.roots)
+            return .init(binding: .init(instructions: state.instructions, tools: tools, roots: state.roots), history: state.history)
+        }
+        throw WispError(.invalidArgument, "fork_from: no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
+    }
+
+    /// The stored state of thread `id`, if it has one (off the pipe loop: it reads the disk).
+    private func stored(_ id: String) async throws(WispError) -> (ThreadStore.State, ThreadStore.Stamp)? {
+        guard let store else { return nil }
+        return try await offPipeLoop { () throws(WispError) in try store.load(id) }
+    }
+
+    private func isStored(_ id: String) async throws(WispError) -> Bool {
+        guard let store else { return false }
+        return await offPipeLoop { store.stamp(id) != nil }
     }
 
     /// Marks an accepted call as ended, so its thread counts as idle for eviction again.
@@ -218,22 +278,79 @@ public actor ThreadRegistry {
 
     public var count: Int { entries.count }
 
-    /// Live threads, most recently used first, then stored ones that are not live, most recently written first.
-    public func snapshot() async -> [ThreadInfo] {
-        var infos: [(UInt64, ThreadInfo)] = []
+    /// A page of threads, live and stored alike: with `query`, those that hold its words, best
+    /// match first; else all, most recently used first. `cursor`: where the last page ended.
+    /// `limit` nil: every thread (up to `ThreadViews.maxPage`).
+    public func list(query: String? = nil, limit: Int? = nil, cursor: String? = nil) async throws(WispError)
+        -> (threads: [ThreadInfo], next: String?) {
+        let query = try query.map { text throws(WispError) in try ThreadQuery(text) }
+        let after = try cursor.map { text throws(WispError) in try ListPlace(cursor: text) }
+        let size = min(max(1, limit ?? ThreadViews.maxPage), ThreadViews.maxPage)
         let store = store
-        let stored = await offPipeLoop { store?.summaries() ?? [] }  // reads every stored file's header
+        // Reads every stored thread's last commit; with a query, every stored thread.
+        let stored = await offPipeLoop { store?.summaries() ?? [] }
         let storedIDs = Set(stored.map(\.id))
+        var rows: [(place: ListPlace, info: ThreadInfo?)] = []
         for (id, entry) in entries {
-            infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,
-                                                     live: true, stored: storedIDs.contains(id),
-                                                     usage: await entry.thread.usage.map(UsageBody.init))))
+            if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight, stored: storedIDs.contains(id)) {
+                rows.append((place, info))
+            }
         }
-        let live = infos.sorted { $0.0 > $1.0 }.map(\.1)
         let liveIDs = Set(entries.keys)
-        return live + stored.filter { !liveIDs.contains($0.id) }.map {
-            ThreadInfo(thread_id: $0.id, turns: $0.turns, pending: 0, live: false, stored: true)
+        let resting = stored.filter { !liveIDs.contains($0.id) }
+        if let query, let store {
+            let found = await offPipeLoop { () -> [(ListPlace, ThreadInfo)] in
+                resting.compactMap { s in
+                    guard let (state, _) = try? store.load(s.id), let score = query.score(state.history) else { return nil }
+                    return (ListPlace(score: score, updated: s.modified, id: s.id), Self.info(s, state))
+                }
+            }
+            rows += found.map { ($0.0, $0.1) }
+        } else {
+            rows += resting.map { (ListPlace(score: 0, updated: $0.modified, id: $0.id), nil) }
         }
+        rows.sort { $0.place < $1.place }
+        let start = after.map { a in rows.firstIndex { a < $0.place } ?? rows.count } ?? 0
+        let page = rows[start...].prefix(size)
+        let next = start + page.count < rows.count ? page.last?.place.cursor : nil
+        // Only this page's stored threads are read whole (for their previews).
+        let summaries = Dictionary(stored.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+        let threads = await offPipeLoop { () -> [ThreadInfo] in
+            page.map { row in
+                if let info = row.info { return info }
+                let s = summaries[row.place.id]!
+                guard let store, let (state, _) = try? store.load(s.id) else {
+                    return ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true, updated_at: s.modified)
+                }
+                return Self.info(s, state)
+            }
+        }
+        return (threads, next)
+    }
+
+    private static func info(_ s: ThreadStore.Summary, _ state: ThreadStore.State) -> ThreadInfo {
+        ThreadViews.info(id: s.id, instructions: state.instructions, history: state.history, pending: 0, live: false, stored: true,
+                         usage: nil, created: nil, updated: s.modified)
+    }
+
+    /// Every thread, as `list` with no query or limit gives them.
+    public func snapshot() async -> [ThreadInfo] {
+        (try? await list())?.threads ?? []
+    }
+
+    /// Thread `id`'s last turns and binding, live or stored.
+    public func read(_ id: String, last: Int?, maxBytes: Int) async throws(WispError) -> ReadThreadResult {
+        try Self.validate(id)
+        // A live thread whose first call is still running has no turns yet: it may be stored.
+        if let entry = entries[id] {
+            let result = await entry.thread.read(last: last, maxBytes: maxBytes)
+            if result.turns > 0 { return result }
+        }
+        if let (state, _) = try await stored(id) {
+            return ThreadViews.read(id: id, instructions: state.instructions, tools: state.tools, history: state.history, condensed: 0,
+                                    last: last, maxBytes: maxBytes)
+        }
+        throw WispError(.invalidArgument, "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
     }
 
     private func resolve(_ names: [String]) throws(WispError) -> [ModelTool] {

@@ -744,7 +744,10 @@ extension ThreadStore.Commit: JSONWritable {
 
 extension Turn: JSONWritable {
     public func write(to w: inout JSONWriter) {
-        w.object { $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response); $0.field("tokens", tokens); $0.field("reasoning", reasoning) }
+        w.object {
+            $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response)
+            $0.field("tokens", tokens); $0.field("reasoning", reasoning); $0.field("structured", structured)
+        }
     }
 }
 
@@ -834,20 +837,24 @@ extension ThreadStore.State {
 }
 
 extension Turn {
-    private struct Fields { var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int?, reasoning: String? }
+    private struct Fields {
+        var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int?, reasoning: String?, structured: Bool?
+    }
     private static let table = JSONFields<Fields>([
         "prompt": { r, f throws(JSONError) in f.prompt = try r.string() },
         "toolExchanges": { r, f throws(JSONError) in f.toolExchanges = try r.array { r throws(JSONError) in try ToolExchange.read(&r) } },
         "response": { r, f throws(JSONError) in f.response = try r.string() },
         "tokens": { r, f throws(JSONError) in f.tokens = try r.int() },
         "reasoning": { r, f throws(JSONError) in f.reasoning = try r.nullable { r throws(JSONError) in try r.string() } },
+        "structured": { r, f throws(JSONError) in f.structured = try r.bool() },
     ])
 
     static func read(_ r: inout JSONReader) throws(JSONError) -> Turn {
         var f = Fields()
         try r.object(into: &f, table)
         return Turn(prompt: try required(f.prompt, "prompt"), toolExchanges: try required(f.toolExchanges, "toolExchanges"),
-                    response: try required(f.response, "response"), reasoning: f.reasoning, tokens: try required(f.tokens, "tokens"))
+                    response: try required(f.response, "response"), reasoning: f.reasoning, tokens: try required(f.tokens, "tokens"),
+                    structured: f.structured ?? false)
     }
 }
 
