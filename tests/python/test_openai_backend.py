@@ -28,7 +28,7 @@ async def test_second_call_carries_first_turn_and_settings():
             assert s1["text"] == "reply 1: My name is Alice." and s1["created"]
             s2 = ok(await c.call_tool("respond", {"prompt": "What is my name?", "thread_id": s1["thread_id"]}))
             assert s2["text"] == "reply 2: What is my name?" and s2["turns"] == 2
-            assert s2["output_tokens"] == 5 and s2["prompt_tokens"] > 0  # from the server's usage
+            assert s2["usage"]["output_tokens"] == 5 and s2["usage"]["input_tokens"] > 0  # from the server's usage
         first, second = stub.chats()
         system = {"role": "system", "content": "Be brief."}
         assert first["messages"] == [system, {"role": "user", "content": "My name is Alice."}]
@@ -179,4 +179,4 @@ async def test_server_that_ignores_stream_still_answers():
     with OpenAIStub(StubConfig(ignore_stream=True)) as stub:
         async with openai(stub) as c:
             s = ok(await c.call_tool("respond", {"prompt": "hello there"}))
-    assert s["text"] == "reply 1: hello there" and s["output_tokens"] == 3
+    assert s["text"] == "reply 1: hello there" and s["usage"]["output_tokens"] == 3

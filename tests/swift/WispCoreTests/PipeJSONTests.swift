@@ -52,8 +52,15 @@ import WispInfrastructure
             try sameAsJSONEncoder(Reply.success(3, PingResult()))
             try sameAsJSONEncoder(Reply.success(4, StatusResult(
                 backend: text, model: "m", available: false, reason: text, context_size: 4096, max_threads: 32, max_queue: 0,
-                threads: [ThreadInfo(thread_id: text, turns: 1, pending: 0), ThreadInfo(thread_id: "b", turns: 0, pending: 2, live: false, stored: true)],
-                tools: ["read_file", text], state_dir: text, state_error: nil)))
+                threads: [ThreadInfo(thread_id: text, turns: 1, pending: 0), ThreadInfo(thread_id: "b", turns: 0, pending: 2, live: false, stored: true),
+                          ThreadInfo(thread_id: "c", turns: 3, pending: 0, usage: UsageBody(input_tokens: 4), created_at: 1764645123.25,
+                                     updated_at: 1764645124.5, first_prompt: text, last_reply: text, instructions: text)],
+                tools: ["read_file", text], state_dir: text, state_error: nil, next_cursor: text)))
+            try sameAsJSONEncoder(Reply.success(6, ReadThreadResult(
+                thread_id: "t", instructions: text, tools: [text], turns: 9, omitted: 7, condensed: 1,
+                items: [TurnItem(prompt: text, reply: text), TurnItem(prompt: "p", reply: "{}", structured: true, cut: true)])))
+            try sameAsJSONEncoder(Reply.success(7, ReadThreadResult(thread_id: "t", instructions: nil, tools: [], turns: 0, omitted: 0,
+                                                                     condensed: 0, items: [])))
             try sameAsJSONEncoder(Reply.success(5, StatusResult(backend: "b", model: "m", available: true, reason: nil, context_size: 1,
                                                                  max_threads: 1, max_queue: 1, threads: [], tools: [])))
         }
@@ -145,7 +152,7 @@ import WispInfrastructure
     static func randomRequest(_ rng: inout some RandomNumberGenerator) -> Request {
         func maybe<T>(_ value: @autoclosure () -> T) -> T? { Bool.random(using: &rng) ? value() : nil }
         let id = Int.random(in: -5...Int.max, using: &rng)
-        switch Int.random(in: 0..<5, using: &rng) {
+        switch Int.random(in: 0..<6, using: &rng) {
         case 0:
             let options = maybe(RespondOptions(temperature: maybe(Double.random(in: 0...2, using: &rng)),
                                                max_output_tokens: maybe(Int.random(in: 1...Int(Int32.max), using: &rng)),
@@ -154,10 +161,14 @@ import WispInfrastructure
             return .respond(Respond(id: id, prompt: randomText(&rng), thread_id: maybe(randomText(&rng)), instructions: maybe(randomText(&rng)),
                                     tools: maybe((0..<Int.random(in: 0...3, using: &rng)).map { _ in randomText(&rng) }), options: options,
                                     progress: maybe(Bool.random(using: &rng)), roots: maybe([randomText(&rng)]), files: maybe([]),
-                                    schema: maybe(randomText(&rng))))
+                                    schema: maybe(randomText(&rng)), fork_from: maybe(randomText(&rng)),
+                                    rewind: maybe(Int.random(in: Int.min...Int.max, using: &rng))))
         case 1: return .closeThread(CloseThread(id: id, thread_id: randomText(&rng)))
         case 2: return .cancel(Cancel(id: id, request: Int.random(in: Int.min...Int.max, using: &rng)))
-        case 3: return .status(Status(id: id))
+        case 3: return .status(Status(id: id, query: maybe(randomText(&rng)), limit: maybe(Int.random(in: -9...Int.max, using: &rng)),
+                                      cursor: maybe(randomText(&rng))))
+        case 4: return .readThread(ReadThread(id: id, thread_id: randomText(&rng), last: maybe(Int.random(in: 1...Int.max, using: &rng)),
+                                              max_bytes: maybe(Int.random(in: 0...Int.max, using: &rng))))
         default: return .ping(Ping(id: id))
         }
     }
@@ -174,7 +185,10 @@ import WispInfrastructure
             #"{"op":"respond","id":12,"prompt":"héllo 🙂 a/b \"q\" \\ \n","thread_id":"t-1.x_","options":{"timeout_s":300.0}}"#,
             #"{"op":"respond","id":1,"prompt":"p","tools":["read_file","search_text"],"options":{"temperature":0.7,"max_output_tokens":64,"timeout_s":2.5,"deadline":81234.567891},"progress":true,"roots":["/w"],"files":["a.txt"],"schema":"{\"type\":\"object\"}"}"#,
             #"{"op":"close_thread","id":2,"thread_id":"t"}"#, #"{"op":"cancel","id":3,"request":1}"#,
-            #"{"op":"status","id":4}"#, #"{"op":"ping","id":5}"#, #" { "op" : "ping" , "id" : 6 } "#,
+            #"{"op":"status","id":4}"#, #"{"op":"ping","id":5}"#,
+            #"{"op":"status","id":8,"query":"undefined symbol","limit":20,"cursor":"0-41d9-t"}"#,
+            #"{"op":"read_thread","id":9,"thread_id":"t","last":3,"max_bytes":32768}"#,
+            #"{"op":"respond","id":10,"prompt":"p","thread_id":"t","fork_from":"s","rewind":2}"#, #" { "op" : "ping" , "id" : 6 } "#,
             #"{"op":"respond","id":7,"prompt":"\u00e9\ud83d\ude42\u0000\/"}"#,
         ]
         for json in shim {
