@@ -945,6 +945,14 @@ ROWS += PRECOUNT_ROWS
 SECTIONS += ("precount",)
 # --- end precount --------------------------------------------------------------------------
 
+# --- threadops: fork and search (bench/threadops_bench.py) ---------------------------------
+from threadops_bench import THREADOPS_ROWS, THREADOPS_TARGETS, threadops_section  # noqa: E402
+
+TARGETS.update(THREADOPS_TARGETS)
+ROWS += THREADOPS_ROWS
+SECTIONS += ("threadops",)
+# --- end threadops -------------------------------------------------------------------------
+
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     q = ns.quick
@@ -966,6 +974,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     }
     plan["http"] = lambda: http_section(q)
     plan["precount"] = lambda: precount_section(q, _local_model())
+    plan["threadops"] = lambda: threadops_section(q)
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     for name in SECTIONS:
