@@ -219,7 +219,7 @@ class StatusResult(msgspec.Struct, tag_field="op", tag="status"):
 class TurnItem(msgspec.Struct):
     prompt: str
     reply: str
-    # The turn answered a `schema`: `reply` is its value's JSON text.
+    # The turn answered a `schema` and `reply` is its value's JSON text, whole.
     structured: bool = False
     # Its prompt or reply was clipped to fit the reading.
     cut: bool = False

@@ -390,7 +390,7 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
             dropped=r.condensed, items=[TurnOutput(prompt=t.prompt, reply=t.reply, cut=t.cut or None) for t in r.items],
         ).model_dump(exclude_none=True)
         for item, t in zip(structured["items"], r.items):
-            if t.structured and not t.cut:
+            if t.structured:
                 # The value alone (it may be null), as respond gives it.
                 del item["reply"]
                 item["output"] = _output(t.reply, r.thread_id)

@@ -391,7 +391,7 @@ public struct StatusResult: Codable, Sendable, Equatable {
 public struct TurnItem: Codable, Sendable, Equatable {
     public var prompt: String
     public var reply: String
-    /// The turn answered a `schema`: `reply` is its JSON value as text.
+    /// The turn answered a `schema` and `reply` is its JSON value as text, whole (not `cut`).
     public var structured: Bool
     public var cut: Bool
     public init(prompt: String, reply: String, structured: Bool = false, cut: Bool = false) {

@@ -96,8 +96,11 @@ private func prompts(_ registry: ThreadRegistry, _ id: String) async throws -> [
         let r = ThreadViews.read(id: "t", instructions: nil, tools: [], history: turns, condensed: 0, last: nil, maxBytes: 2000)
         #expect(r.turns == 50 && r.omitted == 50 - r.items.count && r.items.last?.prompt.hasPrefix("p49") == true)
         #expect(r.items.reduce(0) { $0 + $1.prompt.utf8.count + $1.reply.utf8.count } <= 2000)
-        let one = ThreadViews.read(id: "t", instructions: nil, tools: [], history: turns, condensed: 0, last: nil, maxBytes: 10)
-        #expect(one.items.count == 1 && one.items[0].cut && one.omitted == 49)
+        // The newest turn is always given, shortened when it alone is over the bound.
+        let big = turns + [Turn(prompt: String(repeating: "é", count: 5000), response: "{}", structured: true)]
+        let one = ThreadViews.read(id: "t", instructions: nil, tools: [], history: big, condensed: 0, last: nil, maxBytes: 1000)
+        #expect(one.items.count == 1 && one.items[0].cut && one.omitted == 50 && one.items[0].prompt.utf8.count <= 1000)
+        #expect(one.items[0].reply == "{}" && one.items[0].structured)
         let clipped = ThreadViews.clip(String(repeating: "🙂", count: 100), bytes: 21)
         #expect(clipped.cut && clipped.text.utf8.count <= 21 && clipped.text.hasSuffix("…"))
         #expect(ThreadViews.clip("short", bytes: 21) == ("short", false))

@@ -179,7 +179,9 @@ private func store(_ dir: String, max: Int = 1000) throws -> ThreadStore {
         try await call(one, "t", "first", instructions: "be brief")
         try await call(one, "t", "second")
         let two = ThreadRegistry(backend: EchoBackend(), store: try store(dir))
-        #expect(await two.snapshot() == [ThreadInfo(thread_id: "t", turns: 2, pending: 0, live: false, stored: true)])
+        let listed = await two.snapshot()
+        #expect(listed.map { [$0.thread_id, "\($0.turns)", "\($0.live)", "\($0.stored)"] } == [["t", "2", "false", "true"]])
+        #expect(listed.first?.first_prompt == "first" && listed.first?.instructions == "be brief")
         let third = try await call(two, "t", "third")
         #expect(third.outcome.text == "echo 3: third" && !third.created)
         await #expect(throws: WispError.self) { try await call(two, "t", "x", instructions: "other") }
