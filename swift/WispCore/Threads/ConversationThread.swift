@@ -140,7 +140,7 @@ public actor ConversationThread {
             self.lease = lease
             // Turns the store missed (`unstored`) make this memory the thread, whatever is stored.
             // A store that cannot be read now serves the call from memory (its commit says why).
-            if !holdsUnstoredTurns, let found = try await loadOrMemory(lease) { try await reload(found, durability) }
+            if !holdsUnstoredTurns { try await reload(try await lease.load(unlessAt: version), durability) }
         }
         if conversation.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
@@ -160,18 +160,6 @@ public actor ConversationThread {
         let outcome = await commit(staged)
         await release()
         return outcome
-    }
-
-    /// What the store holds for this thread, unless it is the version last seen; nil when it
-    /// cannot be read now and the call goes on from memory. A thread that does not read is not
-    /// that: its error ends the call.
-    private func loadOrMemory(_ lease: any ThreadLease) async throws(WispError) -> Loaded? {
-        do {
-            return try await lease.load(unlessAt: version)
-        } catch {
-            if error.message.hasPrefix("stored thread '") { throw error }
-            return nil
-        }
     }
 
     /// Lets go of the store's lease; a thread closed meanwhile is deleted from the store first,
@@ -201,7 +189,7 @@ public actor ConversationThread {
             unstored.withLock { $0 = false }
         } catch {
             // Kept in memory and answered: the caller is told.
-            outcome.storeError = error.message.hasPrefix("state dir") ? error.message : durability.store.inMemoryNote(error.message)
+            outcome.storeError = error.message
             unstored.withLock { $0 = true }
         }
         return outcome
@@ -229,7 +217,7 @@ public actor ConversationThread {
     /// (closed elsewhere, or over the cap), which leaves the thread empty with its binding.
     private func reload(_ found: Loaded, _ durability: Durability) async throws(WispError) {
         switch found {
-        case .unchanged: return
+        case .unchanged, .unavailable: return
         case .none:
             conversation = Conversation(backend: backend, instructions: conversation.instructions, tools: conversation.tools, affinity: affinity)
             version = nil

@@ -33,7 +33,9 @@ public struct SQLiteError: Error, Sendable, CustomStringConvertible {
     /// schema, say): handled as damage.
     public static func unusable(_ message: String) -> SQLiteError { SQLiteError(code: SQLITE_NOTADB, message: message) }
     /// The file could not be opened as the one asked for.
-    public static func cannotOpen(_ message: String) -> SQLiteError { SQLiteError(code: SQLITE_CANTOPEN, message: message) }
+    public static func cannotOpen(_ message: String) -> SQLiteError {
+        SQLiteError(code: SQLITE_CANTOPEN, message: message)
+    }
 }
 
 /// A value bound to a statement's parameter.

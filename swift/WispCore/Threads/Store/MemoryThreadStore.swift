@@ -38,10 +38,17 @@ public final class MemoryThreadStore: ThreadStore {
     public struct Faults: Sendable {
         /// Runs before each lease is taken (a slow or hung store, simulated).
         public var beforeLease: @Sendable (_ id: String) async -> Void = { _ in }
-        public init(beforeLease: @escaping @Sendable (_ id: String) async -> Void = { _ in }) { self.beforeLease = beforeLease }
+        public init(beforeLease: @escaping @Sendable (_ id: String) async -> Void = { _ in }) {
+            self.beforeLease = beforeLease
+        }
     }
 
-    private struct Row { var thread: StoredThread; var version: Int64; var createdAt: Double; var updatedAt: Double; var usage: Usage }
+    private struct Row {
+        var thread: StoredThread
+        var version: Int64
+        var createdAt: Double, updatedAt: Double
+        var usage: Usage
+    }
 
     public let location: String
     public let maxStored: Int
@@ -53,7 +60,8 @@ public final class MemoryThreadStore: ThreadStore {
     private let failing = Locked<String?>(nil)
     private let health = StoreHealth { _ in }
 
-    public init(location: String = "memory", maxStored: Int = CoreConfig.defaultMaxStoredThreads, faults: Faults = Faults()) {
+    public init(location: String = "memory", maxStored: Int = CoreConfig.defaultMaxStoredThreads,
+                faults: Faults = Faults()) {
         self.location = location
         self.maxStored = max(1, maxStored)
         self.faults = faults
@@ -84,11 +92,13 @@ public final class MemoryThreadStore: ThreadStore {
         let words = query.map { $0.split(separator: " ").map { $0.lowercased() } } ?? []
         return rows.withLock { rows in
             rows.filter { _, row in
-                words.allSatisfy { w in row.thread.history.contains { ($0.prompt + " " + $0.response).lowercased().contains(w) } }
+                words.allSatisfy { w in
+                    row.thread.history.contains { ($0.prompt + " " + $0.response).lowercased().contains(w) }
+                }
             }.sorted { $0.value.updatedAt > $1.value.updatedAt }.prefix(max(0, limit)).map { id, row in
-                ThreadSummary(id: id, turns: row.thread.history.count, createdAt: row.createdAt, updatedAt: row.updatedAt,
-                              firstPrompt: row.thread.history.first?.prompt ?? "", lastReply: row.thread.history.last?.response ?? "",
-                              usage: row.usage)
+                ThreadSummary(id: id, turns: row.thread.history.count, createdAt: row.createdAt,
+                              updatedAt: row.updatedAt, firstPrompt: row.thread.history.first?.prompt ?? "",
+                              lastReply: row.thread.history.last?.response ?? "", usage: row.usage)
             }
         }
     }
@@ -111,7 +121,8 @@ public final class MemoryThreadStore: ThreadStore {
             return seen?.value == row.version ? .unchanged : .loaded(row.thread, StoreVersion(row.version))
         }
 
-        func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?, usage: Usage) async throws(WispError) -> StoreVersion {
+        func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
+                    usage: Usage) async throws(WispError) -> StoreVersion {
             try store.write()
             let version = store.clock.withLock { $0 += 1; return $0 }
             let now = Double(version)
@@ -120,7 +131,8 @@ public final class MemoryThreadStore: ThreadStore {
                 rows[id] = Row(thread: thread, version: version, createdAt: old?.createdAt ?? now, updatedAt: now,
                                usage: old.map { $0.usage + usage } ?? usage)
                 guard rows.count > store.maxStored else { return [] }
-                return rows.filter { $0.key != id }.sorted { $0.value.updatedAt < $1.value.updatedAt }.prefix(rows.count - store.maxStored).map(\.key)
+                let others = rows.filter { $0.key != id }.sorted { $0.value.updatedAt < $1.value.updatedAt }
+                return others.prefix(rows.count - store.maxStored).map(\.key)
             }
             for victim in over where store.leases.tryTake(victim) {
                 _ = store.rows.withLock { $0.removeValue(forKey: victim) }

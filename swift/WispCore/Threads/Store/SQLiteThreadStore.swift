@@ -50,13 +50,16 @@ public final class SQLiteThreadStore: ThreadStore {
         self.log = log
         let dir = directory.path
         health = StoreHealth { why in
-            log(.error, "state dir \(dir) failed: \(why); threads are served in memory until it works again (tried every \(StoreHealth.retryInterval))")
+            log(.error, "state dir \(dir) failed: \(why); threads are served in memory until it works again "
+                + "(tried every \(StoreHealth.retryInterval))")
         }
         let opened: (SQLiteDatabase, Bool)
         do {
             opened = try Self.open(directory)
         } catch {
-            if error.message.hasPrefix(Self.newer) { throw Self.setAside(directory, tag: "newer", "was written by \(error.message)", log) }
+            if error.message.hasPrefix(Self.newer) {
+                throw Self.setAside(directory, tag: "newer", "was written by \(error.message)", log)
+            }
             if error.isDamaged { throw Self.setAside(directory, tag: "damaged", "is damaged (\(error.message))", log) }
             throw StateDirectory.unusable(dir, "its database \(Self.fileName) cannot be opened: \(error.message)")
         }
@@ -67,7 +70,8 @@ public final class SQLiteThreadStore: ThreadStore {
 
     private static func open(_ directory: StateDirectory) throws(SQLiteError) -> (SQLiteDatabase, Bool) {
         directory.createPrivate(fileName)
-        let db = try SQLiteDatabase(path: directory.path + "/" + fileName, create: true, maxLength: maxValueBytes, busyTimeoutMs: busyTimeoutMs)
+        let db = try SQLiteDatabase(path: directory.path + "/" + fileName, create: true, maxLength: maxValueBytes,
+                                    busyTimeoutMs: busyTimeoutMs)
         guard directory.agrees(fileName) else { throw .cannotOpen("the directory changed while it was opened") }
         db.persistWAL()
         try db.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL")
@@ -105,7 +109,7 @@ public final class SQLiteThreadStore: ThreadStore {
         do {
             return try db.withLock { (db: inout sending SQLiteDatabase) throws(SQLiteError) -> T in try body(db) }
         } catch {
-            guard error.isDamaged else { throw WispError(.internal, "the thread store failed: \(error.message)") }
+            guard error.isDamaged else { throw WispError(.internal, error.message) }
             let first = broken.withLock { b -> Bool in defer { b = b ?? "its database is damaged" }; return b == nil }
             if first { _ = Self.setAside(directory, tag: "damaged", "is damaged (\(error.message))", log) }
             throw WispError(.internal, inMemoryNote("its database is damaged"))
@@ -117,13 +121,15 @@ public final class SQLiteThreadStore: ThreadStore {
         if let why = directory.replaced() {
             health.failed("\(why); nothing is read from or written to what the path names now, restart wisp to use it")
         }
-        guard health.mayTry, directory.replaced() == nil else { throw WispError(.internal, inMemoryNote(trouble ?? "it failed")) }
+        guard health.mayTry, directory.replaced() == nil else {
+            throw WispError(.internal, inMemoryNote(trouble ?? "it failed"))
+        }
         do {
             let value = try withDB(body)
             if health.worked() { recovered() }
             return value
         } catch {
-            if broken.withLock({ $0 }) == nil { health.failed(error.message.replacingOccurrences(of: "the thread store failed: ", with: "")) }
+            if broken.withLock({ $0 }) == nil { health.failed(error.message) }
             throw WispError(.internal, inMemoryNote(trouble ?? error.message))
         }
     }
@@ -151,7 +157,9 @@ public final class SQLiteThreadStore: ThreadStore {
     }
 
     private func busy(_ id: String) -> WispError {
-        WispError(.busy, "thread '\(id)' is in use by another call or another wisp process sharing state dir \(location) (its lease was held for \(LeaseTable.wait)); try again when that call has finished, or use another thread")
+        WispError(.busy, "thread '\(id)' is in use by another call or another wisp process sharing state dir "
+                  + "\(location) (its lease was held for \(LeaseTable.wait)); try again when that call has finished, "
+                  + "or use another thread")
     }
 
     public func delete(_ id: String) async throws(WispError) -> Bool {
@@ -165,44 +173,11 @@ public final class SQLiteThreadStore: ThreadStore {
         let words = query.map { $0.split(whereSeparator: \.isWhitespace).map(String.init) } ?? []
         let hidden = closedMeanwhile.withLock { $0 }
         let found = try? await blocking { () throws(WispError) -> [ThreadSummary] in
-            try self.withDB { db throws(SQLiteError) in try self.summaries(db, words: words, limit: limit) }
+            try self.withDB { db throws(SQLiteError) in
+                try StoreSchema.summaries(db, fullText: self.fullText, words: words, limit: limit)
+            }
         }
         return (found ?? []).filter { !hidden.contains($0.id) }
-    }
-
-    private func summaries(_ db: SQLiteDatabase, words: [String], limit: Int) throws(SQLiteError) -> [ThreadSummary] {
-        // Each word somewhere in the thread's prompts or replies: FTS5's index (a word quoted, so
-        // that no query syntax is taken from it), else the turns themselves.
-        let each = fullText
-            ? "id IN (SELECT turns.thread_id FROM turns_text JOIN turns ON turns.rowid = turns_text.rowid WHERE turns_text MATCH ?)"
-            : "id IN (SELECT thread_id FROM turns WHERE instr(lower(prompt), lower(?1)) OR instr(lower(response), lower(?1)))"
-        let conditions = ["id NOT LIKE '!%'"] + words.map { _ in each }
-        let sql = "SELECT id, turns, created_at, updated_at, first_prompt, last_reply, input_tokens, output_tokens, reasoning_tokens "
-            + "FROM threads WHERE \(conditions.joined(separator: " AND ")) ORDER BY updated_at DESC LIMIT \(max(0, limit))"
-        let values = words.map { SQLiteValue.text(fullText ? "\"" + $0.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : $0) }
-        var out: [ThreadSummary] = []
-        try db.query(sql, values) { r in
-            out.append(ThreadSummary(id: r.text(0) ?? "", turns: Int(max(0, r.int(1) ?? 0)), createdAt: r.double(2) ?? 0,
-                                     updatedAt: r.double(3) ?? 0, firstPrompt: r.text(4) ?? "", lastReply: r.text(5) ?? "",
-                                     usage: Self.usage(r, from: 6)))
-        }
-        return out
-    }
-
-    private static func usage(_ r: SQLiteRow, from at: Int32) -> Usage {
-        func count(_ i: Int32) -> Int? { r.int(i).flatMap { $0 >= 0 ? Int($0) : nil } }
-        return Usage(inputTokens: count(at), outputTokens: count(at + 1), reasoningTokens: count(at + 2))
-    }
-
-    /// Totals that cannot overflow: a sum past Int's range is not a count (nil).
-    private static func add(_ a: Usage, _ b: Usage) -> Usage {
-        func add(_ x: Int?, _ y: Int?) -> Int? {
-            guard let x, let y else { return nil }
-            let (sum, over) = x.addingReportingOverflow(y)
-            return over ? nil : sum
-        }
-        return Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
-                     reasoningTokens: add(a.reasoningTokens, b.reasoningTokens))
     }
 
     private static func remove(_ id: String, _ db: SQLiteDatabase) throws(SQLiteError) {
@@ -216,33 +191,46 @@ public final class SQLiteThreadStore: ThreadStore {
 
     fileprivate func load(_ id: String, unlessAt seen: StoreVersion?) throws(WispError) -> Loaded {
         if closedMeanwhile.withLock({ $0.contains(id) }) { return .none }
-        let read = try withDB { db throws(SQLiteError) -> Result<Loaded, Unreadable> in
-            var head: (Int64, String?, String, String)?
-            try db.query("SELECT version, instructions, tools, roots FROM threads WHERE id = ?", [.text(id)]) { r in
-                head = (r.int(0) ?? -1, r.text(1), r.text(2) ?? "", r.text(3) ?? "")
-            }
-            guard let (version, instructions, toolsText, rootsText) = head else { return .success(.none) }
-            if version == seen?.value { return .success(.unchanged) }
-            var history: [Turn] = []
-            var bad: String?
-            try db.query("SELECT prompt, tool_exchanges, response, reasoning, tokens FROM turns WHERE thread_id = ? ORDER BY seq", [.text(id)]) { r in
-                guard bad == nil else { return }
-                guard let prompt = r.text(0), let response = r.text(2), let exchanges = try? StoreSchema.exchanges(r.text(1)) else {
-                    bad = "its turn \(history.count + 1) does not read"
-                    return
-                }
-                history.append(.stored(prompt: prompt, toolExchanges: exchanges, response: response, reasoning: r.text(3), tokens: r.int(4) ?? -1))
-            }
-            if let bad { return .failure(Unreadable(why: bad)) }
-            guard let tools = try? StoreSchema.strings(toolsText), let roots = try? StoreSchema.strings(rootsText) else {
-                return .failure(Unreadable(why: "its tools or roots do not read"))
-            }
-            return .success(.loaded(StoredThread(instructions: instructions, tools: tools, roots: roots, history: history), StoreVersion(version)))
+        let read: Result<Loaded, Unreadable>
+        do {
+            read = try withDB { db throws(SQLiteError) in try Self.read(db, id, unlessAt: seen) }
+        } catch {
+            return .unavailable(error.message)
         }
         switch read {
         case .success(let loaded): return loaded
         case .failure(let e): throw corrupt(id, e.why)
         }
+    }
+
+    private static func read(_ db: SQLiteDatabase, _ id: String,
+                             unlessAt seen: StoreVersion?) throws(SQLiteError) -> Result<Loaded, Unreadable> {
+        var head: (Int64, String?, String, String)?
+        try db.query("SELECT version, instructions, tools, roots FROM threads WHERE id = ?", [.text(id)]) { r in
+            head = (r.int(0) ?? -1, r.text(1), r.text(2) ?? "", r.text(3) ?? "")
+        }
+        guard let (version, instructions, toolsText, rootsText) = head else { return .success(.none) }
+        if version == seen?.value { return .success(.unchanged) }
+        var history: [Turn] = []
+        var bad: String?
+        let turns = "SELECT prompt, tool_exchanges, response, reasoning, tokens FROM turns "
+            + "WHERE thread_id = ? ORDER BY seq"
+        try db.query(turns, [.text(id)]) { r in
+            guard bad == nil else { return }
+            guard let prompt = r.text(0), let response = r.text(2),
+                  let exchanges = try? StoreSchema.exchanges(r.text(1)) else {
+                bad = "its turn \(history.count + 1) does not read"
+                return
+            }
+            history.append(.stored(prompt: prompt, toolExchanges: exchanges, response: response, reasoning: r.text(3),
+                                   tokens: r.int(4) ?? -1))
+        }
+        if let bad { return .failure(Unreadable(why: bad)) }
+        guard let tools = try? StoreSchema.strings(toolsText), let roots = try? StoreSchema.strings(rootsText) else {
+            return .failure(Unreadable(why: "its tools or roots do not read"))
+        }
+        let thread = StoredThread(instructions: instructions, tools: tools, roots: roots, history: history)
+        return .success(.loaded(thread, StoreVersion(version)))
     }
 
     struct Unreadable: Error { let why: String }
@@ -261,13 +249,16 @@ public final class SQLiteThreadStore: ThreadStore {
         }) == true
         let fate = moved ? "it was moved aside in \(location)/\(Self.fileName) as '\(aside)'" : "moving it aside failed"
         log(.error, "stored thread '\(id)' is unreadable: \(why); \(fate)")
-        return WispError(.internal, "stored thread '\(id)' could not be read: \(why); \(fate). Call respond again to start thread '\(id)' afresh.")
+        return WispError(.internal, "stored thread '\(id)' could not be read: \(why); \(fate). "
+                         + "Call respond again to start thread '\(id)' afresh.")
     }
 
     fileprivate func commit(_ id: String, _ thread: StoredThread, kept: Int, after seen: StoreVersion?, usage: Usage,
                             written: Double = Date().timeIntervalSince1970) throws(WispError) -> StoreVersion {
         let version = try write { db throws(SQLiteError) -> Int64 in
-            try db.transaction { () throws(SQLiteError) -> Int64 in try self.store(db, id, thread, kept: kept, after: seen, usage: usage, at: written) }
+            try db.transaction { () throws(SQLiteError) -> Int64 in
+                try self.store(db, id, thread, kept: kept, after: seen, usage: usage, at: written)
+            }
         }
         _ = closedMeanwhile.withLock { $0.remove(id) }
         return StoreVersion(version)
@@ -277,28 +268,33 @@ public final class SQLiteThreadStore: ThreadStore {
     private func store(_ db: SQLiteDatabase, _ id: String, _ thread: StoredThread, kept: Int, after seen: StoreVersion?,
                        usage: Usage, at now: Double) throws(SQLiteError) -> Int64 {
         var old: (version: Int64, created: Double, turns: Int64, usage: Usage)?
-        try db.query("SELECT version, created_at, turns, input_tokens, output_tokens, reasoning_tokens FROM threads WHERE id = ?", [.text(id)]) { r in
-            old = (r.int(0) ?? -1, r.double(1) ?? now, r.int(2) ?? 0, Self.usage(r, from: 3))
+        let head = "SELECT version, created_at, turns, input_tokens, output_tokens, reasoning_tokens "
+            + "FROM threads WHERE id = ?"
+        try db.query(head, [.text(id)]) { r in
+            old = (r.int(0) ?? -1, r.double(1) ?? now, r.int(2) ?? 0, StoreSchema.usage(r, from: 3))
         }
         // Only the turns after `kept` are written when the stored thread is the one the holder saw.
         let from = old.map { $0.version == seen?.value && kept >= 0 && Int64(kept) <= $0.turns } == true ? kept : 0
         try db.query("DELETE FROM turns WHERE thread_id = ? AND seq >= ?", [.text(id), .int(Int64(from))])
         for (seq, turn) in thread.history.enumerated().dropFirst(from) {
             try db.query("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?)", [
-                .text(id), .int(Int64(seq)), .text(turn.prompt), .text(turn.response), turn.reasoning.map { .text($0) } ?? .null,
+                .text(id), .int(Int64(seq)), .text(turn.prompt), .text(turn.response),
+                turn.reasoning.map { .text($0) } ?? .null,
                 .int(Int64(turn.tokens)), StoreSchema.json(turn.toolExchanges).map { .text($0) } ?? .null,
             ])
         }
         var version: Int64 = 0
         try db.query("UPDATE clock SET now = now + 1 RETURNING now") { r in version = r.int(0) ?? 0 }
-        let totals = old.map { Self.add($0.usage, usage) } ?? usage
+        let totals = old.map { StoreSchema.add($0.usage, usage) } ?? usage
         func count(_ n: Int?) -> SQLiteValue { n.map { .int(Int64($0)) } ?? .null }
-        try db.query("""
-            INSERT OR REPLACE INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            """, [.text(id), .int(version), thread.instructions.map { .text($0) } ?? .null, .text(StoreSchema.json(thread.tools)),
-                  .text(StoreSchema.json(thread.roots)), .int(Int64(thread.history.count)), .double(old?.created ?? now), .double(now),
-                  .text(ThreadSummary.preview(thread.history.first?.prompt ?? "")), .text(ThreadSummary.preview(thread.history.last?.response ?? "")),
-                  count(totals.inputTokens), count(totals.outputTokens), count(totals.reasoningTokens)])
+        try db.query("INSERT OR REPLACE INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+            .text(id), .int(version), thread.instructions.map { .text($0) } ?? .null,
+            .text(StoreSchema.json(thread.tools)), .text(StoreSchema.json(thread.roots)),
+            .int(Int64(thread.history.count)), .double(old?.created ?? now), .double(now),
+            .text(ThreadSummary.preview(thread.history.first?.prompt ?? "")),
+            .text(ThreadSummary.preview(thread.history.last?.response ?? "")),
+            count(totals.inputTokens), count(totals.outputTokens), count(totals.reasoningTokens),
+        ])
         if old == nil { try enforceCap(db, keeping: id) }
         return version
     }
@@ -311,7 +307,9 @@ public final class SQLiteThreadStore: ThreadStore {
         guard count > Int64(maxStored) else { return }
         var victims: [String] = []
         try db.query("SELECT id FROM threads WHERE id NOT LIKE '!%' AND id != ? ORDER BY updated_at LIMIT ?",
-                     [.text(id), .int(count - Int64(maxStored) + 16)]) { r in if let v = r.text(0) { victims.append(v) } }
+                     [.text(id), .int(count - Int64(maxStored) + 16)]) { r in
+            if let v = r.text(0) { victims.append(v) }
+        }
         var excess = count - Int64(maxStored)
         for victim in victims where excess > 0 && leases.tryTake(victim) {
             defer { leases.release(victim) }
@@ -331,7 +329,8 @@ public final class SQLiteThreadStore: ThreadStore {
                 var done = false
                 try db.query("SELECT 1 FROM imported WHERE name = ?", [.text(file)]) { _ in done = true }
                 guard !done else { return }
-                _ = try self.store(db, id, thread, kept: 0, after: nil, usage: Usage(inputTokens: 0, outputTokens: 0, reasoningTokens: 0), at: written)
+                let none = Usage(inputTokens: 0, outputTokens: 0, reasoningTokens: 0)
+                _ = try self.store(db, id, thread, kept: 0, after: nil, usage: none, at: written)
                 try db.query("INSERT INTO imported VALUES (?, ?)", [.text(file), .double(Date().timeIntervalSince1970)])
             }
         }
@@ -340,7 +339,9 @@ public final class SQLiteThreadStore: ThreadStore {
     /// Whether the earlier wisp's file `name` was imported already.
     func wasImported(_ name: String) -> Bool {
         var done = false
-        _ = try? withDB { db throws(SQLiteError) in try db.query("SELECT 1 FROM imported WHERE name = ?", [.text(name)]) { _ in done = true } }
+        _ = try? withDB { db throws(SQLiteError) in
+            try db.query("SELECT 1 FROM imported WHERE name = ?", [.text(name)]) { _ in done = true }
+        }
         return done
     }
 
@@ -353,7 +354,9 @@ public final class SQLiteThreadStore: ThreadStore {
             }
         } catch {
             // Deleted once the store can be written; not read meanwhile.
-            _ = try? withDB { db throws(SQLiteError) in try db.query("SELECT 1 FROM threads WHERE id = ?", [.text(id)]) { _ in existed = true } }
+            _ = try? withDB { db throws(SQLiteError) in
+                try db.query("SELECT 1 FROM threads WHERE id = ?", [.text(id)]) { _ in existed = true }
+            }
             if existed { closedMeanwhile.withLock { _ = $0.insert(id) } }
             return existed
         }
@@ -370,7 +373,8 @@ public final class SQLiteThreadStore: ThreadStore {
             try await store.blocking { () throws(WispError) -> Loaded in try self.store.load(self.id, unlessAt: seen) }
         }
 
-        func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?, usage: Usage) async throws(WispError) -> StoreVersion {
+        func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
+                    usage: Usage) async throws(WispError) -> StoreVersion {
             try await store.blocking { () throws(WispError) -> StoreVersion in
                 try self.store.commit(self.id, thread, kept: kept, after: seen, usage: usage)
             }

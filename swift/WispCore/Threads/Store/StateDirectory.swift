@@ -30,7 +30,8 @@ final class StateDirectory: Sendable {
         if lstat(dir, &st) != 0 {
             guard errno == ENOENT else { throw Self.unusable(dir, "cannot inspect it: \(errorText())") }
             do {
-                try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+                try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
+                                                        attributes: [.posixPermissions: 0o700])
             } catch {
                 throw Self.unusable(dir, "cannot create it: \(error.localizedDescription)")
             }
@@ -38,13 +39,19 @@ final class StateDirectory: Sendable {
         let fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         guard fd >= 0 else {
             let e = errno
-            throw Self.unusable(dir, e == ELOOP || e == ENOTDIR ? "it is not a directory (a symlink is not accepted either)" : "cannot open it: \(errorText(e))")
+            let notDirectory = "it is not a directory (a symlink is not accepted either)"
+            throw Self.unusable(dir, e == ELOOP || e == ENOTDIR ? notDirectory : "cannot open it: \(errorText(e))")
         }
         guard fstat(fd, &st) == 0 else { close(fd); throw Self.unusable(dir, "cannot inspect it: \(errorText())") }
-        guard st.st_uid == getuid() else { close(fd); throw Self.unusable(dir, "it belongs to another user (uid \(st.st_uid))") }
+        guard st.st_uid == getuid() else {
+            close(fd)
+            throw Self.unusable(dir, "it belongs to another user (uid \(st.st_uid))")
+        }
         if st.st_mode & 0o022 != 0 {
             close(fd)
-            throw Self.unusable(dir, "it is writable by group or others (mode \(String(st.st_mode & 0o777, radix: 8))), so another user could swap its files; run `chmod 700 \(dir)`")
+            let mode = String(st.st_mode & 0o777, radix: 8)
+            throw Self.unusable(dir, "it is writable by group or others (mode \(mode)), "
+                                + "so another user could swap its files; run `chmod 700 \(dir)`")
         }
         self.fd = fd
         (dev, ino) = Self.identity(st)
@@ -59,7 +66,8 @@ final class StateDirectory: Sendable {
     }
 
     static func unusable(_ dir: String, _ why: String) -> WispError {
-        WispError(.internal, "state dir \(dir) is not usable: \(why). Threads are kept in memory only until it is fixed and wisp restarted.")
+        WispError(.internal, "state dir \(dir) is not usable: \(why). "
+                  + "Threads are kept in memory only until it is fixed and wisp restarted.")
     }
 
     private static func identity(_ st: stat) -> (UInt64, UInt64) {
@@ -75,7 +83,9 @@ final class StateDirectory: Sendable {
         var now = stat()
         guard lstat(path, &now) == 0 else { return "its path names nothing now (moved or removed: \(errorText()))" }
         if (now.st_mode & S_IFMT) == S_IFLNK { return "its path is a symbolic link now, not the directory wisp opened" }
-        guard Self.identity(now) == (dev, ino) else { return "its path names another directory now (moved, replaced or mounted over)" }
+        guard Self.identity(now) == (dev, ino) else {
+            return "its path names another directory now (moved, replaced or mounted over)"
+        }
         return nil
     }
 
@@ -100,7 +110,8 @@ final class StateDirectory: Sendable {
     func moveAside(_ name: String, tag: String) -> Result<String, WispError> {
         let aside = name + ".\(tag)-\(Int(Date().timeIntervalSince1970))-\(UInt32.random(in: 0...UInt32.max))"
         guard renameat(fd, name, fd, aside) == 0 else {
-            return .failure(WispError(.internal, "moving \(path)/\(name) aside failed (\(errorText())); remove it by hand"))
+            let why = "moving \(path)/\(name) aside failed (\(errorText())); remove it by hand"
+            return .failure(WispError(.internal, why))
         }
         return .success(path + "/" + aside)
     }
@@ -117,7 +128,9 @@ final class StateDirectory: Sendable {
     /// The regular file `name`'s bytes, at most `limit` (nil: not a readable regular file; `tooLarge` over it).
     func read(_ name: [UInt8], limit: Int) -> (bytes: [UInt8]?, why: String?) {
         let f = FSPath.withCString(name) { openat(fd, $0, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) }
-        guard f >= 0 else { return (nil, errno == ELOOP ? "it is a symbolic link" : "it cannot be opened: \(errorText())") }
+        guard f >= 0 else {
+            return (nil, errno == ELOOP ? "it is a symbolic link" : "it cannot be opened: \(errorText())")
+        }
         defer { close(f) }
         var st = stat()
         guard fstat(f, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { return (nil, "it is not a regular file") }

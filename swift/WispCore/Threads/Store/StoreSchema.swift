@@ -46,7 +46,8 @@ enum StoreSchema {
         """,
         """
         CREATE TRIGGER turns_text_delete AFTER DELETE ON turns BEGIN
-          INSERT INTO turns_text(turns_text, rowid, prompt, response) VALUES ('delete', old.rowid, old.prompt, old.response); END
+          INSERT INTO turns_text(turns_text, rowid, prompt, response)
+          VALUES ('delete', old.rowid, old.prompt, old.response); END
         """,
     ]
 
@@ -76,6 +77,53 @@ enum StoreSchema {
         return found
     }
 
+    // MARK: listing
+
+    /// Stored threads, most recently updated first, each with every word of `words` somewhere in
+    /// its prompts or replies.
+    static func summaries(_ db: SQLiteDatabase, fullText: Bool, words: [String],
+                          limit: Int) throws(SQLiteError) -> [ThreadSummary] {
+        // Each word somewhere in the thread's prompts or replies: FTS5's index (a word quoted, so
+        // that no query syntax is taken from it), else the turns themselves.
+        let each = fullText
+            ? "id IN (SELECT turns.thread_id FROM turns_text JOIN turns ON turns.rowid = turns_text.rowid "
+                + "WHERE turns_text MATCH ?)"
+            : "id IN (SELECT thread_id FROM turns WHERE instr(lower(prompt), lower(?1)) "
+                + "OR instr(lower(response), lower(?1)))"
+        let conditions = ["id NOT LIKE '!%'"] + words.map { _ in each }
+        let sql = "SELECT id, turns, created_at, updated_at, first_prompt, last_reply, "
+            + "input_tokens, output_tokens, reasoning_tokens FROM threads "
+            + "WHERE \(conditions.joined(separator: " AND ")) "
+            + "ORDER BY updated_at DESC LIMIT \(max(0, limit))"
+        let values = words.map { w in
+            SQLiteValue.text(fullText ? "\"" + w.replacingOccurrences(of: "\"", with: "\"\"") + "\"" : w)
+        }
+        var out: [ThreadSummary] = []
+        try db.query(sql, values) { r in
+            out.append(ThreadSummary(id: r.text(0) ?? "", turns: Int(max(0, r.int(1) ?? 0)),
+                                     createdAt: r.double(2) ?? 0, updatedAt: r.double(3) ?? 0,
+                                     firstPrompt: r.text(4) ?? "", lastReply: r.text(5) ?? "",
+                                     usage: usage(r, from: 6)))
+        }
+        return out
+    }
+
+    static func usage(_ r: SQLiteRow, from at: Int32) -> Usage {
+        func count(_ i: Int32) -> Int? { r.int(i).flatMap { $0 >= 0 ? Int($0) : nil } }
+        return Usage(inputTokens: count(at), outputTokens: count(at + 1), reasoningTokens: count(at + 2))
+    }
+
+    /// Totals that cannot overflow: a sum past Int's range is not a count (nil).
+    static func add(_ a: Usage, _ b: Usage) -> Usage {
+        func add(_ x: Int?, _ y: Int?) -> Int? {
+            guard let x, let y else { return nil }
+            let (sum, over) = x.addingReportingOverflow(y)
+            return over ? nil : sum
+        }
+        return Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
+                     reasoningTokens: add(a.reasoningTokens, b.reasoningTokens))
+    }
+
     // MARK: values in rows
 
     static func json(_ strings: [String]) -> String {
@@ -97,10 +145,13 @@ enum StoreSchema {
 
     static func exchanges(_ text: String?) throws(JSONError) -> [ToolExchange] {
         guard let text else { return [] }
-        return try read(text) { r throws(JSONError) in try r.array { r throws(JSONError) in try ToolExchange.read(&r) } }
+        return try read(text) { r throws(JSONError) in
+            try r.array { r throws(JSONError) in try ToolExchange.read(&r) }
+        }
     }
 
-    private static func read<T>(_ text: String, _ body: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T {
+    private static func read<T>(_ text: String,
+                                _ body: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T {
         var text = text
         let result: Result<T, JSONError> = text.withUTF8 { b in
             var r = JSONReader(UnsafeRawBufferPointer(b))

@@ -35,7 +35,8 @@ public protocol ThreadStore: AnyObject, Sendable {
 extension ThreadStore {
     /// What a call served in memory because of `trouble` says in its reply.
     public func inMemoryNote(_ trouble: String) -> String {
-        "state dir \(location) is not usable now (\(trouble)); this turn is kept in memory only, and wisp tries the store again every \(StoreHealth.retryInterval.components.seconds) s"
+        "state dir \(location) is not usable now (\(trouble)); this turn is kept in memory only, "
+            + "and wisp tries the store again every \(StoreHealth.retryInterval.components.seconds) s"
     }
 }
 
@@ -43,12 +44,15 @@ extension ThreadStore {
 /// store runs that work off the pipe loop itself.
 public protocol ThreadLease: AnyObject, Sendable {
     var id: String { get }
-    /// The stored thread unless its version is `seen`.
+    /// The stored thread unless its version is `seen`. Throws only for a stored thread that does
+    /// not read (the call's error); a store that cannot be read now is `.unavailable`.
     func load(unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded
     /// Stores `thread`, whose first `kept` turns are those stored at version `seen` (when the
     /// store is not at `seen`, it writes the thread whole); `usage` is what this turn cost, added
-    /// to the thread's totals. Returns the new version.
-    func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?, usage: Usage) async throws(WispError) -> StoreVersion
+    /// to the thread's totals. Returns the new version. A store that cannot take it throws an
+    /// error whose message says so for the reply (`store_error`): the turn is kept in memory.
+    func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
+                usage: Usage) async throws(WispError) -> StoreVersion
     /// Deletes the stored thread; true when one was stored.
     @discardableResult
     func delete() async throws(WispError) -> Bool
@@ -87,6 +91,8 @@ public enum Loaded: Sendable, Equatable {
     /// Nothing is stored under the id (closed, deleted over the cap, or never stored).
     case none
     case loaded(StoredThread, StoreVersion)
+    /// The store cannot be read now (why): the call goes on from the thread's memory.
+    case unavailable(String)
 }
 
 /// A stored thread as a listing shows it.
@@ -104,7 +110,8 @@ public struct ThreadSummary: Sendable, Equatable {
     /// How much of a prompt or reply a summary carries.
     public static let previewLength = 200
 
-    public init(id: String, turns: Int, createdAt: Double, updatedAt: Double, firstPrompt: String, lastReply: String, usage: Usage) {
+    public init(id: String, turns: Int, createdAt: Double, updatedAt: Double, firstPrompt: String, lastReply: String,
+                usage: Usage) {
         self.id = id
         self.turns = turns
         self.createdAt = createdAt
@@ -125,9 +132,11 @@ extension Turn {
     static let maxTokens = 1 << 40
 
     /// A stored turn with its token count checked: one out of range is estimated again.
-    static func stored(prompt: String, toolExchanges: [ToolExchange], response: String, reasoning: String?, tokens: Int64) -> Turn {
+    static func stored(prompt: String, toolExchanges: [ToolExchange], response: String, reasoning: String?,
+                       tokens: Int64) -> Turn {
         let counted = (0...Int64(maxTokens)).contains(tokens) ? Int(tokens) : nil
-        return Turn(prompt: prompt, toolExchanges: toolExchanges, response: response, reasoning: reasoning, tokens: counted)
+        return Turn(prompt: prompt, toolExchanges: toolExchanges, response: response, reasoning: reasoning,
+                    tokens: counted)
     }
 }
 
