@@ -56,15 +56,17 @@ public actor ThreadRegistry {
     private var entries: [String: Entry] = [:]
     private var clock: UInt64 = 0
     /// Durable threads, when `--state-dir` is given and usable.
-    public nonisolated let store: ThreadStore?
+    public nonisolated let store: (any ThreadStore)?
     /// Why `--state-dir` was given but could not be used from the start.
     private nonisolated let startError: String?
     /// Why `--state-dir` was given but is not in use: from the start, or since it failed (for now).
-    public nonisolated var storeError: String? { startError ?? store?.trouble.map { "\(store?.directory ?? ""): \($0); threads are served in memory until it works again" } }
+    public nonisolated var storeError: String? { startError ?? store?.trouble.map { "\(store?.location ?? ""): \($0); threads are served in memory until it works again" } }
+    /// A task storing threads that hold turns the store missed, while one runs.
+    private var storing: Task<Void, Never>?
 
     public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads, maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
                 toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
-                store: ThreadStore? = nil, storeError: String? = nil) {
+                store: (any ThreadStore)? = nil, storeError: String? = nil) {
         self.store = store
         self.startError = storeError
         self.catalogueWithRoots = toolsWithRoots
@@ -142,6 +144,7 @@ public actor ThreadRegistry {
         }
 
         let start = try binding(instructions: instructions, tools: toolNames, roots: roots)
+        storeUnstored()
         var id = threadID ?? Self.generateID()
         while threadID == nil && entries[id] != nil { id = Self.generateID() }
         let evicted = entries.count >= capacity ? evictOne() : nil
@@ -187,22 +190,35 @@ public actor ThreadRegistry {
             // A thread whose first call is still running has nothing to copy yet, unless it is stored.
             if !copy.history.isEmpty { return copy }
         }
-        if let durability, let (state, _) = try await stored(id) {
-            let tools = try durability.resolve(state.tools, state.roots)
-            return .init(binding: .init(instructions: state.instructions, tools: tools, roots: state.roots), history: state.history)
+        if let durability, let thread = try await stored(id) {
+            let tools = try durability.resolve(thread.tools, thread.roots)
+            return .init(binding: .init(instructions: thread.instructions, tools: tools, roots: thread.roots), history: thread.history)
         }
         throw WispError(.invalidArgument, "fork_from: no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
     }
 
-    /// The stored state of thread `id`, if it has one (off the pipe loop: it reads the disk).
-    private func stored(_ id: String) async throws(WispError) -> (ThreadStore.State, ThreadStore.Stamp)? {
+    /// The stored thread `id`, if there is one, read under a lease of its own (the store reads
+    /// off the pipe loop).
+    private func stored(_ id: String) async throws(WispError) -> StoredThread? {
         guard let store else { return nil }
-        return try await offPipeLoop { () throws(WispError) in try store.load(id) }
+        let lease = try await store.lease(id)
+        let found: Loaded
+        do {
+            found = try await lease.load(unlessAt: nil)
+        } catch {
+            await lease.release()
+            throw error
+        }
+        await lease.release()
+        switch found {
+        case .loaded(let thread, _): return thread
+        case .unavailable(let why): throw WispError(.internal, "the store could not be read: \(why)")
+        case .none, .unchanged: return nil
+        }
     }
 
     private func isStored(_ id: String) async throws(WispError) -> Bool {
-        guard let store else { return false }
-        return await offPipeLoop { store.stamp(id) != nil }
+        try await stored(id) != nil
     }
 
     /// Marks an accepted call as ended, so its thread counts as idle for eviction again.
@@ -267,8 +283,7 @@ public actor ThreadRegistry {
         let live = entries.removeValue(forKey: threadID)
         guard let store else { return live != nil }
         if let live, await live.thread.close() != .leftToTheCaller { return true }
-        // Off the pipe loop: it waits for the lock and fsyncs the directory.
-        let stored = try await offPipeLoop { () async throws(WispError) -> Bool in try await store.delete(threadID) }
+        let stored = try await store.delete(threadID)
         return live != nil || stored
     }
 
@@ -286,51 +301,39 @@ public actor ThreadRegistry {
         let query = try query.map { text throws(WispError) in try ThreadQuery(text) }
         let after = try cursor.map { text throws(WispError) in try ListPlace(cursor: text) }
         let size = min(max(1, limit ?? ThreadViews.maxPage), ThreadViews.maxPage)
-        let store = store
-        // Reads every stored thread's last commit; with a query, every stored thread.
-        let stored = await offPipeLoop { store?.summaries() ?? [] }
-        let storedIDs = Set(stored.map(\.id))
-        var rows: [(place: ListPlace, info: ThreadInfo?)] = []
+        let all = await store?.summaries(matching: nil, limit: store?.maxStored ?? 0) ?? []
+        let storedIDs = Set(all.map(\.id))
+        var rows: [(place: ListPlace, info: ThreadInfo)] = []
         for (id, entry) in entries {
             if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight, stored: storedIDs.contains(id)) {
                 rows.append((place, info))
             }
         }
         let liveIDs = Set(entries.keys)
-        let resting = stored.filter { !liveIDs.contains($0.id) }
         if let query, let store {
-            let found = await offPipeLoop { () -> [(ListPlace, ThreadInfo)] in
-                resting.compactMap { s in
-                    guard let (state, _) = try? store.load(s.id), let score = query.score(state.history) else { return nil }
-                    return (ListPlace(score: score, updated: s.modified, id: s.id), Self.info(s, state))
-                }
+            // The store finds the threads that hold every word (its full-text index); each found is
+            // read to rank it as a live thread is ranked.
+            let found = await store.summaries(matching: query.words.sorted().joined(separator: " "), limit: store.maxStored)
+            for s in found where !liveIDs.contains(s.id) {
+                guard let thread = try? await stored(s.id), let score = query.score(thread.history) else { continue }
+                rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), Self.info(s)))
             }
-            rows += found.map { ($0.0, $0.1) }
-        } else {
-            rows += resting.map { (ListPlace(score: 0, updated: $0.modified, id: $0.id), nil) }
+        } else if query == nil {
+            rows += all.filter { !liveIDs.contains($0.id) }.map { (ListPlace(score: 0, updated: $0.updatedAt, id: $0.id), Self.info($0)) }
         }
         rows.sort { $0.place < $1.place }
         let start = after.map { a in rows.firstIndex { a < $0.place } ?? rows.count } ?? 0
         let page = rows[start...].prefix(size)
         let next = start + page.count < rows.count ? page.last?.place.cursor : nil
-        // Only this page's stored threads are read whole (for their previews).
-        let summaries = Dictionary(stored.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
-        let threads = await offPipeLoop { () -> [ThreadInfo] in
-            page.map { row in
-                if let info = row.info { return info }
-                let s = summaries[row.place.id]!
-                guard let store, let (state, _) = try? store.load(s.id) else {
-                    return ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true, updated_at: s.modified)
-                }
-                return Self.info(s, state)
-            }
-        }
-        return (threads, next)
+        return (page.map(\.info), next)
     }
 
-    private static func info(_ s: ThreadStore.Summary, _ state: ThreadStore.State) -> ThreadInfo {
-        ThreadViews.info(id: s.id, instructions: state.instructions, history: state.history, pending: 0, live: false, stored: true,
-                         usage: nil, created: nil, updated: s.modified)
+    private static func info(_ s: ThreadSummary) -> ThreadInfo {
+        ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true, usage: UsageBody(s.usage),
+                   created_at: s.createdAt, updated_at: s.updatedAt,
+                   first_prompt: s.turns > 0 ? ThreadViews.clip(s.firstPrompt, bytes: ThreadViews.previewBytes).text : nil,
+                   last_reply: s.turns > 0 ? ThreadViews.clip(s.lastReply, bytes: ThreadViews.previewBytes).text : nil,
+                   instructions: s.instructions.map { ThreadViews.clip($0, bytes: ThreadViews.instructionsBytes).text })
     }
 
     /// Every thread, as `list` with no query or limit gives them.
@@ -346,12 +349,26 @@ public actor ThreadRegistry {
             let result = await entry.thread.read(last: last, maxBytes: maxBytes)
             if result.turns > 0 { return result }
         }
-        if let (state, _) = try await stored(id) {
-            return ThreadViews.read(id: id, instructions: state.instructions, tools: state.tools, history: state.history, condensed: 0,
-                                    last: last, maxBytes: maxBytes)
+        if let thread = try await stored(id) {
+            return ThreadViews.read(id: id, instructions: thread.instructions, tools: thread.tools, history: thread.history,
+                                    condensed: 0, last: last, maxBytes: maxBytes)
         }
         throw WispError(.invalidArgument, "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
     }
+
+    /// Stores, in the background, the threads holding turns the store missed (one task at a time;
+    /// the store says at once while it is not to be tried yet).
+    private func storeUnstored() {
+        guard storing == nil else { return }
+        let waiting = entries.values.map(\.thread).filter(\.holdsUnstoredTurns)
+        guard !waiting.isEmpty else { return }
+        storing = Task {
+            for thread in waiting { _ = await thread.storeUnstored() }
+            self.storingDone()
+        }
+    }
+
+    private func storingDone() { storing = nil }
 
     private func resolve(_ names: [String]) throws(WispError) -> [ModelTool] {
         var tools: [ModelTool] = []
@@ -367,10 +384,13 @@ public actor ThreadRegistry {
         return tools
     }
 
-    /// Evicts the least recently used thread, preferring an idle one; returns its id.
+    /// Evicts the least recently used thread, preferring an idle one; returns its id. A thread
+    /// holding answered turns the store could not take is never evicted (they would be lost):
+    /// with no other, none is, and the registry holds more than `capacity` until they are stored.
     private func evictOne() -> String? {
-        let idle = entries.filter { $0.value.inFlight == 0 }
-        let pool = idle.isEmpty ? entries : idle
+        let safe = entries.filter { !$0.value.thread.holdsUnstoredTurns }
+        let idle = safe.filter { $0.value.inFlight == 0 }
+        let pool = idle.isEmpty ? safe : idle
         guard let victim = pool.min(by: { $0.value.lastUsed < $1.value.lastUsed })?.key else { return nil }
         entries.removeValue(forKey: victim)
         return victim
