@@ -1,6 +1,6 @@
-"""The shim's client of wisp-core: sends respond, close_thread and status, enforces their time
-limits (cancelling in the core when one passes), forwards progress, and keeps the ids of
-threads lost in a crash so the next call naming one is told so.
+"""The shim's client of wisp-core: sends respond, close_thread, status and read_thread, enforces
+their time limits (cancelling in the core when one passes), forwards progress, and keeps the ids
+of threads lost in a crash so the next call naming one is told so.
 
 The process itself is core_process.py's; starting, watching and restarting it, supervisor.py's.
 Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP layer

@@ -126,7 +126,10 @@ enum ThreadFiles {
 
 extension Turn: JSONWritable {
     public func write(to w: inout JSONWriter) {
-        w.object { $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response); $0.field("tokens", tokens); $0.field("reasoning", reasoning) }
+        w.object {
+            $0.field("prompt", prompt); $0.field("toolExchanges", toolExchanges); $0.field("response", response)
+            $0.field("tokens", tokens); $0.field("reasoning", reasoning); $0.field("structured", structured)
+        }
     }
 }
 
