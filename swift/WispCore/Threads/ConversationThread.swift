@@ -128,16 +128,7 @@ public actor ConversationThread {
         // Only an idle thread's store is read: a running call holds the lease, and this memory
         // is then what the store last had from it.
         if let durability, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0 {
-            let lease = try await durability.store.lease(id)
-            let found: Loaded
-            do {
-                found = try await lease.load(unlessAt: version)
-            } catch {
-                await lease.release()
-                throw error
-            }
-            await lease.release()
-            if case .loaded(let stored, _) = found {
+            if case .loaded(let stored, _) = try await durability.store.read(id, unlessAt: version) {
                 let tools = try durability.resolve(stored.tools, stored.roots)
                 return Copy(binding: Binding(instructions: stored.instructions, tools: tools, roots: stored.roots), history: stored.history)
             }

@@ -201,16 +201,7 @@ public actor ThreadRegistry {
     /// off the pipe loop).
     private func stored(_ id: String) async throws(WispError) -> StoredThread? {
         guard let store else { return nil }
-        let lease = try await store.lease(id)
-        let found: Loaded
-        do {
-            found = try await lease.load(unlessAt: nil)
-        } catch {
-            await lease.release()
-            throw error
-        }
-        await lease.release()
-        switch found {
+        switch try await store.read(id) {
         case .loaded(let thread, _): return thread
         case .unavailable(let why): throw WispError(.internal, "the store could not be read: \(why)")
         case .none, .unchanged: return nil

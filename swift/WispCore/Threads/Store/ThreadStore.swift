@@ -33,6 +33,21 @@ public protocol ThreadStore: AnyObject, Sendable {
 }
 
 extension ThreadStore {
+    /// Thread `id` as stored, unless at version `seen`, read under a lease of its own (a fork's
+    /// source, a listing's or a reading's thread, none of whose calls runs here).
+    public func read(_ id: String, unlessAt seen: StoreVersion? = nil) async throws(WispError) -> Loaded {
+        let lease = try await self.lease(id)
+        let found: Loaded
+        do {
+            found = try await lease.load(unlessAt: seen)
+        } catch {
+            await lease.release()
+            throw error
+        }
+        await lease.release()
+        return found
+    }
+
     /// What a call served in memory because of `trouble` says in its reply.
     public func inMemoryNote(_ trouble: String) -> String {
         "state dir \(location) is not usable now (\(trouble)); this turn is kept in memory only, "
