@@ -26,9 +26,10 @@ public enum BlockingOwner: Hashable, Sendable {
 /// An admitted job's work runs with this pool as its task executor; work it starts off the
 /// pool again (`offPipeLoop` inside `offPipeLoop`) is part of the same job and is not queued.
 public final class BlockingPool: TaskExecutor, Sendable {
-    /// The core's pool. Eight threads: a few busy tool walks and a stalled mount leave room for
-    /// other threads' file reads and stores, while the whole stays a handful of OS threads.
-    public static let shared = BlockingPool(workers: 8, perOwner: 4)
+    /// The core's pool. Sixteen workers: eight threads' tool walks, each using its whole time
+    /// limit, and a stalled mount or two still leave room for other threads' file reads and
+    /// stores (the OS shares the cores between them), while the whole stays a few OS threads.
+    public static let shared = BlockingPool(workers: 16, perOwner: 4)
 
     @TaskLocal public static var owner = BlockingOwner.none
     /// Set inside an admitted job's work.

@@ -92,8 +92,7 @@ final class EchoSession: ModelSession {
         }
         if settings.schema == nil {
             for file in message.files {
-                let first = file.text.split(separator: "\n", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-                text += "\nfile \(file.path): \(first.hasSuffix("\r") ? first.dropLast() : first)"
+                text += "\nfile \(file.path): \(TextLines.first(file.text))"
             }
         }
         // A stored turn's count is not echo's own: the sum saturates.
