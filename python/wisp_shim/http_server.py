@@ -232,7 +232,7 @@ class _Sessions:
     def _cancel(self, scope: Scope, body: bytes) -> None:
         try:
             request = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past Python's stack: no request of wisp's
             return
         if not isinstance(request, dict) or "method" not in request or not isinstance(request.get("id"), int | str):
             return  # a notification or a response: nothing is running for it
