@@ -13,8 +13,9 @@
   (SESSION_BODY_BYTES, the most one stdio client may have in flight) and over all clients
   (TOTAL_BODY_BYTES, several sessions' worth); a connection carries one request at a time, whose
   body the SDK bounds (413). Past its session's share or the total, a request is answered 503
-  while its body is still arriving. A 2026-07-28 client opens no session: each of its
-  connections counts as one client.
+  while its body is still arriving; a body under SMALL_BODY_BYTES never counts as past the total,
+  so a client with its own share left is served however much others hold. A 2026-07-28 client
+  opens no session: each of its connections counts as one client.
 
 Written against uvicorn's h11 protocol (its `H11Protocol`, the request cycle's `more_body`,
 `response_complete`, and the per-connection `app`): the deadline and cap tests in
@@ -44,6 +45,9 @@ MAX_UNPROVEN_CONNECTIONS = 128
 MAX_PROVEN_CONNECTIONS = 1024
 SESSION_BODY_BYTES = MAX_IN_FLIGHT_BYTES
 TOTAL_BODY_BYTES = 4 * MAX_IN_FLIGHT_BYTES
+# A body this small is never refused for the total, so that a full server still takes every
+# client's small calls: at most MAX_PROVEN_CONNECTIONS of them, 64 MiB, on top of the total.
+SMALL_BODY_BYTES = 64 * 1024
 
 _HEADERS, _BODY = "headers", "body"
 
@@ -176,14 +180,15 @@ class BodyBudgets:
         self.held = 0
         self.sessions: dict[str, int] = {}
 
-    def take(self, session: str | None, n: int) -> str | None:
-        """Counts `n` more bytes for `session` (None: a request outside any session, bounded by its
-        connection); returns why they are refused instead, counting nothing."""
+    def take(self, session: str | None, n: int, request: int = 0) -> str | None:
+        """Counts `n` more bytes of a request that holds `request` bytes already, for `session`
+        (None: a request outside any session, bounded by its connection); returns why they are
+        refused instead, counting nothing."""
         mine = self.sessions.get(session, 0) if session is not None else 0
         if session is not None and mine + n > self.per_session:
             return (f"this MCP session holds {self.per_session // (1024 * 1024)} MiB of requests that are not answered "
                     "yet; send this one again when some have been")
-        if self.held + n > self.total:
+        if self.held + n > self.total and request + n > SMALL_BODY_BYTES:
             return (f"wisp holds {self.total // (1024 * 1024)} MiB of its clients' requests that are not answered yet; "
                     "send this one again when some have been")
         self.held += n
@@ -224,7 +229,7 @@ def make_budget_receive(budgets: BodyBudgets, session: str | None, receive: Rece
         message = await receive()
         if message["type"] == "http.request":
             n = len(message.get("body", b""))
-            why = budgets.take(session, n)
+            why = budgets.take(session, n, held)
             if why is not None:
                 raise OverBudget(why)  # from inside the SDK's body read: nothing has been answered yet
             held += n

@@ -285,16 +285,20 @@ async def test_a_sessions_stalled_uploads_exhaust_only_that_sessions_share():
 
 
 def test_the_body_budgets_bound_each_session_and_the_total():
-    from wisp_shim.http_guards import BodyBudgets
+    from wisp_shim.http_guards import SMALL_BODY_BYTES as S, BodyBudgets
 
-    b = BodyBudgets(per_session=100, total=250)
-    assert b.take("a", 60) is None and b.take("a", 40) is None
+    b = BodyBudgets(per_session=10 * S, total=25 * S)
+    assert b.take("a", 6 * S) is None and b.take("a", 4 * S, request=6 * S) is None
     assert "session" in b.take("a", 1)  # a's share is used up ...
-    assert b.take("b", 100) is None and b.take(None, 40) is None  # ... not b's, nor a connection's
-    assert "MiB" in b.take(None, 20)  # the total is
-    b.give_back("a", 100)
-    assert b.sessions == {"b": 100} and b.held == 140
-    assert b.take("a", 100) is None and b.take("c", 11) is not None
+    assert b.take("b", 10 * S) is None and b.take(None, 4 * S) is None  # ... not b's, nor a connection's
+    assert "MiB" in b.take(None, 2 * S)  # the total is
+    # A small body is taken however full the total is; a large one's later chunks are not.
+    assert b.take("c", S // 2) is None and b.take(None, S) is None
+    assert b.take(None, 1, request=S) is not None
+    b.give_back("a", 10 * S)
+    assert b.sessions == {"b": 10 * S, "c": S // 2} and b.held == 15 * S + S // 2
+    b.give_back("c", S // 2)
+    assert "c" not in b.sessions and b.take("a", 9 * S) is None
 
 
 # --- 3. the token is one header, exactly once ----------------------------------------------------------

@@ -14,9 +14,9 @@ import WispInfrastructure
 /// The verdict is JSON Schema's (2020-12) for that subset, on the data as the caller will read
 /// it: numbers as Python's `json` and JavaScript's `JSON.parse` read them, the verdict holding
 /// under both (NumberReading.swift); strings and keys as sequences of code points; `pattern` with
-/// ECMA-262 semantics matched by the linear engine (WispInfrastructure/Regex/, `.ecma`). The shim does not judge the reply again; `jsonschema`
-/// is the test oracle (tests/python/test_schema_differential.py, which lists where Python's `re`
-/// and ECMA-262 differ).
+/// ECMA-262 semantics matched by the linear engine (WispInfrastructure/Regex/, `.ecma`). The shim
+/// does not judge the reply again; `jsonschema` is the test oracle
+/// (tests/python/test_schema_differential.py, which lists where the two differ).
 ///
 /// Checking a reply and building echo's value can take time on a large reply or schema: both
 /// run off the pipe loop and stop when their call is cancelled (`Task.isCancelled`).
