@@ -199,11 +199,24 @@ public actor ConversationThread {
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
                        onPartial: PartialHandler?, rewind: Int, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         if let durability, !closed {
-            let lease = try await durability.store.lease(id)
+            // Turns the store missed (`unstored`), or a fork not stored yet, make this memory the
+            // thread, whatever is stored; a store that cannot be read now serves the call from memory (its commit says why).
+            // Taken as one job that is dropped if the call ends while it waits for a worker (the
+            // store's own trips off the pipe loop run inside it).
+            let store = durability.store, id = self.id, seen = version, load = !holdsUnstoredTurns && !forked
+            let (lease, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) {
+                () async throws(WispError) -> (any ThreadLease, Loaded) in
+                let lease = try await store.lease(id)
+                guard load else { return (lease, .unchanged) }
+                do throws(WispError) {
+                    return (lease, try await lease.load(unlessAt: seen))
+                } catch {
+                    await lease.release()
+                    throw error
+                }
+            }
             self.lease = lease
-            // Turns the store missed (`unstored`) make this memory the thread, whatever is stored.
-            // A store that cannot be read now serves the call from memory (its commit says why).
-            if !holdsUnstoredTurns && !forked { try await reload(try await lease.load(unlessAt: version), durability) }
+            try await reload(found, durability)
         }
         if conversation.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.

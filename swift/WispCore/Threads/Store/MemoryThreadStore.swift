@@ -81,15 +81,8 @@ public final class MemoryThreadStore: ThreadStore {
         return Lease(id: id, store: self)
     }
 
-    public func delete(_ id: String) async throws(WispError) -> Bool {
-        let lease = try await self.lease(id)
-        let deleted = try? await lease.delete()
-        await lease.release()
-        return deleted ?? false
-    }
-
     public func summaries(matching query: String?, limit: Int) async -> [ThreadSummary] {
-        let words = query.map { $0.split(separator: " ").map { $0.lowercased() } } ?? []
+        let words = Self.words(query).map { $0.lowercased() }
         return rows.withLock { rows in
             rows.filter { _, row in
                 words.allSatisfy { w in

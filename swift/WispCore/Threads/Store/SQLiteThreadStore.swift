@@ -162,15 +162,8 @@ public final class SQLiteThreadStore: ThreadStore {
                   + "or use another thread")
     }
 
-    public func delete(_ id: String) async throws(WispError) -> Bool {
-        let lease = try await self.lease(id)
-        let deleted = try? await lease.delete()
-        await lease.release()
-        return deleted ?? false
-    }
-
     public func summaries(matching query: String?, limit: Int) async -> [ThreadSummary] {
-        let words = query.map { $0.split(whereSeparator: \.isWhitespace).map(String.init) } ?? []
+        let words = Self.words(query)
         let hidden = closedMeanwhile.withLock { $0 }
         let found = try? await blocking { () throws(WispError) -> [ThreadSummary] in
             try self.withDB { db throws(SQLiteError) in

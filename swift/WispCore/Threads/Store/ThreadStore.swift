@@ -25,8 +25,6 @@ public protocol ThreadStore: AnyObject, Sendable {
     var maxStored: Int { get }
     /// Takes the lease on thread `id`, waiting a while for another holder (then `busy`).
     func lease(_ id: String) async throws(WispError) -> any ThreadLease
-    /// Deletes a stored thread (under its lease); true when one was stored.
-    func delete(_ id: String) async throws(WispError) -> Bool
     /// Stored threads, most recently updated first; with `matching`, only those whose prompts or
     /// replies hold each of its words. At most `limit`.
     func summaries(matching query: String?, limit: Int) async -> [ThreadSummary]
@@ -46,6 +44,19 @@ extension ThreadStore {
         }
         await lease.release()
         return found
+    }
+
+    /// Deletes a stored thread, under a lease of its own; true when one was stored.
+    public func delete(_ id: String) async throws(WispError) -> Bool {
+        let lease = try await self.lease(id)
+        let deleted = try? await lease.delete()
+        await lease.release()
+        return deleted ?? false
+    }
+
+    /// A search query's words (what `summaries(matching:)` looks for, each).
+    static func words(_ query: String?) -> [String] {
+        query.map { $0.split(whereSeparator: \.isWhitespace).map(String.init) } ?? []
     }
 
     /// What a call served in memory because of `trouble` says in its reply.
