@@ -236,6 +236,8 @@ class Tasks:
             return await job.run(prepared, job.plain_progress, None, None)
         ttl = None if params.task is None else params.task.ttl
         task = self._create(owner(ctx), generation, ttl)
+        # The handle shows the task as created (a task begins `working`), however soon it ends.
+        seed = self._task_fields(task, generation, detail=False)
         if isinstance(prepared, CallToolResult):
             self._settle(task, prepared)
         else:
@@ -258,12 +260,12 @@ class Tasks:
                 waiter.cancel()
         log.info("task %s… created (%s, ttl %d ms)", task.id[:8], generation, task.ttl_ms)
         if generation == MODERN:
-            return {"resultType": "task", **self._task_fields(task, MODERN, detail=False)}
+            return {"resultType": "task", **seed}
         box = _LEGACY_HANDLE.get()
         if box is None:
             raise MCPError(INTERNAL_ERROR, "wisp's task middleware is not installed")
         box.append({
-            "task": self._task_fields(task, LEGACY, detail=False),
+            "task": seed,
             "_meta": {IMMEDIATE_RESPONSE: (
                 f"wisp is running this respond call in the background as task {task.id}; "
                 "its result (the reply and thread_id) comes when the task completes."
