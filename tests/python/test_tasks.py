@@ -435,3 +435,10 @@ async def test_http_tasks_in_both_generations_scoped_to_their_client():
         body, headers = _modern("tasks/get", {"taskId": modern_id}, 26)
         mismatch = await _rpc(hc, server.url, body, server.headers(**{**headers, "Mcp-Name": "another-id"}))
         assert mismatch["error"]["code"] == -32020
+
+
+@pytest.mark.parametrize("name, value", [("WISP_TASK_TTL", "0.5"), ("WISP_TASK_TTL", "soon"), ("WISP_MAX_TASKS", "257")])
+def test_a_task_bound_out_of_range_is_refused_at_start(name, value):
+    done = subprocess.run(shim_command("--backend", "echo"), stdin=subprocess.DEVNULL, capture_output=True,
+                          env=shim_env(**{name: value}), cwd=REPO, timeout=60)
+    assert done.returncode != 0 and name in done.stderr.decode() and done.stdout == b""
