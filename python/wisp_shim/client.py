@@ -316,7 +316,7 @@ class Core:
         box = [protocol.frame(payload)]
         del payload, msg
         if stop is not None and stop.done():
-            raise ShimError(errors.CANCELLED, "the call was cancelled before it started; nothing was sent to the model.")
+            raise ShimError(errors.CANCELLED, "the call was cancelled before it started; nothing reached the model.")
         reply = await self._request(run, call, box, limit, timed_out, on_progress, stop, on_sent)
         if not reply.ok:
             assert reply.error is not None

@@ -286,7 +286,9 @@ async def _as_result(name: str, work: Awaitable[Any]) -> Any:
     except Exception as exc:
         # Anything else is a bug in wisp; the caller still gets a tool error, not a silent failure.
         log.exception("tool %s failed", name)
-        return _error(f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
+        return _error(
+            f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr."
+        )
 
 
 @dataclass(frozen=True)
@@ -319,8 +321,10 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
         # Asked before the call, which makes the id known: a new caller-chosen id was never lost.
         return _RespondCall(a, roots, a.thread_id is not None and core.knew(a.thread_id))
 
-    async def respond_run(call: _RespondCall, send_progress: Callable[[float, str], Awaitable[None]] | None,
-                          stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None) -> CallToolResult:
+    async def respond_run(
+        call: _RespondCall, send_progress: Callable[[float, str], Awaitable[None]] | None,
+        stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None,
+    ) -> CallToolResult:
         a, roots, knew = call.args, call.roots, call.knew
         on_progress = None
         if send_progress is not None:
@@ -394,7 +398,9 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
 
     handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads}
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult | dict[str, Any]:
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: CallToolRequestParams,
+    ) -> CallToolResult | dict[str, Any]:
         handler = handlers.get(params.name)
         if handler is None:
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {short(params.name)} (wisp has {', '.join(handlers)})")

@@ -104,7 +104,9 @@ class TaskLimits:
         except ValueError:
             ttl = -1.0
         if not (math.isfinite(ttl) and MIN_TTL_MS / 1000 <= ttl <= 7 * 24 * 3600):
-            raise ValueError(f"WISP_TASK_TTL must be a number of seconds from {MIN_TTL_MS / 1000:g} to 604800, got {ttl_text!r}")
+            raise ValueError(
+                f"WISP_TASK_TTL must be a number of seconds from {MIN_TTL_MS / 1000:g} to 604800, got {ttl_text!r}"
+            )
         try:
             most = int(max_text) if max_text else DEFAULT_MAX_TASKS
         except ValueError:
@@ -194,7 +196,9 @@ def owner(ctx: ServerRequestContext[Any, Any]) -> tuple[Any, ...]:
 # Where a handshake-era task handle travels from the tools/call handler to the middleware
 # (TaskMiddleware): the SDK checks a handler's tools/call result against that era's
 # CallToolResult, which a CreateTaskResult is not.
-_LEGACY_HANDLE: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar("wisp_legacy_task_handle", default=None)
+_LEGACY_HANDLE: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "wisp_legacy_task_handle", default=None
+)
 
 
 class _UpdateParams(RequestParams):
@@ -244,7 +248,8 @@ class Tasks:
             token = ctx.meta.get("progress_token") if ctx.meta else None
             queued = asyncio.Event()
             task.runner = asyncio.get_running_loop().create_task(
-                self._run(task, job, prepared, self._progress(ctx, task, token), queued.set), name=f"wisp task {task.id[:8]}"
+                self._run(task, job, prepared, self._progress(ctx, task, token), queued.set),
+                name=f"wisp task {task.id[:8]}",
             )
             # The handle goes out once the call has its place in its thread's queue.
             waiter = asyncio.get_running_loop().create_task(queued.wait())
@@ -280,7 +285,8 @@ class Tasks:
             whose = "this client holds" if held >= self.limits.per_client else "wisp's clients hold"
             raise MCPError(TOO_MANY_TASKS, (
                 f"{whose} {most} tasks (running, or finished with a result kept until its ttl), wisp's limit "
-                f"({'WISP_MAX_TASKS' if most == self.limits.per_client else 'all clients together'}); this call was not "
+                f"({'WISP_MAX_TASKS' if most == self.limits.per_client else 'all clients together'}); "
+                "this call was not "
                 "started. Collect or cancel earlier tasks, wait for their ttl to pass, or call without a task."
             ))
         most_ms = int(self.limits.ttl_s * 1000)
@@ -398,7 +404,8 @@ class Tasks:
     async def get(self, ctx: ServerRequestContext[Any, Any], params: GetTaskRequestParams) -> dict[str, Any]:
         generation = self._check(ctx, "tasks/get", params.task_id)
         task = self._find(ctx, params.task_id)
-        return {"resultType": "complete", **self._task_fields(task, generation)} if generation == MODERN else self._task_fields(task, generation)
+        fields = self._task_fields(task, generation)
+        return {"resultType": "complete", **fields} if generation == MODERN else fields
 
     async def result(self, ctx: ServerRequestContext[Any, Any], params: GetTaskPayloadRequestParams) -> dict[str, Any]:
         self._check(ctx, "tasks/result", params.task_id)
@@ -406,7 +413,7 @@ class Tasks:
         await task.done.wait()
         related = {RELATED_TASK: {"taskId": task.id}}
         if task.status == CANCELLED:
-            raise MCPError(TASK_CANCELLED, "The task was cancelled (tasks/cancel); the call's turn was not kept.", related)
+            raise MCPError(TASK_CANCELLED, "The task was cancelled; the call's turn was not kept.", related)
         if task.result is None:
             error = task.error or {"code": INTERNAL_ERROR, "message": "the task's result was freed (its ttl passed)"}
             raise MCPError(error["code"], error["message"], related)
@@ -478,7 +485,8 @@ class TaskMiddleware:
             return result
         if method == "initialize":
             caps = (ctx.params or {}).get("capabilities")
-            if isinstance(caps, dict) and isinstance(caps.get("tasks"), dict) and isinstance(result.get("capabilities"), dict):
+            declares = isinstance(caps, dict) and isinstance(caps.get("tasks"), dict)
+            if declares and isinstance(result.get("capabilities"), dict):
                 result = {**result, "capabilities": {**result["capabilities"], "tasks": LEGACY_CAPABILITY}}
         elif method == "tools/list" and declared(ctx) == LEGACY and isinstance(result.get("tools"), list):
             result = {**result, "tools": [

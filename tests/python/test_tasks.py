@@ -23,12 +23,22 @@ import httpx2
 import pytest
 
 from harness import REPO, jsonrpc, shim_command, shim_env
+from openai_stub import OpenAIStub
 from test_http import MODERN_HEADERS, _legacy_session, http_wisp
 
 LEGACY, MODERN = "2025-11-25", "2026-07-28"
 GENERATIONS = (LEGACY, MODERN)
 EXT = "io.modelcontextprotocol/tasks"
 RELATED = "io.modelcontextprotocol/related-task"
+
+
+def call(tool: str, **arguments: Any) -> dict:
+    """tools/call params."""
+    return {"name": tool, "arguments": arguments}
+
+
+def legacy(rid: int, method: str, params: dict) -> dict:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
 
 
 def envelope(declare: bool = True) -> dict:
@@ -110,7 +120,7 @@ class Raw:
         if self.generation == LEGACY:
             answer = self.request("tasks/result", {"taskId": task_id})
             status = self.request("tasks/get", {"taskId": task_id})["result"]["status"]
-            return {"status": status, **({"result": answer["result"]} if "result" in answer else {"error": answer["error"]})}
+            return {"status": status, **{k: answer[k] for k in ("result", "error") if k in answer}}
         deadline = time.monotonic() + 30
         while True:
             got = self.request("tasks/get", {"taskId": task_id})["result"]
@@ -190,7 +200,7 @@ def test_a_task_runs_is_polled_and_its_result_is_the_plain_calls(raw_clients, ge
 @pytest.mark.parametrize("generation", GENERATIONS)
 def test_a_failed_call_is_the_tasks_result_too(raw_clients, generation):
     c = raw_clients(generation)
-    expected = c.request("tools/call", {"name": "respond", "arguments": {"prompt": "!fail generation_failed", "thread_id": "plain-1"}})
+    expected = c.request("tools/call", call("respond", prompt="!fail generation_failed", thread_id="plain-1"))
     assert expected["result"]["isError"] is True
     task_id = make_task(c, "!fail generation_failed", "tasks-1")
     got = c.outcome(task_id)
@@ -226,8 +236,20 @@ def test_a_2026_task_shows_its_partial_text_as_its_status_message(raw_clients):
     task_id = make_task(c, "words to watch", "t")
     assert c.outcome(task_id)["statusMessage"] != ""
     # Plain calls from a client that declared the extension, on an idle thread with echo: no task.
-    answered = c.request("tools/call", {"name": "respond", "arguments": {"prompt": "quick", "thread_id": "idle"}})["result"]
+    answered = c.request("tools/call", call("respond", prompt="quick", thread_id="idle"))["result"]
     assert answered["resultType"] == "complete" and answered["structuredContent"]["text"] == "echo 1: quick"
+
+
+def test_with_a_model_every_2026_call_from_a_declaring_client_is_a_task(raw_clients):
+    with OpenAIStub() as stub:
+        model = ("--backend", "openai", "--endpoint", stub.endpoint)
+        c = raw_clients(MODERN, True, *model)
+        task_id = handle_of(c.wait(c.respond("hello", "idle")), MODERN)
+        got = c.outcome(task_id)
+        assert got["status"] == "completed" and got["result"]["structuredContent"]["text"] == "reply 1: hello"
+        other = raw_clients(MODERN, False, *model)
+        answered = other.wait(other.respond("hello", "idle-2"))["result"]
+        assert answered["resultType"] == "complete" and answered["structuredContent"]["text"] == "reply 1: hello"
 
 
 # --- the thread rules ---------------------------------------------------------------------------
@@ -257,7 +279,7 @@ def test_cancel_mid_run_leaves_the_thread_as_it_was(raw_clients, generation):
         assert answer["result"]["status"] == "cancelled"
         assert c.request("tasks/result", {"taskId": task_id})["error"]["data"] == {RELATED: {"taskId": task_id}}
     else:
-        assert answer["result"] == {"resultType": "complete", **{k: v for k, v in answer["result"].items() if k == "_meta"}}
+        assert set(answer["result"]) <= {"resultType", "_meta"} and answer["result"]["resultType"] == "complete"
     assert c.request("tasks/get", {"taskId": task_id})["result"]["status"] == "cancelled"
     after = c.request("tools/call", {"name": "respond", "arguments": {"prompt": "after", "thread_id": "t"}})
     assert after["result"]["structuredContent"]["text"] == "echo 3: after"  # one, make_task's first, after
@@ -323,7 +345,8 @@ def test_a_client_holds_at_most_its_bound_of_tasks(raw_clients):
     held = [handle_of(c.wait(c.respond(f"!sleep 1500 {i}", f"t{i}")), LEGACY) for i in range(2)]
     refused = c.wait(c.respond("one too many", "t3"))
     assert refused["error"]["code"] == -32000 and "WISP_MAX_TASKS" in refused["error"]["message"]
-    assert c.request("tools/call", {"name": "list_threads", "arguments": {}})["result"]["structuredContent"]["threads"][0]["thread_id"] != "t3"
+    listing = c.request("tools/call", call("list_threads"))["result"]["structuredContent"]
+    assert "t3" not in [t["thread_id"] for t in listing["threads"]]
     assert [c.outcome(t)["status"] for t in held] == ["completed", "completed"]
     # A plain call is not a task: not bounded by it.
     assert "result" in c.request("tools/call", {"name": "respond", "arguments": {"prompt": "plain", "thread_id": "t3"}})
@@ -345,7 +368,8 @@ def test_a_handshake_client_without_tasks_sees_todays_server(raw_clients):
     without, with_ = raw_clients(LEGACY, declare=False), raw_clients(LEGACY)
     plain_init, task_init = without.initialized["result"], with_.initialized["result"]
     assert "tasks" not in plain_init["capabilities"]
-    assert {**plain_init, "capabilities": {**plain_init["capabilities"], "tasks": task_init["capabilities"]["tasks"]}} == task_init
+    added = {**plain_init["capabilities"], "tasks": task_init["capabilities"]["tasks"]}
+    assert {**plain_init, "capabilities": added} == task_init
     plain_tools, task_tools = (x.request("tools/list")["result"]["tools"] for x in (without, with_))
     assert all("execution" not in t for t in plain_tools)
     assert [{k: v for k, v in t.items() if k != "execution"} for t in task_tools] == plain_tools
@@ -394,50 +418,56 @@ def _modern(method: str, params: dict, rid: int, declare: bool = True) -> tuple[
 
 
 async def test_http_tasks_in_both_generations_scoped_to_their_client():
-    async with http_wisp() as server, httpx2.AsyncClient(timeout=60) as hc:
-        a = await _legacy_session(hc, server, {"tasks": {}})
-        b = await _legacy_session(hc, server, {"tasks": {}})
-        call = {"name": "respond", "arguments": {"prompt": "!sleep 300 over http", "thread_id": "h"}, "task": {"ttl": 60000}}
-        task_id = handle_of(await _rpc(hc, server.url, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call}, a), LEGACY)
-        # Another session (same token) cannot see or cancel it.
-        for rid, method in enumerate(("tasks/get", "tasks/cancel", "tasks/result"), 10):
-            got = await _rpc(hc, server.url, {"jsonrpc": "2.0", "id": rid, "method": method, "params": {"taskId": task_id}}, b)
+    async with http_wisp() as server:
+        async with httpx2.AsyncClient(timeout=60) as hc:
+            a = await _legacy_session(hc, server, {"tasks": {}})
+            b = await _legacy_session(hc, server, {"tasks": {}})
+            params = {**call("respond", prompt="!sleep 300 over http", thread_id="h"), "task": {"ttl": 60000}}
+            task_id = handle_of(await _rpc(hc, server.url, legacy(2, "tools/call", params), a), LEGACY)
+            # Another session (same token) cannot see or cancel it.
+            for rid, method in enumerate(("tasks/get", "tasks/cancel", "tasks/result"), 10):
+                got = await _rpc(hc, server.url, legacy(rid, method, {"taskId": task_id}), b)
+                assert got["error"]["code"] == -32602
+            got = await _rpc(hc, server.url, legacy(3, "tasks/result", {"taskId": task_id}), a)
+            assert got["result"]["structuredContent"]["text"] == "echo 1: !sleep 300 over http"
+            # 2026-07-28 over HTTP: a call behind another on its thread becomes a task; its id rides Mcp-Name.
+            async with anyio.create_task_group() as tg:
+                body, headers = _modern("tools/call", call("respond", prompt="!sleep 600 slow", thread_id="m"), 20)
+                tg.start_soon(_rpc, hc, server.url, body, server.headers(**headers))
+                deadline = time.monotonic() + 20
+                while True:
+                    body, headers = _modern("tools/call", {"name": "list_threads", "arguments": {}}, 21)
+                    answer = await _rpc(hc, server.url, body, server.headers(**headers))
+                    listing = answer["result"]["structuredContent"]
+                    if any(t["thread_id"] == "m" and t["pending"] == 1 for t in listing["threads"]):
+                        break
+                    assert time.monotonic() < deadline
+                body, headers = _modern("tools/call", call("respond", prompt="behind", thread_id="m"), 22)
+                modern_id = handle_of(await _rpc(hc, server.url, body, server.headers(**headers)), MODERN)
+            # A handshake session does not see a 2026-07-28 task (no session there), nor the reverse.
+            got = await _rpc(hc, server.url, legacy(23, "tasks/get", {"taskId": modern_id}), a)
             assert got["error"]["code"] == -32602
-        got = await _rpc(hc, server.url, {"jsonrpc": "2.0", "id": 3, "method": "tasks/result", "params": {"taskId": task_id}}, a)
-        assert got["result"]["structuredContent"]["text"] == "echo 1: !sleep 300 over http"
-        # 2026-07-28 over HTTP: a call behind another on its thread becomes a task; its id rides Mcp-Name.
-        async with anyio.create_task_group() as tg:
-            body, headers = _modern("tools/call", {"name": "respond", "arguments": {"prompt": "!sleep 600 slow", "thread_id": "m"}}, 20)
-            tg.start_soon(_rpc, hc, server.url, body, server.headers(**headers))
+            body, headers = _modern("tasks/get", {"taskId": task_id}, 24)
+            assert (await _rpc(hc, server.url, body, server.headers(**headers)))["error"]["code"] == -32602
+        # The client that made it went away; polling with its token from a new connection finds it.
+        async with httpx2.AsyncClient(timeout=60) as hc:
             deadline = time.monotonic() + 20
             while True:
-                body, headers = _modern("tools/call", {"name": "list_threads", "arguments": {}}, 21)
-                listing = (await _rpc(hc, server.url, body, server.headers(**headers)))["result"]["structuredContent"]
-                if any(t["thread_id"] == "m" and t["pending"] == 1 for t in listing["threads"]):
+                body, headers = _modern("tasks/get", {"taskId": modern_id}, 25)
+                got = (await _rpc(hc, server.url, body, server.headers(**headers)))["result"]
+                if got["status"] == "completed":
                     break
                 assert time.monotonic() < deadline
-            body, headers = _modern("tools/call", {"name": "respond", "arguments": {"prompt": "behind", "thread_id": "m"}}, 22)
-            modern_id = handle_of(await _rpc(hc, server.url, body, server.headers(**headers)), MODERN)
-        # A handshake session does not see a 2026-07-28 task (no session there), nor the reverse.
-        got = await _rpc(hc, server.url, {"jsonrpc": "2.0", "id": 23, "method": "tasks/get", "params": {"taskId": modern_id}}, a)
-        assert got["error"]["code"] == -32602
-        body, headers = _modern("tasks/get", {"taskId": task_id}, 24)
-        assert (await _rpc(hc, server.url, body, server.headers(**headers)))["error"]["code"] == -32602
-        deadline = time.monotonic() + 20
-        while True:
-            body, headers = _modern("tasks/get", {"taskId": modern_id}, 25)
-            got = (await _rpc(hc, server.url, body, server.headers(**headers)))["result"]
-            if got["status"] == "completed":
-                break
-            assert time.monotonic() < deadline
-            await anyio.sleep(0.05)
-        assert got["result"]["structuredContent"]["text"] == "echo 2: behind"
-        body, headers = _modern("tasks/get", {"taskId": modern_id}, 26)
-        mismatch = await _rpc(hc, server.url, body, server.headers(**{**headers, "Mcp-Name": "another-id"}))
-        assert mismatch["error"]["code"] == -32020
+                await anyio.sleep(0.05)
+            assert got["result"]["structuredContent"]["text"] == "echo 2: behind"
+            body, headers = _modern("tasks/get", {"taskId": modern_id}, 26)
+            mismatch = await _rpc(hc, server.url, body, server.headers(**{**headers, "Mcp-Name": "another-id"}))
+            assert mismatch["error"]["code"] == -32020
 
 
-@pytest.mark.parametrize("name, value", [("WISP_TASK_TTL", "0.5"), ("WISP_TASK_TTL", "soon"), ("WISP_MAX_TASKS", "257")])
+@pytest.mark.parametrize("name, value", [
+    ("WISP_TASK_TTL", "0.5"), ("WISP_TASK_TTL", "soon"), ("WISP_MAX_TASKS", "257"),
+])
 def test_a_task_bound_out_of_range_is_refused_at_start(name, value):
     done = subprocess.run(shim_command("--backend", "echo"), stdin=subprocess.DEVNULL, capture_output=True,
                           env=shim_env(**{name: value}), cwd=REPO, timeout=60)
