@@ -405,7 +405,7 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
         if handler is None:
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {short(params.name)} (wisp has {', '.join(handlers)})")
         args = params.arguments or {}
-        if params.name == "respond" and (generation := tasks.wanted(ctx, params)) is not None:
+        if (generation := tasks.wanted(ctx, params)) is not None:
             job: Job[_RespondCall] = Job(
                 prepare=lambda: _as_result(params.name, respond_prepare(ctx, args)),
                 run=lambda call, send, stop, on_sent: _as_result(params.name, respond_run(call, send, stop, on_sent)),

@@ -218,10 +218,19 @@ class Tasks:
     # --- the rule and the handle ---------------------------------------------------------
 
     def wanted(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> str | None:
-        """The generation under which this `respond` call may become a task (None: plain)."""
+        """The generation under which this call may become a task (None: plain). Only `respond`
+        runs as a task; the other tools' taskSupport is "forbidden", and asking for one as a task
+        is answered as the 2025-11-25 spec says."""
         generation = declared(ctx)
         if generation == LEGACY and params.task is None:
             return None  # declared, but asked for a plain call
+        if params.name != "respond":
+            if generation == LEGACY:
+                raise MCPError(METHOD_NOT_FOUND, (
+                    f"{params.name} does not run as a task (its execution.taskSupport is forbidden): "
+                    "call it without `task`"
+                ))
+            return None
         return generation
 
     async def decide(self, thread_id: str | None) -> bool:

@@ -378,6 +378,10 @@ def test_a_handshake_client_without_tasks_sees_todays_server(raw_clients):
     answered = without.wait(without.respond("hello", "t"))["result"]
     assert answered["structuredContent"]["text"] == "echo 1: hello"
     assert without.request("tasks/get", {"taskId": "x"})["error"]["code"] == -32601
+    # The other tools do not run as tasks ("forbidden"): asking for one is -32601, as the spec says.
+    refused = with_.request("tools/call", {**call("list_threads"), "task": {}})
+    assert refused["error"]["code"] == -32601 and "without `task`" in refused["error"]["message"]
+    assert "result" in without.request("tools/call", {**call("list_threads"), "task": {}})  # ignored, as today
     # A client that declared tasks but calls without `task` is answered plainly too.
     assert with_.wait(with_.respond("plain", "u", task=False))["result"]["structuredContent"]["text"] == "echo 1: plain"
 
