@@ -22,7 +22,7 @@ import anyio
 import httpx2
 import pytest
 
-from harness import REPO, jsonrpc, shim_command, shim_env
+from harness import REPO, close_shim, jsonrpc, shim_command, shim_env
 from openai_stub import OpenAIStub
 from test_http import MODERN_HEADERS, _legacy_session, http_wisp
 
@@ -130,12 +130,7 @@ class Raw:
             time.sleep(0.05)
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        close_shim(self.proc, 15)
 
 
 @pytest.fixture
