@@ -236,7 +236,10 @@ class Tasks:
     async def decide(self, thread_id: str | None) -> bool:
         """The 2026-07-28 rule, where the server decides: a task when the call cannot start at
         once (another call on its thread runs or waits) or when a model, not echo, answers it."""
-        backend, behind = await self._placement(thread_id)
+        try:
+            backend, behind = await self._placement(thread_id)
+        except errors.ShimError:
+            return False  # no core to run it: the plain call says why, as a tool error
         return behind or backend != "echo"
 
     async def call(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams, generation: str,

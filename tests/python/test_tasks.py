@@ -247,6 +247,12 @@ def test_with_a_model_every_2026_call_from_a_declaring_client_is_a_task(raw_clie
         assert answered["resultType"] == "complete" and answered["structuredContent"]["text"] == "reply 1: hello"
 
 
+def test_a_2026_call_with_no_core_to_run_it_is_the_plain_calls_tool_error(raw_clients, tmp_path):
+    c = raw_clients(MODERN, True, "--core", str(tmp_path / "no-such-core"))
+    answered = c.wait(c.respond("hello", "t"))["result"]
+    assert answered["resultType"] == "complete" and answered["content"][0]["text"].startswith("core_missing:")
+
+
 # --- the thread rules ---------------------------------------------------------------------------
 
 
