@@ -250,7 +250,8 @@ class Tasks:
                 return prepared  # refused before it reached a model: nothing to wait for
         elif generation == MODERN and not await self.decide(job.thread_id(prepared)):
             return await job.run(prepared, job.plain_progress, None, None)
-        ttl = None if params.task is None else params.task.ttl
+        # 2026-07-28 ignores a `task` on the call (that generation has none): wisp's ttl applies.
+        ttl = params.task.ttl if generation == LEGACY and params.task is not None else None
         task = self._create(owner(ctx), generation, ttl)
         # The handle shows the task as created (a task begins `working`), however soon it ends.
         seed = self._task_fields(task, generation, detail=False)
@@ -292,14 +293,17 @@ class Tasks:
 
     def _create(self, who: tuple[Any, ...], generation: str, ttl_ms: int | None) -> Task:
         held = self._held.get(who, 0)
-        if held >= self.limits.per_client or len(self._tasks) >= MAX_TASKS_TOTAL:
-            most = self.limits.per_client if held >= self.limits.per_client else MAX_TASKS_TOTAL
-            whose = "this client holds" if held >= self.limits.per_client else "wisp's clients hold"
+        kept = "running, or finished with a result kept until its ttl"
+        if held >= self.limits.per_client:
+            full = f"this client holds {held} tasks ({kept}), wisp's limit per client (WISP_MAX_TASKS)"
+        elif len(self._tasks) >= MAX_TASKS_TOTAL:
+            full = f"wisp's clients hold {MAX_TASKS_TOTAL} tasks ({kept}), its limit for all clients together"
+        else:
+            full = None
+        if full is not None:
             raise MCPError(TOO_MANY_TASKS, (
-                f"{whose} {most} tasks (running, or finished with a result kept until its ttl), wisp's limit "
-                f"({'WISP_MAX_TASKS' if most == self.limits.per_client else 'all clients together'}); "
-                "this call was not "
-                "started. Collect or cancel earlier tasks, wait for their ttl to pass, or call without a task."
+                f"{full}; this call was not started. Collect or cancel earlier tasks, wait for their ttl to pass, "
+                "or call without a task."
             ))
         most_ms = int(self.limits.ttl_s * 1000)
         ttl = most_ms if ttl_ms is None else max(MIN_TTL_MS, min(int(ttl_ms), most_ms))
