@@ -395,6 +395,9 @@ def test_a_2026_client_without_the_extension_gets_plain_answers_and_32021(raw_cl
     assert queued["resultType"] == "complete" and queued["structuredContent"]["text"] == "echo 2: second"
     assert c.wait(slow)["result"]["structuredContent"]["text"] == "echo 1: !sleep 400 first"
     assert c.request("tasks/get", {"taskId": "x"})["error"]["code"] == -32021
+    # server/discover advertises the extension to every client, and never the legacy capability.
+    caps = c.request("server/discover")["result"]["capabilities"]
+    assert caps["extensions"] == {EXT: {}} and "tasks" not in caps
     assert c.request("tasks/result", {"taskId": "x"})["error"]["code"] == -32601
 
 
