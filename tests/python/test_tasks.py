@@ -374,7 +374,7 @@ def test_a_handshake_client_without_tasks_sees_todays_server(raw_clients):
     plain_tools, task_tools = (x.request("tools/list")["result"]["tools"] for x in (without, with_))
     assert all("execution" not in t for t in plain_tools)
     assert [{k: v for k, v in t.items() if k != "execution"} for t in task_tools] == plain_tools
-    assert [t.get("execution") for t in task_tools] == [{"taskSupport": "optional"}, None, None]
+    assert [t.get("execution") for t in task_tools] == [{"taskSupport": "optional"}, None, None, None]
     # Its `task` is ignored: the call is answered plainly; tasks/* are unknown methods to it.
     answered = without.wait(without.respond("hello", "t"))["result"]
     assert answered["structuredContent"]["text"] == "echo 1: hello"
