@@ -193,12 +193,19 @@ def spawn_initialized(*args: str, argv: list[str] | None = None) -> subprocess.P
 FAKE_CORE = Path(__file__).with_name("fake_core.py")
 
 
-def core_pids(client) -> list[int]:
-    client.errlog.flush()
-    client.errlog.seek(0)
-    pids = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
-    client.errlog.seek(0, os.SEEK_END)
-    return pids
+def core_pids(client, wait: float = 5.0) -> list[int]:
+    """The pids of the cores the shim has started, from its log. The shim's log is written by a
+    thread of its own, so a line can land after the reply that followed it: wait (up to `wait`
+    seconds) until at least one is there."""
+    deadline = time.monotonic() + wait
+    while True:
+        client.errlog.flush()
+        client.errlog.seek(0)
+        pids = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
+        client.errlog.seek(0, os.SEEK_END)
+        if pids or time.monotonic() >= deadline:
+            return pids
+        time.sleep(0.05)
 
 
 async def wait_for(predicate, timeout: float) -> None:
