@@ -22,7 +22,8 @@ import pytest
 import subprocess
 
 from harness import (
-    INITIALIZE, INITIALIZED, REPO, call, children, core_exchange, error_text, ok, read_until, rss_kib as _rss_kib, running, shim_command, shim_env,
+    INITIALIZE, INITIALIZED, REPO, call, children, core_exchange, error_text, ok, read_until, rss_kib as _rss_kib, running,
+    shim_command, shim_env,
     spawn_initialized, wait_gone, wisp,
 )
 
@@ -280,10 +281,9 @@ def test_a_time_limit_of_centuries_does_not_crash_the_core():
     from wisp_shim import protocol
 
     centuries = protocol.RespondOptions(timeout_s=1e300, deadline=1e300)
-    frames = core_exchange(["--backend", "echo"],
-                           protocol.encode(protocol.Respond(id=1, prompt="!sleep 50 patient", thread_id="p", options=centuries))
-                           + protocol.encode(protocol.Respond(id=2, prompt="again", thread_id="p", options=centuries)),
-                           want=(1, 2))
+    first = protocol.Respond(id=1, prompt="!sleep 50 patient", thread_id="p", options=centuries)
+    again = protocol.Respond(id=2, prompt="again", thread_id="p", options=centuries)
+    frames = core_exchange(["--backend", "echo"], protocol.encode(first) + protocol.encode(again), want=(1, 2))
     by_id = {f["id"]: f for f in frames if "ok" in f}
     assert by_id[1]["ok"] and by_id[1]["result"]["text"] == "echo 1: !sleep 50 patient", by_id[1]
     assert by_id[2]["ok"] and by_id[2]["result"]["text"] == "echo 2: again", by_id[2]

@@ -75,7 +75,8 @@ public struct CoreConfig: Sendable, Equatable {
         var c = CoreConfig()
         func int(_ name: String, _ value: String, _ range: ClosedRange<Int>) throws(WispError) -> Int {
             guard let n = OutsideNumber.int(value, in: range) else {
-                throw WispError(.invalidArgument, "\(name) must be an integer ≥ \(range.lowerBound) and ≤ \(range.upperBound), got '\(value)'")
+                let bounds = "≥ \(range.lowerBound) and ≤ \(range.upperBound)"
+                throw WispError(.invalidArgument, "\(name) must be an integer \(bounds), got '\(value)'")
             }
             return n
         }

@@ -141,8 +141,8 @@ public actor ConversationThread {
             // Taken as one job that is dropped if the call ends while it waits for a worker (the
             // store's own trips off the pipe loop run inside it).
             let store = durability.store, id = self.id, seen = stamp, load = !unstored
-            let (lock, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) { () async throws(WispError) in
-                try await store.lockAndLoad(id, seen: seen, load: load)
+            let (lock, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) {
+                () async throws(WispError) in try await store.lockAndLoad(id, seen: seen, load: load)
             }
             held = lock
             try await reload(found, durability)
