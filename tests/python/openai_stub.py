@@ -176,7 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
                     if "usage." + key in cfg.numbers:
                         usage[key] = _Number(cfg.numbers["usage." + key])
                 if "usage.reasoning_tokens" in cfg.numbers:
-                    usage["completion_tokens_details"] = {"reasoning_tokens": _Number(cfg.numbers["usage.reasoning_tokens"])}
+                    reasoning_tokens = _Number(cfg.numbers["usage.reasoning_tokens"])
+                    usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
                 self._event({"choices": [], "usage": usage})
         self._raw(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")

@@ -132,7 +132,8 @@ public final class PipeServer: Sendable {
         }
         // The shim checks it too; the core trusts no number off the pipe (`max_tokens` goes to a server).
         if let n = r.options?.max_output_tokens, !Self.maxOutputTokens.contains(n) {
-            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(Self.maxOutputTokens.upperBound), got \(n)"))
+            let most = Self.maxOutputTokens.upperBound
+            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(most), got \(n)"))
         }
         let deadline = Self.deadline(r.options)
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
@@ -214,9 +215,10 @@ public final class PipeServer: Sendable {
             if let paths = r.files, !paths.isEmpty {
                 // Off the pipe loop: each root is resolved (realpath) again.
                 let base = registry.fileRoots, extra = r.roots ?? []
-                files = FileRequest(paths: paths, roots: try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
+                let roots = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
                     base.adding(extra)
-                })
+                }
+                files = FileRequest(paths: paths, roots: roots)
             }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false

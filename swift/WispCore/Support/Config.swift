@@ -44,11 +44,10 @@ public struct CoreConfig: Sendable, Equatable {
     /// Durable threads: the directory they are stored in; nil keeps them in memory only.
     public var stateDir: String?
     public var maxStoredThreads = defaultMaxStoredThreads
-    /// What the counting flags take. Each thread and each queued call holds memory, so their
-    /// bounds are far above any use and far below what could be allocated or added without overflow.
-    public static let maxThreadsRange = 1...1_000_000
-    public static let maxQueueRange = 0...1_000_000
-    public static let maxStoredThreadsRange = 1...100_000_000
+    /// The largest count a flag takes (the shim's `MAX_FLAG_VALUE`): far above any use, and far
+    /// below what an `Int` could not add to or triple. `--slots` takes less (`OpenAIReplies.slotCounts`):
+    /// each slot is allocated up front.
+    public static let maxCount = Int(Int32.max)
 
     public init() {}
 
@@ -76,7 +75,8 @@ public struct CoreConfig: Sendable, Equatable {
         var c = CoreConfig()
         func int(_ name: String, _ value: String, _ range: ClosedRange<Int>) throws(WispError) -> Int {
             guard let n = OutsideNumber.int(value, in: range) else {
-                throw WispError(.invalidArgument, "\(name) must be an integer ≥ \(range.lowerBound) and ≤ \(range.upperBound), got '\(value)'")
+                let bounds = "≥ \(range.lowerBound) and ≤ \(range.upperBound)"
+                throw WispError(.invalidArgument, "\(name) must be an integer \(bounds), got '\(value)'")
             }
             return n
         }
@@ -87,16 +87,16 @@ public struct CoreConfig: Sendable, Equatable {
                     throw WispError(.invalidArgument, "backend must be \(BackendKind.listed), got '\(value)'")
                 }
                 c.backend = kind
-            case "max-threads": c.maxThreads = try int("--max-threads", value, Self.maxThreadsRange)
-            case "max-queue": c.maxQueue = try int("--max-queue", value, Self.maxQueueRange)
-            case "context-size": c.contextSize = try int("--context-size", value, 1...TokenCount.range.upperBound)
-            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, EchoDirective.sleepRange)
+            case "max-threads": c.maxThreads = try int("--max-threads", value, 1...Self.maxCount)
+            case "max-queue": c.maxQueue = try int("--max-queue", value, 0...Self.maxCount)
+            case "context-size": c.contextSize = try int("--context-size", value, 1...Self.maxCount)
+            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, 0...Self.maxCount)
             case "endpoint": c.endpoint = value.isEmpty ? nil : value
             case "model": c.model = value.isEmpty ? nil : value
             case "slots": c.slots = try int("--slots", value, OpenAIReplies.slotCounts)
             case "root": c.roots.append(value)
             case "state-dir": c.stateDir = value.isEmpty ? nil : value
-            case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, Self.maxStoredThreadsRange)
+            case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, 1...Self.maxCount)
             case "log-level":
                 guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
                 c.logLevel = l

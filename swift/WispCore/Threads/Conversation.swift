@@ -67,7 +67,8 @@ public final class Conversation {
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
         if let files {
-            attached = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in  // reads the disk
+            // Reads the disk.
+            attached = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
                 try FileAttachments.read(files, context: context)
             }
         } else {
@@ -98,7 +99,8 @@ public final class Conversation {
                 whole = recount
             }
         } else if let promptTokens {
-            var total = [try await countInstructions(), promptTokens, reserve, kept.map(\.tokens).clampedSum()].clampedSum()
+            let instructions = try await countInstructions()
+            var total = [instructions, promptTokens, reserve, kept.map(\.tokens).clampedSum()].clampedSum()
             while total > context, let oldest = kept.first {
                 total = total.subtractingClamped(oldest.tokens)
                 kept.removeFirst()
@@ -207,7 +209,8 @@ public final class Conversation {
         for file in message.files {
             sizes.append((file.path, try await backend.tokenCount(file.block) ?? estimatedTokens(file.block)))
         }
-        let own = try await countInstructions().addingClamped(try await backend.tokenCount(message.text) ?? estimatedTokens(message.text))
+        let text = try await backend.tokenCount(message.text) ?? estimatedTokens(message.text)
+        let own = try await countInstructions().addingClamped(text)
         let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
         let total = [own, reserve, sizes.map(\.1).clampedSum()].clampedSum()
         guard total > context else { return }
@@ -224,7 +227,8 @@ public final class Conversation {
     /// one), so a model whose tokens run larger than the estimate converges in few retries.
     private func dropCount(kept: ArraySlice<Turn>, prompt: String, context: Int, overflows: Int) -> Int {
         guard overflows == 1 else { return max(1, kept.count / 4) }
-        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), kept.map(\.tokens).clampedSum()].clampedSum()
+        let turns = kept.map(\.tokens).clampedSum()
+        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), turns].clampedSum()
         var n = 0
         for turn in kept where total > context {
             total = total.subtractingClamped(turn.tokens)

@@ -107,7 +107,8 @@ extension OpenAIServer {
                     // How much a server streams is its own choice: past what a reply could be, the call fails.
                     received = received.addingClamped(chunk.count)
                     if received > Self.maxStreamBytes {
-                        throw WispError(.generationFailed, "the model server at \(endpointDescription) streamed more than \(Self.maxStreamBytes) bytes for one answer; the call was stopped")
+                        throw WispError(.generationFailed, "the model server at \(endpointDescription) streamed "
+                                        + "more than \(Self.maxStreamBytes) bytes for one answer; the call was stopped")
                     }
                     for line in lines.push(chunk) {
                         if try fold(line, into: &reply, calls: &calls) { onDelta((reply.text, reply.chunks)) }

@@ -102,7 +102,9 @@ enum OpenAIReplies {
         }
         guard let choice = (object["choices"] as? [[String: Any]])?.first else { return chunk }
         chunk.finishReason = choice["finish_reason"] as? String
-        guard let delta = (choice["delta"] as? [String: Any]) ?? (choice["message"] as? [String: Any]) else { return chunk }
+        guard let delta = (choice["delta"] as? [String: Any]) ?? (choice["message"] as? [String: Any]) else {
+            return chunk
+        }
         for raw in delta["tool_calls"] as? [[String: Any]] ?? [] {
             // An index out of range names no call wisp could keep: the piece is dropped.
             let index = OutsideNumber.int(raw["index"], in: toolCallIndexes)

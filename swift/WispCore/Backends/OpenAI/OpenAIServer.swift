@@ -179,8 +179,8 @@ final class OpenAIServer: Sendable {
     /// `POST {base}/chat/completions/input_tokens` applies the chat template and the tools, so
     /// it is the `prompt_tokens` the request will report. Nil from a server without it.
     func inputTokens(body: Data) async throws -> Int? {
-        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body, offered: \.inputTokens,
-                        read: OpenAIReplies.inputTokens)
+        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body,
+                        offered: \.inputTokens, read: OpenAIReplies.inputTokens)
     }
 
     /// A count from one of the server's counting endpoints, which `offered` remembers it has:
