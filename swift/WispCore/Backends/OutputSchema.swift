@@ -374,7 +374,7 @@ extension OutputSchema {
     /// pipe loop unless the reply is short and there is no schema.
     public static func checkReply(_ text: String, settings: GenerationSettings) async throws(WispError) {
         if settings.schema == nil, text.utf8.count < 64 * 1024 { return try checkSize(text) }
-        try await offPipeLoop { () throws(WispError) in
+        try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
             try checkSize(text)
             try settings.schema?.check(text, maxOutputTokens: settings.maxOutputTokens)
         }
