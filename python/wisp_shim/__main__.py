@@ -22,7 +22,7 @@ from . import errors
 from .client import Core
 from .errors import ShimError
 from .loop import WispEventLoop
-from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, CoreLaunch
+from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MAXIMUMS, FLAG_MINIMUMS, CoreLaunch
 
 log = logging.getLogger("wisp")
 
@@ -90,15 +90,13 @@ def _env_float(name: str, default: float) -> float:
         raise SystemExit(f"wisp: {name}={raw!r} is not a number") from None
 
 
-# Above any count, size or delay anyone means, and within what the core's integers hold.
+# Above any count anyone means (--max-sessions): the core's flags have their own (FLAG_MAXIMUMS).
 MAX_FLAG_VALUE = 2**31 - 1
-# The longest time limit wisp takes (--timeout, --session-idle-timeout): about 11.6 days.
-MAX_SECONDS = 1_000_000.0
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer from minimum to MAX_FLAG_VALUE, so a bad value is refused
-    here with a clear message instead of by a core that would then fail to start again and again."""
+def _at_least(minimum: int, maximum: int = MAX_FLAG_VALUE) -> Callable[[str], int]:
+    """An argparse type: an integer from minimum to maximum, so a bad value is refused here with
+    a clear message instead of by a core that would then fail to start again and again."""
 
     def parse(text: str) -> int:
         try:
@@ -107,11 +105,15 @@ def _at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        if value > MAX_FLAG_VALUE:
-            raise argparse.ArgumentTypeError(f"must be at most {MAX_FLAG_VALUE}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     return parse
+
+
+def _core_flag(flag: str) -> Callable[[str], int]:
+    return _at_least(FLAG_MINIMUMS[flag], FLAG_MAXIMUMS[flag])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -124,16 +126,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
     ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
     ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=_at_least(FLAG_MINIMUMS["--max-threads"]), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots unless WISP_SLOTS says, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
-    ap.add_argument("--max-queue", type=_at_least(FLAG_MINIMUMS["--max-queue"]), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
-    ap.add_argument("--context-size", type=_at_least(FLAG_MINIMUMS["--context-size"]), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
+    ap.add_argument("--max-threads", type=_core_flag("--max-threads"), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots unless WISP_SLOTS says, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
+    ap.add_argument("--max-queue", type=_core_flag("--max-queue"), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
+    ap.add_argument("--context-size", type=_core_flag("--context-size"), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
     ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
     ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
     ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
     ap.add_argument("--state-dir", metavar="DIR", help="durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none (WISP_STATE_DIR; default: memory only)")
-    ap.add_argument("--max-stored-threads", type=_at_least(FLAG_MINIMUMS["--max-stored-threads"]), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
-    ap.add_argument("--echo-delay-ms", type=_at_least(FLAG_MINIMUMS["--echo-delay-ms"]), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
+    ap.add_argument("--max-stored-threads", type=_core_flag("--max-stored-threads"), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
+    ap.add_argument("--echo-delay-ms", type=_core_flag("--echo-delay-ms"), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
     ap.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level for wisp and wisp-core (WISP_LOG_LEVEL; default info)")
@@ -148,17 +150,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-ENV_MINIMUMS = {"WISP_" + flag[2:].replace("-", "_").upper(): minimum for flag, minimum in FLAG_MINIMUMS.items()}
+ENV_FLAGS = {"WISP_" + flag[2:].replace("-", "_").upper(): flag for flag in FLAG_MINIMUMS}
 
 
 def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     # Flags become core flags; WISP_* variables reach the core through the inherited environment,
     # so they are checked here: a core refusing its configuration would only be restarted in vain.
-    for name, minimum in ENV_MINIMUMS.items():
+    for name, flag in ENV_FLAGS.items():
         raw = os.environ.get(name)
         if raw:
             try:
-                _at_least(minimum)(raw)
+                _core_flag(flag)(raw)
             except argparse.ArgumentTypeError as exc:
                 raise SystemExit(f"wisp: {name}: {exc}") from None
     args: list[str] = []
@@ -181,9 +183,8 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     if ns.allow_hardlinks:
         args.append("--allow-hardlinks")
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
-    if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
-        raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0 and at most "
-                         f"{MAX_SECONDS:g}, got {timeout}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
     # As the core reads it: the flag wins over the variable, and an empty value means none.
     state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
     return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir)
@@ -347,9 +348,8 @@ def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_se
                 raise SystemExit(f"wisp: {flag} is for the shared server: add --http HOST:PORT (or set WISP_HTTP)")
         return None
     idle = ns.session_idle_timeout if ns.session_idle_timeout is not None else http_server.DEFAULT_SESSION_IDLE_S
-    if not (math.isfinite(idle) and 0 < idle <= MAX_SECONDS):
-        raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0 and at most "
-                         f"{MAX_SECONDS:g}, got {idle}")
+    if not (math.isfinite(idle) and idle > 0):
+        raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0, got {idle}")
     try:
         bind = http_server.parse_bind(where)
         http_server.check_bind(bind, ns.allow_remote)

@@ -35,6 +35,9 @@ BUILD_HINT = (
 BACKENDS = ("auto", "apple", "openai", "echo")
 DEFAULT_MAX_THREADS = 32
 FLAG_MINIMUMS = {"--max-threads": 1, "--max-queue": 0, "--context-size": 1, "--max-stored-threads": 1, "--echo-delay-ms": 0}
+# The largest each takes (the core's Config ranges; test_outside_numbers.py starts the core with each).
+FLAG_MAXIMUMS = {"--max-threads": 1_000_000, "--max-queue": 1_000_000, "--context-size": 2**31 - 1,
+                 "--max-stored-threads": 100_000_000, "--echo-delay-ms": 86_400_000}
 
 # Bounds for the shim's memory of thread ids, which must not grow without limit
 # across a long session.
