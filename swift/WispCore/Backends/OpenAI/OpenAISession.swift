@@ -11,6 +11,7 @@ final class OpenAISession: ModelSession {
     /// The thread, for its llama-server slot (nil: no slot is named).
     private let affinity: SessionAffinity?
     private(set) var messages: [ChatMessage]
+    private var readCheck = ReadCheck()
 
     init(server: OpenAIServer, instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity? = nil) {
         self.server = server
@@ -56,18 +57,32 @@ final class OpenAISession: ModelSession {
             let offerTools = !Self.offered(tools, settings).isEmpty
             let mustAnswer = round >= Self.maxToolRounds
             let pool = await server.slotPool()
+            await server.keepModelLoaded()
             let slot = affinity.flatMap { pool?.acquire($0) }
             defer { if let slot { pool?.release(slot) } }
-            let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: messages + added,
+            let sent = messages + added
+            let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: sent,
                                                  tools: offerTools ? tools : [], toolChoice: mustAnswer ? "none" : nil,
                                                  settings: settings, cache: pool.map { _ in PromptCache(slot: slot) })
+            let floor = readCheck.floor(sent)
+            // A thread of its own that found no free slot waits for the server to free one.
+            onPartial?(PartialReply(waiting: pool != nil && affinity != nil && slot == nil ? .slot : .prompt(tokens: floor.count)))
             let tokensBefore = outputTokens
             let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
                 onPartial?(PartialReply(text: partial.text, tokens: tokensBefore + partial.tokens))
             }
+            if let read = reply.readTokens, read < floor.tokens, await server.learnWindow(read: read, sent: floor.tokens) {
+                throw WispError(.contextOverflow, """
+                    the model server read \(read) tokens of a request of at least \(floor.tokens): it cut the prompt \
+                    silently to fit its window
+                    """)
+            }
+            readCheck.record(read: reply.readTokens, messages: sent.count)
             if promptTokens == nil { promptTokens = reply.promptTokens }
             outputTokens += reply.outputTokens ?? reply.chunks
-            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens)
+            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens,
+                                 cachedTokens: reply.cachedTokens, firstTokenSeconds: reply.firstTokenSeconds,
+                                 generationSeconds: reply.generationSeconds)
             usage = usage.map { $0 + reported } ?? reported
             if !reply.reasoning.isEmpty { reasoning.append(reply.reasoning) }
             // Cut-off JSON can still parse (a number, say), so the server's word decides.
@@ -102,6 +117,38 @@ final class OpenAISession: ModelSession {
     }
 }
 
+/// What the server read of each request, against what was sent: a server that fits a long
+/// conversation to its window by itself (Ollama; LM Studio with its overflow policy) answers a
+/// cut prompt as if it were whole, and says so only in `usage.prompt_tokens`.
+///
+/// The floor is what the request is at least, in the server's own tokens: what it read of this
+/// session's last request (whose messages this one repeats), less a margin for the chat
+/// template's few tokens around a turn, plus a bound on the messages added since: 8 bytes of
+/// UTF-8 a token, which no tokenizer in use exceeds over a message (text runs 3–5). The first
+/// request of a session has only that bound, so it catches only a gross cut.
+struct ReadCheck {
+    private var last: (read: Int, messages: Int)?
+
+    struct Floor {
+        /// No fewer tokens than this can be read without a cut.
+        var tokens: Int
+        /// What the request is about, for a person watching it: the last count plus an estimate of the rest.
+        var count: Int
+    }
+
+    func floor(_ sent: [ChatMessage]) -> Floor {
+        let known = last.flatMap { $0.messages <= sent.count ? $0 : nil }
+        let new = sent[(known?.messages ?? 0)...].reduce(0) { $0 + $1.bytes }
+        let repeated = known.map { $0.read - $0.read / 50 - 32 } ?? 0
+        return Floor(tokens: max(0, repeated) + new / 8, count: (known?.read ?? 0) + (new + 3) / 4)
+    }
+
+    mutating func record(read: Int?, messages: Int) {
+        // A count past any real window is not believed (nor summed with: it comes from outside).
+        last = read.flatMap { $0 <= 1 << 40 ? ($0, messages) : nil }
+    }
+}
+
 /// A tool call as the model made it.
 struct ToolCall: Sendable, Equatable {
     var id: String
@@ -114,6 +161,15 @@ enum ChatMessage: Sendable, Equatable {
     case text(String, String)              // role, content
     case toolCalls([ToolCall])             // assistant message that calls tools
     case toolResult(id: String, output: String)
+
+    /// The UTF-8 bytes of what the message says (content, tool names and arguments).
+    var bytes: Int {
+        switch self {
+        case let .text(_, content): content.utf8.count
+        case let .toolCalls(calls): calls.reduce(0) { $0 + $1.name.utf8.count + $1.arguments.utf8.count }
+        case let .toolResult(_, output): output.utf8.count
+        }
+    }
 
     var json: [String: Any] {
         switch self {
