@@ -22,7 +22,7 @@ from . import errors
 from .client import Core
 from .errors import ShimError
 from .loop import WispEventLoop
-from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, CoreLaunch
+from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, PROGRESS_EVERY_S, CoreLaunch
 
 log = logging.getLogger("wisp")
 
@@ -58,6 +58,10 @@ environment (a flag wins over its variable):
   WISP_SLOTS                   llama-server's parallel slots, each live thread kept on one (default:
                                what its /props says; the local model's: one per live thread, as
                                memory allows; 0: name no slot)
+  WISP_KEEP_ALIVE              Ollama: keep the model loaded this long between turns (default 30m)
+  WISP_CONDENSE_TO             share of the context a thread is condensed down to on servers that
+                               cannot shift their cache (default 0.5)
+  WISP_PROGRESS_EVERY_S        progress notifications at least this often during a call (default 5)
 
 wisp-core not found? Run `make build` in the wisp repository.
 stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT
@@ -173,9 +177,13 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
     if not (math.isfinite(timeout) and timeout > 0):
         raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
+    every = _env_float("WISP_PROGRESS_EVERY_S", PROGRESS_EVERY_S)
+    if not (math.isfinite(every) and every > 0):
+        raise SystemExit(f"wisp: WISP_PROGRESS_EVERY_S must be a finite number of seconds above 0, got {every}")
     # As the core reads it: the flag wins over the variable, and an empty value means none.
     state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
-    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir)
+    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir,
+                      progress_every_s=every)
 
 
 APPLE_ALTERNATIVES = (

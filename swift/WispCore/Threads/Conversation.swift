@@ -154,7 +154,8 @@ public final class Conversation {
                     throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings)
                 }
                 overflows += 1
-                let n = dropCount(kept: kept, prompt: prompt, context: condensing.target(context), overflows: overflows)
+                let n = dropCount(kept: kept, fixed: head.reduce(0) { $0 + $1.tokens }, prompt: prompt,
+                                  context: condensing.target(context), overflows: overflows)
                 kept.removeFirst(n)
                 dropped += n
             } catch {
@@ -241,11 +242,12 @@ public final class Conversation {
     }
 
     /// How many of the oldest turns to drop after the model reported an overflow: the first
-    /// time, enough for the estimate of what remains to fit; after that, a quarter (at least
+    /// time, enough for the estimate of what remains to fit `context` (condensing's target); after that, a quarter (at least
     /// one), so a model whose tokens run larger than the estimate converges in few retries.
-    private func dropCount(kept: ArraySlice<Turn>, prompt: String, context: Int, overflows: Int) -> Int {
+    /// `fixed`: the tokens of the turns kept before `kept` (the first turn, condensing in steps).
+    private func dropCount(kept: ArraySlice<Turn>, fixed: Int, prompt: String, context: Int, overflows: Int) -> Int {
         guard overflows == 1 else { return max(1, kept.count / 4) }
-        var total = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + kept.reduce(0) { $0 + $1.tokens }
+        var total = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + fixed + kept.reduce(0) { $0 + $1.tokens }
         var n = 0
         for turn in kept where total > context {
             total -= turn.tokens

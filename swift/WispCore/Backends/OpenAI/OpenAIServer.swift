@@ -176,12 +176,12 @@ final class OpenAIServer: Sendable {
         return found ?? configuredContextSize ?? Self.fallbackContextSize
     }
 
-    /// The server read `read` tokens of a request of at least `sent`. True when that was a cut:
-    /// unless the server's loaded model has a window that `sent` fits in (then the server
-    /// counts otherwise, as Ollama 0.30 did, counting only what it evaluated), it cut the prompt
-    /// to fit a window smaller than wisp believed. Learns that window (the loaded model's where
-    /// the server says it, else what it read) and says so once in the log; `contextNote` keeps it.
-    func learnWindow(read: Int, sent: Int) async -> Bool {
+    /// The server read `read` tokens of a request of at least `sent` (about `estimate`). True
+    /// when that was a cut: unless the server's loaded model has a window the estimate fits in
+    /// well (then the server counts otherwise, as Ollama 0.30 did, counting only what it
+    /// evaluated). Learns the window (the loaded model's where the server says it, else what it
+    /// read) and says so once in the log; `contextNote` keeps it.
+    func learnWindow(read: Int, sent: Int, estimate: Int) async -> Bool {
         let believed = await contextSize()
         let model = await requestModel()
         let dialect = facts.withLock { $0.dialect } ?? .generic
@@ -191,9 +191,9 @@ final class OpenAIServer: Sendable {
         case .lmStudio: said = await probeLMStudio(model: model) ?? nil
         default: break
         }
-        if let said, sent <= said { return false }
-        let window = max(1, said.flatMap { $0 < believed ? $0 : nil } ?? min(read, believed))
-        let how = said == window ? "its loaded model's window" : "what it read"
+        if let said, estimate < said - said / 10 { return false }
+        let window = max(1, min(said ?? read, believed))
+        let how = said != nil ? "its loaded model's window" : "what it read"
         let note = """
             \(dialect.rawValue) at \(endpointDescription) read \(read) tokens of a request of at least \(sent) \
             (it cut the prompt silently): wisp now takes the model's window as \(window) tokens (\(how)), \

@@ -71,13 +71,14 @@ final class OpenAISession: ModelSession {
             let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
                 onPartial?(PartialReply(text: partial.text, tokens: tokensBefore + partial.tokens))
             }
-            if let read = reply.readTokens, read < floor.tokens, await server.learnWindow(read: read, sent: floor.tokens) {
+            if let read = reply.readTokens, read < floor.tokens, await server.learnWindow(read: read, sent: floor.tokens, estimate: floor.count) {
                 throw WispError(.contextOverflow, """
                     the model server read \(read) tokens of a request of at least \(floor.tokens): it cut the prompt \
                     silently to fit its window
                     """)
             }
-            readCheck.record(read: reply.readTokens, messages: sent.count)
+            readCheck.record(read: reply.readTokens, messages: sent.count,
+                             bytes: offerTools ? body.count : sent.reduce(0) { $0 + $1.bytes })
             if promptTokens == nil { promptTokens = reply.promptTokens }
             outputTokens += reply.outputTokens ?? reply.chunks
             let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens,
@@ -122,30 +123,36 @@ final class OpenAISession: ModelSession {
 /// cut prompt as if it were whole, and says so only in `usage.prompt_tokens`.
 ///
 /// The floor is what the request is at least, in the server's own tokens: what it read of this
-/// session's last request (whose messages this one repeats), less a margin for the chat
-/// template's few tokens around a turn, plus a bound on the messages added since: 8 bytes of
-/// UTF-8 a token, which no tokenizer in use exceeds over a message (text runs 3–5). The first
-/// request of a session has only that bound, so it catches only a gross cut.
+/// session's last request (whose messages this one repeats), less a margin for a chat template
+/// that renders the last turn a little differently once it is not the last (1% and 8 tokens),
+/// plus the messages added since, at three quarters of the tokens a byte of text that the
+/// server read last time (against the whole request body where tools were offered, their
+/// schemas being tokens too). The first request of a session has only 8 bytes of text a token (no
+/// tokenizer in use exceeds that over a message; text runs 3–5), so it catches only a gross cut.
 struct ReadCheck {
-    private var last: (read: Int, messages: Int)?
+    private var last: (read: Int, messages: Int, bytes: Int)?
 
     struct Floor {
         /// No fewer tokens than this can be read without a cut.
         var tokens: Int
-        /// What the request is about, for a person watching it: the last count plus an estimate of the rest.
+        /// About how many tokens the request is: for a person watching it, and to tell a cut
+        /// from a server that counts otherwise (`OpenAIServer.learnWindow`).
         var count: Int
     }
 
     func floor(_ sent: [ChatMessage]) -> Floor {
-        let known = last.flatMap { $0.messages <= sent.count ? $0 : nil }
-        let new = sent[(known?.messages ?? 0)...].reduce(0) { $0 + $1.bytes }
-        let repeated = known.map { $0.read - $0.read / 50 - 32 } ?? 0
-        return Floor(tokens: max(0, repeated) + new / 8, count: (known?.read ?? 0) + (new + 3) / 4)
+        let known = last.flatMap { $0.messages <= sent.count && $0.bytes > 0 ? $0 : nil }
+        let new = Double(sent[(known?.messages ?? 0)...].reduce(0) { $0 + $1.bytes })
+        guard let known else { return Floor(tokens: Int(new / 8), count: Int(new / 4)) }
+        let perByte = Double(known.read) / Double(known.bytes)
+        let repeated = Double(known.read) * 0.99 - 8
+        return Floor(tokens: max(0, Int(repeated + 0.75 * perByte * new)), count: Int(Double(known.read) + perByte * new))
     }
 
-    mutating func record(read: Int?, messages: Int) {
-        // A count past any real window is not believed (nor summed with: it comes from outside).
-        last = read.flatMap { $0 <= 1 << 40 ? ($0, messages) : nil }
+    /// The server read `read` tokens of a request of `messages` messages in a body of `bytes`.
+    mutating func record(read: Int?, messages: Int, bytes: Int) {
+        // A count past any real window is not believed.
+        last = read.flatMap { $0 <= 1 << 40 ? ($0, messages, bytes) : nil }
     }
 }
 
