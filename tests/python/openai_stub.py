@@ -64,6 +64,11 @@ class StubConfig:
                                       # messages dropped (system and last kept), then the last cut by tokens
     cache: bool = False               # report the tokens of the previous request's message prefix as cached
     first_byte_delay_s: float = 0.0   # before the stream's first byte (a prompt being read)
+    # A number the stub reports, put in as this JSON text (any text: "1e300", "9223372036854775807"),
+    # by where: props.n_ctx, props.total_slots, models.max_model_len, tokenize.count (answers
+    # {"count": …}), input_tokens (the endpoint answers it), usage.prompt_tokens,
+    # usage.completion_tokens, usage.reasoning_tokens.
+    numbers: dict[str, str] = field(default_factory=dict)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -74,7 +79,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _json(self, status: int, obj: Any) -> None:
-        data = json.dumps(obj).encode()
+        data = _encode(obj)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -92,6 +97,8 @@ class _Handler(BaseHTTPRequestHandler):
             entry: dict[str, Any] = {"id": cfg.model, "object": "model"}
             if cfg.dialect == "vllm" and cfg.window is not None:
                 entry["max_model_len"] = cfg.window
+            if "models.max_model_len" in cfg.numbers:
+                entry["max_model_len"] = _Number(cfg.numbers["models.max_model_len"])
             self._json(200, {"object": "list", "data": [entry]})
         elif cfg.dialect == "ollama" and self.path == "/api/ps":
             running = [{"name": cfg.model, "model": cfg.model, "context_length": cfg.window}] if loaded else []
@@ -105,9 +112,12 @@ class _Handler(BaseHTTPRequestHandler):
         elif cfg.dialect == "lmstudio":
             self._json(200, {"error": f"Unexpected endpoint or method. (GET {self.path})"})
         elif self.path == "/props" and cfg.n_ctx is not None and cfg.dialect == "llama.cpp":
-            props: dict[str, Any] = {"default_generation_settings": {"n_ctx": cfg.n_ctx}}
+            n_ctx = _Number(cfg.numbers["props.n_ctx"]) if "props.n_ctx" in cfg.numbers else cfg.n_ctx
+            props: dict[str, Any] = {"default_generation_settings": {"n_ctx": n_ctx}}
             if cfg.slots is not None:
                 props["total_slots"] = cfg.slots
+            if "props.total_slots" in cfg.numbers:
+                props["total_slots"] = _Number(cfg.numbers["props.total_slots"])
             self._json(200, props)
         else:
             self._json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
@@ -124,8 +134,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"model": body.get("model"), "response": "", "done": True, "done_reason": "load"})
         elif cfg.dialect == "lmstudio" and self.path != "/v1/chat/completions":
             self._json(200, {"error": f"Unexpected endpoint or method. (POST {self.path})"})
+        elif self.path == "/tokenize" and "tokenize.count" in cfg.numbers:
+            self._json(200, {"count": _Number(cfg.numbers["tokenize.count"])})
         elif self.path == "/tokenize" and cfg.tokenize and cfg.dialect == "llama.cpp":
             self._json(200, {"tokens": list(range(len(body["content"].split())))})
+        elif self.path == "/v1/chat/completions/input_tokens" and "input_tokens" in cfg.numbers:
+            self._json(200, {"input_tokens": _Number(cfg.numbers["input_tokens"]), "object": "response.input_tokens"})
         elif self.path == "/v1/chat/completions/input_tokens" and cfg.input_tokens:
             self._json(200, {"input_tokens": _chars(body) // 4, "object": "response.input_tokens"})
         elif self.path == "/v1/chat/completions":
@@ -203,17 +217,45 @@ class _Handler(BaseHTTPRequestHandler):
                     usage["completion_tokens_details"] = {"reasoning_tokens": thought}
                 if cached:  # as vLLM and Ollama report it: absent when none
                     usage["prompt_tokens_details"] = {"cached_tokens": cached}
+                for key in ("prompt_tokens", "completion_tokens"):
+                    if "usage." + key in cfg.numbers:
+                        usage[key] = _Number(cfg.numbers["usage." + key])
+                if "usage.reasoning_tokens" in cfg.numbers:
+                    usage["completion_tokens_details"] = {"reasoning_tokens": _Number(cfg.numbers["usage.reasoning_tokens"])}
                 self._event({"choices": [], "usage": usage})
         self._raw(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.stub.completed += 1
 
     def _event(self, obj: Any) -> None:
-        self._raw(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        self._raw(b"data: " + _encode(obj) + b"\n\n")
 
     def _raw(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+
+class _Number(str):
+    """A number written as this JSON text, whatever Python would make of it (1e400, 2**64)."""
+
+
+def _encode(obj: Any) -> bytes:
+    numbers: list[str] = []
+
+    def mark(o: Any) -> Any:
+        if isinstance(o, _Number):
+            numbers.append(str(o))
+            return f"\x00{len(numbers) - 1}\x00"
+        if isinstance(o, dict):
+            return {k: mark(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [mark(v) for v in o]
+        return o
+
+    text = json.dumps(mark(obj))
+    for i, number in enumerate(numbers):
+        text = text.replace(f'"\\u0000{i}\\u0000"', number)
+    return text.encode()
 
 
 def _chars(body: dict) -> int:

@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// The seam between wisp's thread layer and a model. It is wisp's own protocol, so the actor
 /// layer runs on Linux exactly as on a Mac; each backend lives in its own folder beside this file.
 
@@ -50,14 +52,11 @@ public struct Usage: Sendable, Equatable {
     }
 
     /// A count is known for the sum only where both parts report it: a sum over a request that
-    /// reported nothing would pass an undercount for the real figure. The first token is the
-    /// earlier part's: the time a caller waited before anything came.
+    /// reported nothing would pass an undercount for the real figure. The counts are a server's,
+    /// so the sum saturates (a thread's total over many calls grows without bound). The first
+    /// token is the earlier part's: the time a caller waited before anything came.
     public static func + (a: Usage, b: Usage) -> Usage {
-        func add(_ x: Int?, _ y: Int?) -> Int? {
-            guard let x, let y else { return nil }
-            let (sum, overflow) = x.addingReportingOverflow(y)
-            return overflow ? nil : sum
-        }
+        func add(_ x: Int?, _ y: Int?) -> Int? { if let x, let y { x.addingClamped(y) } else { nil } }
         func add(_ x: Double?, _ y: Double?) -> Double? { if let x, let y { x + y } else { nil } }
         return Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
                      reasoningTokens: add(a.reasoningTokens, b.reasoningTokens),

@@ -1,7 +1,7 @@
 import WispInfrastructure
 
 /// One thread's conversation with the model: its canonical history, the live backend
-/// session, and context condensing (what a caller sees of it: README.md, "Thread rules").
+/// session, and context condensing (what a caller sees of it: docs/threads.md).
 ///
 /// Not Sendable on purpose: it lives inside one `ConversationThread` actor and its async
 /// method is `nonisolated(nonsending)`, so it runs on that actor and is never sent anywhere.
@@ -69,7 +69,9 @@ public final class Conversation {
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
         if let files {
-            attached = try await offPipeLoop { () throws(WispError) in try FileAttachments.read(files, context: window) }  // reads the disk
+            attached = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in  // reads the disk
+                try FileAttachments.read(files, context: window)
+            }
         } else {
             attached = []
         }
@@ -93,12 +95,12 @@ public final class Conversation {
         let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
         let target = condensing.target(context)
         if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: sent(),
-                                                      prompt: prompt, settings: settings), whole + reserve > context {
+                                                      prompt: prompt, settings: settings) {
             // Turns' own counts choose what to drop; the request is counted again until it fits.
-            while whole + reserve > target, !kept.isEmpty {
-                var total = whole + reserve
+            while whole.addingClamped(reserve) > (dropped > 0 ? target : context), !kept.isEmpty {
+                var total = whole.addingClamped(reserve)
                 while total > target, let oldest = kept.first {
-                    total -= oldest.tokens
+                    total = total.subtractingClamped(oldest.tokens)
                     kept.removeFirst()
                     dropped += 1
                 }
@@ -107,10 +109,10 @@ public final class Conversation {
                 whole = recount
             }
         } else if let promptTokens {
-            var total = try await countInstructions() + promptTokens + reserve + sent().reduce(0) { $0 + $1.tokens }
+            var total = [try await countInstructions(), promptTokens, reserve, sent().map(\.tokens).clampedSum()].clampedSum()
             if total > context {
                 while total > target, let oldest = kept.first {
-                    total -= oldest.tokens
+                    total = total.subtractingClamped(oldest.tokens)
                     kept.removeFirst()
                     dropped += 1
                 }
@@ -154,7 +156,7 @@ public final class Conversation {
                     throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings)
                 }
                 overflows += 1
-                let n = dropCount(kept: kept, fixed: head.reduce(0) { $0 + $1.tokens }, prompt: prompt,
+                let n = dropCount(kept: kept, fixed: head.map(\.tokens).clampedSum(), prompt: prompt,
                                   context: condensing.target(context), overflows: overflows)
                 kept.removeFirst(n)
                 dropped += n
@@ -181,7 +183,7 @@ public final class Conversation {
                        settings: GenerationSettings) async throws -> WispError {
         let alone = try await backend.promptTokens(instructions: instructions, tools: tools, history: [], prompt: prompt, settings: settings)
         var own = alone ?? 0
-        if alone == nil { own = try await countInstructions() + (promptTokens ?? estimatedTokens(prompt)) }
+        if alone == nil { own = try await countInstructions().addingClamped(promptTokens ?? estimatedTokens(prompt)) }
         let fresh = history.isEmpty
         if own < context {
             let dropped = fresh ? "" : ", with every earlier turn of this thread dropped"
@@ -229,9 +231,9 @@ public final class Conversation {
         for file in message.files {
             sizes.append((file.path, try await backend.tokenCount(file.block) ?? estimatedTokens(file.block)))
         }
-        let own = try await countInstructions() + (try await backend.tokenCount(message.text) ?? estimatedTokens(message.text))
+        let own = try await countInstructions().addingClamped(try await backend.tokenCount(message.text) ?? estimatedTokens(message.text))
         let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
-        let total = own + reserve + sizes.reduce(0) { $0 + $1.1 }
+        let total = [own, reserve, sizes.map(\.1).clampedSum()].clampedSum()
         guard total > context else { return }
         let each = sizes.map { "\($0.0) (\($0.1) tokens)" }.joined(separator: ", ")
         throw WispError(.contextOverflow, """
@@ -247,10 +249,10 @@ public final class Conversation {
     /// `fixed`: the tokens of the turns kept before `kept` (the first turn, condensing in steps).
     private func dropCount(kept: ArraySlice<Turn>, fixed: Int, prompt: String, context: Int, overflows: Int) -> Int {
         guard overflows == 1 else { return max(1, kept.count / 4) }
-        var total = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + fixed + kept.reduce(0) { $0 + $1.tokens }
+        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), fixed, kept.map(\.tokens).clampedSum()].clampedSum()
         var n = 0
         for turn in kept where total > context {
-            total -= turn.tokens
+            total = total.subtractingClamped(turn.tokens)
             n += 1
         }
         return max(1, n)
@@ -267,8 +269,7 @@ public final class Conversation {
 
     private func turnTokens(prompt: String, promptTokens: Int?, generation g: Generation) -> Int {
         // A backend's output count includes its reasoning; an estimate adds the reasoning text.
-        var n = (promptTokens ?? estimatedTokens(prompt)) + (g.outputTokens ?? (estimatedTokens(g.text) + estimatedTokens(g.reasoning ?? "")))
-        for e in g.toolExchanges { n += e.estimatedTokens }
-        return n
+        let output = g.outputTokens ?? (estimatedTokens(g.text) + estimatedTokens(g.reasoning ?? ""))
+        return ([promptTokens ?? estimatedTokens(prompt), output] + g.toolExchanges.map(\.estimatedTokens)).clampedSum()
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// The model servers wisp knows by name, each in one place: what it says about itself (its
 /// window, its slots), which request fields beyond the OpenAI API it gets, and how it fits a
@@ -67,7 +68,8 @@ extension OpenAIServer {
     func probeLlamaCpp() async -> (window: Int?, slots: Int?)? {
         guard let object = await probeJSON("GET", root.appendingPathComponent("props")),
               let settings = object["default_generation_settings"] as? [String: Any] else { return nil }
-        return (Self.positive(settings["n_ctx"]) ?? Self.positive(object["n_ctx"]), Self.positive(object["total_slots"]))
+        return (Self.positive(settings["n_ctx"]) ?? Self.positive(object["n_ctx"]),
+                OutsideNumber.int(object["total_slots"], in: OpenAIReplies.slotCounts))
     }
 
     // MARK: LM Studio
@@ -83,10 +85,7 @@ extension OpenAIServer {
         return .some(mine.flatMap { Self.positive($0["loaded_context_length"]) })
     }
 
-    // MARK: vLLM
-
-    /// `max_model_len` in a `/v1/models` entry.
-    static func vllmWindow(_ entry: [String: Any]) -> Int? { positive(entry["max_model_len"]) }
+    // MARK: vLLM: its window comes with the model list (`OpenAIReplies.models`, `learnModels`).
 
     // MARK: Ollama
 
@@ -101,16 +100,11 @@ extension OpenAIServer {
         return .some(running.first(where: named).flatMap { Self.positive($0["context_length"]) })
     }
 
-    /// `num_ctx` in `POST /api/show`'s `parameters` (text lines), when the Modelfile sets it.
+    /// `num_ctx` in `POST /api/show`'s `parameters`, when the Modelfile sets it.
     func ollamaShownWindow(model: String) async -> Int? {
-        guard let object = await probeJSON("POST", root.appendingPathComponent("api/show"), json: ["model": model]),
-              let parameters = object["parameters"] as? String else { return nil }
-        var found: Int?
-        for line in parameters.split(separator: "\n") {
-            let parts = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
-            if parts.count >= 2, parts[0] == "num_ctx", let n = Int(parts[1]), n > 0 { found = n }
-        }
-        return found
+        guard let (status, data) = try? await fetch("POST", root.appendingPathComponent("api/show"), json: ["model": model],
+                                                    timeout: Self.probeTimeout), status == 200 else { return nil }
+        return OpenAIReplies.ollamaContext(data).flatMap { $0 > 0 ? $0 : nil }
     }
 
     /// Sets `keep_alive` on Ollama's loaded model (loading it if it is not), when due: see
@@ -138,6 +132,6 @@ extension OpenAIServer {
         return object
     }
 
-    /// A positive integer from a server's JSON, else nil.
-    static func positive(_ value: Any?) -> Int? { int(value).flatMap { $0 > 0 ? $0 : nil } }
+    /// A window from a server's JSON: a token count above 0, else nil (0: a model still loading).
+    static func positive(_ value: Any?) -> Int? { OutsideNumber.int(value, in: 1...TokenCount.range.upperBound) }
 }

@@ -27,6 +27,9 @@ final class OpenAIServer: Sendable {
     static let chatIdleTimeout: TimeInterval = 600
     static let probeTimeout: TimeInterval = 5
     static let fallbackContextSize = 4096
+    /// The most a probe's answer may hold: `/tokenize` lists every token of a prompt (up to the
+    /// pipe's frame limit), a few bytes each.
+    static let maxProbeBytes = 1 << 28
 
     struct Facts: Sendable {
         var model: String?
@@ -116,12 +119,11 @@ final class OpenAIServer: Sendable {
     }
 
     private func learnModels(_ data: Data) {
-        guard let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
-              let list = object["data"] as? [[String: Any]], !list.isEmpty else { return }
-        let mine = list.first { ($0["id"] as? String) == configuredModel } ?? list[0]
+        let list = OpenAIReplies.models(data)
+        guard let mine = list.first(where: { $0.id == configuredModel }) ?? list.first else { return }
         facts.withLock { f in
-            if f.model == nil { f.model = mine["id"] as? String }
-            if f.contextSize == nil, let n = Self.vllmWindow(mine) {
+            if f.model == nil { f.model = mine.id }
+            if f.contextSize == nil, let n = mine.contextSize, n > 0 {
                 f.contextSize = n
                 if f.dialect == nil || f.dialect == .generic { f.dialect = .vllm }
             }
@@ -144,6 +146,7 @@ final class OpenAIServer: Sendable {
         if dialect == nil || dialect == .llamaCpp, let props = await probeLlamaCpp() {
             dialect = .llamaCpp
             found = props.window
+            loaded = props.window != nil  // 0 while the model loads: ask again later
             learnSlots(props.slots)
         }
         if dialect == nil || dialect == .lmStudio, let window = await probeLMStudio(model: model) {
@@ -230,16 +233,15 @@ final class OpenAIServer: Sendable {
         let body: [String: Any] = ["content": text, "add_special": false,
                                    "prompt": text, "add_special_tokens": false, "model": await requestModel()]
         return try await count(root.appendingPathComponent("tokenize"), body: try JSONSerialization.data(withJSONObject: body),
-                               offered: \.tokenize) { ($0?["tokens"] as? [Any])?.count ?? Self.int($0?["count"]) }
+                               offered: \.tokenize, read: OpenAIReplies.tokenCount)
     }
 
     /// The prompt tokens of a chat request `body` as the server itself would read it: llama.cpp's
     /// `POST {base}/chat/completions/input_tokens` applies the chat template and the tools, so
     /// it is the `prompt_tokens` the request will report. Nil from a server without it.
     func inputTokens(body: Data) async throws -> Int? {
-        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body, offered: \.inputTokens) {
-            Self.int($0?["input_tokens"])
-        }
+        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body, offered: \.inputTokens,
+                        read: OpenAIReplies.inputTokens)
     }
 
     /// A count from one of the server's counting endpoints, which `offered` remembers it has:
@@ -247,12 +249,11 @@ final class OpenAIServer: Sendable {
     /// nil while the server is unreachable (the chat request will say so clearly).
     nonisolated(nonsending)
     private func count(_ url: URL, body: Data, offered: WritableKeyPath<Facts, Bool?> & Sendable,
-                       read: ([String: Any]?) -> Int?) async throws -> Int? {
+                       read: (Data) -> Int?) async throws -> Int? {
         if facts.withLock({ $0[keyPath: offered] }) == false { return nil }
         do {
             let (status, data) = try await fetch("POST", url, body: body, timeout: Self.probeTimeout)
-            let object = status == 200 ? (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] : nil
-            guard let n = read(object) else {
+            guard let n = status == 200 ? read(data) : nil else {
                 if status != 503 { facts.withLock { $0[keyPath: offered] = false } }
                 return nil
             }
@@ -292,19 +293,13 @@ final class OpenAIServer: Sendable {
         for try await event in probeClient.open(makeRequest(method, url, body: body, timeout: timeout)) {
             switch event {
             case .response(let s): status = s
-            case .data(let d): data.append(d)
+            case .data(let d):
+                data.append(d)
+                // The length is the server's to choose: past what any answer about itself needs, it is refused.
+                if data.count > Self.maxProbeBytes { throw URLError(.dataLengthExceedsMaximum) }
             }
         }
         try Task.checkCancellation()
         return (status, data)
-    }
-
-    static func int(_ value: Any?) -> Int? {
-        switch value {
-        case let n as Int: n
-        case let n as Double: Int(n)
-        case let n as NSNumber: n.intValue
-        default: nil
-        }
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// One conversation: the OpenAI `messages` array (system = instructions, then per turn the
 /// user prompt, any tool calls with their results, and the reply). Lives inside one thread's actor.
@@ -69,7 +70,7 @@ final class OpenAISession: ModelSession {
             onPartial?(PartialReply(waiting: pool != nil && affinity != nil && slot == nil ? .slot : .prompt(tokens: floor.count)))
             let tokensBefore = outputTokens
             let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
-                onPartial?(PartialReply(text: partial.text, tokens: tokensBefore + partial.tokens))
+                onPartial?(PartialReply(text: partial.text, tokens: tokensBefore.addingClamped(partial.tokens)))
             }
             if let read = reply.readTokens, read < floor.tokens, await server.learnWindow(read: read, sent: floor.tokens, estimate: floor.count) {
                 throw WispError(.contextOverflow, """
@@ -78,9 +79,9 @@ final class OpenAISession: ModelSession {
                     """)
             }
             readCheck.record(read: reply.readTokens, messages: sent.count,
-                             bytes: offerTools ? body.count : sent.reduce(0) { $0 + $1.bytes })
+                             bytes: offerTools ? body.count : sent.map(\.bytes).clampedSum())
             if promptTokens == nil { promptTokens = reply.promptTokens }
-            outputTokens += reply.outputTokens ?? reply.chunks
+            outputTokens = outputTokens.addingClamped(reply.outputTokens ?? reply.chunks)
             let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens,
                                  cachedTokens: reply.cachedTokens, firstTokenSeconds: reply.firstTokenSeconds,
                                  generationSeconds: reply.generationSeconds)
