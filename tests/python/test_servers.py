@@ -192,7 +192,7 @@ async def test_progress_names_the_calls_ahead_in_the_threads_queue():
 
     async with wisp(env=shim_env(WISP_PROGRESS_EVERY_S="0.2")) as c:
         tid = ok(await c.call_tool("respond", {"prompt": "first"}))["thread_id"]
-        running = [asyncio.create_task(c.call_tool("respond", {"prompt": f"!sleep 800 hold {k}", "thread_id": tid}))
+        running = [asyncio.create_task(c.call_tool("respond", {"prompt": f"!sleep 1500 hold {k}", "thread_id": tid}))
                    for k in range(2)]
         await asyncio.sleep(0.3)
         last = await c.call_tool("respond", {"prompt": "third", "thread_id": tid}, progress_callback=on_progress)
