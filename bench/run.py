@@ -20,7 +20,8 @@ machine load. Sections (see bench/README.md for what each means):
               validates, and call time with the schema / the same prompt without it (when installed)
   durable     a turn with --state-dir (written and fsynced before the reply) vs an in-memory
               one, threads of up to 50 turns; the first call on a stored 50-turn thread after
-              a restart (resume). The state dir is made under bench/ (WISP_BENCH_STATE_PARENT
+              a restart (resume); list_threads with 1,000 stored threads. The state dir is made
+              under bench/ (WISP_BENCH_STATE_PARENT
               moves it), not in a tmpfs /tmp where fsync costs nothing.
   real_concurrency
               4 threads asking the local model at once vs one alone: aggregate tokens/s and the
@@ -792,6 +793,20 @@ async def durable(calls: int, repeats: int, resume_repeats: int) -> dict[str, An
                 after = time.perf_counter() - t
             resumes.append({"resume_ms": resume * 1e3, "next_call_ms": after * 1e3})
             log(f"resume {r + 1}/{resume_repeats}: 50-turn thread of 1 KB prompts resumed in {resume * 1e3:.2f} ms (next call {after * 1e3:.2f} ms)")
+        # list_threads over 1,000 stored threads (none live: a restarted wisp), a fresh state dir.
+        shutil.rmtree(state, ignore_errors=True)
+        async with mcp_client(wisp_argv("--state-dir", state, "--max-stored-threads", "1000")) as c:
+            for i in range(1000):
+                assert not (await c.call_tool("respond", {"prompt": f"thread {i}", "thread_id": f"list-{i}"})).is_error
+        lists: list[float] = []
+        async with mcp_client(wisp_argv("--state-dir", state)) as c:
+            for r in range(resume_repeats + 1):
+                t = time.perf_counter()
+                res = await c.call_tool("list_threads", {})
+                if r:  # the first warms the page cache
+                    lists.append((time.perf_counter() - t) * 1e3)
+                assert len(res.structured_content["threads"]) == 1000, len(res.structured_content["threads"])
+        log(f"list_threads over 1000 stored threads: {median(lists):.2f} ms")
     finally:
         shutil.rmtree(state, ignore_errors=True)
     return {
@@ -800,6 +815,7 @@ async def durable(calls: int, repeats: int, resume_repeats: int) -> dict[str, An
         "durable_memory_turn_p50_us": median([x["memory_p50_us"] for x in runs]),
         "durable_resume_50_turns_ms": median([x["resume_ms"] for x in resumes]),
         "durable_resume_next_call_ms": median([x["next_call_ms"] for x in resumes]),
+        "durable_list_1000_ms": median(lists),
         "_runs": {"durable": runs, "durable_resume": resumes},
     }
 
@@ -859,6 +875,7 @@ ROWS = [
     ("durable_turn_ratio", "durable turn / in-memory turn (p50)", "{:.2f}"),
     ("durable_turn_p50_us", "  durable / in memory p50 (us)", None),
     ("durable_resume_50_turns_ms", "resume a stored 50-turn thread (ms)", "{:.2f}"),
+    ("durable_list_1000_ms", "list_threads with 1,000 stored threads (ms)", "{:.2f}"),
     ("real_concurrency_throughput_ratio", "tokens/s, 4 threads at once / one alone", "{:.2f}"),
     ("real_concurrency_last_first_token_ms", "  last of 4 callers' first token (ms)", "{:.0f}"),
     ("real_concurrency_direct_throughput_ratio", "  direct to llama-server, wisp's slots", "{:.2f}"),

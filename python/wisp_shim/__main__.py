@@ -55,6 +55,8 @@ environment (a flag wins over its variable):
   WISP_CACHE_DIR               where `make local-model` caches llama-server (default ~/.cache/wisp)
   WISP_HTTP                    --http
   WISP_HTTP_TOKEN              --http: the bearer token (environment only: it stays out of process listings)
+  WISP_TASK_TTL                MCP tasks: the longest a task's result is kept, in seconds (default 3600)
+  WISP_MAX_TASKS               MCP tasks: tasks one client may hold, running or kept (default 32, at most 256)
   WISP_SLOTS                   llama-server's parallel slots, each live thread kept on one (default:
                                what its /props says; the local model's: one per live thread, as
                                memory allows; 0: name no slot)
@@ -433,6 +435,12 @@ def main(argv: list[str] | None = None) -> int:
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
     config = core_launch(ns)
+    from .tasks import TaskLimits  # after the SDK's server side is in (start)
+
+    try:
+        TaskLimits.from_env()  # refused here, before anything starts, rather than at the first call
+    except ValueError as exc:
+        raise SystemExit(f"wisp: {exc}") from None
     http = http_options(ns, generate_token=not ns.check)
     use = LocalModelUse(ns, config)
     if ns.check or http is not None:

@@ -180,12 +180,22 @@ class Core:
 
     # --- calls -------------------------------------------------------------
 
+    async def placement(self, thread_id: str | None) -> tuple[str, bool]:
+        """What a respond call on `thread_id` would meet now: the running core's backend, and
+        whether another respond call on that thread is running or queued in it."""
+        run = await self._supervisor.running()
+        behind = thread_id is not None and any(
+            c.thread_id == thread_id and c.result_type is protocol.RespondResult for c in run.pending.values()
+        )
+        return run.ready.result().backend, behind
+
     def _send_cancel(self, run: CoreProcess, request_id: int) -> None:
         run.send(protocol.encode(protocol.Cancel(id=self.next_id(), request=request_id)))
 
     async def _request(self, run: CoreProcess, call: PendingCall, data: bytes | list[bytes], timeout: float,
                        on_timeout: Callable[[], ShimError],
-                       on_progress: OnProgress | None = None) -> Answer:
+                       on_progress: OnProgress | None = None,
+                       stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None) -> Answer:
         if run.dead:
             raise ShimError(errors.CORE_CRASHED, "the wisp core crashed just before this call was sent and is restarting; call again.")
         run.pending[call.id] = call
@@ -198,7 +208,9 @@ class Core:
             try:
                 # Inside the try: once the frame may be queued, a cancellation must reach the core.
                 run.send(data.pop() if isinstance(data, list) else data)
-                answer = await call.future
+                if on_sent is not None:
+                    on_sent()
+                answer = await (call.future if stop is None else self._unless_stopped(run, call, stop))
             except _Expired:
                 answer = await self._after_expiry(run, call, on_timeout)
             except asyncio.CancelledError:
@@ -222,6 +234,16 @@ class Core:
                 pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pump
+
+    async def _unless_stopped(self, run: CoreProcess, call: PendingCall, stop: asyncio.Future[None]) -> Answer:
+        """The call's reply; once `stop` is set first, the call is cancelled in the core and its
+        reply is the core's verdict: `cancelled` (the turn not kept), or the result that beat the
+        cancel (the turn kept). Bounded like any call: by its time limit and the watchdog."""
+        if not stop.done():
+            await asyncio.wait((call.future, stop), return_when=asyncio.FIRST_COMPLETED)
+        if not call.future.done():
+            self._send_cancel(run, call.id)
+        return await call.future
 
     async def _after_expiry(self, run: CoreProcess, call: PendingCall, on_timeout: Callable[[], ShimError]) -> Answer:
         """The time limit passed: cancel the call in the core and give its own reply a moment.
@@ -251,7 +273,12 @@ class Core:
         files: list[str] | None = None,
         schema: str | None = None,
         reasoning: str | None = None,
+        stop: asyncio.Future[None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> protocol.RespondResult:
+        """`stop` (set by a task's cancel): cancel the call as an MCP cancel would, but wait for the
+        core's verdict (a ShimError `cancelled`, or the result that came first). `on_sent`: called once
+        the call has its place in the core's queue (its frame is written)."""
         if thread_id is not None and thread_id in self.lost:
             del self.lost[thread_id]
             raise ShimError(
@@ -295,7 +322,9 @@ class Core:
         # with 128 calls of megabytes in flight, the copies would add up.
         box = [protocol.frame(payload)]
         del payload, msg
-        reply = await self._request(run, call, box, limit, timed_out, on_progress)
+        if stop is not None and stop.done():
+            raise ShimError(errors.CANCELLED, "the call was cancelled before it started; nothing reached the model.")
+        reply = await self._request(run, call, box, limit, timed_out, on_progress, stop, on_sent)
         if not reply.ok:
             assert reply.error is not None
             if reply.error.code == errors.TIMEOUT:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 from typing import Any
 
@@ -36,6 +38,7 @@ from . import schema as output_schema
 from . import errors
 from .client import Core
 from .errors import ShimError
+from .tasks import Job, TaskLimits, Tasks
 from .transport import charge, json_size
 from .tool_models import (
     ArgumentError,
@@ -276,7 +279,36 @@ def _progress_message(status: str, text: str) -> str:
     return f"{status}: {text}"
 
 
-def build_server(core: Core, max_threads: int) -> Server[Any]:
+async def _as_result(name: str, work: Awaitable[Any]) -> Any:
+    """A tool's outcome as its caller sees it: every failure a tool error that carries the real reason."""
+    try:
+        return await work
+    except ArgumentError as exc:
+        return _error(f"{errors.INVALID_ARGUMENT}: {exc}")
+    except ShimError as exc:
+        return _error(str(exc))
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as exc:
+        # Anything else is a bug in wisp; the caller still gets a tool error, not a silent failure.
+        log.exception("tool %s failed", name)
+        return _error(
+            f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr."
+        )
+
+
+@dataclass(frozen=True)
+class _RespondCall:
+    """A respond call checked and ready to run: its arguments, the client's roots, and whether
+    this wisp held a thread under the id it names."""
+
+    args: RespondArgs
+    roots: list[str] | None
+    knew: bool
+
+
+def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = None) -> Server[Any]:
+    tasks = Tasks(task_limits or TaskLimits.from_env(), core.placement)
     respond_tool = _respond_tool(max_threads, core.launch.state_dir)
     tools = [respond_tool, CLOSE_THREAD, LIST_THREADS]
     listing = ListToolsResult(tools=tools)
@@ -287,24 +319,30 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         asyncio.get_running_loop().call_later(LISTED_START_DELAY_S, core.start)
         return listing
 
-    async def respond(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+    async def respond_prepare(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> _RespondCall:
         a: RespondArgs = parse_args(RespondArgs, args)
-        token = ctx.meta.get("progress_token") if ctx.meta else None
-        on_progress = None
-        if token is not None:
-            async def on_progress(count: int, status: str, text: str) -> None:
-                await ctx.session.report_progress(float(count), None, _progress_message(status, text))
-
         roots = await _client_roots(ctx) if a.tools or a.files else None
         if roots:
             charge(ctx.request, json_size(roots))  # held while the call runs, like its arguments
-        checked: output_schema.CheckedSchema | None = a.output_schema
         # Asked before the call, which makes the id known: a new caller-chosen id was never lost.
-        knew = a.thread_id is not None and core.knew(a.thread_id)
+        return _RespondCall(a, roots, a.thread_id is not None and core.knew(a.thread_id))
+
+    async def respond_run(
+        call: _RespondCall, send_progress: Callable[[float, str], Awaitable[None]] | None,
+        stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None,
+    ) -> CallToolResult:
+        a, roots, knew = call.args, call.roots, call.knew
+        on_progress = None
+        if send_progress is not None:
+            async def on_progress(count: int, status: str, text: str) -> None:
+                await send_progress(float(count), _progress_message(status, text))
+
+        checked: output_schema.CheckedSchema | None = a.output_schema
         r = await core.respond(
             a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,
             temperature=a.temperature, max_output_tokens=a.max_output_tokens,
             on_progress=on_progress, roots=roots, schema=checked.text if checked else None, reasoning=a.reasoning,
+            stop=stop, on_sent=on_sent,
         )
         out = RespondOutput(
             thread_id=r.thread_id, created=r.created, text=r.text, condensed=r.condensed, turns=r.turns, dropped=r.dropped,
@@ -318,6 +356,19 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
             content=[TextContent(type="text", text=_respond_content(r, knew))],
             structured_content=structured,
         )
+
+    def progress_of(ctx: ServerRequestContext[Any]) -> Callable[[float, str], Awaitable[None]] | None:
+        """Progress for the call this request is, when its client asked for it."""
+        if not ctx.meta or ctx.meta.get("progress_token") is None:
+            return None
+
+        async def send(value: float, message: str) -> None:
+            await ctx.session.report_progress(value, None, message)
+
+        return send
+
+    async def respond(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+        return await respond_run(await respond_prepare(ctx, args), progress_of(ctx))
 
     async def close_thread(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
         a: CloseThreadArgs = parse_args(CloseThreadArgs, args)
@@ -357,29 +408,28 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
 
     handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads}
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: CallToolRequestParams,
+    ) -> CallToolResult | dict[str, Any]:
         handler = handlers.get(params.name)
         if handler is None:
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {short(params.name)} (wisp has {', '.join(handlers)})")
         args = params.arguments or {}
-        try:
-            return await handler(ctx, args)
-        except ArgumentError as exc:
-            return _error(f"{errors.INVALID_ARGUMENT}: {exc}")
-        except ShimError as exc:
-            return _error(str(exc))
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:
-            # Anything else is a bug in wisp; the caller still gets a tool error, not a silent failure.
-            log.exception("tool %s failed", params.name)
-            return _error(f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
+        if (generation := tasks.wanted(ctx, params)) is not None:
+            job: Job[_RespondCall] = Job(
+                prepare=lambda: _as_result(params.name, respond_prepare(ctx, args)),
+                run=lambda call, send, stop, on_sent: _as_result(params.name, respond_run(call, send, stop, on_sent)),
+                thread_id=lambda call: call.args.thread_id,
+                plain_progress=progress_of(ctx),
+            )
+            return await tasks.call(ctx, params, generation, job)
+        return await _as_result(params.name, handler(ctx, args))
 
     # For the SDK's check of a 2026-07-28 HTTP call's Mcp-Param headers: without it, the SDK
     # runs list_tools (and serialises every tool) on each call to find the called tool's schema.
     input_schemas = {t.name: t.input_schema for t in tools}
 
-    return Server(
+    server: Server[Any] = Server(
         "wisp",
         version=__version__,
         title="wisp: threads with a local model",
@@ -388,3 +438,5 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+    tasks.install(server)
+    return server

@@ -140,6 +140,17 @@ def spawn(*args: str, stderr=None) -> subprocess.Popen:
     )
 
 
+def close_shim(proc: subprocess.Popen, timeout: float) -> None:
+    """Close a shim's stdin (its client leaving) and wait for it to exit; kill it past `timeout`."""
+    if proc.poll() is None:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def read_until(proc: subprocess.Popen, want_id: int, lines: list[bytes], timeout: float = 15) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -77,7 +77,7 @@ public final class PipeServer: Sendable {
                     backend: backend.name, model: backend.model, available: availability.available,
                     reason: availability.reason, context_size: await backend.contextSize(),
                     max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot(),
-                    tools: registry.toolNames, state_dir: registry.store?.directory, state_error: registry.storeError,
+                    tools: registry.toolNames, state_dir: registry.store?.location, state_error: registry.storeError,
                     usage: await registry.usage.map { UsageBody(totals: $0) }, context_note: await backend.contextNote())))
             }
         }

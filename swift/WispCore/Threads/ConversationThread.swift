@@ -23,9 +23,9 @@ public actor ConversationThread {
 
     /// A durable thread's store, and how to turn stored tool names and roots back into tools.
     public struct Durability: Sendable {
-        public let store: ThreadStore
+        public let store: any ThreadStore
         public let resolve: @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]
-        public init(store: ThreadStore, resolve: @escaping @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]) {
+        public init(store: any ThreadStore, resolve: @escaping @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]) {
             self.store = store
             self.resolve = resolve
         }
@@ -50,18 +50,17 @@ public actor ConversationThread {
     private let maxQueue: Int
     private var roots: [String]
     private let durability: Durability?
-    /// The identity of the stored file as this thread last wrote or read it (nil: none seen).
-    private var stamp: ThreadStore.Stamp?
-    /// The store's lock, held by the call being served.
-    private var held: ThreadStore.Lock?
-    /// Closed: calls still running on it must not store it again.
+    /// The stored version this thread last loaded or wrote (nil: none seen).
+    private var version: StoreVersion?
+    /// The store's lease on this thread, held by the call being served.
+    private var lease: (any ThreadLease)?
+    /// Closed: calls still running on it must not store it again, and the one holding the
+    /// lease deletes what is stored before letting it go.
     private var closed = false
-    /// The call being served is writing the thread's file (off the pipe loop, so `close`
-    /// may run meanwhile): that call deletes it afterwards if the thread was closed by then.
-    private var saving = false
-    /// A turn was committed that the store does not have (the directory failed): the memory is
-    /// newer than any file, so the next call that can store stores it rather than reloading.
-    private var unstored = false
+    /// Turns were committed that the store does not have (it could not be written): the memory
+    /// is newer than anything stored, so the next call stores it whole rather than reloading,
+    /// and the registry never evicts the thread meanwhile (`holdsUnstoredTurns`).
+    private let unstored = Locked(false)
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
@@ -91,6 +90,8 @@ public actor ConversationThread {
     }
 
     public var turnCount: Int { conversation.history.count }
+    /// Answered turns that only this memory holds: evicting the thread now would lose them.
+    public nonisolated var holdsUnstoredTurns: Bool { unstored.withLock { $0 } }
     /// What the committed calls cost so far, in this process (a resumed thread counts from its
     /// resume); nil before any.
     public private(set) var usage: Usage?
@@ -137,16 +138,23 @@ public actor ConversationThread {
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
                        onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         if let durability, !closed {
-            // No lock while the state dir is not usable: the call is served in memory. What is
-            // stored is still read where it can be (a read-only directory holds its threads).
-            // Turns the store missed (`unstored`) make this memory the thread, whatever file is there.
+            // Turns the store missed (`unstored`) make this memory the thread, whatever is stored;
+            // a store that cannot be read now serves the call from memory (its commit says why).
             // Taken as one job that is dropped if the call ends while it waits for a worker (the
             // store's own trips off the pipe loop run inside it).
-            let store = durability.store, id = self.id, seen = stamp, load = !unstored
-            let (lock, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) { () async throws(WispError) in
-                try await store.lockAndLoad(id, seen: seen, load: load)
+            let store = durability.store, id = self.id, seen = version, load = !holdsUnstoredTurns
+            let (lease, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) {
+                () async throws(WispError) -> (any ThreadLease, Loaded) in
+                let lease = try await store.lease(id)
+                guard load else { return (lease, .unchanged) }
+                do throws(WispError) {
+                    return (lease, try await lease.load(unlessAt: seen))
+                } catch {
+                    await lease.release()
+                    throw error
+                }
             }
-            held = lock
+            self.lease = lease
             try await reload(found, durability)
         }
         if conversation.history.isEmpty {
@@ -169,107 +177,90 @@ public actor ConversationThread {
         return outcome
     }
 
-    /// Lets go of the store's lock, removing the lock file if the thread is not stored (off the
-    /// pipe loop: it looks at the disk). A thread whose file this call saw or wrote keeps its
-    /// lock file: that file goes only with the thread's (a delete, here or in another process).
+    /// Lets go of the store's lease; a thread closed meanwhile is deleted from the store first,
+    /// under it, so that nothing brings it back.
     private func release() async {
-        guard let durability, let lock = held else { return }
-        held = nil
-        guard stamp == nil else { return }
-        let store = durability.store
-        await offPipeLoop { store.release(lock) }
+        guard let lease else { return }
+        self.lease = nil
+        if closed {
+            _ = try? await lease.delete()
+            version = nil
+        }
+        await lease.release()
     }
 
     /// Makes the staged turn part of the history and, on a durable thread, stores it before the
-    /// caller hears of it (the store's lock is still held: `advance` releases it).
+    /// caller hears of it (under the lease: `release` lets it go).
     private func commit(_ staged: Conversation.Staged) async -> Conversation.Outcome {
         var outcome = conversation.commit(staged)
         usage = usage.map { $0 + outcome.usage } ?? outcome.usage
-        guard let durability, !closed else { return outcome }
-        guard held != nil else {
-            unstored = true
-            outcome.storeError = durability.store.trouble.map(durability.store.inMemoryNote) ?? "the state dir was not usable"
-            return outcome
-        }
-        let state = ThreadStore.State(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots, history: conversation.history)
-        let store = durability.store, id = self.id, held = self.held
-        // The file holds the history but this turn unless turns were dropped or kept in memory only.
-        let appendingTo = outcome.dropped > 0 || unstored ? nil : stamp
-        // Off the pipe loop: the write and its sync.
-        saving = true
-        let saved: Result<ThreadStore.Stamp, WispError> = await offPipeLoop {
-            do throws(WispError) { return .success(try store.save(id, state, appendingTo: appendingTo)) } catch { return .failure(error) }
-        }
-        saving = false
-        if closed {
-            // Closed while the file was written (close left the deleting to this call, which
-            // still holds the lock): the new file must not bring the thread back.
-            if let held { _ = await offPipeLoop { store.delete(id, holding: held) } }
-            stamp = nil
-            return outcome
-        }
-        let failure: WispError?
-        switch saved {
-        case .success(let written): stamp = written; failure = nil; unstored = false
-        case .failure(let error): failure = error
-        }
-        if let failure {
-            // Kept in memory and answered: the caller is told, and a stale file must not
-            // resume later as if it were this thread.
-            outcome.storeError = failure.message
-            unstored = true
-            let gone = if let held { await offPipeLoop { store.delete(id, holding: held) } } else { false }
-            // Still there (a read-only directory): it is what this thread last saw, so it is
-            // not reloaded over the newer memory; the next stored turn replaces it.
-            if gone { stamp = nil }
+        guard let durability, let lease, !closed else { return outcome }
+        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots,
+                                  history: conversation.history)
+        // The store holds the history but this turn unless turns were dropped or kept in memory only.
+        let kept = outcome.dropped > 0 || holdsUnstoredTurns ? 0 : thread.history.count - 1
+        do {
+            version = try await lease.commit(thread, kept: kept, after: version, usage: outcome.usage)
+            unstored.withLock { $0 = false }
+        } catch {
+            // Kept in memory and answered: the caller is told.
+            outcome.storeError = error.message
+            unstored.withLock { $0 = true }
         }
         return outcome
     }
 
-    /// Brings a durable thread up to its stored state when the store `found` the file is not the
-    /// one this thread last saw: stored by another process, resumed after a restart, or deleted
-    /// (closed elsewhere, or over the cap), which leaves the thread empty with its binding.
-    private func reload(_ found: ThreadStore.Found, _ durability: Durability) async throws(WispError) {
-        let store = durability.store, id = self.id
-        guard case .loaded(let state, let loaded) = found else {
-            if case .none = found {
-                conversation = Conversation(backend: backend, instructions: conversation.instructions, tools: conversation.tools, affinity: affinity)
-                stamp = nil
-            }
-            return
+    /// Stores a thread that holds turns the store missed, whole, when no call is running on it
+    /// (the store works again). True when it is stored now.
+    public func storeUnstored() async -> Bool {
+        guard holdsUnstoredTurns, let durability, let ticket = try? enqueue() else { return !holdsUnstoredTurns }
+        guard (try? await waitForTurn(ticket.number)) != nil else { return false }
+        defer { advance() }
+        guard holdsUnstoredTurns, !closed, let lease = try? await durability.store.lease(id) else { return !holdsUnstoredTurns }
+        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots,
+                                  history: conversation.history)
+        if let written = try? await lease.commit(thread, kept: 0, after: version, usage: Usage()) {
+            version = written
+            unstored.withLock { $0 = false }
         }
-        let tools: [ModelTool]
-        do {
-            tools = try durability.resolve(state.tools, state.roots)
-        } catch {
-            let why = "it is bound to tools this wisp cannot give it (\(error.message))"
-            throw await offPipeLoop { store.corrupt(id, why) }
-        }
-        conversation = Conversation(backend: backend, instructions: state.instructions, tools: tools, history: state.history, affinity: affinity)
-        roots = state.roots
-        stamp = loaded
+        await lease.release()
+        return !holdsUnstoredTurns
     }
 
-    /// Who deletes a closed thread's stored file.
+    /// Brings a durable thread up to its stored state when the store `found` it is not the version
+    /// this thread last saw: stored by another process, resumed after a restart, or deleted
+    /// (closed elsewhere, or over the cap), which leaves the thread empty with its binding.
+    private func reload(_ found: Loaded, _ durability: Durability) async throws(WispError) {
+        switch found {
+        case .unchanged, .unavailable: return
+        case .none:
+            conversation = Conversation(backend: backend, instructions: conversation.instructions, tools: conversation.tools, affinity: affinity)
+            version = nil
+        case .loaded(let stored, let loaded):
+            let tools: [ModelTool]
+            do {
+                tools = try durability.resolve(stored.tools, stored.roots)
+            } catch {
+                throw await lease?.setAside("it is bound to tools this wisp cannot give it (\(error.message))") ?? error
+            }
+            conversation = Conversation(backend: backend, instructions: stored.instructions, tools: tools, history: stored.history, affinity: affinity)
+            roots = stored.roots
+            version = loaded
+        }
+    }
+
+    /// Who deletes a closed thread's stored copy.
     public enum Closing: Sendable, Equatable {
-        /// Deleted by `close`, under the lock the call being served holds.
-        case deleted
-        /// The call being served is writing the file: it deletes it once written, under its lock.
-        case deletedByTheWritingCall
-        /// No call holds the store's lock (or the thread is not durable): the caller deletes the
-        /// file, after taking the lock.
+        /// The call being served, under the lease it holds, before it lets it go.
+        case deletedByTheRunningCall
+        /// No call holds the lease (or the thread is not durable): the caller deletes it, under a lease of its own.
         case leftToTheCaller
     }
 
     /// Closes the thread for good: calls still running on it will not store it.
     public func close() async -> Closing {
         closed = true
-        guard let durability, let held else { return .leftToTheCaller }
-        if saving { return .deletedByTheWritingCall }
-        let store = durability.store, id = self.id
-        // The lock stays held (this closure keeps it) until the file is gone, even if the call ends meanwhile.
-        _ = await offPipeLoop { store.delete(id, holding: held) }
-        return .deleted
+        return durability != nil && lease != nil ? .deletedByTheRunningCall : .leftToTheCaller
     }
 
     /// The refusal of `instructions`/`tools` for this thread, which has committed turns: it says
@@ -317,7 +308,6 @@ public actor ConversationThread {
     }
 
     private func advance() {
-        held = nil
         serving += 1
         while abandoned.remove(serving) != nil { serving += 1 }
         parked.removeValue(forKey: serving)?.resume()

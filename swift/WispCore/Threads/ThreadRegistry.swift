@@ -52,15 +52,17 @@ public actor ThreadRegistry {
     private var entries: [String: Entry] = [:]
     private var clock: UInt64 = 0
     /// Durable threads, when `--state-dir` is given and usable.
-    public nonisolated let store: ThreadStore?
+    public nonisolated let store: (any ThreadStore)?
     /// Why `--state-dir` was given but could not be used from the start.
     private nonisolated let startError: String?
     /// Why `--state-dir` was given but is not in use: from the start, or since it failed (for now).
-    public nonisolated var storeError: String? { startError ?? store?.trouble.map { "\(store?.directory ?? ""): \($0); threads are served in memory until it works again" } }
+    public nonisolated var storeError: String? { startError ?? store?.trouble.map { "\(store?.location ?? ""): \($0); threads are served in memory until it works again" } }
+    /// A task storing threads that hold turns the store missed, while one runs.
+    private var storing: Task<Void, Never>?
 
     public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads, maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
                 toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
-                store: ThreadStore? = nil, storeError: String? = nil) {
+                store: (any ThreadStore)? = nil, storeError: String? = nil) {
         self.store = store
         self.startError = storeError
         self.catalogueWithRoots = toolsWithRoots
@@ -132,6 +134,7 @@ public actor ThreadRegistry {
         }
 
         let start = try binding(instructions: instructions, tools: toolNames, roots: roots)
+        storeUnstored()
         var id = threadID ?? Self.generateID()
         while threadID == nil && entries[id] != nil { id = Self.generateID() }
         let evicted = entries.count >= capacity ? evictOne() : nil
@@ -211,9 +214,10 @@ public actor ThreadRegistry {
         let live = entries.removeValue(forKey: threadID)
         guard let store else { return live != nil }
         if let live, await live.thread.close() != .leftToTheCaller { return true }
-        // Off the pipe loop: it waits for the lock and fsyncs the directory. The dispatcher's own
-        // job (close is answered in order): it waits behind no call's work.
-        let stored = try await offPipeLoop(as: .dispatcher) { () async throws(WispError) -> Bool in try await store.delete(threadID) }
+        // The dispatcher's own job (close is answered in order): it waits behind no call's work.
+        let stored = try await offPipeLoop(as: .dispatcher) { () async throws(WispError) -> Bool in
+            try await store.delete(threadID)
+        }
         return live != nil || stored
     }
 
@@ -226,8 +230,7 @@ public actor ThreadRegistry {
     /// Live threads, most recently used first, then stored ones that are not live, most recently written first.
     public func snapshot() async -> [ThreadInfo] {
         var infos: [(UInt64, ThreadInfo)] = []
-        let store = store
-        let stored = await offPipeLoop { store?.summaries() ?? [] }  // reads every stored file's header
+        let stored = await store?.summaries(matching: nil, limit: store?.maxStored ?? 0) ?? []
         let storedIDs = Set(stored.map(\.id))
         for (id, entry) in entries {
             infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,
@@ -240,6 +243,20 @@ public actor ThreadRegistry {
             ThreadInfo(thread_id: $0.id, turns: $0.turns, pending: 0, live: false, stored: true)
         }
     }
+
+    /// Stores, in the background, the threads holding turns the store missed (one task at a time;
+    /// the store says at once while it is not to be tried yet).
+    private func storeUnstored() {
+        guard storing == nil else { return }
+        let waiting = entries.values.map(\.thread).filter(\.holdsUnstoredTurns)
+        guard !waiting.isEmpty else { return }
+        storing = Task {
+            for thread in waiting { _ = await thread.storeUnstored() }
+            self.storingDone()
+        }
+    }
+
+    private func storingDone() { storing = nil }
 
     private func resolve(_ names: [String]) throws(WispError) -> [ModelTool] {
         var tools: [ModelTool] = []
@@ -255,10 +272,13 @@ public actor ThreadRegistry {
         return tools
     }
 
-    /// Evicts the least recently used thread, preferring an idle one; returns its id.
+    /// Evicts the least recently used thread, preferring an idle one; returns its id. A thread
+    /// holding answered turns the store could not take is never evicted (they would be lost):
+    /// with no other, none is, and the registry holds more than `capacity` until they are stored.
     private func evictOne() -> String? {
-        let idle = entries.filter { $0.value.inFlight == 0 }
-        let pool = idle.isEmpty ? entries : idle
+        let safe = entries.filter { !$0.value.thread.holdsUnstoredTurns }
+        let idle = safe.filter { $0.value.inFlight == 0 }
+        let pool = idle.isEmpty ? safe : idle
         guard let victim = pool.min(by: { $0.value.lastUsed < $1.value.lastUsed })?.key else { return nil }
         entries.removeValue(forKey: victim)
         return victim

@@ -63,41 +63,27 @@ import WispInfrastructure
         }
     }
 
-    @Test func storedThreadsAreWrittenAsJSONEncoderWritesThemAndReadBack() throws {
+    @Test func storedTurnsAreWrittenAsJSONEncoderWritesThemAndEarlierThreadFilesReadBack() throws {
         var rng = SeededGenerator()
         for text in Self.texts + (0..<20).map({ _ in Self.randomText(&rng) }) {
             let turns = [Turn(prompt: text, response: text),
                          Turn(prompt: "p", toolExchanges: [ToolExchange(name: "read_file", arguments: text, output: text, failed: true),
                                                            ToolExchange(name: text, arguments: "{}", output: "")], response: "r", tokens: 7)]
-            for state in [ThreadStore.State(instructions: text, tools: ["read_file", text], roots: [text], history: turns),
-                          ThreadStore.State(instructions: nil, tools: [], roots: [], history: [])] {
-                for turn in state.history { try sameAsJSONEncoder(turn) }
-                try sameAsJSONEncoder(ThreadStore.Header(format: ThreadStore.format, id: text, instructions: state.instructions,
-                                                         tools: state.tools, roots: state.roots))
-                let file = ThreadStore.encode("t", state, written: 1764645123.5)
-                #expect(try ThreadStore.decode(file, id: "t").state == state)
-                // Every line is JSON that JSONDecoder reads as it was meant.
-                let lines = file.split(separator: 0x0A, omittingEmptySubsequences: false)
-                #expect(lines.count == 2 + 2 * state.history.count && lines.last?.isEmpty == true)
-                let header = try JSONDecoder().decode(ThreadStore.Header.self, from: Data(lines[0]))
-                #expect(header.instructions == state.instructions && header.tools == state.tools && header.roots == state.roots)
-                for (i, turn) in state.history.enumerated() {
-                    #expect(try JSONDecoder().decode(Turn.self, from: Data(lines[1 + 2 * i])) == turn)
-                    #expect(try JSONDecoder().decode(ThreadStore.Commit.self, from: Data(lines[2 + 2 * i])).turns == i + 1)
-                }
-            }
-        }
-        for written in [0, 1764645123.123456, 1e-7, 12345678901234567890.0, -2.5] {
+            for turn in turns { try sameAsJSONEncoder(turn) }
+            #expect(try StoreSchema.exchanges(StoreSchema.json(turns[1].toolExchanges)) == turns[1].toolExchanges)
+            #expect(try StoreSchema.strings(StoreSchema.json([text, "b"])) == [text, "b"])
+            // A thread file of format 2, as earlier wisps wrote it, reads back (for the import).
             var w = JSONWriter()
-            ThreadStore.Header(format: 1, id: "t", turns: 3, written: written).write(to: &w)
-            for back in [try JSONDecoder().decode(ThreadStore.Header.self, from: Data(w.bytes)), try ThreadStore.Header.read(w.bytes[...])] {
-                #expect(back.written == written && back.id == "t" && back.turns == 3 && back.format == 1)
+            w.object { $0.field("format", 2); $0.field("id", "t"); $0.field("instructions", text); $0.field("tools", [text]); $0.field("roots", [String]()) }
+            w.byte(0x0A)
+            for (i, turn) in turns.enumerated() {
+                turn.write(to: &w)
+                w.byte(0x0A)
+                w.object { $0.field("turns", i + 1); $0.field("written", 1.5) }
+                w.byte(0x0A)
             }
-            w = JSONWriter()
-            ThreadStore.Commit(turns: 3, written: written).write(to: &w)
-            for back in [try JSONDecoder().decode(ThreadStore.Commit.self, from: Data(w.bytes)), try ThreadStore.Commit.read(w.bytes[...])] {
-                #expect(back.written == written && back.turns == 3)
-            }
+            let read = try ThreadFiles.decode(w.bytes, id: "t")
+            #expect(read.state == StoredThread(instructions: text, tools: [text], roots: [], history: turns) && !read.torn)
         }
     }
 
