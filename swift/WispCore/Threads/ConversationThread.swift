@@ -275,7 +275,7 @@ public actor ConversationThread {
     }
 
     /// `watcher` hears how many calls are ahead, now and whenever that changes.
-    private func waitForTurn(_ number: UInt64, watcher: PartialHandler?) async throws(WispError) {
+    private func waitForTurn(_ number: UInt64, watcher: PartialHandler? = nil) async throws(WispError) {
         if number == serving { return }
         if Task.isCancelled {
             abandoned.insert(number)
