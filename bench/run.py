@@ -33,7 +33,7 @@ machine load. Sections (see bench/README.md for what each means):
   precount    the tokens the core counts for a request before sending it vs the prompt_tokens
               llama-server reports, on 20 calls of mixed length; the old count beside it (when
               installed; bench/precount_bench.py)
-  long, long_interleaved, long_12on8, long_resume
+  long, long_interleaved, long_12on8, long_resume, long_no_reuse
               long threads on the local model: time to first token of turn 20 / turn 1 within
               the context (and resent whole), of the turns after condensing / turn 1, one thread
               and 8 interleaved; 12 threads on 8 slots; durable threads after a restart (when
@@ -80,6 +80,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "real_turn_ttft_ratio_condensed": (2.0, "max"),
     "real_turn_ttft_ratio_20_interleaved": (1.5, "max"),
     "real_turn_ttft_ratio_condensed_interleaved": (2.0, "max"),
+    "condensed_turn_tokens_ratio_no_reuse": (2.0, "max"),
 }
 
 
@@ -700,7 +701,8 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
                 first: list[float] = []
 
                 async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                    if not first:
+                    # The first written token; earlier notifications say what the call waits for.
+                    if not first and (message or "").startswith("writing:"):
                         first.append(time.perf_counter() - t0)
 
                 res = await wisp.call_tool("respond", {"prompt": prompt, "temperature": 0.0, "max_output_tokens": CONCURRENT_TOKENS},
@@ -888,6 +890,8 @@ ROWS = [
     ("real_turn_ttft_ratio_condensed_interleaved", "TTFT condensed / turn 1, 8 on 8 slots", "{:.2f}"),
     ("real_turn_ttft_ratio_8_12_threads_8_slots", "TTFT turn 8 / turn 1, 12 threads on 8 slots", "{:.2f}"),
     ("real_turn_ttft_ratio_8_12_threads_8_slots_evaluated_tokens", "  prompt tokens evaluated a turn", "{:.0f}"),
+    ("condensed_turn_tokens_ratio_no_reuse", "tokens evaluated a condensed turn / its own, no KV shift", "{:.2f}"),
+    ("condensed_turn_tokens_ratio_no_reuse_history_turns", "  turns the history held meanwhile", "{:.1f}"),
     ("real_turn_ttft_ratio_resumed", "first turn back after a wisp restart / turn 1", "{:.2f}"),
     ("real_turn_ttft_ratio_resumed_slot_taken", "  the same, its slot taken by another thread", "{:.2f}"),
     ("real_turn_ttft_ratio_server_restarted", "  after a llama-server restart too", "{:.2f}"),
@@ -936,7 +940,7 @@ def table(res: dict[str, Any]) -> str:
 
 
 SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "real_concurrency", "schema", "durable",
-            "long", "long_interleaved", "long_12on8", "long_resume")
+            "long", "long_interleaved", "long_12on8", "long_resume", "long_no_reuse")
 
 
 async def _long(section: Callable[[bool], Any], quick: bool) -> dict[str, Any]:
@@ -980,6 +984,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "long_interleaved": lambda: _long(long_threads.interleaved, q),
         "long_12on8": lambda: _long(long_threads.over_slots, q),
         "long_resume": lambda: _long(long_threads.resume, q),
+        "long_no_reuse": lambda: _long(long_threads.no_reuse, q),
     }
     plan["http"] = lambda: http_section(q)
     plan["precount"] = lambda: precount_section(q, _local_model())

@@ -22,7 +22,7 @@ from . import errors
 from .client import Core
 from .errors import ShimError
 from .loop import WispEventLoop
-from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MAXIMUMS, FLAG_MINIMUMS, CoreLaunch
+from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MAXIMUMS, FLAG_MINIMUMS, PROGRESS_EVERY_S, CoreLaunch
 
 log = logging.getLogger("wisp")
 
@@ -60,6 +60,10 @@ environment (a flag wins over its variable):
   WISP_SLOTS                   llama-server's parallel slots, each live thread kept on one (default:
                                what its /props says; the local model's: one per live thread, as
                                memory allows; 0: name no slot)
+  WISP_KEEP_ALIVE              Ollama: keep the model loaded this long between turns (default 30m)
+  WISP_CONDENSE_TO             share of the context a thread is condensed down to on servers that
+                               cannot shift their cache (default 0.5)
+  WISP_PROGRESS_EVERY_S        progress notifications at least this often during a call (default 5)
 
 wisp-core not found? Run `make build` in the wisp repository.
 stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT
@@ -92,6 +96,9 @@ def _env_float(name: str, default: float) -> float:
 
 # Above any count anyone means (--max-sessions): the core's flags have their own (FLAG_MAXIMUMS).
 MAX_FLAG_VALUE = 2**31 - 1
+# The longest time a setting takes, in seconds (11.5 days): far above any use, far below what a
+# monotonic deadline can hold.
+MAX_SECONDS = 1_000_000.0
 
 
 def _at_least(minimum: int, maximum: int = MAX_FLAG_VALUE) -> Callable[[str], int]:
@@ -183,11 +190,17 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     if ns.allow_hardlinks:
         args.append("--allow-hardlinks")
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
+        raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0 and at most "
+                         f"{MAX_SECONDS:g}, got {timeout}")
+    every = _env_float("WISP_PROGRESS_EVERY_S", PROGRESS_EVERY_S)
+    if not (math.isfinite(every) and 0 < every <= MAX_SECONDS):
+        raise SystemExit(f"wisp: WISP_PROGRESS_EVERY_S must be a finite number of seconds above 0 and at most "
+                         f"{MAX_SECONDS:g}, got {every}")
     # As the core reads it: the flag wins over the variable, and an empty value means none.
     state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
-    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir)
+    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir,
+                      progress_every_s=every)
 
 
 APPLE_ALTERNATIVES = (

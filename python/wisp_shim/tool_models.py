@@ -150,6 +150,9 @@ class UsageOutput(BaseModel):
     input_tokens: int | None = Field(None, description="Tokens the model read, every model request of the call added up (tool rounds included).")
     output_tokens: int | None = Field(None, description="Tokens the model wrote (reasoning included), added up the same way.")
     reasoning_tokens: int | None = Field(None, description="Of output_tokens, those spent reasoning.")
+    cached_tokens: int | None = Field(None, description="Of input_tokens, those the server took from its prompt cache instead of reading them again.")
+    first_token_ms: int | None = Field(None, description="respond only: milliseconds from sending the request to the model's first token (wisp's measure).")
+    output_tokens_per_s: float | None = Field(None, description="respond only: output tokens a second while the model wrote (wisp's measure).")
 
 
 class CloseThreadArgs(_Arguments):
@@ -200,6 +203,8 @@ class ListThreadsOutput(BaseModel):
     context_size: int = Field(description="The model's context window in tokens.")
     max_threads: int = Field(description="Live threads kept at most (least recently used evicted first).")
     state_dir: str | None = Field(None, description="Where threads are stored (--state-dir), when they are.")
+    context_note: str | None = Field(None, description="Set when the model server was found to cut prompts silently: the smaller window wisp now uses, and why.")
+    usage: UsageOutput | None = Field(None, description="What every call this wisp answered since it started cost, summed: tokens the model read and wrote instead of the caller's own model.")
     threads: list[ThreadEntry] = Field(description="Live threads (most recently used first), then stored ones not in memory.")
 
 

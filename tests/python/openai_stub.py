@@ -53,6 +53,17 @@ class StubConfig:
     reasoning: str | None = None      # stream this as `reasoning_content` deltas before the reply
     reject_reasoning: bool = False    # a request with reasoning_effort → HTTP 400 naming it (OpenAI's words)
     input_tokens: bool = False        # POST /v1/chat/completions/input_tokens answers (chars // 4, as usage says)
+    # Which server the stub plays beyond the chat route (the facts are in OpenAIDialects.swift):
+    # llama.cpp (/props), ollama (/api/ps, /api/show, /api/generate; /props is 404), lmstudio
+    # (/api/v0/models; unknown paths answer 200 with an error), vllm (max_model_len in /v1/models).
+    dialect: str = "llama.cpp"
+    window: int | None = None         # ollama, lmstudio, vllm: the loaded model's window in tokens (chars // 4)
+    loaded: bool = True               # ollama, lmstudio: the model is loaded (listed with its window)
+    shown_num_ctx: int | None = None  # ollama: `num_ctx` in /api/show's parameters
+    fit_silently: bool = False        # fit a longer conversation to `window` as Ollama does: oldest
+                                      # messages dropped (system and last kept), then the last cut by tokens
+    cache: bool = False               # report the tokens of the previous request's message prefix as cached
+    first_byte_delay_s: float = 0.0   # before the stream's first byte (a prompt being read)
     # A number the stub reports, put in as this JSON text (any text: "1e300", "9223372036854775807"),
     # by where: props.n_ctx, props.total_slots, models.max_model_len, tokenize.count (answers
     # {"count": …}), input_tokens (the endpoint answers it), usage.prompt_tokens,
@@ -81,12 +92,26 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._record(None)
         cfg = self.stub.config
+        loaded = cfg.loaded and cfg.window is not None
         if self.path == "/v1/models":
-            model = {"id": cfg.model, "object": "model"}
+            entry: dict[str, Any] = {"id": cfg.model, "object": "model"}
+            if cfg.dialect == "vllm" and cfg.window is not None:
+                entry["max_model_len"] = cfg.window
             if "models.max_model_len" in cfg.numbers:
-                model["max_model_len"] = _Number(cfg.numbers["models.max_model_len"])
-            self._json(200, {"object": "list", "data": [model]})
-        elif self.path == "/props" and cfg.n_ctx is not None:
+                entry["max_model_len"] = _Number(cfg.numbers["models.max_model_len"])
+            self._json(200, {"object": "list", "data": [entry]})
+        elif cfg.dialect == "ollama" and self.path == "/api/ps":
+            running = [{"name": cfg.model, "model": cfg.model, "context_length": cfg.window}] if loaded else []
+            self._json(200, {"models": running})
+        elif cfg.dialect == "lmstudio" and self.path == "/api/v0/models":
+            entry = {"id": cfg.model, "object": "model", "type": "llm", "state": "loaded" if loaded else "not-loaded",
+                     "max_context_length": 131072}
+            if loaded:
+                entry["loaded_context_length"] = cfg.window
+            self._json(200, {"object": "list", "data": [entry]})
+        elif cfg.dialect == "lmstudio":
+            self._json(200, {"error": f"Unexpected endpoint or method. (GET {self.path})"})
+        elif self.path == "/props" and cfg.n_ctx is not None and cfg.dialect == "llama.cpp":
             n_ctx = _Number(cfg.numbers["props.n_ctx"]) if "props.n_ctx" in cfg.numbers else cfg.n_ctx
             props: dict[str, Any] = {"default_generation_settings": {"n_ctx": n_ctx}}
             if cfg.slots is not None:
@@ -102,9 +127,16 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(n) or b"null")
         self._record(body)
         cfg = self.stub.config
-        if self.path == "/tokenize" and "tokenize.count" in cfg.numbers:
+        if cfg.dialect == "ollama" and self.path == "/api/show":
+            parameters = f"num_ctx {cfg.shown_num_ctx}\nstop <|im_end|>" if cfg.shown_num_ctx else "stop <|im_end|>"
+            self._json(200, {"parameters": parameters, "model_info": {"general.context_length": 131072}})
+        elif cfg.dialect == "ollama" and self.path == "/api/generate":
+            self._json(200, {"model": body.get("model"), "response": "", "done": True, "done_reason": "load"})
+        elif cfg.dialect == "lmstudio" and self.path != "/v1/chat/completions":
+            self._json(200, {"error": f"Unexpected endpoint or method. (POST {self.path})"})
+        elif self.path == "/tokenize" and "tokenize.count" in cfg.numbers:
             self._json(200, {"count": _Number(cfg.numbers["tokenize.count"])})
-        elif self.path == "/tokenize" and cfg.tokenize:
+        elif self.path == "/tokenize" and cfg.tokenize and cfg.dialect == "llama.cpp":
             self._json(200, {"tokens": list(range(len(body["content"].split())))})
         elif self.path == "/v1/chat/completions/input_tokens" and "input_tokens" in cfg.numbers:
             self._json(200, {"input_tokens": _Number(cfg.numbers["input_tokens"]), "object": "response.input_tokens"})
@@ -124,10 +156,21 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": {"message": "Unrecognized request argument supplied: reasoning_effort",
                                        "type": "invalid_request_error", "param": None, "code": None}})
             return
+        if cfg.fit_silently and cfg.window is not None:
+            body = {**body, "messages": _fit(body["messages"], cfg.window)}
         chars = _chars(body)
         if cfg.overflow_chars is not None and chars > cfg.overflow_chars:
             self._json(400, _overflow(cfg.overflow_style, chars))
             return
+        cached = None
+        if cfg.cache:
+            previous, self.stub.previous = self.stub.previous, body["messages"]
+            same = 0
+            while same < min(len(previous), len(body["messages"])) and previous[same] == body["messages"][same]:
+                same += 1
+            cached = _chars({"messages": body["messages"][:same]}) // 4
+        if cfg.first_byte_delay_s:
+            time.sleep(cfg.first_byte_delay_s)
         users = [m for m in body["messages"] if m["role"] == "user"]
         if cfg.ignore_stream:
             text = f"reply {len(users)}: {body['messages'][-1]['content']}"
@@ -172,6 +215,8 @@ class _Handler(BaseHTTPRequestHandler):
                 usage: dict[str, Any] = {"prompt_tokens": chars // 4, "completion_tokens": thought + len(pieces), "total_tokens": 0}
                 if cfg.reasoning is not None:  # as OpenAI reports it; llama-server reports no details
                     usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+                if cached:  # as vLLM and Ollama report it: absent when none
+                    usage["prompt_tokens_details"] = {"cached_tokens": cached}
                 for key in ("prompt_tokens", "completion_tokens"):
                     if "usage." + key in cfg.numbers:
                         usage[key] = _Number(cfg.numbers["usage." + key])
@@ -219,6 +264,22 @@ def _chars(body: dict) -> int:
     return sum(len(m.get("content") or "") for m in body["messages"])
 
 
+def _fit(messages: list[dict], window: int) -> list[dict]:
+    """Ollama's fitting of a conversation to its window (server/prompt.go chatPrompt): the oldest
+    messages go first, the system messages and the last message stay; a last message still too
+    long is cut to its first 16 characters (num_keep) and its tail."""
+    kept = list(messages)
+    while _chars({"messages": kept}) // 4 > window:
+        drop = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
+        if drop is None:
+            last = dict(kept[-1])
+            room = max(0, window * 4 - _chars({"messages": kept[:-1]}) - 16)
+            last["content"] = last["content"][:16] + last["content"][len(last["content"]) - room:] if room else last["content"][:16]
+            return kept[:-1] + [last]
+        del kept[drop]
+    return kept
+
+
 def _overflow(style: str, tokens: int) -> dict:
     if style == "llama.cpp":
         return {"error": {"code": 400, "message": f"request ({tokens} tokens) exceeds the available context size (100 tokens), try increasing it",
@@ -229,8 +290,12 @@ def _overflow(style: str, tokens: int) -> dict:
     if style == "openai":
         return {"error": {"message": "This model's maximum context length is 100 tokens.", "type": "invalid_request_error",
                           "param": "messages", "code": "context_length_exceeded"}}
+    if style == "lmstudio":
+        return {"error": "Trying to keep the first 150 tokens when context the overflows. However, the model is loaded "
+                         "with context length of only 100 tokens, which is not enough. Try to load the model with a "
+                         "larger context length, or provide a shorter input"}
     # vLLM
-    return {"object": "error", "message": f"This model's maximum context length is 100 tokens. However, you requested {tokens} tokens.",
+    return {"object": "error", "message": f"This model's maximum context length is 100 tokens. However, your request has {tokens} input tokens.",
             "type": "BadRequestError", "param": None, "code": 400}
 
 
@@ -242,6 +307,7 @@ class OpenAIStub:
         self.requests: list[Recorded] = []
         self.disconnects = 0
         self.completed = 0
+        self.previous: list[dict] = []  # the last chat's messages (config.cache)
         handler = type("Handler", (_Handler,), {"stub": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True

@@ -274,7 +274,7 @@ def test_files_lists_count_in_the_in_flight_budget():
     assert sent[0] <= most, f"{sent[0]} calls with {per_call} bytes of files each were taken (at most {most} fit the budget)"
 
 
-def test_a_time_limit_of_centuries_does_not_crash_the_core():
+def test_a_time_limit_of_centuries_on_the_pipe_does_not_crash_the_core():
     # --timeout 1e300 reached the core as timeout_s and trapped Swift's Duration: every call
     # crashed it. The shim now takes at most MAX_SECONDS; the core, sent such a limit on the
     # pipe all the same, must still answer.
@@ -287,6 +287,19 @@ def test_a_time_limit_of_centuries_does_not_crash_the_core():
     by_id = {f["id"]: f for f in frames if "ok" in f}
     assert by_id[1]["ok"] and by_id[1]["result"]["text"] == "echo 1: !sleep 50 patient", by_id[1]
     assert by_id[2]["ok"] and by_id[2]["result"]["text"] == "echo 2: again", by_id[2]
+
+
+async def test_a_time_limit_of_centuries_does_not_crash_the_core():
+    # --timeout 1e300 reached the core as timeout_s and trapped Swift's Duration: every call crashed it.
+    # The shim now refuses it where it enters; the longest it takes reaches the core unharmed.
+    refused = subprocess.run(shim_command("--timeout", "1e300", "--check"), capture_output=True, text=True,
+                             env=shim_env(), timeout=60)
+    assert refused.returncode != 0 and "at most" in refused.stderr, refused.stderr
+    limit = "1000000"
+    async with wisp("--timeout", limit) as c:
+        r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!sleep 50 patient", "thread_id": "p"}), 20))
+        assert r["text"] == "echo 1: !sleep 50 patient"
+        assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "p"}))["text"] == "echo 2: again"
 
 
 async def test_a_reply_of_slashes_is_not_doubled_and_the_pipe_survives():

@@ -77,7 +77,8 @@ public final class PipeServer: Sendable {
                     backend: backend.name, model: backend.model, available: availability.available,
                     reason: availability.reason, context_size: await backend.contextSize(),
                     max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot(),
-                    tools: registry.toolNames, state_dir: registry.store?.location, state_error: registry.storeError)))
+                    tools: registry.toolNames, state_dir: registry.store?.location, state_error: registry.storeError,
+                    usage: await registry.usage.map { UsageBody(totals: $0) }, context_note: await backend.contextNote())))
             }
         }
     }
@@ -196,6 +197,7 @@ public final class PipeServer: Sendable {
         if r.progress == true {
             let id = r.id
             onPartial = { @Sendable p in
+                if let waiting = p.waiting { return self.send(Frame.encode(Stage(id: id, waiting))) }
                 // Over the frame limit, a partial text is skipped: the final reply says what happened.
                 let frame = Frame.encode(Progress(id: id, text: p.text, tokens: p.tokens))
                 if Frame.fits(frame) { self.send(frame) }
@@ -204,7 +206,7 @@ public final class PipeServer: Sendable {
 
         let thread = acceptance.thread
         let reply: [UInt8]
-        var committed = false
+        var committed: Usage?
         do {
             // Always called, even when already cancelled: the ticket must be served for the line to
             // move. The turn is kept, or not, in one step with `stop`: a cancel or time limit that
@@ -224,7 +226,7 @@ public final class PipeServer: Sendable {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {
-                committed = true
+                committed = o.usage
                 let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
@@ -244,7 +246,7 @@ public final class PipeServer: Sendable {
             if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) { e = stoppedError(stop, r, thread.id) }
             reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
-        await registry.finished(acceptance, committed: committed)
+        await registry.finished(acceptance, committed: committed != nil, usage: committed)
         ended(r.id, reply: fitting(reply, id: r.id))
     }
 

@@ -148,11 +148,15 @@ public actor ThreadRegistry {
         return Acceptance(thread: thread, ticket: ticket, evicted: evicted)
     }
 
+    /// What the committed calls cost since this core started, summed; nil before any.
+    public private(set) var usage: Usage?
+
     /// Marks an accepted call as ended, so its thread counts as idle for eviction again.
-    /// `committed`: the call's turn joined the history. A thread none of whose calls committed
+    /// `committed`: the call's turn joined the history; `cost`: what it cost. A thread none of whose calls committed
     /// is forgotten when its last call ends: the caller never got a thread (or may retry with
     /// the same instructions and tools).
-    public func finished(_ acceptance: Acceptance, committed: Bool) {
+    public func finished(_ acceptance: Acceptance, committed: Bool, usage cost: Usage? = nil) {
+        if committed, let cost { usage = usage.map { $0 + cost } ?? cost }
         let id = acceptance.thread.id
         guard var entry = entries[id], entry.thread === acceptance.thread else { return }
         entry.inFlight -= 1
@@ -231,7 +235,7 @@ public actor ThreadRegistry {
         for (id, entry) in entries {
             infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,
                                                      live: true, stored: storedIDs.contains(id),
-                                                     usage: await entry.thread.usage.map(UsageBody.init))))
+                                                     usage: await entry.thread.usage.map { UsageBody(totals: $0) })))
         }
         let live = infos.sorted { $0.0 > $1.0 }.map(\.1)
         let liveIDs = Set(entries.keys)
