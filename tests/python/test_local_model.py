@@ -21,7 +21,7 @@ from wisp_shim.local_model import APPLE_ONLY, LEAVE_TO_CORE, LOCAL, NOT_INSTALLE
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 SCRIPT = REPO / "scripts" / "build-llama-server.sh"
-SIGILL_FIX = "WISP_LLAMA_NATIVE=0 make local-model"
+SIGILL_FIX = "WISP_LLAMA_NATIVE=0 make local-model-native"
 
 
 def install_fake(directory: Path) -> Path:
@@ -192,7 +192,7 @@ def _smollm2_shaped(tmp_path, monkeypatch) -> tuple[Path, Path]:
 
 def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
     binary, model = _smollm2_shaped(tmp_path, monkeypatch)
-    monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)  # memory, not CPUs, is the limit here
+    monkeypatch.setattr(lm, "available_cpus", lambda: 16)  # memory, not CPUs, is the limit here
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
     # The shim's --max-threads reaches the rule.
@@ -205,7 +205,7 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
 
 def test_wisp_slots_sets_the_local_models_slots_apart_from_max_threads(tmp_path, monkeypatch):
     binary, model = _smollm2_shaped(tmp_path, monkeypatch)
-    monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(lm, "available_cpus", lambda: 16)
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     monkeypatch.setenv("WISP_SLOTS", "5")
     assert (plan(32).slots, plan(3).slots) == (5, 5)
@@ -222,7 +222,8 @@ def test_cpu_threads_take_the_old_variable_name_too(tmp_path, monkeypatch):
     assert llama_server.default_cpu_threads() == 3
     monkeypatch.setenv("WISP_LOCAL_CPU_THREADS", "2")
     assert llama_server.default_cpu_threads() == 2
-    assert lm.LocalModel(binary=tmp_path / "x", model=tmp_path / "m", port=1).argv()[-3:] == ["-t", "2", "--no-ui"]
+    # The same count for generation and for prompts.
+    assert lm.LocalModel(binary=tmp_path / "x", model=tmp_path / "m", port=1).argv()[-5:] == ["-t", "2", "-tb", "2", "--no-ui"]
 
 
 def test_describe_exit_names_the_signal_and_the_fix():

@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// One conversation: the OpenAI `messages` array (system = instructions, then per turn the
 /// user prompt, any tool calls with their results, and the reply). Lives inside one thread's actor.
@@ -52,8 +53,13 @@ final class OpenAISession: ModelSession {
         var usage: Usage?
         var reasoning: [String] = []
         var round = 0
+        let threadTools = Self.offered(tools, settings)
+        // Once the model has written a call as text, later rounds offer no tools: handed the
+        // result with the tools still offered, such a model asks for the same tool again and
+        // again instead of answering (README, "Tool calls written as text").
+        var wroteCallAsText = false
         while true {
-            let offerTools = !Self.offered(tools, settings).isEmpty
+            let offerTools = !threadTools.isEmpty && !wroteCallAsText
             let mustAnswer = round >= Self.maxToolRounds
             let pool = await server.slotPool()
             let slot = affinity.flatMap { pool?.acquire($0) }
@@ -75,21 +81,38 @@ final class OpenAISession: ModelSession {
                 throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens)
             }
 
-            guard offerTools, !mustAnswer, !reply.toolCalls.isEmpty else {
+            var calls = offerTools ? reply.toolCalls : []
+            if calls.isEmpty, !threadTools.isEmpty, !mustAnswer,
+               let call = TextToolCall.parse(reply.text, offered: threadTools, index: exchanges.count) {
+                calls = [call]
+                wroteCallAsText = true
+            }
+            guard !mustAnswer, !calls.isEmpty else {
                 added.append(.text("assistant", reply.text))
                 messages += added
                 return Generation(text: reply.text, toolExchanges: exchanges,
                                   promptTokens: promptTokens, outputTokens: outputTokens, usage: usage ?? Usage(),
                                   reasoning: reasoning.isEmpty ? nil : reasoning.joined(separator: "\n\n"))
             }
-            added.append(.toolCalls(reply.toolCalls))
-            for call in reply.toolCalls {
+            added.append(.toolCalls(calls))
+            for call in calls {
                 try Task.checkCancellation()
-                let exchange = await run(call)
+                let exchange: ToolExchange
+                if let again = Self.earlier(call, in: exchanges) { exchange = again } else { exchange = await run(call) }
                 exchanges.append(exchange)
                 added.append(.toolResult(id: call.id, output: exchange.output))
             }
             round += 1
+        }
+    }
+
+    /// The same call made earlier in this turn, answered again from its result rather than run
+    /// again: the files have not changed between two rounds of one call, and a small model that
+    /// repeats itself is not helped by a second run's cost. Arguments compare as JSON values.
+    static func earlier(_ call: ToolCall, in exchanges: [ToolExchange]) -> ToolExchange? {
+        guard let arguments = try? JSONValue.parse(call.arguments) else { return nil }
+        return exchanges.last { e in
+            sameText(e.name, call.name) && !e.failed && (try? JSONValue.parse(e.arguments)).map { $0 == arguments } == true
         }
     }
 
