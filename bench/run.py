@@ -460,12 +460,12 @@ def _local_model() -> tuple[Path, Path] | str:
     from wisp_shim import local_model
 
     try:
-        binary = local_model.find_llama_server()
+        binary = local_model.find_server()
         gguf = local_model.find_model()
     except local_model.LocalModelError as exc:
         binary, gguf, why = None, None, str(exc)
     else:
-        why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
+        why = "no llama.cpp server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
     if binary is None or gguf is None:
         return f"the local model is not installed ({why}; `make local-model` installs it)"
     return binary, gguf
@@ -480,7 +480,7 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
         return {"real_tokens_per_s_ratio": None, "real_tokens_per_s_reason": found}
     binary, gguf = found
 
-    lm = local_model.LocalModel(binary=binary, model=gguf)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="")
     await lm.ensure_running()
     runs = []
     try:
@@ -554,7 +554,7 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
         log(f"schema: skipped: {found}")
         return {"schema_valid_rate": None, "schema_latency_ratio": None, "schema_reason": found}
     binary, gguf = found
-    lm = local_model.LocalModel(binary=binary, model=gguf)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="")
     await lm.ensure_running()
     runs: list[dict[str, Any]] = []
     try:
@@ -671,11 +671,11 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
     from wisp_shim import local_model
 
     try:
-        binary, gguf = local_model.find_llama_server(), local_model.find_model()
+        binary, gguf = local_model.find_server(), local_model.find_model()
     except local_model.LocalModelError as exc:
         binary, gguf, why = None, None, str(exc)
     else:
-        why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
+        why = "no llama.cpp server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
     if binary is None or gguf is None:
         reason = f"the local model is not installed ({why}; `make local-model` installs it)"
         log(f"real_concurrency: skipped: {reason}")
@@ -691,7 +691,7 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
             return await asyncio.to_thread(_direct_stream, lm.endpoint, lm.alias, prompt, CONCURRENT_TOKENS, t0)
         return ask
 
-    lm = local_model.LocalModel(binary=binary, model=gguf, slots=slots)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="", slots=slots)
     await lm.ensure_running()
     try:
         async with mcp_client(wisp_argv("--endpoint", lm.endpoint, "--model", lm.alias, backend="openai")) as wisp:
@@ -719,7 +719,7 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
                         f"{x['alone_tps']:.1f} tok/s ({x['ratio']:.2f}x), last first token {x['last_first_token_s']:.2f} s")
     finally:
         lm.stop()
-    one = local_model.LocalModel(binary=binary, model=gguf, slots=1)  # the old default, for comparison
+    one = local_model.LocalModel.of(binary, gguf, api_key="", slots=1)  # the old default, for comparison
     await one.ensure_running()
     try:
         await _at_once(direct(one), callers)

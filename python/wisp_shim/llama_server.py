@@ -135,6 +135,9 @@ class LocalModel:
     slots: int = 1
     alias: str = MODEL_ALIAS
     kind: str = NATIVE
+    # None: a new random one, which only the core (told through its environment) and this shim
+    # know. "" starts it without a key: for benchmarks that talk to it directly, never for wisp.
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.cpu_threads:
@@ -142,8 +145,8 @@ class LocalModel:
         if not self.port:
             self.port = free_port()  # chosen now: the core's --endpoint names it before the server starts
         self.program = ServerProgram(self.kind, self.binary)
-        # Only the core (told through its environment) and this shim know it.
-        self.api_key = secrets.token_urlsafe(32)
+        if self.api_key is None:
+            self.api_key = secrets.token_urlsafe(32)
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
@@ -157,6 +160,10 @@ class LocalModel:
         self._drainer: threading.Thread | None = None
         self._up = False  # the current process has answered /health
 
+    @classmethod
+    def of(cls, server: ServerProgram, model: Path, **settings: object) -> "LocalModel":
+        return cls(binary=server.path, kind=server.kind, model=model, **settings)  # type: ignore[arg-type]
+
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
@@ -166,10 +173,10 @@ class LocalModel:
         return ["--backend", "openai", "--endpoint", self.endpoint, "--model", self.alias, "--slots", str(self.slots)]
 
     def core_env(self) -> dict[str, str]:
-        return {"WISP_API_KEY": self.api_key}
+        return {"WISP_API_KEY": self.api_key} if self.api_key else {}
 
     def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def argv(self) -> list[str]:
         return [
@@ -200,7 +207,7 @@ class LocalModel:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,  # never the shim's stdout (MCP) nor its stderr (see the module's docstring)
             stderr=subprocess.STDOUT,
-            env={**os.environ, API_KEY_ENV: self.api_key},
+            env={**os.environ, API_KEY_ENV: self.api_key or ""},
             start_new_session=True,  # its own process group, out of reach of the terminal's ^C
             preexec_fn=(lambda: _die_with_parent(parent, libc)) if libc is not None else None,
             close_fds=True,
