@@ -945,6 +945,14 @@ ROWS += PRECOUNT_ROWS
 SECTIONS += ("precount",)
 # --- end precount --------------------------------------------------------------------------
 
+# --- first_answer: the local model's start per server (bench/local_server_bench.py) ---------
+from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
+
+TARGETS.update(FIRST_ANSWER_TARGETS)
+ROWS += FIRST_ANSWER_ROWS
+SECTIONS += ("first_answer",)
+# --- end first_answer ----------------------------------------------------------------------
+
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     q = ns.quick
@@ -966,6 +974,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     }
     plan["http"] = lambda: http_section(q)
     plan["precount"] = lambda: precount_section(q, _local_model())
+    plan["first_answer"] = lambda: first_answer(repeats=1 if q else 3)
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     for name in SECTIONS:

@@ -49,7 +49,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .llama_install import (INSTALL_HINT, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError, ServerProgram,
+from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError, ServerProgram,
                             cached_llama_server, find_llama_server, find_model, find_server, find_xllamacpp,
                             libgomp_missing)
 from .llama_server import DEFAULT_CONTEXT, VERIFY_TOKENS, LocalModel, available_cpus, verify

@@ -12,6 +12,7 @@ Skipped, with the reason, when the local model is not installed; WISP_REQUIRE_LO
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -102,7 +103,7 @@ LOCAL = {"WISP_LOCAL_MODEL": "1"} if sys.platform == "darwin" else {}
 def _our_llama_servers() -> set[int]:
     """llama-server processes started by a shim that this test process started
     (other test runs on the same machine may have their own)."""
-    return grandchildren_named(os.getpid(), "llama-server")
+    return grandchildren_named(os.getpid(), "llama-server", module=local_model.LAUNCHER)
 
 
 async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):
@@ -468,3 +469,44 @@ async def test_the_pre_count_is_within_a_token_of_prompt_tokens_on_20_prompts(ll
     assert len(samples) == 20
     worst = precount_bench.summary(samples)["precount_error_tokens_max"]
     assert worst <= 1, [(s["new"], s["prompt_tokens"]) for s in samples]
+
+
+# --- each kind of server, where it is installed ------------------------------------------------
+
+def _kinds() -> list[tuple[str, local_model.ServerProgram | None, str]]:
+    native = wheel = None
+    with contextlib.suppress(local_model.LocalModelError):
+        native = local_model.find_llama_server()
+    wheel = local_model.find_xllamacpp()
+    return [
+        (local_model.NATIVE, native and local_model.ServerProgram(local_model.NATIVE, native),
+         "no compiled llama-server here (`make local-model-native` builds one; about 15 min)"),
+        (local_model.XLLAMACPP, wheel and local_model.ServerProgram(local_model.XLLAMACPP, wheel),
+         "the xllamacpp wheel is not installed (`make local-model`)"),
+    ]
+
+
+@pytest.mark.parametrize("kind, server, missing", _kinds(), ids=lambda x: x if isinstance(x, str) and " " not in x else "")
+async def test_each_installed_server_decodes_answers_only_its_key_and_serves_wisp(kind, server, missing):
+    """The compiled server and the wheel's, each where it is installed (the default picks one)."""
+    if server is None:
+        pytest.skip(missing)
+    assert not isinstance(_found, str)
+    lm = local_model.LocalModel.of(server, _found[1], context_size=1024)
+    t0 = time.monotonic()
+    try:
+        await lm.ensure_running()
+        assert await llama_server.decode(lm, timeout=120) is None
+        ready_s = time.monotonic() - t0
+        assert llama_server.refuses_unkeyed(lm) is None
+        props = _props(lm)
+        assert props["default_generation_settings"]["n_ctx"] == 1024 and props.get("total_slots") == 1
+        with RecordingProxy(lm.port, api_key=lm.api_key) as proxy:
+            async with via(proxy) as c:
+                r = ok(await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS}))
+            chats = proxy.answered_chats()
+        assert "paris" in r["text"].lower(), r["text"]
+        assert chats and chats[-1].usage and chats[-1].timings, "usage and llama.cpp's timings reported"
+        print(f"\n{kind}: ready and one decode in {ready_s:.2f} s")
+    finally:
+        lm.stop()
