@@ -224,7 +224,7 @@ class ModelFacts:
 
     def describe(self, wanted: int) -> str:
         trained = f"{self.trained_context}" if self.trained_context else "unknown"
-        tools = "yes" if self.template_knows_tools else "no (tool calls only as JSON text)" if self.template else "no template"
+        tools = "yes" if self.template_knows_tools else "no (the server drops the tools offered)" if self.template else "no (no template in the file)"
         return (f"{self.name}, {self.size_bytes / 1e6:.0f} MB, context {self.context(wanted)} tokens per thread "
                 f"(trained {trained}), template with tools: {tools}")
 
@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ns = ap.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level="INFO", format="wisp %(levelname)s %(name)s: %(message)s")
+    if ns.command != "serve":  # the server's own log: its last lines come with any error about it
+        logging.getLogger("wisp.llama").setLevel(logging.WARNING)
     try:
         if ns.server == XLLAMACPP:
             wheel = find_xllamacpp()

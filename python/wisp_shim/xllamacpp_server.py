@@ -63,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     p.cpuparams_batch.n_threads = ns.threads_batch if ns.threads_batch > 0 else ns.threads
     p.ui = not ns.no_ui
     p.use_jinja = True  # llama-server's default: the chat template from the GGUF, tools included
-    p.endpoint_props = True  # llama-server answers GET /props by default; the wheel must be told
     key = os.environ.get(API_KEY_ENV, "")
     if key:
         p.api_keys = [k for k in key.split(",") if k]

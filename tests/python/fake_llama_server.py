@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
     if MODE == "sigill-at-start":
         die_like_a_trapped_instruction()
     port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8080
-    record({"argv": argv})
+    record({"argv": argv, "key": os.environ.get("LLAMA_API_KEY", "")})
     HTTPServer(("127.0.0.1", port), Handler).serve_forever()
     return 0
 
