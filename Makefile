@@ -10,7 +10,8 @@ BACKEND ?= auto
 # Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
 ARGS    ?=
 
-.PHONY: build core venv local-model local-model-native run serve check test test-swift test-python check-apple check-portable bench stress fuzz sanitize clean
+.PHONY: build core venv local-model local-model-native run serve check test test-swift test-python check-apple \
+	check-portable bench stress fuzz sanitize clean
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
 # first install the default local model (see local-model), which the shim then starts itself.

@@ -117,8 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-threads", type=_at_least(FLAG_MINIMUMS["--max-threads"]), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots unless WISP_SLOTS says, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
     ap.add_argument("--max-queue", type=_at_least(FLAG_MINIMUMS["--max-queue"]), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
     ap.add_argument("--context-size", type=_at_least(FLAG_MINIMUMS["--context-size"]), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
-    ap.add_argument("--llama-server", metavar="PATH", help="local model: a compiled llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model-native` built, else llama-server on PATH, else the xllamacpp wheel `make local-model` installs)")
-    ap.add_argument("--model-path", "--local-model", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct, with its own chat template and its trained context as the bound (WISP_MODEL_PATH)")
+    ap.add_argument("--llama-server", metavar="PATH",
+                    help="local model: a compiled llama-server binary (WISP_LLAMA_SERVER; default: the one "
+                         "`make local-model-native` built, else llama-server on PATH, else the xllamacpp wheel)")
+    ap.add_argument("--model-path", "--local-model", metavar="GGUF",
+                    help="local model: serve this GGUF instead of SmolLM2-135M-Instruct, with its own chat template "
+                         "and its trained context as the bound (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
     ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
     ap.add_argument("--state-dir", metavar="DIR", help="durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none (WISP_STATE_DIR; default: memory only)")
@@ -353,7 +357,9 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
-            return await llama_server.decode(use.lm, timeout=60) or await asyncio.to_thread(llama_server.refuses_unkeyed, use.lm)
+            lm = use.lm
+            decoded = await llama_server.decode(lm, timeout=60)
+            return decoded or await asyncio.to_thread(llama_server.refuses_unkeyed, lm)
         return None
 
     try:

@@ -252,7 +252,8 @@ class LocalModel:
                 if at >= since:
                     return describe_exit(self.program, returncode, when, list(self.tail))
                 if not self._up:
-                    return describe_exit(self.program, returncode, "shortly before this call (wisp is restarting it)", list(self.tail))
+                    return describe_exit(self.program, returncode, "shortly before this call (wisp is restarting it)",
+                                         list(self.tail))
             if time.monotonic() >= deadline:
                 return None
             await asyncio.sleep(0.05)
@@ -277,13 +278,15 @@ class LocalModel:
     async def _start_and_wait(self, timeout: float) -> None:
         if self.proc is None or self._note_exit():
             if self.proc is not None:
-                log.warning("%s; restarting it", describe_exit(self.program, self.proc.returncode, tail=list(self.tail)))
+                log.warning("%s; restarting it",
+                            describe_exit(self.program, self.proc.returncode, tail=list(self.tail)))
             self.spawn()
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc is not None
             if self._note_exit():
-                raise LocalModelError(describe_exit(self.program, self.proc.returncode, "while starting", list(self.tail)))
+                raise LocalModelError(describe_exit(self.program, self.proc.returncode, "while starting",
+                                                    list(self.tail)))
             if await asyncio.to_thread(self.healthy):
                 self._up = True
                 if self.ready_after_s is None:

@@ -20,7 +20,8 @@ starts llama.cpp's server bound to 127.0.0.1 on a free port and runs the core wi
   told how many (`--slots`) and keeps each live thread on one, so that its earlier turns stay
   in the slot's KV cache.
 - Lifetime: its own process group; its output is drained into the shim's log (never stdout,
-  which carries MCP; llama_server.py); a key only the core knows; stopped with SIGTERM, then SIGKILL after 2 s, when wisp
+  which carries MCP; llama_server.py); a key only the core knows; stopped with SIGTERM, then
+  SIGKILL after 2 s, when wisp
   stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
   when the shim is SIGKILLed: no orphans. If it dies while wisp runs, it is restarted
   on the same port.
@@ -224,7 +225,8 @@ class ModelFacts:
 
     def describe(self, wanted: int) -> str:
         trained = f"{self.trained_context}" if self.trained_context else "unknown"
-        tools = "yes" if self.template_knows_tools else "no (the server drops the tools offered)" if self.template else "no (no template in the file)"
+        tools = ("yes" if self.template_knows_tools else "no (the server drops the tools offered)" if self.template
+                 else "no (no template in the file)")
         return (f"{self.name}, {self.size_bytes / 1e6:.0f} MB, context {self.context(wanted)} tokens per thread "
                 f"(trained {trained}), template with tools: {tools}")
 
@@ -295,7 +297,8 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
         context_size = facts.context(context_size)
     except (OSError, ValueError) as exc:
         log.warning("cannot read %s's metadata: %s", model, exc)
-    slots = slot_count(slots_wanted(max_threads), context_size, kv_bytes_per_token(model), physical_memory(), available_cpus())
+    slots = slot_count(slots_wanted(max_threads), context_size, kv_bytes_per_token(model), physical_memory(),
+                       available_cpus())
     return Plan(decision, LocalModel(binary=server.path, kind=server.kind, model=model, context_size=context_size,
                                      slots=slots), facts=facts)
 
@@ -308,7 +311,8 @@ NOT_FOUND = 3
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m wisp_shim.local_model", description="wisp's default local model (llama.cpp's server + SmolLM2)")
+    ap = argparse.ArgumentParser(prog="python -m wisp_shim.local_model",
+                                 description="wisp's default local model (llama.cpp's server + SmolLM2)")
     ap.add_argument("command", nargs="?", choices=("check", "serve", "verify"), default="check")
     ap.add_argument("--server", choices=("auto", NATIVE, XLLAMACPP), default="auto",
                     help="which server: auto (a compiled llama-server if there is one, else xllamacpp), or this one")
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{server} decoded {VERIFY_TOKENS} tokens on this machine", file=sys.stderr)
         return 0
-    lm = LocalModel(binary=server.path, kind=server.kind, model=model, context_size=ns.context_size, port=ns.port, slots=slots)
+    lm = LocalModel.of(server, model, context_size=ns.context_size, port=ns.port, slots=slots)
 
     async def serve() -> None:
         await lm.ensure_running()

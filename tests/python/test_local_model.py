@@ -224,7 +224,8 @@ def test_cpu_threads_take_the_old_variable_name_too(tmp_path, monkeypatch):
     monkeypatch.setenv("WISP_LOCAL_CPU_THREADS", "2")
     assert llama_server.default_cpu_threads() == 2
     # The same count for generation and for prompts.
-    assert lm.LocalModel(binary=tmp_path / "x", model=tmp_path / "m", port=1).argv()[-5:] == ["-t", "2", "-tb", "2", "--no-ui"]
+    argv = lm.LocalModel(binary=tmp_path / "x", model=tmp_path / "m", port=1).argv()
+    assert argv[-5:] == ["-t", "2", "-tb", "2", "--no-ui"]
 
 
 def test_describe_exit_names_the_signal_and_the_fix():
@@ -548,7 +549,8 @@ def test_the_server_gets_a_key_only_the_core_is_told_and_no_command_line_shows_i
     assert "model key:    required (a request without it was refused)" in run.stdout, run.stdout
     started = next(json.loads(line) for line in record.read_text().splitlines() if '"argv"' in line)
     assert len(started["key"]) >= 32, started  # in its environment...
-    assert "--api-key" not in started["argv"] and not any(started["key"] in a for a in started["argv"])  # ...not its argv
+    assert "--api-key" not in started["argv"]  # ...not its argv
+    assert not any(started["key"] in a for a in started["argv"])
     # Each start has its own key.
     a, b = (lm.LocalModel(binary=binary, model=model_file, port=1) for _ in range(2))
     assert a.api_key and b.api_key and a.api_key != b.api_key
@@ -630,14 +632,16 @@ def test_describe_exit_for_the_wheel_names_its_fixes():
     assert "make local-model-native" in sigill
     from wisp_shim.xllamacpp_server import CANNOT_LOAD
 
-    gomp = llama_server.describe_exit(wheel, CANNOT_LOAD, "while starting", ["wisp: cannot load xllamacpp: libgomp.so.1: x"])
+    tail = ["wisp: cannot load xllamacpp: libgomp.so.1: x"]
+    gomp = llama_server.describe_exit(wheel, CANNOT_LOAD, "while starting", tail)
     assert "could not load the xllamacpp wheel while starting" in gomp and "libgomp.so.1" in gomp
 
 
 def test_plan_says_what_the_wheel_needs_from_the_os(tmp_path, model_file, monkeypatch):
     for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL", "WISP_LLAMA_SERVER"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(lm, "find_server", lambda explicit=None: llama_install.ServerProgram(llama_install.XLLAMACPP, tmp_path))
+    wheel = llama_install.ServerProgram(llama_install.XLLAMACPP, tmp_path)
+    monkeypatch.setattr(lm, "find_server", lambda explicit=None: wheel)
     monkeypatch.setattr(lm, "libgomp_missing", lambda: "xllamacpp needs libgomp.so.1 from the OS, which is missing")
     p = lm.plan(None, None, model_path=str(model_file), platform="linux")
     assert p.decision == NOT_INSTALLED and "libgomp.so.1" in p.missing
@@ -656,7 +660,8 @@ def test_model_facts_from_the_gguf(tmp_path):
                             ("qwen2.context_length", 4, 32768), ("tokenizer.ggml.tokens", 9, (8, ["a"] * 10)),
                             ("tokenizer.chat_template", 8, template)]))
     facts = lm.model_facts(path)
-    assert (facts.name, facts.size_bytes, facts.trained_context, facts.template_knows_tools) == ("Tiny Coder", path.stat().st_size, 32768, True)
+    assert (facts.name, facts.size_bytes, facts.trained_context) == ("Tiny Coder", path.stat().st_size, 32768)
+    assert facts.template_knows_tools
     assert facts.context(4096) == 4096 and facts.context(65536) == 32768
     assert "context 4096 tokens per thread (trained 32768), template with tools: yes" in facts.describe(4096)
     path.write_bytes(_gguf([("general.architecture", 8, "llama"), ("llama.context_length", 4, 2048),
@@ -673,7 +678,8 @@ def test_plan_bounds_the_context_by_what_the_model_was_trained_for(tmp_path, mon
                              ("llama.attention.head_count_kv", 4, 3), ("llama.context_length", 4, 2048)]))
     plan = lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=1, platform="linux")
     assert plan.lm.context_size == 2048 and plan.facts.trained_context == 2048
-    plan = lm.plan(None, None, llama_server=str(binary), model_path=str(model), context_size=1024, max_threads=1, platform="linux")
+    plan = lm.plan(None, None, llama_server=str(binary), model_path=str(model), context_size=1024, max_threads=1,
+                   platform="linux")
     assert plan.lm.context_size == 1024
 
 

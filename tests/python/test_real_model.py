@@ -53,7 +53,7 @@ if isinstance(_found, str):
 def _serve(context_size: int, slots: int = 1):
     assert not isinstance(_found, str)
     server, model = _found
-    lm = local_model.LocalModel(binary=server.path, kind=server.kind, model=model, context_size=context_size, slots=slots)
+    lm = local_model.LocalModel.of(server, model, context_size=context_size, slots=slots)
     lm.spawn()
     deadline = time.monotonic() + 120
     while not lm.healthy():
@@ -152,7 +152,8 @@ async def test_overflow_with_small_context_condenses_through_the_servers_error(l
     # /tokenize and the whole-request count hidden: no pre-flight count, so the drop must come from llama.cpp's own
     # HTTP 400 exceed_context_size_error, recognised and handed to the core's condensing.
     filler = "Here is a note about the weather today: it is mild, dry and calm with a light breeze. " * 5
-    with RecordingProxy(llama_small.port, api_key=llama_small.api_key, hide=("/tokenize", "/v1/chat/completions/input_tokens")) as proxy:
+    hide = ("/tokenize", "/v1/chat/completions/input_tokens")
+    with RecordingProxy(llama_small.port, api_key=llama_small.api_key, hide=hide) as proxy:
         async with via(proxy) as c:
             assert ok(await c.call_tool("list_threads", {}))["context_size"] == 512  # read from /props
             tid, results = None, []
@@ -486,7 +487,7 @@ def _kinds() -> list[tuple[str, local_model.ServerProgram | None, str]]:
     ]
 
 
-@pytest.mark.parametrize("kind, server, missing", _kinds(), ids=lambda x: x if isinstance(x, str) and " " not in x else "")
+@pytest.mark.parametrize("kind, server, missing", _kinds(), ids=[kind for kind, _, _ in _kinds()])
 async def test_each_installed_server_decodes_answers_only_its_key_and_serves_wisp(kind, server, missing):
     """The compiled server and the wheel's, each where it is installed (the default picks one)."""
     if server is None:
@@ -503,7 +504,7 @@ async def test_each_installed_server_decodes_answers_only_its_key_and_serves_wis
         assert props["default_generation_settings"]["n_ctx"] == 1024 and props.get("total_slots") == 1
         with RecordingProxy(lm.port, api_key=lm.api_key) as proxy:
             async with via(proxy) as c:
-                r = ok(await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS}))
+                r = ok(await c.call_tool("respond", {"prompt": "Capital of France? Answer in one word.", **SETTINGS}))
             chats = proxy.answered_chats()
         assert "paris" in r["text"].lower(), r["text"]
         assert chats and chats[-1].usage and chats[-1].timings, "usage and llama.cpp's timings reported"

@@ -104,8 +104,8 @@ LIVE_MODEL = os.environ.get("WISP_TEXT_CALL_MODEL", "")
 TRIES = 3
 
 
-@pytest.mark.skipif(not LIVE_MODEL, reason="WISP_TEXT_CALL_MODEL names no GGUF of a model that writes tool calls as text "
-                                           "(e.g. Qwen2.5-Coder-1.5B-Instruct)")
+@pytest.mark.skipif(not LIVE_MODEL, reason="WISP_TEXT_CALL_MODEL names no GGUF of a model that writes tool calls "
+                                           "as text (e.g. Qwen2.5-Coder-1.5B-Instruct)")
 async def test_live_a_text_call_model_reads_the_file_and_answers_from_it(tmp_path):
     read = FIXTURE["read"]
     answered = 0

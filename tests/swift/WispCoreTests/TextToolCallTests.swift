@@ -28,11 +28,12 @@ import WispInfrastructure
     }
 
     @Test func optionalArgumentsAreKeptAsWritten() throws {
-        let c = try #require(call(#"{"name": "read_file", "arguments": {"path": "a.txt", "start_line": 1, "end_line": 20}}"#))
+        let reply = #"{"name": "read_file", "arguments": {"path": "a.txt", "start_line": 1, "end_line": 20}}"#
+        let c = try #require(call(reply))
         #expect(c.arguments == #"{"path":"a.txt","start_line":1,"end_line":20}"#)
         #expect(c.id == "text_call_0")
-        #expect(TextToolCall.parse(#"{"name": "list_directory", "arguments": {"path": "."}}"#, offered: tools, index: 3)?.id
-            == "text_call_3")
+        let list = #"{"name": "list_directory", "arguments": {"path": "."}}"#
+        #expect(TextToolCall.parse(list, offered: tools, index: 3)?.id == "text_call_3")
     }
 
     @Test(arguments: [
@@ -48,7 +49,8 @@ import WispInfrastructure
         "Here it is:\n```json\n" + #"{"name": "read_file", "arguments": {"path": "a.txt"}}"# + "\n```",
         // Two JSON values.
         #"{"name": "read_file", "arguments": {"path": "a.txt"}} {"name": "read_file", "arguments": {"path": "b.txt"}}"#,
-        #"{"name": "read_file", "arguments": {"path": "a.txt"}}"# + "\n" + #"{"name": "list_directory", "arguments": {"path": "."}}"#,
+        #"{"name": "read_file", "arguments": {"path": "a.txt"}}"# + "\n"
+            + #"{"name": "list_directory", "arguments": {"path": "."}}"#,
         // Not the shape of a call.
         #"{"name": "read_file", "arguments": {"path": "a.txt"}, "id": 1}"#,
         #"{"name": "read_file"}"#,
@@ -77,7 +79,8 @@ import WispInfrastructure
         #expect(OpenAISession.earlier(same, in: done)?.output == "A")
         let other = ToolCall(id: "y", name: "read_file", arguments: #"{"path":"b.txt","start_line":1}"#)
         #expect(OpenAISession.earlier(other, in: done) == nil)
-        let failed = [ToolExchange(name: "read_file", arguments: #"{"path":"a.txt"}"#, output: "no such file", failed: true)]
-        #expect(OpenAISession.earlier(ToolCall(id: "z", name: "read_file", arguments: #"{"path":"a.txt"}"#), in: failed) == nil)
+        let path = #"{"path":"a.txt"}"#
+        let failed = [ToolExchange(name: "read_file", arguments: path, output: "no such file", failed: true)]
+        #expect(OpenAISession.earlier(ToolCall(id: "z", name: "read_file", arguments: path), in: failed) == nil)
     }
 }

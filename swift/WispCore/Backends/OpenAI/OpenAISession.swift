@@ -98,7 +98,11 @@ final class OpenAISession: ModelSession {
             for call in calls {
                 try Task.checkCancellation()
                 let exchange: ToolExchange
-                if let again = Self.earlier(call, in: exchanges) { exchange = again } else { exchange = await run(call) }
+                if let again = Self.earlier(call, in: exchanges) {
+                    exchange = again
+                } else {
+                    exchange = await run(call)
+                }
                 exchanges.append(exchange)
                 added.append(.toolResult(id: call.id, output: exchange.output))
             }
@@ -112,7 +116,10 @@ final class OpenAISession: ModelSession {
     static func earlier(_ call: ToolCall, in exchanges: [ToolExchange]) -> ToolExchange? {
         guard let arguments = try? JSONValue.parse(call.arguments) else { return nil }
         return exchanges.last { e in
-            sameText(e.name, call.name) && !e.failed && (try? JSONValue.parse(e.arguments)).map { $0 == arguments } == true
+            guard sameText(e.name, call.name), !e.failed, let earlier = try? JSONValue.parse(e.arguments) else {
+                return false
+            }
+            return earlier == arguments
         }
     }
 

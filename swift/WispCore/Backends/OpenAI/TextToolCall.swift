@@ -15,7 +15,9 @@ import WispInfrastructure
 enum TextToolCall {
     /// The call `reply` is, or nil when it is text. `index` makes the call's id unique in its turn.
     static func parse(_ reply: String, offered tools: [ModelTool], index: Int) -> ToolCall? {
-        guard let body = unwrapped(reply), let object = value(body)?.members, !hasRepeatedKeys(object) else { return nil }
+        guard let body = unwrapped(reply), let object = value(body)?.members, !hasRepeatedKeys(object) else {
+            return nil
+        }
         guard object.count == 2, let name = member(object, "name")?.string,
               let arguments = member(object, "arguments") ?? member(object, "parameters"),
               let given = arguments.members, !hasRepeatedKeys(given),
@@ -65,9 +67,8 @@ enum TextToolCall {
 
     /// The argument names a tool's schema declares, and those it requires.
     private static func declaredArguments(_ tool: ModelTool) -> (all: [String], required: [String])? {
-        guard let schema = try? JSONValue.parse(tool.parametersSchema), let properties = schema["properties"]?.members else {
-            return nil
-        }
+        guard let schema = try? JSONValue.parse(tool.parametersSchema),
+              let properties = schema["properties"]?.members else { return nil }
         return (properties.map(\.key), (schema["required"]?.array ?? []).compactMap(\.string))
     }
 }
