@@ -3,8 +3,8 @@
 Small instruct models pick the right tool but write the call in their reply, and llama.cpp's
 server applies no grammar for their templates. The replies recorded once from such a model
 (fixtures/text_tool_calls.json says which, and how) are replayed here through the scripted
-server: the call runs through wisp's tool loop, the follow-up offers no tools, and the answer
-comes from the file. Every near miss (a tool not offered, an extra argument, a call in prose,
+server: the call runs through wisp's tool loop, the model's repeat of it does not, the round
+after the repeat offers no tools, and the answer comes from the file. Every near miss (a tool not offered, an extra argument, a call in prose,
 two JSON values) stays text, and the server is asked once.
 
 Live: with WISP_TEXT_CALL_MODEL naming a GGUF of such a model, the same scenario runs against
@@ -37,6 +37,8 @@ def workspace(tmp_path: Path) -> Path:
 
 
 async def test_a_recorded_text_call_reads_the_file_and_the_answer_comes_from_it(tmp_path):
+    """As recorded: the call, then (tools still offered) the same read asked for again, which is
+    not run; the round after it offers no tools, and the model answers from the file."""
     read = FIXTURE["read"]
     with OpenAIStub(StubConfig(replies=read["replies"])) as stub:
         async with openai(stub, workspace(tmp_path)) as c:
@@ -44,40 +46,54 @@ async def test_a_recorded_text_call_reads_the_file_and_the_answer_comes_from_it(
             assert s["text"] == read["replies"][-1]
             assert FIXTURE["file"]["fact"] in s["text"]
             ok(await c.call_tool("respond", {"prompt": "Thanks.", "thread_id": s["thread_id"]}))
-        first, follow_up, next_turn = stub.chats()
+        first, again, answer, next_turn = stub.chats()
     assert [t["function"]["name"] for t in first["tools"]] == ["read_file"]
-    # The round after a text call offers no tools: the model answers from the result.
-    assert "tools" not in follow_up and "tool_choice" not in follow_up
-    call, result = follow_up["messages"][-2:]
+    assert [t["function"]["name"] for t in again["tools"]] == ["read_file"]
+    assert "tools" not in answer and "tool_choice" not in answer
+    # The repeat was neither run nor recorded: the answer round sees what the repeat's round saw.
+    assert answer["messages"] == again["messages"]
+    call, result = again["messages"][-2:]
     assert call["role"] == "assistant" and call["tool_calls"][0]["function"]["name"] == "read_file"
     assert json.loads(call["tool_calls"][0]["function"]["arguments"])["path"] == FIXTURE["file"]["name"]
     assert result["role"] == "tool" and result["tool_call_id"] == call["tool_calls"][0]["id"]
     assert FIXTURE["file"]["fact"] in result["content"]
-    # Recorded as a tool call is: the next turn carries prompt, call, result and reply; and the
-    # thread's tools are offered again in a new turn.
+    # Recorded as a tool call is: the next turn carries prompt, call, result and reply, with the
+    # thread's tools offered again.
     assert [m["role"] for m in next_turn["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
     assert [t["function"]["name"] for t in next_turn["tools"]] == ["read_file"]
 
 
-async def test_a_repeated_identical_call_is_answered_from_the_earlier_result(tmp_path):
-    """The file changes after the first run: a second run would show the change, the earlier
-    result does not."""
+async def test_a_repeated_call_is_not_run_again(tmp_path):
+    """The file changes after the first read: a second run would show the change."""
     read = FIXTURE["read"]
-    again = read["replies"][0]
+    first = read["replies"][0]
     path = workspace(tmp_path) / FIXTURE["file"]["name"]
 
     def rewrite(index: int) -> None:
         if index == 1:
             path.write_text("rewritten\n")
 
-    with OpenAIStub(StubConfig(replies=[again, again, read["replies"][-1]], on_chat=rewrite)) as stub:
+    with OpenAIStub(StubConfig(replies=[first, first, read["replies"][-1]], on_chat=rewrite)) as stub:
         async with openai(stub, tmp_path) as c:
             s = ok(await c.call_tool("respond", {"prompt": read["prompt"], "tools": ["read_file"]}))
         chats = stub.chats()
     assert s["text"] == read["replies"][-1] and len(chats) == 3
     results = [m["content"] for m in chats[-1]["messages"] if m["role"] == "tool"]
-    assert len(results) == 2 and results[0] == results[1]
-    assert FIXTURE["file"]["fact"] in results[1] and "rewritten" not in results[1]
+    assert len(results) == 1 and FIXTURE["file"]["fact"] in results[0]
+
+
+async def test_a_second_different_call_written_as_text_runs(tmp_path):
+    listing = '{"name": "list_directory", "arguments": {"path": "."}}'
+    reading = '```json\n{"name": "read_file", "arguments": {"path": "notes.txt"}}\n```'
+    with OpenAIStub(StubConfig(replies=[listing, reading, "It is in room Juniper."])) as stub:
+        async with openai(stub, workspace(tmp_path)) as c:
+            s = ok(await c.call_tool("respond", {"prompt": "Where is the meeting?",
+                                                 "tools": ["read_file", "list_directory"]}))
+        chats = stub.chats()
+    assert s["text"] == "It is in room Juniper." and len(chats) == 3
+    assert all("tools" in body for body in chats)
+    results = [m["content"] for m in chats[-1]["messages"] if m["role"] == "tool"]
+    assert len(results) == 2 and "notes.txt" in results[0] and FIXTURE["file"]["fact"] in results[1]
 
 
 @pytest.mark.parametrize("case", sorted(FIXTURE["text"]))

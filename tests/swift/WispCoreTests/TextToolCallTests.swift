@@ -73,6 +73,20 @@ import WispInfrastructure
         #expect(TextToolCall.parse(reply, offered: tools.filter { $0.name != "read_file" }, index: 0) == nil)
     }
 
+    @Test func aCallRepeatsAnEarlierOneWhenItsRequiredArgumentsAreTheSame() throws {
+        let first = #"{"path":"notes.txt","start_line":1,"end_line":5}"#
+        let done = [ToolExchange(name: "read_file", arguments: first, output: "A")]
+        func repeats(_ reply: String) throws -> Bool {
+            TextToolCall.repeats(try #require(call(reply)), of: done, offered: tools)
+        }
+        #expect(try repeats(#"{"name": "read_file", "arguments": {"path": "notes.txt", "end_line": 3}}"#))
+        #expect(try repeats(#"{"name": "read_file", "arguments": {"path": "notes.txt"}}"#))
+        #expect(try !repeats(#"{"name": "read_file", "arguments": {"path": "todo.md"}}"#))
+        #expect(try !repeats(#"{"name": "list_directory", "arguments": {"path": "notes.txt"}}"#))
+        #expect(TextToolCall.repeats(ToolCall(id: "x", name: "read_file", arguments: #"{"path":"notes.txt"}"#), of: [],
+                                     offered: tools) == false)
+    }
+
     @Test func aRepeatedCallIsFoundByItsValueNotItsSpelling() throws {
         let done = [ToolExchange(name: "read_file", arguments: #"{"path":"a.txt","start_line":1}"#, output: "A")]
         let same = ToolCall(id: "x", name: "read_file", arguments: #"{ "path": "a.txt", "start_line": 1.0 }"#)

@@ -54,13 +54,13 @@ final class OpenAISession: ModelSession {
         var reasoning: [String] = []
         var round = 0
         let threadTools = Self.offered(tools, settings)
-        // Once the model has written a call as text, later rounds offer no tools: handed the
-        // result with the tools still offered, such a model asks for the same tool again and
-        // again instead of answering (README, "Tool calls written as text").
-        var wroteCallAsText = false
+        // A model that writes its calls as text, handed a result with the tools still offered,
+        // tends to ask for the same tool again instead of answering: that repeat is not run, and
+        // the next round, offered no tools, is its answer (README, "Tool calls written as text").
+        var answerNow = false
         while true {
-            let offerTools = !threadTools.isEmpty && !wroteCallAsText
-            let mustAnswer = round >= Self.maxToolRounds
+            let offerTools = !threadTools.isEmpty && !answerNow
+            let mustAnswer = round >= Self.maxToolRounds || answerNow
             let pool = await server.slotPool()
             let slot = affinity.flatMap { pool?.acquire($0) }
             defer { if let slot { pool?.release(slot) } }
@@ -84,8 +84,12 @@ final class OpenAISession: ModelSession {
             var calls = offerTools ? reply.toolCalls : []
             if calls.isEmpty, !threadTools.isEmpty, !mustAnswer,
                let call = TextToolCall.parse(reply.text, offered: threadTools, index: exchanges.count) {
+                if TextToolCall.repeats(call, of: exchanges, offered: threadTools) {
+                    answerNow = true
+                    round += 1
+                    continue
+                }
                 calls = [call]
-                wroteCallAsText = true
             }
             guard !mustAnswer, !calls.isEmpty else {
                 added.append(.text("assistant", reply.text))

@@ -29,6 +29,19 @@ enum TextToolCall {
         return ToolCall(id: "text_call_\(index)", name: tool.name, arguments: arguments.jsonText)
     }
 
+    /// Whether `call` asks again for what an earlier exchange of this turn already got: the same
+    /// tool with the same values for every argument it requires (a path read again with other
+    /// line numbers, say). A small model does that instead of answering; running it again would
+    /// only feed the loop.
+    static func repeats(_ call: ToolCall, of exchanges: [ToolExchange], offered tools: [ModelTool]) -> Bool {
+        guard let tool = tools.first(where: { sameText($0.name, call.name) }), let declared = declaredArguments(tool),
+              let arguments = try? JSONValue.parse(call.arguments) else { return false }
+        return exchanges.contains { e in
+            guard sameText(e.name, call.name), let earlier = try? JSONValue.parse(e.arguments) else { return false }
+            return declared.required.allSatisfy { earlier[$0] == arguments[$0] }
+        }
+    }
+
     /// The JSON text inside the reply's one wrapper, if it has one: a ```/```json fence or
     /// `<tool_call>` tags, with nothing outside them but whitespace.
     private static func unwrapped(_ reply: String) -> Substring? {
