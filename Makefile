@@ -63,7 +63,7 @@ run:
 	@exec $(VPY) -m wisp_shim --backend $(BACKEND) $(ARGS)
 
 ## serve: the shared server: one wisp for every MCP client on this machine, MCP over streamable
-# HTTP at http://$(HTTP)/mcp; clients send the bearer token (README: "One wisp for every client")
+# HTTP at http://$(HTTP)/mcp; clients send the bearer token (docs/http.md)
 HTTP    ?= 127.0.0.1:8765
 serve:
 	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2

@@ -64,7 +64,7 @@ stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and
 stop running calls and the core, and wisp exits.
 
 shared server: python -m wisp_shim --http 127.0.0.1:8765 serves every MCP client on the
-machine from one core and one model; clients send `Authorization: Bearer <token>` (README).
+machine from one core and one model; clients send `Authorization: Bearer <token>` (docs/http.md).
 """
 
 

@@ -1,7 +1,7 @@
 import WispInfrastructure
 
 /// One thread's conversation with the model: its canonical history, the live backend
-/// session, and context condensing (what a caller sees of it: README.md, "Thread rules").
+/// session, and context condensing (what a caller sees of it: docs/threads.md).
 ///
 /// Not Sendable on purpose: it lives inside one `ConversationThread` actor and its async
 /// method is `nonisolated(nonsending)`, so it runs on that actor and is never sent anywhere.

@@ -1,7 +1,7 @@
 import Foundation
 import WispInfrastructure
 
-/// Thread semantics, in one place (README.md's "Thread rules" says them to users):
+/// Thread semantics, in one place (docs/threads.md says them to users):
 ///
 /// - `respond` without a thread id creates a thread under a generated id; with an unknown id
 ///   it creates a thread under that id; with a known id it continues that conversation.

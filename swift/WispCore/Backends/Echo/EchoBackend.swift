@@ -2,7 +2,7 @@ import Foundation
 import WispInfrastructure
 
 /// The `echo` backend: no model, fully deterministic. Its behaviour is a public contract
-/// (README.md, "Trying it without a model: the echo backend") that outside checks rely on;
+/// (docs/echo.md) that outside checks rely on;
 /// change it only on purpose, and note it there.
 public struct EchoBackend: ModelBackend {
     public let name = "echo"

@@ -56,7 +56,7 @@ final class OpenAISession: ModelSession {
         let threadTools = Self.offered(tools, settings)
         // A model that writes its calls as text, handed a result with the tools still offered,
         // tends to ask for the same tool again instead of answering: that repeat is not run, and
-        // the next round, offered no tools, is its answer (README, "Tool calls written as text").
+        // the next round, offered no tools, is its answer (docs/tools.md, "Tool calls written as text").
         var answerNow = false
         while true {
             let offerTools = !threadTools.isEmpty && !answerNow
