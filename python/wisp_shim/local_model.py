@@ -50,10 +50,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError, ServerProgram,
+from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError, ServerProgram,
                             cached_llama_server, find_llama_server, find_model, find_server, find_xllamacpp,
                             libgomp_missing)
-from .llama_server import DEFAULT_CONTEXT, VERIFY_TOKENS, LocalModel, available_cpus, verify
+from .llama_server import DEFAULT_CONTEXT, MODEL_ALIAS, VERIFY_TOKENS, LocalModel, available_cpus, verify
 
 log = logging.getLogger("wisp.local_model")
 
@@ -299,8 +299,10 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
         log.warning("cannot read %s's metadata: %s", model, exc)
     slots = slot_count(slots_wanted(max_threads), context_size, kv_bytes_per_token(model), physical_memory(),
                        available_cpus())
+    # The name the core and list_threads show: the bundled model's, or the file's own.
+    alias = MODEL_ALIAS if model.name == MODEL_FILE else model.stem
     return Plan(decision, LocalModel(binary=server.path, kind=server.kind, model=model, context_size=context_size,
-                                     slots=slots), facts=facts)
+                                     slots=slots, alias=alias), facts=facts)
 
 
 # The exit status of `check`/`verify` when the binary or the model is missing: `verify` could not

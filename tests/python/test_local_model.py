@@ -36,7 +36,8 @@ def install_fake(directory: Path) -> Path:
 
 @pytest.fixture
 def model_file(tmp_path) -> Path:
-    path = tmp_path / "any.gguf"  # verify needs a model path; the fake never reads it
+    # The bundled model's file name (so it is served under its name); the fake never reads it.
+    path = tmp_path / llama_install.MODEL_FILE
     path.write_bytes(b"GGUF")
     return path
 
@@ -678,6 +679,7 @@ def test_plan_bounds_the_context_by_what_the_model_was_trained_for(tmp_path, mon
                              ("llama.attention.head_count_kv", 4, 3), ("llama.context_length", 4, 2048)]))
     plan = lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=1, platform="linux")
     assert plan.lm.context_size == 2048 and plan.facts.trained_context == 2048
+    assert plan.lm.alias == "m"  # the file's own name: it is not SmolLM2
     plan = lm.plan(None, None, llama_server=str(binary), model_path=str(model), context_size=1024, max_threads=1,
                    platform="linux")
     assert plan.lm.context_size == 1024
