@@ -517,7 +517,7 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
         "real_tokens_per_s_ratio": median([x["ratio"] for x in runs]),
         "real_tokens_per_s_wisp": median([x["wisp_tps"] for x in runs]),
         "real_tokens_per_s_direct": median([x["direct_tps"] for x in runs]),
-        "real_tokens_model": f"{lm.alias} ({gguf.name}) on llama-server, {max_tokens} max tokens, temperature 0",
+        "real_tokens_model": f"{lm.alias} ({gguf.name}) on {lm.kind}, {max_tokens} max tokens, temperature 0",
         "_runs": {"tokens": runs},
     }
 
@@ -604,7 +604,7 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
         # Prose without a schema usually runs longer than the JSON, so per token is the fairer cost.
         "schema_ms_per_token_ratio": median([r["schema_s"] / max(r["schema_tokens"], 1) for r in runs])
         / median([r["plain_s"] / max(r["plain_tokens"], 1) for r in runs]),
-        "schema_model": f"{lm.alias} ({gguf.name}) on llama-server, {calls} calls, {max_tokens} max tokens, temperature 0.7",
+        "schema_model": f"{lm.alias} ({gguf.name}) on {lm.kind}, {calls} calls, {max_tokens} max tokens, temperature 0.7",
         "_runs": {"schema": runs},
     }
 # --- real model, 4 threads at once -------------------------------------------------------
