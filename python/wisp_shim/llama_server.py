@@ -207,13 +207,20 @@ class LocalModel:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,  # never the shim's stdout (MCP) nor its stderr (see the module's docstring)
             stderr=subprocess.STDOUT,
-            env={**os.environ, API_KEY_ENV: self.api_key or ""},
+            env=self._env(),
             start_new_session=True,  # its own process group, out of reach of the terminal's ^C
             preexec_fn=(lambda: _die_with_parent(parent, libc)) if libc is not None else None,
             close_fds=True,
         )
         self._drainer = threading.Thread(target=self._drain, args=(self.proc,), name="local model log", daemon=True)
         self._drainer.start()
+
+    def _env(self) -> dict[str, str]:
+        # Never an empty key: llama-server would take "" as the one key to require.
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+        if self.api_key:
+            env[API_KEY_ENV] = self.api_key
+        return env
 
     def _drain(self, proc: subprocess.Popen[bytes]) -> None:
         """Reads the server's output until it exits: each line to the shim's log sink, which drops
