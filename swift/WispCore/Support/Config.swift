@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// The model backends `--backend` chooses from; the raw values are the words of the flag and
 /// of `WISP_BACKEND`.
@@ -43,6 +44,11 @@ public struct CoreConfig: Sendable, Equatable {
     /// Durable threads: the directory they are stored in; nil keeps them in memory only.
     public var stateDir: String?
     public var maxStoredThreads = defaultMaxStoredThreads
+    /// What the counting flags take. Each thread and each queued call holds memory, so their
+    /// bounds are far above any use and far below what could be allocated or added without overflow.
+    public static let maxThreadsRange = 1...1_000_000
+    public static let maxQueueRange = 0...1_000_000
+    public static let maxStoredThreadsRange = 1...100_000_000
 
     public init() {}
 
@@ -68,8 +74,10 @@ public struct CoreConfig: Sendable, Equatable {
     /// Parses env then flags. Throws a message fit to print beside `usage`.
     public static func parse(arguments: [String], environment: [String: String]) throws(WispError) -> CoreConfig {
         var c = CoreConfig()
-        func int(_ name: String, _ value: String, min: Int) throws(WispError) -> Int {
-            guard let n = Int(value), n >= min else { throw WispError(.invalidArgument, "\(name) must be an integer ≥ \(min), got '\(value)'") }
+        func int(_ name: String, _ value: String, _ range: ClosedRange<Int>) throws(WispError) -> Int {
+            guard let n = OutsideNumber.int(value, in: range) else {
+                throw WispError(.invalidArgument, "\(name) must be an integer ≥ \(range.lowerBound) and ≤ \(range.upperBound), got '\(value)'")
+            }
             return n
         }
         func apply(_ key: String, _ value: String) throws(WispError) {
@@ -79,16 +87,16 @@ public struct CoreConfig: Sendable, Equatable {
                     throw WispError(.invalidArgument, "backend must be \(BackendKind.listed), got '\(value)'")
                 }
                 c.backend = kind
-            case "max-threads": c.maxThreads = try int("--max-threads", value, min: 1)
-            case "max-queue": c.maxQueue = try int("--max-queue", value, min: 0)
-            case "context-size": c.contextSize = try int("--context-size", value, min: 1)
-            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, min: 0)
+            case "max-threads": c.maxThreads = try int("--max-threads", value, Self.maxThreadsRange)
+            case "max-queue": c.maxQueue = try int("--max-queue", value, Self.maxQueueRange)
+            case "context-size": c.contextSize = try int("--context-size", value, 1...TokenCount.range.upperBound)
+            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, EchoDirective.sleepRange)
             case "endpoint": c.endpoint = value.isEmpty ? nil : value
             case "model": c.model = value.isEmpty ? nil : value
-            case "slots": c.slots = try int("--slots", value, min: 0)
+            case "slots": c.slots = try int("--slots", value, OpenAIReplies.slotCounts)
             case "root": c.roots.append(value)
             case "state-dir": c.stateDir = value.isEmpty ? nil : value
-            case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, min: 1)
+            case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, Self.maxStoredThreadsRange)
             case "log-level":
                 guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
                 c.logLevel = l
