@@ -504,7 +504,8 @@ async def test_each_installed_server_decodes_answers_only_its_key_and_serves_wis
         assert props["default_generation_settings"]["n_ctx"] == 1024 and props.get("total_slots") == 1
         with RecordingProxy(lm.port, api_key=lm.api_key) as proxy:
             async with via(proxy) as c:
-                r = ok(await c.call_tool("respond", {"prompt": "Capital of France? Answer in one word.", **SETTINGS}))
+                prompt = "What is the capital of France? Answer in one word."
+                r = ok(await c.call_tool("respond", {"prompt": prompt, **SETTINGS}))
             chats = proxy.answered_chats()
         assert "paris" in r["text"].lower(), r["text"]
         assert chats and chats[-1].usage and chats[-1].timings, "usage and llama.cpp's timings reported"
