@@ -76,7 +76,7 @@ def _local() -> tuple[Path, Path] | str:
     from wisp_shim import local_model
 
     try:
-        binary, gguf = local_model.find_llama_server(), local_model.find_model()
+        binary, gguf = local_model.find_server(), local_model.find_model()
     except local_model.LocalModelError as exc:
         return str(exc)
     if binary is None or gguf is None:
@@ -90,7 +90,7 @@ async def server(context: int, slots: int = SLOTS):
 
     found = _local()
     assert not isinstance(found, str)
-    lm = local_model.LocalModel(binary=found[0], model=found[1], context_size=context, slots=slots)
+    lm = local_model.LocalModel.of(found[0], found[1], api_key="", context_size=context, slots=slots)
     await lm.ensure_running()
     try:
         yield lm

@@ -462,12 +462,12 @@ def _local_model() -> tuple[Path, Path] | str:
     from wisp_shim import local_model
 
     try:
-        binary = local_model.find_llama_server()
+        binary = local_model.find_server()
         gguf = local_model.find_model()
     except local_model.LocalModelError as exc:
         binary, gguf, why = None, None, str(exc)
     else:
-        why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
+        why = "no llama.cpp server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
     if binary is None or gguf is None:
         return f"the local model is not installed ({why}; `make local-model` installs it)"
     return binary, gguf
@@ -482,7 +482,7 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
         return {"real_tokens_per_s_ratio": None, "real_tokens_per_s_reason": found}
     binary, gguf = found
 
-    lm = local_model.LocalModel(binary=binary, model=gguf)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="")
     await lm.ensure_running()
     runs = []
     try:
@@ -519,7 +519,7 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
         "real_tokens_per_s_ratio": median([x["ratio"] for x in runs]),
         "real_tokens_per_s_wisp": median([x["wisp_tps"] for x in runs]),
         "real_tokens_per_s_direct": median([x["direct_tps"] for x in runs]),
-        "real_tokens_model": f"{lm.alias} ({gguf.name}) on llama-server, {max_tokens} max tokens, temperature 0",
+        "real_tokens_model": f"{lm.alias} ({gguf.name}) on {lm.kind}, {max_tokens} max tokens, temperature 0",
         "_runs": {"tokens": runs},
     }
 
@@ -556,7 +556,7 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
         log(f"schema: skipped: {found}")
         return {"schema_valid_rate": None, "schema_latency_ratio": None, "schema_reason": found}
     binary, gguf = found
-    lm = local_model.LocalModel(binary=binary, model=gguf)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="")
     await lm.ensure_running()
     runs: list[dict[str, Any]] = []
     try:
@@ -606,7 +606,7 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
         # Prose without a schema usually runs longer than the JSON, so per token is the fairer cost.
         "schema_ms_per_token_ratio": median([r["schema_s"] / max(r["schema_tokens"], 1) for r in runs])
         / median([r["plain_s"] / max(r["plain_tokens"], 1) for r in runs]),
-        "schema_model": f"{lm.alias} ({gguf.name}) on llama-server, {calls} calls, {max_tokens} max tokens, temperature 0.7",
+        "schema_model": f"{lm.alias} ({gguf.name}) on {lm.kind}, {calls} calls, {max_tokens} max tokens, temperature 0.7",
         "_runs": {"schema": runs},
     }
 # --- real model, 4 threads at once -------------------------------------------------------
@@ -673,11 +673,11 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
     from wisp_shim import local_model
 
     try:
-        binary, gguf = local_model.find_llama_server(), local_model.find_model()
+        binary, gguf = local_model.find_server(), local_model.find_model()
     except local_model.LocalModelError as exc:
         binary, gguf, why = None, None, str(exc)
     else:
-        why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
+        why = "no llama.cpp server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
     if binary is None or gguf is None:
         reason = f"the local model is not installed ({why}; `make local-model` installs it)"
         log(f"real_concurrency: skipped: {reason}")
@@ -693,7 +693,7 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
             return await asyncio.to_thread(_direct_stream, lm.endpoint, lm.alias, prompt, CONCURRENT_TOKENS, t0)
         return ask
 
-    lm = local_model.LocalModel(binary=binary, model=gguf, slots=slots)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="", slots=slots)
     await lm.ensure_running()
     try:
         async with mcp_client(wisp_argv("--endpoint", lm.endpoint, "--model", lm.alias, backend="openai")) as wisp:
@@ -722,7 +722,7 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
                         f"{x['alone_tps']:.1f} tok/s ({x['ratio']:.2f}x), last first token {x['last_first_token_s']:.2f} s")
     finally:
         lm.stop()
-    one = local_model.LocalModel(binary=binary, model=gguf, slots=1)  # the old default, for comparison
+    one = local_model.LocalModel.of(binary, gguf, api_key="", slots=1)  # the old default, for comparison
     await one.ensure_running()
     try:
         await _at_once(direct(one), callers)
@@ -966,6 +966,14 @@ ROWS += PRECOUNT_ROWS
 SECTIONS += ("precount",)
 # --- end precount --------------------------------------------------------------------------
 
+# --- first_answer: the local model's start per server (bench/local_server_bench.py) ---------
+from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
+
+TARGETS.update(FIRST_ANSWER_TARGETS)
+ROWS += FIRST_ANSWER_ROWS
+SECTIONS += ("first_answer",)
+# --- end first_answer ----------------------------------------------------------------------
+
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     q = ns.quick
@@ -988,6 +996,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     }
     plan["http"] = lambda: http_section(q)
     plan["precount"] = lambda: precount_section(q, _local_model())
+    plan["first_answer"] = lambda: first_answer(repeats=1 if q else 3)
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     for name in SECTIONS:

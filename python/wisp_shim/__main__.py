@@ -50,9 +50,9 @@ environment (a flag wins over its variable):
   WISP_ROOTS                   --root: directories the model's file tools may read, ':'-separated
   WISP_API_KEY                 API key for --endpoint (environment only: it stays out of process listings)
   WISP_LOCAL_MODEL             0: never start the local model; 1: start it even on macOS
-  WISP_LOCAL_CPU_THREADS       local model: llama-server's CPU threads (default half the CPUs, at most 4;
-                               WISP_LOCAL_THREADS, its old name, still works)
-  WISP_CACHE_DIR               where `make local-model` caches llama-server (default ~/.cache/wisp)
+  WISP_LOCAL_CPU_THREADS       local model: the server's CPU threads (default half the available CPUs, at
+                               most 4; WISP_LOCAL_THREADS, its old name, still works)
+  WISP_CACHE_DIR               where `make local-model-native` caches llama-server (default ~/.cache/wisp)
   WISP_HTTP                    --http
   WISP_HTTP_TOKEN              --http: the bearer token (environment only: it stays out of process listings)
   WISP_TASK_TTL                MCP tasks: the longest a task's result is kept, in seconds (default 3600)
@@ -133,11 +133,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
     ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
     ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=_core_flag("--max-threads"), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots unless WISP_SLOTS says, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
-    ap.add_argument("--max-queue", type=_core_flag("--max-queue"), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
-    ap.add_argument("--context-size", type=_core_flag("--context-size"), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
-    ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
-    ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
+    ap.add_argument("--llama-server", metavar="PATH",
+                    help="local model: a compiled llama-server binary (WISP_LLAMA_SERVER; default: the one "
+                         "`make local-model-native` built, else llama-server on PATH, else the xllamacpp wheel)")
+    ap.add_argument("--model-path", "--local-model", metavar="GGUF",
+                    help="local model: serve this GGUF instead of SmolLM2-135M-Instruct, with its own chat template "
+                         "and its trained context as the bound (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
     ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
     ap.add_argument("--state-dir", metavar="DIR", help="durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none (WISP_STATE_DIR; default: memory only)")
@@ -242,6 +243,7 @@ class LocalModelUse:
         assert self.lm is not None
         self.active = True
         self.config.args += self.lm.core_args()
+        self.config.env = {**(self.config.env or {}), **self.lm.core_env()}
 
     async def before_start(self) -> None:
         if self.plan.decision == local_model.PROBE_APPLE and not self._probed:
@@ -377,7 +379,9 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
-            return await llama_server.decode(use.lm, timeout=60)
+            lm = use.lm
+            decoded = await llama_server.decode(lm, timeout=60)
+            return decoded or await asyncio.to_thread(llama_server.refuses_unkeyed, lm)
         return None
 
     try:
@@ -401,6 +405,10 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
         print(f"apple model:  {'available' if apple.available else 'not available'}" + (f" ({apple.reason})" if apple.reason else ""))
     if use is not None:
         print(f"local model:  {_local_model_line(use)}")
+        if use.plan.facts is not None and use.lm is not None:
+            print(f"model file:   {use.plan.facts.describe(use.lm.context_size)}")
+        if use.active and st.available:
+            print("model key:    required (a request without it was refused)")
     print(f"core:         {binary}")
     for line in http_server.describe(http) if http is not None else ():
         print(line)
@@ -409,7 +417,7 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
 
 def _local_model_line(use: LocalModelUse) -> str:
     if use.active and use.lm is not None:
-        return f"in use: {use.lm.binary} serving {use.lm.model}"
+        return f"in use: {use.lm.program} serving {use.lm.model}"
     if use.plan.missing:
         return use.plan.missing
     return "installed, not in use (Apple's model is available)"

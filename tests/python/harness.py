@@ -248,9 +248,10 @@ def ppid(pid: int) -> int | None:
         return None
 
 
-def grandchildren_named(pid: int, suffix: str) -> set[int]:
-    """Running processes whose executable name ends with `suffix` and whose parent is a child
-    of `pid` (e.g. the llama-servers of the shims this test process started)."""
+def grandchildren_named(pid: int, suffix: str, module: str | None = None) -> set[int]:
+    """Running processes whose executable name ends with `suffix` (or, with `module`, that run
+    `python -m module`) and whose parent is a child of `pid` (e.g. the llama-servers of the shims
+    this test process started)."""
     found = set()
     for shim in children(pid):
         try:
@@ -262,7 +263,7 @@ def grandchildren_named(pid: int, suffix: str) -> set[int]:
                 argv0 = (k.cmdline() or [""])[0]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            if argv0.endswith(suffix) and _alive(k):
+            if (argv0.endswith(suffix) or (module is not None and module in k.cmdline()[1:3])) and _alive(k):
                 found.add(k.pid)
     return found
 

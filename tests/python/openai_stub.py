@@ -3,6 +3,7 @@ proxy in front of a real one. Both run in a thread of the test process, on 127.0
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -30,6 +31,7 @@ class Recorded:
     # none); other requests: the JSON it answered (None: not JSON). Set once answered.
     timings: dict | None = None
     usage: dict | None = None
+    text: str | None = None  # RecordingProxy, chat requests: the content the server streamed
     answer: Any = None
     answered: threading.Event = field(default_factory=threading.Event)
 
@@ -64,6 +66,8 @@ class StubConfig:
                                       # messages dropped (system and last kept), then the last cut by tokens
     cache: bool = False               # report the tokens of the previous request's message prefix as cached
     first_byte_delay_s: float = 0.0   # before the stream's first byte (a prompt being read)
+    replies: list[str] | None = None  # the Nth chat request streams the Nth of these (a real model's, replayed)
+    on_chat: Any = None               # called with each chat request's index (from 0) before it is answered
     # A number the stub reports, put in as this JSON text (any text: "1e300", "9223372036854775807"),
     # by where: props.n_ctx, props.total_slots, models.max_model_len, tokenize.count (answers
     # {"count": …}), input_tokens (the endpoint answers it), usage.prompt_tokens,
@@ -172,6 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
         if cfg.first_byte_delay_s:
             time.sleep(cfg.first_byte_delay_s)
         users = [m for m in body["messages"] if m["role"] == "user"]
+        if cfg.on_chat is not None:
+            cfg.on_chat(len(self.stub.chats()) - 1)
         if cfg.ignore_stream:
             text = f"reply {len(users)}: {body['messages'][-1]['content']}"
             self._json(200, {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
@@ -195,8 +201,12 @@ class _Handler(BaseHTTPRequestHandler):
             prompt = last["content"] if last["role"] == "user" else f"tool said {last['content']}"
             pieces = [f"reply {len(users)}:", *[" " + w for w in prompt.split(" ")]] + [" filler"] * cfg.words
             finish = "stop"
-            if cfg.reply is not None:
-                pieces = [cfg.reply[i : i + 4] for i in range(0, len(cfg.reply), 4)]
+            scripted = cfg.reply
+            if cfg.replies is not None:
+                scripted = cfg.replies[min(self.stub.scripted, len(cfg.replies) - 1)]
+                self.stub.scripted += 1
+            if scripted is not None:
+                pieces = [scripted[i : i + 4] for i in range(0, len(scripted), 4)]
                 if body.get("max_tokens") is not None and len(pieces) > body["max_tokens"]:
                     pieces, finish = pieces[: body["max_tokens"]], "length"
             try:
@@ -308,6 +318,7 @@ class OpenAIStub:
         self.disconnects = 0
         self.completed = 0
         self.previous: list[dict] = []  # the last chat's messages (config.cache)
+        self.scripted = 0  # config.replies handed out
         handler = type("Handler", (_Handler,), {"stub": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
@@ -344,13 +355,27 @@ def _last_timings(stream: bytes, key: str = "timings") -> dict | None:
     return found
 
 
+def _content(stream: bytes) -> str:
+    """The `content` deltas of a streamed chat completion, joined."""
+    out = []
+    for line in stream.split(b"\n"):
+        if line.startswith(b"data: {"):
+            with contextlib.suppress(ValueError):
+                for choice in json.loads(line[6:]).get("choices") or []:
+                    out.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
 class RecordingProxy:
     """Forwards every request to `upstream` (http://127.0.0.1:PORT) unchanged, streaming the answer
     back chunk by chunk, and records the request bodies it forwarded and, per chat request, the
     `timings` llama-server reported in its stream (None when it reported none)."""
 
-    def __init__(self, upstream_port: int, hide: tuple[str, ...] = ()) -> None:
+    def __init__(self, upstream_port: int, hide: tuple[str, ...] = (), api_key: str | None = None) -> None:
         self.upstream_port = upstream_port
+        # Sent upstream for a client that sends none: wisp's own local model server wants its key,
+        # which only a core that started it would know.
+        self.api_key = api_key
         self.hide = hide  # paths answered 404 here, e.g. ("/tokenize",) to turn off the core's pre-flight count
         self.requests: list[Recorded] = []
         self.statuses: list[tuple[str, int]] = []
@@ -381,6 +406,8 @@ class RecordingProxy:
                     return
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                if proxy.api_key and "authorization" not in {k.lower() for k in headers}:
+                    headers["Authorization"] = f"Bearer {proxy.api_key}"
                 conn.request(self.command, self.path, body=raw or None, headers=headers)
                 resp = conn.getresponse()
                 proxy.statuses.append((self.path, resp.status))
@@ -408,6 +435,7 @@ class RecordingProxy:
                     if chat:
                         recorded.timings = _last_timings(bytes(seen))
                         recorded.usage = _last_timings(bytes(seen), "usage")
+                        recorded.text = _content(bytes(seen))
                     else:
                         try:
                             recorded.answer = json.loads(bytes(seen))

@@ -54,9 +54,14 @@ final class OpenAISession: ModelSession {
         var usage: Usage?
         var reasoning: [String] = []
         var round = 0
+        let threadTools = Self.offered(tools, settings)
+        // A model that writes its calls as text, handed a result with the tools still offered,
+        // tends to ask for the same tool again instead of answering: that repeat is not run, and
+        // the next round, offered no tools, is its answer (docs/tools.md, "Tool calls written as text").
+        var answerNow = false
         while true {
-            let offerTools = !Self.offered(tools, settings).isEmpty
-            let mustAnswer = round >= Self.maxToolRounds
+            let offerTools = !threadTools.isEmpty && !answerNow
+            let mustAnswer = round >= Self.maxToolRounds || answerNow
             let pool = await server.slotPool()
             await server.keepModelLoaded()
             let slot = affinity.flatMap { pool?.acquire($0) }
@@ -92,21 +97,49 @@ final class OpenAISession: ModelSession {
                 throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens)
             }
 
-            guard offerTools, !mustAnswer, !reply.toolCalls.isEmpty else {
+            var calls = offerTools ? reply.toolCalls : []
+            if calls.isEmpty, !threadTools.isEmpty, !mustAnswer,
+               let call = TextToolCall.parse(reply.text, offered: threadTools, index: exchanges.count) {
+                if TextToolCall.repeats(call, of: exchanges, offered: threadTools) {
+                    answerNow = true
+                    round += 1
+                    continue
+                }
+                calls = [call]
+            }
+            guard !mustAnswer, !calls.isEmpty else {
                 added.append(.text("assistant", reply.text))
                 messages += added
                 return Generation(text: reply.text, toolExchanges: exchanges,
                                   promptTokens: promptTokens, outputTokens: outputTokens, usage: usage ?? Usage(),
                                   reasoning: reasoning.isEmpty ? nil : reasoning.joined(separator: "\n\n"))
             }
-            added.append(.toolCalls(reply.toolCalls))
-            for call in reply.toolCalls {
+            added.append(.toolCalls(calls))
+            for call in calls {
                 try Task.checkCancellation()
-                let exchange = await run(call)
+                let exchange: ToolExchange
+                if let again = Self.earlier(call, in: exchanges) {
+                    exchange = again
+                } else {
+                    exchange = await run(call)
+                }
                 exchanges.append(exchange)
                 added.append(.toolResult(id: call.id, output: exchange.output))
             }
             round += 1
+        }
+    }
+
+    /// The same call made earlier in this turn, answered again from its result rather than run
+    /// again: the files have not changed between two rounds of one call, and a small model that
+    /// repeats itself is not helped by a second run's cost. Arguments compare as JSON values.
+    static func earlier(_ call: ToolCall, in exchanges: [ToolExchange]) -> ToolExchange? {
+        guard let arguments = try? JSONValue.parse(call.arguments) else { return nil }
+        return exchanges.last { e in
+            guard sameText(e.name, call.name), !e.failed, let earlier = try? JSONValue.parse(e.arguments) else {
+                return false
+            }
+            return earlier == arguments
         }
     }
 
