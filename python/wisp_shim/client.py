@@ -109,6 +109,13 @@ class Core:
 
             if call is not None and call.progress_event is not None:
                 call.latest = (msg.tokens, msg.text)
+                call.newest = "text"
+                call.progress_event.set()
+        elif isinstance(msg, protocol.Stage):
+            call = run.pending.get(msg.id)
+            if call is not None and call.progress_event is not None:
+                call.stage = (msg.stage, msg.count)
+                call.newest = "stage"
                 call.progress_event.set()
         elif isinstance(msg, protocol.Evicted):
             run.alive.pop(msg.thread_id, None)  # gone already: a later crash did not lose it
@@ -187,7 +194,7 @@ class Core:
 
     async def _request(self, run: CoreProcess, call: PendingCall, data: bytes | list[bytes], timeout: float,
                        on_timeout: Callable[[], ShimError],
-                       on_progress: Callable[[int, str], Awaitable[None]] | None = None,
+                       on_progress: OnProgress | None = None,
                        stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None) -> Answer:
         if run.dead:
             raise ShimError(errors.CORE_CRASHED, "the wisp core crashed just before this call was sent and is restarting; call again.")
@@ -196,7 +203,7 @@ class Core:
         timer = asyncio.get_running_loop().call_later(timeout, _expire, call)
         pump = None
         if on_progress is not None and call.progress_event is not None:
-            pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress))
+            pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress, self.launch.progress_every_s))
         try:
             try:
                 # Inside the try: once the frame may be queued, a cancellation must reach the core.
@@ -261,7 +268,7 @@ class Core:
         tools: list[str] | None = None,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
-        on_progress: Callable[[int, str], Awaitable[None]] | None = None,
+        on_progress: OnProgress | None = None,
         roots: list[str] | None = None,
         files: list[str] | None = None,
         schema: str | None = None,
@@ -382,23 +389,57 @@ def _quick_timeout(op: str) -> Callable[[], ShimError]:
     return lambda: ShimError(errors.TIMEOUT, f"wisp-core did not answer `{op}` within {QUICK_CALL_TIMEOUT_S:g} s; call again.")
 
 
-async def _pump_progress(call: PendingCall, on_progress: Callable[[int, str], Awaitable[None]]) -> None:
-    """Forward the latest partial text, strictly increasing in tokens and rate-limited;
-    once the reply is in, send what is left and stop."""
+# Called with a strictly increasing count, what the call is doing for a person to read, and the
+# partial reply so far ("" while waiting).
+OnProgress = Callable[[int, str, str], Awaitable[None]]
+
+
+def describe_stage(stage: tuple[str, int | None] | None) -> str:
+    """What a call waits for (the core's Stage), in words for a tool row."""
+    what, count = stage if stage is not None else ("queue", 0)
+    if what == "queue" and count:
+        return f"queued behind {count} call{'s' if count != 1 else ''} on this thread"
+    if what == "slot":
+        return "waiting for a model slot (all are busy with other threads)"
+    if what == "prompt":
+        return f"reading the prompt: about {count:,} tokens" if count else "reading the prompt"
+    return "waiting for the model"
+
+
+async def _pump_progress(call: PendingCall, on_progress: OnProgress, every_s: float) -> None:
+    """Forward what the call is doing: the latest partial text (its tokens strictly increasing,
+    rate-limited) or what it waits for, and, when nothing new came for `every_s`, the same again
+    with the time waited; once the reply is in, send what is left and stop."""
     assert call.progress_event is not None and call.answered is not None
+    loop = asyncio.get_running_loop()
+    started = last = loop.time()
+    count = 0
+    shown: tuple[str, int | None] | None = None
     while True:
-        await call.progress_event.wait()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(call.progress_event.wait(), max(0.0, last + every_s - loop.time()))
         call.progress_event.clear()
-        if call.latest is not None and call.latest[0] > call.sent:
+        status = text = None
+        if call.newest == "text" and call.latest is not None and call.latest[0] > call.sent:
             tokens, text = call.latest
+            status = f"writing: {tokens:,} tokens"
+            call.sent = tokens
+        elif call.newest == "stage" and call.stage != shown and not call.answered.is_set():
+            shown = call.stage
+            status, text = describe_stage(shown), ""
+        elif loop.time() - last >= every_s and not call.answered.is_set():
+            if call.newest == "text" and call.latest is not None:
+                status, text = f"writing: {call.latest[0]:,} tokens", call.latest[1]
+            else:
+                status, text = f"{describe_stage(call.stage)} ({loop.time() - started:.0f} s)", ""
+        if status is not None:
+            count += 1
+            last = loop.time()
             try:
-                await on_progress(tokens, text)
+                await on_progress(count, status, text or "")
             except Exception as exc:  # a progress hiccup must not fail the call itself
                 log.debug("progress notification failed: %s", exc)
-            call.sent = tokens
         if call.answered.is_set():
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(call.answered.wait(), PROGRESS_INTERVAL_S)
-
-

@@ -35,6 +35,9 @@ BUILD_HINT = (
 BACKENDS = ("auto", "apple", "openai", "echo")
 DEFAULT_MAX_THREADS = 32
 FLAG_MINIMUMS = {"--max-threads": 1, "--max-queue": 0, "--context-size": 1, "--max-stored-threads": 1, "--echo-delay-ms": 0}
+# The largest each takes (the core's Config ranges; test_outside_numbers.py starts the core with each).
+FLAG_MAXIMUMS = {"--max-threads": 1_000_000, "--max-queue": 1_000_000, "--context-size": 2**31 - 1,
+                 "--max-stored-threads": 100_000_000, "--echo-delay-ms": 86_400_000}
 
 # Bounds for the shim's memory of thread ids, which must not grow without limit
 # across a long session.
@@ -43,6 +46,12 @@ MAX_REMEMBERED_IDS = 4096
 # together well under the 2 s in which wisp promises to exit on a signal.
 EOF_GRACE_S = 0.5
 TERM_GRACE_S = 1.0
+
+
+# Progress at least this often, from a call's start to its end, whatever it waits for: clients
+# that reset their time limit on progress (Claude Code) keep a slow call alive; half the 10 s
+# that wisp promises, so a slow client or loop still keeps it (WISP_PROGRESS_EVERY_S).
+PROGRESS_EVERY_S = 5.0
 
 
 @dataclass
@@ -66,6 +75,8 @@ class CoreLaunch:
     # error the caller sees, e.g. one naming the signal that killed the local model server
     # during the call (the core sees only a broken connection).
     explain: Callable[[ShimError, float], Awaitable[ShimError]] | None = None
+    # A call that asked for progress hears from wisp at least this often (client.py).
+    progress_every_s: float = PROGRESS_EVERY_S
 
 
 def find_core(explicit: str | None = None) -> Path:

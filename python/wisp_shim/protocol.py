@@ -6,7 +6,7 @@ unsigned big-endian length followed by that many bytes of UTF-8 JSON.
 
 Every message is tagged, so each direction decodes in one pass: shim -> core messages
 by `op` (respond, close_thread, cancel, status, read_thread, ping); core -> shim messages by `event`
-(ready, progress, evicted, reply), and an ok reply's result by `op`, the op of the request
+(ready, progress, stage, evicted, reply), and an ok reply's result by `op`, the op of the request
 it answers. Version 2 added the core -> shim tags.
 """
 
@@ -134,6 +134,16 @@ class Progress(msgspec.Struct, tag_field="event", tag="progress"):
     tokens: int
 
 
+class Stage(msgspec.Struct, tag_field="event", tag="stage"):
+    """What call `id` waits for before its first token: `queue` (`count`: calls of its thread
+    ahead of it, the running one included), `slot` (every model slot busy with other threads) or
+    `prompt` (the model reads it; `count`: about how many tokens, when known)."""
+
+    id: int
+    stage: str
+    count: int | None = None
+
+
 class Evicted(msgspec.Struct, tag_field="event", tag="evicted"):
     """The core evicted `thread_id` (least recently used) to make room; sent before the reply
     of the call that caused it."""
@@ -153,6 +163,12 @@ class UsageBody(msgspec.Struct, omit_defaults=True):
     input_tokens: int | None = None
     output_tokens: int | None = None
     reasoning_tokens: int | None = None
+    # Of input_tokens, those the server took from its prompt cache.
+    cached_tokens: int | None = None
+    # One call's own (absent from totals): wisp's measure of its wait for the first token, and
+    # of the output tokens a second while generating.
+    first_token_ms: int | None = None
+    output_tokens_per_s: float | None = None
 
 
 class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True):
@@ -214,6 +230,10 @@ class StatusResult(msgspec.Struct, tag_field="op", tag="status"):
     state_error: str | None = None
     # For the next page, when there is one.
     next_cursor: str | None = None
+    # What the core's committed calls cost since it started.
+    usage: UsageBody | None = None
+    # The server was found to cut prompts silently: the window wisp learnt, and how.
+    context_note: str | None = None
 
 
 class TurnItem(msgspec.Struct):
@@ -256,7 +276,7 @@ class Reply(msgspec.Struct, tag_field="event", tag="reply"):
             raise ValueError(f"reply {self.id} failed but carries no error")
 
 
-CoreMessage = Ready | Progress | Evicted | Reply
+CoreMessage = Ready | Progress | Stage | Evicted | Reply
 
 
 class ProtocolError(Exception):

@@ -187,14 +187,16 @@ def _iso(seconds: float | None) -> str | None:
 def _usage(u: protocol.UsageBody | None) -> UsageOutput | None:
     if u is None:
         return None
-    return UsageOutput(input_tokens=u.input_tokens, output_tokens=u.output_tokens, reasoning_tokens=u.reasoning_tokens)
+    return UsageOutput(input_tokens=u.input_tokens, output_tokens=u.output_tokens, reasoning_tokens=u.reasoning_tokens,
+                       cached_tokens=u.cached_tokens, first_token_ms=u.first_token_ms, output_tokens_per_s=u.output_tokens_per_s)
 
 
 def _usage_text(u: protocol.UsageBody | None) -> str:
     """A thread's total as list_threads' text shows it: only the counts reported."""
     if u is None:
         return ""
-    parts = [f"{n} {what}" for n, what in ((u.input_tokens, "in"), (u.output_tokens, "out"), (u.reasoning_tokens, "reasoning")) if n is not None]
+    counts = ((u.input_tokens, "in"), (u.cached_tokens, "cached"), (u.output_tokens, "out"), (u.reasoning_tokens, "reasoning"))
+    parts = [f"{n} {what}" for n, what in counts if n is not None]
     return f", tokens {' / '.join(parts)}" if parts else ""
 
 
@@ -293,12 +295,16 @@ def _root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
     return list(paths)
 
 
-def _progress_message(text: str) -> str:
+def _progress_message(status: str, text: str) -> str:
+    """What the call is doing, then as much of the partial reply as fits, its tail: the tail is
+    what changed since the last notification."""
     text = " ".join(text.split())
-    if len(text) <= PROGRESS_MESSAGE_CHARS:
-        return text
-    # The tail is what changed since the last notification.
-    return "…" + text[-(PROGRESS_MESSAGE_CHARS - 1):]
+    if not text:
+        return status[:PROGRESS_MESSAGE_CHARS]
+    room = PROGRESS_MESSAGE_CHARS - len(status) - 2
+    if len(text) > room:
+        text = "…" + text[-(room - 1):]
+    return f"{status}: {text}"
 
 
 async def _as_result(name: str, work: Awaitable[Any]) -> Any:
@@ -356,8 +362,8 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
         a, roots, knew = call.args, call.roots, call.knew
         on_progress = None
         if send_progress is not None:
-            async def on_progress(tokens: int, text: str) -> None:
-                await send_progress(float(tokens), _progress_message(text))
+            async def on_progress(count: int, status: str, text: str) -> None:
+                await send_progress(float(count), _progress_message(status, text))
 
         checked: output_schema.CheckedSchema | None = a.output_schema
         r = await core.respond(
@@ -417,12 +423,17 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
             ],
             # An empty state_dir or reason says nothing: left out, as when absent.
             state_dir=s.state_dir or None, reason=s.reason or None, next_cursor=s.next_cursor,
+            context_note=s.context_note, usage=_usage(s.usage),
         ).model_dump(exclude_none=True)
         lines = [f"backend {s.backend}, model {s.model}, " + ("available" if s.available else f"unavailable: {s.reason or 'unknown reason'}")]
         found = f"{len(s.threads)} thread(s) matching {a.query!r}" if a.query else f"{len(s.threads)} thread(s)"
         lines.append(found + (f" (threads are stored in {s.state_dir})" if s.state_dir else "") + (":" if s.threads else "."))
         if s.state_error:
             lines.append(f"threads are not stored: {s.state_error}")
+        if s.context_note:
+            lines.append(f"context: {s.context_note}")
+        if s.usage is not None:
+            lines.append(f"since wisp started{_usage_text(s.usage)}")
         for t in s.threads:
             what = f"{t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{_usage_text(t.usage)}{'' if t.live else ' (stored)'}"
             when = f", updated {_iso(t.updated_at)}" if t.updated_at is not None else ""

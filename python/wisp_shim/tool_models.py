@@ -166,6 +166,9 @@ class UsageOutput(BaseModel):
     input_tokens: int | None = Field(None, description="Tokens the model read, all model requests (tool rounds too) added up.")
     output_tokens: int | None = Field(None, description="Tokens it wrote, reasoning included.")
     reasoning_tokens: int | None = Field(None, description="Of output_tokens, those spent reasoning.")
+    cached_tokens: int | None = Field(None, description="Of input_tokens, those the server took from its prompt cache instead of reading them again.")
+    first_token_ms: int | None = Field(None, description="respond only: milliseconds from sending the request to the model's first token (wisp's measure).")
+    output_tokens_per_s: float | None = Field(None, description="respond only: output tokens a second while the model wrote (wisp's measure).")
 
 
 class CloseThreadArgs(_Arguments):
@@ -232,6 +235,8 @@ class ListThreadsOutput(BaseModel):
     context_size: int = Field(description="The model's context window in tokens.")
     max_threads: int = Field(description="Live threads kept at most.")
     state_dir: str | None = Field(None, description="Where threads are stored, when they are.")
+    context_note: str | None = Field(None, description="Set when the server was found to cut prompts: the window wisp now uses.")
+    usage: UsageOutput | None = Field(None, description="What this wisp's calls cost since it started, summed.")
     threads: list[ThreadEntry]
     next_cursor: str | None = Field(None, description="Pass as cursor for the next page; absent on the last.")
 

@@ -302,7 +302,7 @@ REAL_PROMPTS = [
 async def test_real_model_20_calls_all_validate():
     lm = real._serve(local_model.DEFAULT_CONTEXT)
     try:
-        with RecordingProxy(lm.port) as proxy:
+        with RecordingProxy(lm.port, api_key=lm.api_key) as proxy:
             async with real.via(proxy) as c:
                 started = time.monotonic()
                 for i in range(20):

@@ -2,7 +2,7 @@
 /// (`python/wisp_shim/protocol.py`) declares the same types under the same names; keep them in step.
 ///
 /// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `ReadThread`, `Ping`, each tagged by `op`.
-/// Core → shim: `Ready` (first frame), `Progress` and `Evicted` (events), `Reply` (one per
+/// Core → shim: `Ready` (first frame), `Progress`, `Stage` and `Evicted` (events), `Reply` (one per
 /// request, ok or not), each tagged by `event`; an ok reply's result is tagged by `op`, the op
 /// of the request it answers, so the shim decodes any core message in one pass.
 
@@ -228,6 +228,25 @@ public struct Progress: Codable, Sendable, Equatable {
     }
 }
 
+/// What request `id` waits for before its first token (`Waiting`), sent when that changes:
+/// `stage` is `queue` (`count`: calls of its thread ahead of it), `slot` (every model slot is
+/// busy with other threads) or `prompt` (the model reads it; `count`: its tokens, where known).
+public struct Stage: Codable, Sendable, Equatable {
+    public var id: Int
+    public var event = "stage"
+    public var stage: String
+    public var count: Int?
+
+    public init(id: Int, _ waiting: Waiting) {
+        self.id = id
+        switch waiting {
+        case .queue(let ahead): stage = "queue"; count = ahead
+        case .slot: stage = "slot"
+        case .prompt(let tokens): stage = "prompt"; count = tokens
+        }
+    }
+}
+
 /// Thread `thread_id` was evicted (least recently used) to make room for a new one. Sent before
 /// the reply of the call whose new thread caused it, so the shim's view of live threads stays exact.
 public struct Evicted: Codable, Sendable, Equatable {
@@ -245,20 +264,38 @@ public struct ErrorBody: Codable, Sendable, Equatable {
 }
 
 /// Tokens model requests cost, as the backend reported them (`Usage`): a count it did not
-/// report is absent.
+/// report is absent. The time to the first token and the generation speed are a call's own
+/// (wisp's measure), so totals over calls leave them out.
 public struct UsageBody: Codable, Sendable, Equatable {
     public var input_tokens: Int?
     public var output_tokens: Int?
     public var reasoning_tokens: Int?
+    public var cached_tokens: Int?
+    public var first_token_ms: Int?
+    public var output_tokens_per_s: Double?
 
-    public init(input_tokens: Int? = nil, output_tokens: Int? = nil, reasoning_tokens: Int? = nil) {
+    public init(input_tokens: Int? = nil, output_tokens: Int? = nil, reasoning_tokens: Int? = nil, cached_tokens: Int? = nil,
+                first_token_ms: Int? = nil, output_tokens_per_s: Double? = nil) {
         self.input_tokens = input_tokens
         self.output_tokens = output_tokens
         self.reasoning_tokens = reasoning_tokens
+        self.cached_tokens = cached_tokens
+        self.first_token_ms = first_token_ms
+        self.output_tokens_per_s = output_tokens_per_s
     }
 
+    /// One call's usage, with its timing.
     public init(_ u: Usage) {
-        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens)
+        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens,
+                  cached_tokens: u.cachedTokens,
+                  first_token_ms: u.firstTokenSeconds.map { Int(min(max(0, $0), 1e9) * 1000) },
+                  output_tokens_per_s: u.outputTokensPerSecond.map { ($0 * 10).rounded() / 10 })
+    }
+
+    /// Counts summed over calls.
+    public init(totals u: Usage) {
+        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens,
+                  cached_tokens: u.cachedTokens)
     }
 }
 
@@ -368,11 +405,19 @@ public struct StatusResult: Codable, Sendable, Equatable {
     public var state_dir: String?
     /// Why a `--state-dir` that was given is not in use.
     public var state_error: String?
+    /// What this core's committed calls cost since it started, summed.
+    public var usage: UsageBody?
+    /// Set when the server was found to read less of a prompt than wisp sent (it cut it
+    /// silently): the window wisp learnt, and from what.
+    public var context_note: String?
 
     public init(backend: String, model: String, available: Bool, reason: String?, context_size: Int,
                 max_threads: Int, max_queue: Int, threads: [ThreadInfo], tools: [String],
-                state_dir: String? = nil, state_error: String? = nil, next_cursor: String? = nil) {
+                state_dir: String? = nil, state_error: String? = nil, next_cursor: String? = nil,
+                usage: UsageBody? = nil, context_note: String? = nil) {
         self.next_cursor = next_cursor
+        self.usage = usage
+        self.context_note = context_note
         self.state_dir = state_dir
         self.state_error = state_error
         self.backend = backend

@@ -137,6 +137,12 @@ extension Progress: JSONWritable {
     }
 }
 
+extension Stage: JSONWritable {
+    public func write(to w: inout JSONWriter) {
+        w.object { $0.field("id", id); $0.field("event", event); $0.field("stage", stage); $0.field("count", count) }
+    }
+}
+
 extension Evicted: JSONWritable {
     public func write(to w: inout JSONWriter) {
         w.object { $0.field("id", id); $0.field("event", event); $0.field("thread_id", thread_id) }
@@ -162,7 +168,11 @@ extension RespondResult: JSONWritable {
 
 extension UsageBody: JSONWritable {
     public func write(to w: inout JSONWriter) {
-        w.object { $0.field("input_tokens", input_tokens); $0.field("output_tokens", output_tokens); $0.field("reasoning_tokens", reasoning_tokens) }
+        w.object {
+            $0.field("input_tokens", input_tokens); $0.field("output_tokens", output_tokens)
+            $0.field("reasoning_tokens", reasoning_tokens); $0.field("cached_tokens", cached_tokens)
+            $0.field("first_token_ms", first_token_ms); $0.field("output_tokens_per_s", output_tokens_per_s)
+        }
     }
 }
 
@@ -207,6 +217,8 @@ extension StatusResult: JSONWritable {
             $0.key("threads"); $0.array(threads) { w, t in t.write(to: &w) }
             $0.field("tools", tools); $0.field("state_dir", state_dir); $0.field("state_error", state_error)
             $0.field("next_cursor", next_cursor)
+            if let usage { $0.field("usage", usage) }
+            $0.field("context_note", context_note)
         }
     }
 }

@@ -86,7 +86,8 @@ public final class PipeServer: Sendable {
                     reason: availability.reason, context_size: await backend.contextSize(),
                     max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
                     tools: registry.toolNames, state_dir: registry.store?.location, state_error: registry.storeError,
-                    next_cursor: page.next)))
+                    next_cursor: page.next, usage: await registry.usage.map { UsageBody(totals: $0) },
+                    context_note: await backend.contextNote())))
             }
         case .readThread(let m):
             // In its own task: a stored thread is read from disk.
@@ -157,7 +158,8 @@ public final class PipeServer: Sendable {
         }
         // The shim checks it too; the core trusts no number off the pipe (`max_tokens` goes to a server).
         if let n = r.options?.max_output_tokens, !Self.maxOutputTokens.contains(n) {
-            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(Self.maxOutputTokens.upperBound), got \(n)"))
+            let most = Self.maxOutputTokens.upperBound
+            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(most), got \(n)"))
         }
         let deadline = Self.deadline(r.options)
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
@@ -221,6 +223,7 @@ public final class PipeServer: Sendable {
         if r.progress == true {
             let id = r.id
             onPartial = { @Sendable p in
+                if let waiting = p.waiting { return self.send(Frame.encode(Stage(id: id, waiting))) }
                 // Over the frame limit, a partial text is skipped: the final reply says what happened.
                 let frame = Frame.encode(Progress(id: id, text: p.text, tokens: p.tokens))
                 if Frame.fits(frame) { self.send(frame) }
@@ -229,7 +232,7 @@ public final class PipeServer: Sendable {
 
         let thread = acceptance.thread
         let reply: [UInt8]
-        var committed = false
+        var committed: Usage?
         do {
             // Always called, even when already cancelled: the ticket must be served for the line to
             // move. The turn is kept, or not, in one step with `stop`: a cancel or time limit that
@@ -240,16 +243,17 @@ public final class PipeServer: Sendable {
             if let paths = r.files, !paths.isEmpty {
                 // Off the pipe loop: each root is resolved (realpath) again.
                 let base = registry.fileRoots, extra = r.roots ?? []
-                files = FileRequest(paths: paths, roots: try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
+                let roots = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
                     base.adding(extra)
-                })
+                }
+                files = FileRequest(paths: paths, roots: roots)
             }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial,
                                                    rewind: r.rewind ?? 0) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {
-                committed = true
+                committed = o.usage
                 let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
@@ -269,7 +273,7 @@ public final class PipeServer: Sendable {
             if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) { e = stoppedError(stop, r, thread.id) }
             reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
-        await registry.finished(acceptance, committed: committed)
+        await registry.finished(acceptance, committed: committed != nil, usage: committed)
         ended(r.id, reply: fitting(reply, id: r.id))
     }
 

@@ -44,11 +44,22 @@ public struct CoreConfig: Sendable, Equatable {
     /// Durable threads: the directory they are stored in; nil keeps them in memory only.
     public var stateDir: String?
     public var maxStoredThreads = defaultMaxStoredThreads
+    /// The largest count a flag takes (the shim's `MAX_FLAG_VALUE`): far above any use, and far
+    /// below what an `Int` could not add to or triple. `--slots` takes less (`OpenAIReplies.slotCounts`):
+    /// each slot is allocated up front.
+    public static let maxCount = Int(Int32.max)
     /// What the counting flags take. Each thread and each queued call holds memory, so their
     /// bounds are far above any use and far below what could be allocated or added without overflow.
     public static let maxThreadsRange = 1...1_000_000
     public static let maxQueueRange = 0...1_000_000
     public static let maxStoredThreadsRange = 1...100_000_000
+    /// Ollama's `keep_alive` for the model between turns (OpenAIDialects.swift), in its own words.
+    public static let defaultKeepAlive = "30m"
+    public var keepAlive = defaultKeepAlive
+    /// Condensing on a server that caches only an unchanged prefix drops a thread down to this
+    /// share of the context (bench/README.md, `long_no_reuse`, has the measurement behind it).
+    public static let defaultCondenseTo = 0.5
+    public var condenseTo = defaultCondenseTo
 
     public init() {}
 
@@ -67,6 +78,10 @@ public struct CoreConfig: Sendable, Equatable {
       --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
       --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
       --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS, default \(defaultMaxStoredThreads))
+      --keep-alive D       Ollama: keep the model loaded this long   (WISP_KEEP_ALIVE, default \(defaultKeepAlive);
+                           an Ollama duration: 90s, 30m, 2h, -1 for ever)
+      --condense-to F      condense down to this share of the context on servers without KV shifting
+                                                                    (WISP_CONDENSE_TO, default \(defaultCondenseTo))
       --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
       API key: WISP_API_KEY (env only).
     """
@@ -76,7 +91,8 @@ public struct CoreConfig: Sendable, Equatable {
         var c = CoreConfig()
         func int(_ name: String, _ value: String, _ range: ClosedRange<Int>) throws(WispError) -> Int {
             guard let n = OutsideNumber.int(value, in: range) else {
-                throw WispError(.invalidArgument, "\(name) must be an integer ≥ \(range.lowerBound) and ≤ \(range.upperBound), got '\(value)'")
+                let bounds = "≥ \(range.lowerBound) and ≤ \(range.upperBound)"
+                throw WispError(.invalidArgument, "\(name) must be an integer \(bounds), got '\(value)'")
             }
             return n
         }
@@ -89,14 +105,24 @@ public struct CoreConfig: Sendable, Equatable {
                 c.backend = kind
             case "max-threads": c.maxThreads = try int("--max-threads", value, Self.maxThreadsRange)
             case "max-queue": c.maxQueue = try int("--max-queue", value, Self.maxQueueRange)
-            case "context-size": c.contextSize = try int("--context-size", value, 1...TokenCount.range.upperBound)
-            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, EchoDirective.sleepRange)
+            case "context-size": c.contextSize = try int("--context-size", value, 1...Self.maxCount)
+            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, 0...Self.maxCount)
             case "endpoint": c.endpoint = value.isEmpty ? nil : value
             case "model": c.model = value.isEmpty ? nil : value
             case "slots": c.slots = try int("--slots", value, OpenAIReplies.slotCounts)
             case "root": c.roots.append(value)
             case "state-dir": c.stateDir = value.isEmpty ? nil : value
             case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, Self.maxStoredThreadsRange)
+            case "keep-alive":
+                guard OllamaKeepAlive(value) != nil else {
+                    throw WispError(.invalidArgument, "--keep-alive must be an Ollama duration such as 90s, 30m, 2h or -1, got '\(value.prefix(40))'")
+                }
+                c.keepAlive = value
+            case "condense-to":
+                guard let f = Double(value), f > 0, f < 1 else {
+                    throw WispError(.invalidArgument, "--condense-to must be a share of the context between 0 and 1, got '\(value.prefix(40))'")
+                }
+                c.condenseTo = f
             case "log-level":
                 guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
                 c.logLevel = l
@@ -108,6 +134,7 @@ public struct CoreConfig: Sendable, Equatable {
             ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
             ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_SLOTS", "slots"), ("WISP_LOG_LEVEL", "log-level"),
             ("WISP_STATE_DIR", "state-dir"), ("WISP_MAX_STORED_THREADS", "max-stored-threads"),
+            ("WISP_KEEP_ALIVE", "keep-alive"), ("WISP_CONDENSE_TO", "condense-to"),
         ]
         for (variable, key) in env {
             if let v = environment[variable], !v.isEmpty { try apply(key, v) }

@@ -32,7 +32,8 @@ public final class Conversation {
         fileprivate let turn: Turn
         /// The newest turns of the history the call took back (`rewind`), dropped when committing.
         fileprivate let rewound: Int
-        /// The oldest turns of the history to drop when committing (condensing).
+        /// The turns of the history to drop when committing (condensing): `dropped` from `dropFrom`.
+        fileprivate let dropFrom: Int
         fileprivate let dropped: Int
         fileprivate let promptTokens: Int?
         fileprivate let outputTokens: Int?
@@ -74,12 +75,13 @@ public final class Conversation {
         if Task.isCancelled { throw WispError.callCancelled }
         // The live session heard the turns being taken back.
         if rewind > 0 { session = nil }
-        let context = max(1, await backend.contextSize())
+        var context = max(1, await backend.contextSize())
+        let window = context
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
         if let files {
             attached = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in  // reads the disk
-                try FileAttachments.read(files, context: context)
+                try FileAttachments.read(files, context: window)
             }
         } else {
             attached = []
@@ -87,33 +89,45 @@ public final class Conversation {
         let message = ModelPrompt(text: callerPrompt, files: attached)
         if !message.files.isEmpty { try await checkFilesFit(message, context: context, settings: settings) }
         let prompt = message.rendered
-        var kept = history.dropLast(rewind)
+        // Condensing in steps keeps the first turn with the instructions (a prefix the server
+        // has cached since the thread began); what it drops is the turns after it.
+        let condensing = await backend.condensing()
+        var dropFrom = 0
+        let view = history.dropLast(rewind)
+        if case .steps = condensing, view.count > 1 { dropFrom = 1 } else { dropFrom = 0 }
+        var head = view[view.startIndex..<view.startIndex + dropFrom]
+        var kept = view[(view.startIndex + dropFrom)...]
         var dropped = 0
+        func sent() -> ArraySlice<Turn> { head.isEmpty ? kept : (head + kept)[...] }
 
         // Pre-flight: where the model can count, drop what cannot fit beside the prompt and a reply
         // reserve: the whole request as the model's template counts it, else the sum of its parts.
+        // Once something must go, condensing goes down to its target (`Condensing`).
         let promptTokens = try await backend.tokenCount(prompt)
         let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
-        if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
+        let target = condensing.target(context)
+        if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: sent(),
                                                       prompt: prompt, settings: settings) {
             // Turns' own counts choose what to drop; the request is counted again until it fits.
-            while whole.addingClamped(reserve) > context, !kept.isEmpty {
+            while whole.addingClamped(reserve) > (dropped > 0 ? target : context), !kept.isEmpty {
                 var total = whole.addingClamped(reserve)
-                while total > context, let oldest = kept.first {
+                while total > target, let oldest = kept.first {
                     total = total.subtractingClamped(oldest.tokens)
                     kept.removeFirst()
                     dropped += 1
                 }
-                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
+                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools, history: sent(),
                                                                    prompt: prompt, settings: settings) else { break }
                 whole = recount
             }
         } else if let promptTokens {
-            var total = [try await countInstructions(), promptTokens, reserve, kept.map(\.tokens).clampedSum()].clampedSum()
-            while total > context, let oldest = kept.first {
-                total = total.subtractingClamped(oldest.tokens)
-                kept.removeFirst()
-                dropped += 1
+            var total = [try await countInstructions(), promptTokens, reserve, sent().map(\.tokens).clampedSum()].clampedSum()
+            if total > context {
+                while total > target, let oldest = kept.first {
+                    total = total.subtractingClamped(oldest.tokens)
+                    kept.removeFirst()
+                    dropped += 1
+                }
             }
         }
         if dropped > 0 { session = nil }
@@ -124,8 +138,9 @@ public final class Conversation {
             if let session {
                 active = session
             } else {
-                active = backend.makeSession(instructions: instructions, tools: tools, history: Array(kept), affinity: affinity)
-                if !kept.isEmpty { await active.prewarm() }
+                let history = Array(sent())
+                active = backend.makeSession(instructions: instructions, tools: tools, history: history, affinity: affinity)
+                if !history.isEmpty { await active.prewarm() }
                 session = active
             }
             do {
@@ -138,15 +153,25 @@ public final class Conversation {
                 let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text, reasoning: g.reasoning,
                                 tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g),
                                 structured: settings.schema != nil)
-                return Staged(turn: turn, rewound: rewind, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens, usage: g.usage)
+                return Staged(turn: turn, rewound: rewind, dropFrom: dropFrom, dropped: dropped, promptTokens: g.promptTokens,
+                              outputTokens: g.outputTokens, usage: g.usage)
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
+                // The server may have taught the backend a smaller window (a prompt it cut).
+                context = max(1, await backend.contextSize())
+                if kept.isEmpty, !head.isEmpty {
+                    // The fixed first turn goes last, before the prompt is found not to fit alone.
+                    kept = head
+                    head = []
+                    dropFrom = 0
+                }
                 guard !kept.isEmpty else {
                     throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings,
                                          rewind: rewind)
                 }
                 overflows += 1
-                let n = dropCount(kept: kept, prompt: prompt, context: context, overflows: overflows)
+                let n = dropCount(kept: kept, fixed: head.map(\.tokens).clampedSum(), prompt: prompt,
+                                  context: condensing.target(context), overflows: overflows)
                 kept.removeFirst(n)
                 dropped += n
             } catch {
@@ -201,7 +226,7 @@ public final class Conversation {
         let created = history.isEmpty
         // Appended in place: rebuilding the array cost O(turns) per call on a long thread.
         if staged.rewound > 0 { history.removeLast(staged.rewound) }
-        if staged.dropped > 0 { history.removeFirst(staged.dropped) }
+        if staged.dropped > 0 { history.removeSubrange(staged.dropFrom..<staged.dropFrom + staged.dropped) }
         condensedAway += staged.dropped
         history.append(staged.turn)
         return Outcome(text: staged.turn.response, created: created, condensed: staged.dropped > 0, turns: history.count,
@@ -222,7 +247,8 @@ public final class Conversation {
         for file in message.files {
             sizes.append((file.path, try await backend.tokenCount(file.block) ?? estimatedTokens(file.block)))
         }
-        let own = try await countInstructions().addingClamped(try await backend.tokenCount(message.text) ?? estimatedTokens(message.text))
+        let text = try await backend.tokenCount(message.text) ?? estimatedTokens(message.text)
+        let own = try await countInstructions().addingClamped(text)
         let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
         let total = [own, reserve, sizes.map(\.1).clampedSum()].clampedSum()
         guard total > context else { return }
@@ -235,11 +261,12 @@ public final class Conversation {
     }
 
     /// How many of the oldest turns to drop after the model reported an overflow: the first
-    /// time, enough for the estimate of what remains to fit; after that, a quarter (at least
+    /// time, enough for the estimate of what remains to fit `context` (condensing's target); after that, a quarter (at least
     /// one), so a model whose tokens run larger than the estimate converges in few retries.
-    private func dropCount(kept: ArraySlice<Turn>, prompt: String, context: Int, overflows: Int) -> Int {
+    /// `fixed`: the tokens of the turns kept before `kept` (the first turn, condensing in steps).
+    private func dropCount(kept: ArraySlice<Turn>, fixed: Int, prompt: String, context: Int, overflows: Int) -> Int {
         guard overflows == 1 else { return max(1, kept.count / 4) }
-        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), kept.map(\.tokens).clampedSum()].clampedSum()
+        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), fixed, kept.map(\.tokens).clampedSum()].clampedSum()
         var n = 0
         for turn in kept where total > context {
             total = total.subtractingClamped(turn.tokens)

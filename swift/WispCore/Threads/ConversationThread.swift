@@ -93,6 +93,8 @@ public actor ConversationThread {
     private var parked: [UInt64: CheckedContinuation<Void, Never>] = [:]
     /// Tickets whose caller gave up (cancelled) while waiting; skipped when their turn comes.
     private var abandoned: Set<UInt64> = []
+    /// Waiting calls that want to hear their place in line, by ticket.
+    private var watchers: [UInt64: PartialHandler] = [:]
 
     /// `copy`: the thread is a fork of it (its binding then comes from there).
     public init(id: String, backend: any ModelBackend, instructions: String?, tools: [ModelTool], maxQueue: Int,
@@ -145,7 +147,7 @@ public actor ConversationThread {
             score = s
         }
         let info = ThreadViews.info(id: id, instructions: conversation.instructions, history: conversation.history, pending: pending,
-                                    live: true, stored: stored, usage: usage.map(UsageBody.init), created: createdAt,
+                                    live: true, stored: stored, usage: usage.map { UsageBody(totals: $0) }, created: createdAt,
                                     updated: updatedAt)
         return (info, ListPlace(score: score, updated: updatedAt ?? .infinity, id: id))
     }
@@ -185,7 +187,7 @@ public actor ConversationThread {
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
                         onPartial: PartialHandler?, rewind: Int = 0,
                         keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
-        try await waitForTurn(ticket.number)
+        try await waitForTurn(ticket.number, watcher: onPartial)
         defer { advance() }
         do {
             return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind,
@@ -349,12 +351,18 @@ public actor ConversationThread {
         return WispError(.invalidArgument, "thread '\(id)' already exists and is bound to \(binding); instructions and tools bind only when a thread is created. Omit \(what) (even an empty value) to continue it, or close_thread it (or use a new thread_id) to start over with new ones.")
     }
 
-    private func waitForTurn(_ number: UInt64) async throws(WispError) {
+    /// `watcher` hears how many calls are ahead, now and whenever that changes.
+    private func waitForTurn(_ number: UInt64, watcher: PartialHandler? = nil) async throws(WispError) {
         if number == serving { return }
         if Task.isCancelled {
             abandoned.insert(number)
             throw WispError.cancelledWhileWaiting
         }
+        if let watcher {
+            watchers[number] = watcher
+            watcher(PartialReply(waiting: .queue(ahead: ahead(of: number))))
+        }
+        defer { watchers[number] = nil }
         await withTaskCancellationHandler {
             await withCheckedContinuation { parked[number] = $0 }
         } onCancel: {
@@ -363,6 +371,11 @@ public actor ConversationThread {
         if abandoned.contains(number) {
             throw WispError.cancelledWhileWaiting
         }
+    }
+
+    /// Calls of this thread to be served before ticket `number`: the one running and those waiting.
+    private func ahead(of number: UInt64) -> Int {
+        Int(number - serving) - abandoned.count { $0 > serving && $0 < number }
     }
 
     private func abandon(_ number: UInt64) {
@@ -375,5 +388,8 @@ public actor ConversationThread {
         serving += 1
         while abandoned.remove(serving) != nil { serving += 1 }
         parked.removeValue(forKey: serving)?.resume()
+        for (number, watcher) in watchers where number >= serving {
+            watcher(PartialReply(waiting: .queue(ahead: ahead(of: number))))
+        }
     }
 }

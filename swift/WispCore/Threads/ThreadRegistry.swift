@@ -212,11 +212,15 @@ public actor ThreadRegistry {
         try await stored(id) != nil
     }
 
+    /// What the committed calls cost since this core started, summed; nil before any.
+    public private(set) var usage: Usage?
+
     /// Marks an accepted call as ended, so its thread counts as idle for eviction again.
-    /// `committed`: the call's turn joined the history. A thread none of whose calls committed
+    /// `committed`: the call's turn joined the history; `cost`: what it cost. A thread none of whose calls committed
     /// is forgotten when its last call ends: the caller never got a thread (or may retry with
     /// the same instructions and tools).
-    public func finished(_ acceptance: Acceptance, committed: Bool) {
+    public func finished(_ acceptance: Acceptance, committed: Bool, usage cost: Usage? = nil) {
+        if committed, let cost { usage = usage.map { $0 + cost } ?? cost }
         let id = acceptance.thread.id
         guard var entry = entries[id], entry.thread === acceptance.thread else { return }
         entry.inFlight -= 1
@@ -323,7 +327,7 @@ public actor ThreadRegistry {
     }
 
     private static func info(_ s: ThreadSummary) -> ThreadInfo {
-        ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true, usage: UsageBody(s.usage),
+        ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true, usage: UsageBody(totals: s.usage),
                    created_at: s.createdAt, updated_at: s.updatedAt,
                    first_prompt: s.turns > 0 ? ThreadViews.clip(s.firstPrompt, bytes: ThreadViews.previewBytes).text : nil,
                    last_reply: s.turns > 0 ? ThreadViews.clip(s.lastReply, bytes: ThreadViews.previewBytes).text : nil,
