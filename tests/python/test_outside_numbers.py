@@ -13,8 +13,7 @@ import pytest
 from harness import core_exchange, core_path, ok, shim_env, wisp
 from openai_stub import OpenAIStub, StubConfig
 from wisp_shim import protocol
-from wisp_shim.__main__ import MAX_FLAG_VALUE
-from wisp_shim.core_process import FLAG_MINIMUMS
+from wisp_shim.core_process import FLAG_MAXIMUMS, FLAG_MINIMUMS
 
 BIG = str(2**63 - 1)
 
@@ -64,12 +63,13 @@ def test_the_pipes_max_output_tokens_is_range_checked():
 
 
 @pytest.mark.parametrize("flag", sorted(FLAG_MINIMUMS))
-def test_a_counting_flag_takes_up_to_the_shims_maximum_and_no_more(flag):
-    refused = subprocess.run([core_path(), "--backend", "echo", flag, str(MAX_FLAG_VALUE + 1)], stdin=subprocess.DEVNULL,
+def test_a_counting_flag_takes_up_to_its_maximum_and_no_more(flag):
+    most = FLAG_MAXIMUMS[flag]
+    refused = subprocess.run([core_path(), "--backend", "echo", flag, str(most + 1)], stdin=subprocess.DEVNULL,
                              capture_output=True, timeout=30)
     said = refused.stderr.decode()
-    assert refused.returncode != 0 and flag in said and f"≤ {MAX_FLAG_VALUE}" in said, said
-    frames = core_exchange(["--backend", "echo", flag, str(MAX_FLAG_VALUE)], protocol.encode(protocol.Status(id=1)))
+    assert refused.returncode != 0 and flag in said and f"≤ {most}" in said, said
+    frames = core_exchange(["--backend", "echo", flag, str(most)], protocol.encode(protocol.Status(id=1)))
     assert any(f.get("id") == 1 and f.get("ok") for f in frames), frames
 
 

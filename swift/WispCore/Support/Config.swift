@@ -106,7 +106,7 @@ public struct CoreConfig: Sendable, Equatable {
             case "max-threads": c.maxThreads = try int("--max-threads", value, Self.maxThreadsRange)
             case "max-queue": c.maxQueue = try int("--max-queue", value, Self.maxQueueRange)
             case "context-size": c.contextSize = try int("--context-size", value, 1...Self.maxCount)
-            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, 0...Self.maxCount)
+            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, EchoDirective.sleepRange)
             case "endpoint": c.endpoint = value.isEmpty ? nil : value
             case "model": c.model = value.isEmpty ? nil : value
             case "slots": c.slots = try int("--slots", value, OpenAIReplies.slotCounts)
