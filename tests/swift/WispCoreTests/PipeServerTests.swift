@@ -346,4 +346,20 @@ func exitOf(_ server: PipeServer, _ escalation: Lifecycle.Escalation, input: Int
         #expect(!cancelNow)
         #expect(call.stage == .committing)
     }
+
+    @Test func aSecondStartTraps() async {
+        await #expect(processExitsWith: .failure) {
+            var call = CallState(deadline: nil, admitted: true)
+            _ = call.started(Task {})
+            _ = call.started(Task {})
+        }
+    }
+
+    @Test func aSecondCommitTraps() async {
+        await #expect(processExitsWith: .failure) {
+            var call = CallState(deadline: nil, admitted: true)
+            _ = call.commit(at: 0)
+            _ = call.commit(at: 0)
+        }
+    }
 }
