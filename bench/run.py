@@ -473,6 +473,11 @@ def _local_model() -> tuple[Path, Path] | str:
     return binary, gguf
 
 
+def _output_tokens(sc: dict[str, Any]) -> int:
+    """The tokens a respond result says the model wrote (its `usage`)."""
+    return int((sc.get("usage") or {}).get("output_tokens") or 0)
+
+
 async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
     from wisp_shim import local_model
 
@@ -496,7 +501,7 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
                 assert not res.is_error, res
                 sc = res.structured_content
                 await wisp.call_tool("close_thread", {"thread_id": sc["thread_id"]})
-                return took, int(sc.get("output_tokens") or 0)
+                return took, _output_tokens(sc)
 
             async def direct() -> tuple[float, int]:
                 return await asyncio.to_thread(_direct_chat, lm.endpoint, lm.alias, max_tokens)
@@ -575,7 +580,7 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
                     return took, None, 0
                 sc = res.structured_content
                 await wisp.call_tool("close_thread", {"thread_id": sc["thread_id"]})
-                return took, sc.get("output", None) if schema is not None else sc["text"], int(sc.get("output_tokens") or 0)
+                return took, sc.get("output", None) if schema is not None else sc["text"], _output_tokens(sc)
 
             await call(SCHEMA_PROMPTS[0], SCHEMA)  # warm: model pages, the schema's grammar path
             await call(SCHEMA_PROMPTS[0], None)
@@ -711,7 +716,7 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
                 assert not res.is_error, res
                 sc = res.structured_content
                 await wisp.call_tool("close_thread", {"thread_id": sc["thread_id"]})
-                return (first[0] if first else done), done, int(sc.get("output_tokens") or 0)
+                return (first[0] if first else done), done, _output_tokens(sc)
 
             await _at_once(through_wisp, callers)  # warm: model pages, every slot, the core's connections
             for r in range(repeats):
