@@ -35,15 +35,22 @@ func startCall(_ registry: ThreadRegistry, _ threadID: String, _ prompt: String)
     }
 }
 
-/// What a probe session saw: when each call ran, and how each session was built.
+/// What a probe session saw: each call's entry and exit in the order they happened (a recorded
+/// sequence, not clock readings), and how each session was built.
 final class Probe: Sendable {
-    struct Span: Sendable { var prompt: String; var start: ContinuousClock.Instant; var end: ContinuousClock.Instant }
+    enum Event: Sendable, Equatable { case enter(String), exit(String) }
     struct Build: Sendable { var instructions: String?; var historyCount: Int }
-    let spans = Mutex<[Span]>([])
-    let builds = Mutex<[Build]>([])
+    let events = Locked<[Event]>([])
+    let builds = Locked<[Build]>([])
+
+    /// The prompts of the calls that finished, in the order they finished.
+    var prompts: [String] {
+        events.withLock { $0.compactMap { if case .exit(let p) = $0 { p } else { nil } } }
+    }
 }
 
-/// The echo backend, watched: records call spans and session builds; can pretend to count tokens.
+/// The echo backend, watched: records call entries and exits and session builds; can pretend
+/// to count tokens.
 struct ProbeBackend: ModelBackend {
     let name = "probe"
     let model = "probe"
@@ -62,7 +69,8 @@ struct ProbeBackend: ModelBackend {
     func tokenCount(_ text: String) async throws -> Int? { counts ? estimatedTokens(text) : nil }
     func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
         probe.builds.withLock { $0.append(.init(instructions: instructions, historyCount: history.count)) }
-        return ProbeSession(inner: echo.makeSession(instructions: instructions, tools: tools, history: history), probe: probe)
+        let inner = echo.makeSession(instructions: instructions, tools: tools, history: history)
+        return ProbeSession(inner: inner, probe: probe)
     }
 }
 
@@ -73,8 +81,82 @@ final class ProbeSession: ModelSession {
 
     nonisolated(nonsending)
     func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
-        let start = ContinuousClock.now
-        defer { let end = ContinuousClock.now; probe.spans.withLock { $0.append(.init(prompt: prompt, start: start, end: end)) } }
+        probe.events.withLock { $0.append(.enter(prompt)) }
+        defer { probe.events.withLock { $0.append(.exit(prompt)) } }
+        return try await inner.respond(to: prompt, settings: settings, onPartial: onPartial)
+    }
+}
+
+/// A meeting point for `parties` calls: each `arrive` waits until all have arrived, so a call
+/// that returns `true` was inside at the same time as every other. Overlap is proven by the
+/// meeting itself; `within` only bounds how long a failing test (calls that never overlap)
+/// waits before it says so.
+final class Barrier: Sendable {
+    private struct State {
+        var arrived = 0
+        var next = 0
+        var waiting: [Int: CheckedContinuation<Bool, Never>] = [:]
+    }
+    private let parties: Int
+    private let within: Duration
+    private let state = Locked(State())
+
+    init(parties: Int, within: Duration = .seconds(60)) {
+        self.parties = parties
+        self.within = within
+    }
+
+    var arrived: Int { state.withLock { $0.arrived } }
+
+    func arrive() async -> Bool {
+        let ticket = state.withLock { s -> Int in
+            s.next += 1
+            return s.next
+        }
+        let timer = Task { [within] in
+            try? await Task.sleep(for: within)
+            state.withLock { $0.waiting.removeValue(forKey: ticket) }?.resume(returning: false)
+        }
+        defer { timer.cancel() }
+        return await withCheckedContinuation { (c: CheckedContinuation<Bool, Never>) in
+            let all = state.withLock { s -> [CheckedContinuation<Bool, Never>]? in
+                s.arrived += 1
+                s.waiting[ticket] = c
+                guard s.arrived >= parties else { return nil }
+                defer { s.waiting = [:] }
+                return Array(s.waiting.values)
+            }
+            for w in all ?? [] { w.resume(returning: true) }
+        }
+    }
+}
+
+/// The echo backend whose every call first meets the others at `barrier`; what each meeting
+/// returned is in `met`.
+struct BarrierBackend: ModelBackend {
+    let name = "barrier"
+    let model = "barrier"
+    let barrier: Barrier
+    let met = Locked<[Bool]>([])
+    let echo = EchoBackend()
+
+    func availability() async -> Availability { .ready }
+    func contextSize() async -> Int { 4096 }
+    func tokenCount(_ text: String) async throws -> Int? { nil }
+    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
+        BarrierSession(inner: echo.makeSession(instructions: instructions, tools: tools, history: history), backend: self)
+    }
+}
+
+final class BarrierSession: ModelSession {
+    let inner: any ModelSession
+    let backend: BarrierBackend
+    init(inner: any ModelSession, backend: BarrierBackend) { self.inner = inner; self.backend = backend }
+
+    nonisolated(nonsending)
+    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+        let met = await backend.barrier.arrive()
+        backend.met.withLock { $0.append(met) }
         return try await inner.respond(to: prompt, settings: settings, onPartial: onPartial)
     }
 }
@@ -115,8 +197,9 @@ final class Wire: Sendable {
         (try? JSONSerialization.jsonObject(with: Data(frame.utf8))) as? [String: Any] ?? [:]
     }
 
-    /// Where the reply to request `id` sits in `all`, waiting for it up to `within`.
-    func replyIndex(_ id: Int, within: Duration = .seconds(10)) async -> Int? {
+    /// Where the reply to request `id` sits in `all`, waiting for it up to `within` (a bound for a
+    /// failing test only: the wait ends when the reply comes).
+    func replyIndex(_ id: Int, within: Duration = .seconds(60)) async -> Int? {
         if let found = state.withLock({ $0.replies[id] }) { return found }
         let timer = Task {
             try? await Task.sleep(for: within)
@@ -135,7 +218,7 @@ final class Wire: Sendable {
     }
 
     /// The reply to request `id`: its `result` when ok, else its `error`, with `ok` alongside.
-    func reply(_ id: Int, within: Duration = .seconds(10)) async -> (ok: Bool, body: [String: Any]) {
+    func reply(_ id: Int, within: Duration = .seconds(60)) async -> (ok: Bool, body: [String: Any]) {
         guard let i = await replyIndex(id, within: within) else {
             Issue.record("no reply to request \(id)")
             return (false, [:])
@@ -237,13 +320,15 @@ final class RefusingSession: ModelSession {
     }
 }
 
-/// A backend that takes its time to say whether it is available (an endpoint that does not answer).
+/// A backend that says whether it is available only once its gate opens (an endpoint that does
+/// not answer).
 struct SlowToAnswerBackend: ModelBackend {
     let name = "slow"
     let model = "slow"
+    let gate: Gate
     let echo = EchoBackend()
     func availability() async -> Availability {
-        try? await Task.sleep(for: .seconds(2))
+        await gate.pass()
         return .ready
     }
     func contextSize() async -> Int { 4096 }

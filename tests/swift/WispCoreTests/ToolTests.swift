@@ -84,7 +84,8 @@ struct Workspace {
                 #expect(e.code == .invalidArgument, "\(name)")
                 #expect(e.message.contains(message), "\(name): \(e.message)")
             }
-            #expect(seconds(clock.now - start) < 1, "\(name) must not block")
+            // A blocking open (a FIFO, a device) would never return: any bound far above a refusal's time will do.
+            #expect(seconds(clock.now - start) < 10, "\(name) must not block")
         }
     }
 
