@@ -1,5 +1,7 @@
-/// The pipe protocol, version 2 (ARCHITECTURE.md): one type per message. The Python side
-/// (`python/wisp_shim/protocol.py`) declares the same types under the same names; keep them in step.
+/// The pipe protocol, version 2 (ARCHITECTURE.md): one type per message, each with its field
+/// table (`fields`, PipeJSON.swift), from which the core both reads and writes it: a new field is
+/// its property and one line in the table. The Python side (`python/wisp_shim/protocol.py`)
+/// declares the same types under the same names.
 ///
 /// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `Ping`, each tagged by `op`.
 /// Core → shim: `Ready` (first frame), `Progress` and `Evicted` (events), `Reply` (one per
@@ -17,7 +19,7 @@ public let protocolVersion = 2
 
 // MARK: shim → core
 
-public struct RespondOptions: Codable, Sendable, Equatable {
+public struct RespondOptions: PipeMessage, Codable, Sendable, Equatable {
     public var temperature: Double?
     public var max_output_tokens: Int?
     /// The call's time limit as the caller set it (what a `timeout` error names).
@@ -29,14 +31,14 @@ public struct RespondOptions: Codable, Sendable, Equatable {
     /// `light`, `moderate` or `deep` (`ReasoningLevel`); nil: the backend's default.
     public var reasoning: String?
 
-    public init(temperature: Double? = nil, max_output_tokens: Int? = nil, timeout_s: Double? = nil, deadline: Double? = nil,
-                reasoning: String? = nil) {
-        self.temperature = temperature
-        self.max_output_tokens = max_output_tokens
-        self.timeout_s = timeout_s
-        self.deadline = deadline
-        self.reasoning = reasoning
-    }
+    public static let fields = PipeFields<Self>([
+        .field("temperature", \.temperature),
+        .field("max_output_tokens", \.max_output_tokens),
+        .field("timeout_s", \.timeout_s),
+        .field("deadline", \.deadline),
+        .field("reasoning", \.reasoning),
+    ])
+    public static let blank = RespondOptions()
 }
 
 /// The pipe's clock for `RespondOptions.deadline`, in seconds: `clock_gettime(CLOCK_MONOTONIC)`,
@@ -52,7 +54,7 @@ public func monotonicSeconds() -> Double {
     return Double(t.tv_sec) + Double(t.tv_nsec) / 1e9
 }
 
-public struct Respond: Codable, Sendable, Equatable {
+public struct Respond: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
     public var prompt: String
     public var thread_id: String?
@@ -71,45 +73,67 @@ public struct Respond: Codable, Sendable, Equatable {
     /// checked that it stays inside wisp's supported subset.
     public var schema: String?
 
-    public init(id: Int, prompt: String, thread_id: String? = nil, instructions: String? = nil,
-                tools: [String]? = nil, options: RespondOptions? = nil, progress: Bool? = nil, roots: [String]? = nil,
-                files: [String]? = nil, schema: String? = nil) {
-        self.id = id
-        self.prompt = prompt
-        self.thread_id = thread_id
-        self.instructions = instructions
-        self.tools = tools
-        self.options = options
-        self.progress = progress
-        self.roots = roots
-        self.files = files
-        self.schema = schema
-    }
+    public static let fields = PipeFields<Self>([
+        .constant("op", Request.Op.respond),
+        .field("id", \.id),
+        .field("prompt", \.prompt),
+        .field("thread_id", \.thread_id),
+        .field("instructions", \.instructions),
+        .field("tools", \.tools),
+        .field("options", \.options),
+        .field("progress", \.progress),
+        .field("roots", \.roots),
+        .field("files", \.files),
+        .field("schema", \.schema),
+    ])
+    public static let blank = Respond(id: 0, prompt: "")
 }
 
-public struct CloseThread: Codable, Sendable, Equatable {
+public struct CloseThread: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
     public var thread_id: String
-    public init(id: Int, thread_id: String) { self.id = id; self.thread_id = thread_id }
+
+    public static let fields = PipeFields<Self>([
+        .constant("op", Request.Op.close_thread),
+        .field("id", \.id),
+        .field("thread_id", \.thread_id),
+    ])
+    public static let blank = CloseThread(id: 0, thread_id: "")
 }
 
-public struct Cancel: Codable, Sendable, Equatable {
+public struct Cancel: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
     /// The id of the in-flight request to cancel.
     public var request: Int
-    public init(id: Int, request: Int) { self.id = id; self.request = request }
+
+    public static let fields = PipeFields<Self>([
+        .constant("op", Request.Op.cancel),
+        .field("id", \.id),
+        .field("request", \.request),
+    ])
+    public static let blank = Cancel(id: 0, request: 0)
 }
 
-public struct Status: Codable, Sendable, Equatable {
+public struct Status: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
-    public init(id: Int) { self.id = id }
+
+    public static let fields = PipeFields<Self>([
+        .constant("op", Request.Op.status),
+        .field("id", \.id),
+    ])
+    public static let blank = Status(id: 0)
 }
 
 /// A liveness check: answered at once by the dispatcher (`PingResult`), without touching the
 /// registry or a backend, so a reply proves the core still reads and runs its dispatcher.
-public struct Ping: Codable, Sendable, Equatable {
+public struct Ping: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
-    public init(id: Int) { self.id = id }
+
+    public static let fields = PipeFields<Self>([
+        .constant("op", Request.Op.ping),
+        .field("id", \.id),
+    ])
+    public static let blank = Ping(id: 0)
 }
 
 /// Any shim → core message, decoded in one pass by its `op`.
@@ -132,7 +156,7 @@ public enum Request: Sendable, Equatable {
 }
 
 extension Request: Codable {
-    enum Op: String, Codable { case respond, close_thread, cancel, status, ping }
+    public enum Op: String, Codable, Sendable, CaseIterable { case respond, close_thread, cancel, status, ping }
     private enum Keys: String, CodingKey { case op }
 
     public init(from decoder: any Decoder) throws {
@@ -161,7 +185,7 @@ extension Request: Codable {
 // MARK: core → shim
 
 /// The first frame, written before any model loads.
-public struct Ready: Codable, Sendable, Equatable {
+public struct Ready: PipeMessage, Codable, Sendable, Equatable {
     public var id = 0
     public var event = "ready"
     public var `protocol` = protocolVersion
@@ -171,65 +195,79 @@ public struct Ready: Codable, Sendable, Equatable {
     /// Threads are stored (`--state-dir`): a crash of this core loses none of their committed turns.
     public var durable = false
 
-    public init(backend: String, model: String, pid: Int32, durable: Bool = false) {
-        self.backend = backend
-        self.model = model
-        self.pid = pid
-        self.durable = durable
-    }
+    public static let fields = PipeFields<Self>([
+        .field("id", \.id),
+        .field("event", \.event),
+        .field("protocol", \.`protocol`),
+        .field("backend", \.backend),
+        .field("model", \.model),
+        .field("pid", \.pid),
+        .field("durable", \.durable),
+    ])
+    public static let blank = Ready(backend: "", model: "", pid: 0)
 }
 
 /// A partial reply for request `id`: `text` is cumulative, `tokens` strictly increasing.
-public struct Progress: Codable, Sendable, Equatable {
+public struct Progress: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
     public var event = "progress"
     public var text: String
     public var tokens: Int
 
-    public init(id: Int, text: String, tokens: Int) {
-        self.id = id
-        self.text = text
-        self.tokens = tokens
-    }
+    public static let fields = PipeFields<Self>([
+        .field("id", \.id),
+        .field("event", \.event),
+        .field("text", \.text),
+        .field("tokens", \.tokens),
+    ])
+    public static let blank = Progress(id: 0, text: "", tokens: 0)
 }
 
 /// Thread `thread_id` was evicted (least recently used) to make room for a new one. Sent before
 /// the reply of the call whose new thread caused it, so the shim's view of live threads stays exact.
-public struct Evicted: Codable, Sendable, Equatable {
+public struct Evicted: PipeMessage, Codable, Sendable, Equatable {
     public var id = 0
     public var event = "evicted"
     public var thread_id: String
 
-    public init(thread_id: String) { self.thread_id = thread_id }
+
+    public static let fields = PipeFields<Self>([
+        .field("id", \.id),
+        .field("event", \.event),
+        .field("thread_id", \.thread_id),
+    ])
+    public static let blank = Evicted(thread_id: "")
 }
 
-public struct ErrorBody: Codable, Sendable, Equatable {
+public struct ErrorBody: PipeMessage, Codable, Sendable, Equatable {
     public var code: String
     public var message: String
-    public init(code: String, message: String) { self.code = code; self.message = message }
+
+    public static let fields = PipeFields<Self>([
+        .field("code", \.code),
+        .field("message", \.message),
+    ])
+    public static let blank = ErrorBody(code: "", message: "")
 }
 
 /// Tokens model requests cost, as the backend reported them (`Usage`): a count it did not
 /// report is absent.
-public struct UsageBody: Codable, Sendable, Equatable {
+public struct UsageBody: PipeMessage, Codable, Sendable, Equatable {
     public var input_tokens: Int?
     public var output_tokens: Int?
     public var reasoning_tokens: Int?
 
-    public init(input_tokens: Int? = nil, output_tokens: Int? = nil, reasoning_tokens: Int? = nil) {
-        self.input_tokens = input_tokens
-        self.output_tokens = output_tokens
-        self.reasoning_tokens = reasoning_tokens
-    }
-
-    public init(_ u: Usage) {
-        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens)
-    }
+    public static let fields = PipeFields<Self>([
+        .field("input_tokens", \.input_tokens),
+        .field("output_tokens", \.output_tokens),
+        .field("reasoning_tokens", \.reasoning_tokens),
+    ])
+    public static let blank = UsageBody()
 }
 
 /// The result of `respond`. `turns` counts the turns the thread holds after this call
 /// (this one included); `dropped` counts the turns condensing removed during this call.
-public struct RespondResult: Codable, Sendable, Equatable {
+public struct RespondResult: PipeMessage, Codable, Sendable, Equatable {
     var op = Request.Op.respond
     public var thread_id: String
     public var created: Bool
@@ -245,62 +283,81 @@ public struct RespondResult: Codable, Sendable, Equatable {
     /// What this call's model requests cost, added up (tool rounds included).
     public var usage: UsageBody?
 
-    public init(thread_id: String, created: Bool, text: String, condensed: Bool, turns: Int, dropped: Int,
-                prompt_tokens: Int? = nil, output_tokens: Int? = nil, store_error: String? = nil, usage: UsageBody? = nil) {
-        self.usage = usage
-        self.store_error = store_error
-        self.thread_id = thread_id
-        self.created = created
-        self.text = text
-        self.condensed = condensed
-        self.turns = turns
-        self.dropped = dropped
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-    }
+    public static let fields = PipeFields<Self>([
+        .field("op", \.op),
+        .field("thread_id", \.thread_id),
+        .field("created", \.created),
+        .field("text", \.text),
+        .field("condensed", \.condensed),
+        .field("turns", \.turns),
+        .field("dropped", \.dropped),
+        .field("prompt_tokens", \.prompt_tokens),
+        .field("output_tokens", \.output_tokens),
+        .field("store_error", \.store_error),
+        .field("usage", \.usage),
+    ])
+    public static let blank = RespondResult(thread_id: "", created: false, text: "", condensed: false, turns: 0,
+                                            dropped: 0)
 }
 
-public struct CloseThreadResult: Codable, Sendable, Equatable {
+public struct CloseThreadResult: PipeMessage, Codable, Sendable, Equatable {
     var op = Request.Op.close_thread
     public var thread_id: String
     public var closed: Bool
-    public init(thread_id: String, closed: Bool) { self.thread_id = thread_id; self.closed = closed }
+
+    public static let fields = PipeFields<Self>([
+        .field("op", \.op),
+        .field("thread_id", \.thread_id),
+        .field("closed", \.closed),
+    ])
+    public static let blank = CloseThreadResult(thread_id: "", closed: false)
 }
 
-public struct CancelResult: Codable, Sendable, Equatable {
+public struct CancelResult: PipeMessage, Codable, Sendable, Equatable {
     var op = Request.Op.cancel
     /// False when the request had already finished or was never seen.
     public var cancelled: Bool
-    public init(cancelled: Bool) { self.cancelled = cancelled }
+
+    public static let fields = PipeFields<Self>([
+        .field("op", \.op),
+        .field("cancelled", \.cancelled),
+    ])
+    public static let blank = CancelResult(cancelled: false)
 }
 
-public struct PingResult: Codable, Sendable, Equatable {
+public struct PingResult: PipeMessage, Codable, Sendable, Equatable {
     var op = Request.Op.ping
-    public init() {}
+
+    public static let fields = PipeFields<Self>([
+        .field("op", \.op),
+    ])
+    public static let blank = PingResult()
 }
 
-public struct ThreadInfo: Codable, Sendable, Equatable {
+public struct ThreadInfo: PipeMessage, Codable, Sendable, Equatable {
     public var thread_id: String
     public var turns: Int
     /// Calls accepted for this thread and not yet finished (running or waiting).
     public var pending: Int
     /// In the core's memory now.
-    public var live: Bool
+    public var live = true
     /// In the state dir (`--state-dir`).
-    public var stored: Bool
+    public var stored = false
     /// Live threads: what their committed calls cost so far (since created or resumed); nil before any.
     public var usage: UsageBody?
-    public init(thread_id: String, turns: Int, pending: Int, live: Bool = true, stored: Bool = false, usage: UsageBody? = nil) {
-        self.usage = usage
-        self.thread_id = thread_id
-        self.turns = turns
-        self.pending = pending
-        self.live = live
-        self.stored = stored
-    }
+
+    public static let fields = PipeFields<Self>([
+        .field("thread_id", \.thread_id),
+        .field("turns", \.turns),
+        .field("pending", \.pending),
+        .field("live", \.live),
+        .field("stored", \.stored),
+        .field("usage", \.usage),
+    ])
+    public static let blank = ThreadInfo(thread_id: "", turns: 0, pending: 0)
 }
 
-public struct StatusResult: Codable, Sendable, Equatable {
+public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
     var op = Request.Op.status
     public var backend: String
     public var model: String
@@ -318,37 +375,50 @@ public struct StatusResult: Codable, Sendable, Equatable {
     /// Why a `--state-dir` that was given is not in use.
     public var state_error: String?
 
-    public init(backend: String, model: String, available: Bool, reason: String?, context_size: Int,
-                max_threads: Int, max_queue: Int, threads: [ThreadInfo], tools: [String],
-                state_dir: String? = nil, state_error: String? = nil) {
-        self.state_dir = state_dir
-        self.state_error = state_error
-        self.backend = backend
-        self.model = model
-        self.available = available
-        self.reason = reason
-        self.context_size = context_size
-        self.max_threads = max_threads
-        self.max_queue = max_queue
-        self.threads = threads
-        self.tools = tools
-    }
+    public static let fields = PipeFields<Self>([
+        .field("op", \.op),
+        .field("backend", \.backend),
+        .field("model", \.model),
+        .field("available", \.available),
+        .field("reason", \.reason),
+        .field("context_size", \.context_size),
+        .field("max_threads", \.max_threads),
+        .field("max_queue", \.max_queue),
+        .field("threads", \.threads),
+        .field("tools", \.tools),
+        .field("state_dir", \.state_dir),
+        .field("state_error", \.state_error),
+    ])
+    public static let blank = StatusResult(backend: "", model: "", available: false, context_size: 0, max_threads: 0,
+                                           max_queue: 0, threads: [], tools: [])
 }
 
 /// Exactly one per request: `ok` with the op's result, or not ok with an error.
-public struct Reply<Result: Codable & Sendable>: Codable, Sendable {
+public struct Reply<Result: PipeMessage & Codable & Sendable>: PipeMessage, Codable, Sendable {
     public var id: Int
     public var event = "reply"
     public var ok: Bool
     public var result: Result?
     public var error: ErrorBody?
 
-    public static func success(_ id: Int, _ result: Result) -> Reply { Reply(id: id, ok: true, result: result, error: nil) }
+    /// Computed: a generic type holds no static stored property.
+    public static var fields: PipeFields<Self> {
+        PipeFields([.field("id", \.id), .field("event", \.event), .field("ok", \.ok), .field("result", \.result),
+                    .field("error", \.error)])
+    }
+    public static var blank: Self { Reply(id: 0, ok: false) }
+
+    public static func success(_ id: Int, _ result: Result) -> Reply {
+        Reply(id: id, ok: true, result: result, error: nil)
+    }
 }
 
 /// The failure form of `Reply`, which carries no result.
 public typealias ErrorReply = Reply<Empty>
-public struct Empty: Codable, Sendable {}
+public struct Empty: PipeMessage, Codable, Sendable {
+    public static let fields = PipeFields<Self>([])
+    public static let blank = Empty()
+}
 
 extension Reply where Result == Empty {
     public static func failure(_ id: Int, _ error: WispError) -> Reply {

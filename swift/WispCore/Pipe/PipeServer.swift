@@ -417,3 +417,10 @@ struct CallState {
     /// Whether the call can still time out and its deadline has passed by `now`.
     func isOverdue(at now: Double) -> Bool { deadline.map { $0 <= now } ?? false }
 }
+
+extension UsageBody {
+    /// A backend's count as the pipe carries it.
+    init(_ u: Usage) {
+        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens)
+    }
+}

@@ -568,12 +568,14 @@ public struct JSONReader {
     }
 
     /// An object read into `value` through `fields`: each known key at most once (a key twice
-    /// is refused: which one would count is not defined), unknown keys skipped.
-    public mutating func object<T>(into value: inout T, _ fields: JSONFields<T>) throws(JSONError) {
+    /// is refused: which one would count is not defined), unknown keys skipped. Returns the keys
+    /// it held, as a bit per place in `fields`.
+    @discardableResult
+    public mutating func object<T>(into value: inout T, _ fields: JSONFields<T>) throws(JSONError) -> UInt64 {
         guard take(0x7B) else { throw expected("an object") }
         try enter()
         defer { depth -= 1 }
-        if take(0x7D) { return }
+        if take(0x7D) { return 0 }
         var seen: UInt64 = 0
         repeat {
             let k = try key(fields.names)
@@ -591,6 +593,31 @@ public struct JSONReader {
             }
         } while take(0x2C)
         guard take(0x7D) else { throw error("expected ',' or '}' in an object, \(what())") }
+        return seen
+    }
+
+    /// The value of member `name` of the object that starts here, read by `read`, without moving
+    /// this reader: for a tag that says how to read the rest (the pipe's `op`), found at once
+    /// when it comes first. Nil when the object has no such member; members before it are
+    /// checked only as far as passing over them takes.
+    public func member<T>(_ name: StaticString, _ read: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T? {
+        var r = self
+        guard r.take(0x7B) else { throw r.expected("an object") }
+        if r.take(0x7D) { return nil }
+        repeat {
+            let k = try r.key([name])
+            guard r.take(0x3A) else { throw r.error("expected ':' after a member name, \(r.what())") }
+            if k != nil {
+                do { return try read(&r) } catch {
+                    var e = error
+                    e.path.insert("\(name)", at: 0)
+                    throw e
+                }
+            }
+            try r.skip()
+        } while r.take(0x2C)
+        guard r.take(0x7D) else { throw r.error("expected ',' or '}' in an object, \(r.what())") }
+        return nil
     }
 
     /// A key, as its place in `names` (nil for any other key). Keys without escapes, the usual
@@ -658,8 +685,12 @@ public struct JSONFields<T>: Sendable {
     let reads: [Read]
 
     public init(_ fields: KeyValuePairs<StaticString, Read>) {
-        precondition(fields.count <= 64, "JSONFields: at most 64 keys")
-        names = fields.map(\.key)
-        reads = fields.map(\.value)
+        self.init(names: fields.map(\.key), reads: fields.map(\.value))
+    }
+
+    public init(names: [StaticString], reads: [Read]) {
+        precondition(names.count <= 64 && names.count == reads.count, "JSONFields: at most 64 keys, one read each")
+        self.names = names
+        self.reads = reads
     }
 }
