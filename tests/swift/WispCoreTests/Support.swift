@@ -338,6 +338,14 @@ struct SlowToAnswerBackend: ModelBackend {
     }
 }
 
+/// Whether this test process runs under a sanitizer, which slows code many times over: a time
+/// bound then says nothing about the code under test, so the timed tests do not check theirs.
+let underSanitizer: Bool = {
+    guard let me = dlopen(nil, RTLD_NOW) else { return false }
+    defer { dlclose(me) }
+    return dlsym(me, "__tsan_init") != nil || dlsym(me, "__asan_init") != nil
+}()
+
 /// Runs a blocking call on an OS thread of its own, so it takes no thread from the cooperative pool.
 func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
     await withCheckedContinuation { c in Thread.detachNewThread { c.resume(returning: body()) } }
