@@ -10,7 +10,7 @@ BACKEND ?= auto
 # Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
 ARGS    ?=
 
-.PHONY: build core venv local-model run serve check test test-swift test-python check-apple check-portable bench stress fuzz sanitize clean
+.PHONY: build core facts venv local-model run serve check test test-swift test-python check-apple check-portable bench stress fuzz sanitize clean
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
 # first install the default local model (see local-model), which the shim then starts itself.
@@ -23,6 +23,12 @@ build: core venv
 
 core:
 	swift build -c release --product wisp-core
+
+## facts: copy what the core states of itself (`wisp-core --facts`: pipe version, frame limit, backends,
+# flag minimums, thread-id rule, reasoning levels, model tools, error codes) into the shim's
+# python/wisp_shim/core_facts.json; tests/python/test_agreement.py fails while the copy is stale
+facts: core
+	$(CORE) --facts | $(PYTHON) -m json.tool --indent 2 > python/wisp_shim/core_facts.json
 
 venv: $(VENV)/.installed
 

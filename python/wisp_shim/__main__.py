@@ -22,7 +22,8 @@ from . import errors
 from .client import Core
 from .errors import ShimError
 from .loop import WispEventLoop
-from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, CoreLaunch
+from .core_process import CoreLaunch
+from .facts import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS
 
 log = logging.getLogger("wisp")
 

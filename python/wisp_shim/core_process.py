@@ -30,11 +30,6 @@ BUILD_HINT = (
     "or point --core / WISP_CORE at an existing wisp-core binary."
 )
 
-# What the core's flags accept, for the shim to refuse a bad value before starting it (a core
-# that refuses its flags would fail to start again and again); a test checks they agree.
-BACKENDS = ("auto", "apple", "openai", "echo")
-DEFAULT_MAX_THREADS = 32
-FLAG_MINIMUMS = {"--max-threads": 1, "--max-queue": 0, "--context-size": 1, "--max-stored-threads": 1, "--echo-delay-ms": 0}
 
 # Bounds for the shim's memory of thread ids, which must not grow without limit
 # across a long session.

@@ -36,6 +36,7 @@ from . import schema as output_schema
 from . import errors
 from .client import Core
 from .errors import ShimError
+from .facts import MAX_CLIENT_ROOTS
 from .transport import charge, json_size
 from .tool_models import (
     ArgumentError,
@@ -56,9 +57,8 @@ log = logging.getLogger("wisp.server")
 
 # How long a call waits for the client to list its roots before going on without them.
 ROOTS_TIMEOUT_S = 2.0
-# More roots than any real workspace offers; past this a call that binds tools is refused
-# (rather than some roots dropped without the caller knowing which).
-MAX_CLIENT_ROOTS = 256
+# MAX_CLIENT_ROOTS (the core's fact): more roots than any real workspace offers; past it a call
+# that binds tools is refused (rather than some roots dropped without the caller knowing which).
 # After tools/list, the core starts this much later (see list_tools).
 LISTED_START_DELAY_S = 0.02
 # Progress messages are shown to people in a status line, not read by the model.

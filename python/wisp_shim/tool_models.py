@@ -9,7 +9,6 @@ structured result.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -17,24 +16,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import GenerateJsonSchema
 
 from . import schema as output_schema
+from .facts import MODEL_TOOLS, REASONING_LEVELS, THREAD_ID_CHARS, THREAD_ID_RE, THREAD_ID_RULE  # noqa: F401
 
-# The thread-id rule, as the core enforces it too (a test checks they agree).
-THREAD_ID_CHARS = "[A-Za-z0-9._-]{1,64}"
-THREAD_ID_RE = re.compile(THREAD_ID_CHARS)
-THREAD_ID_RULE = "1-64 characters of A-Z a-z 0-9 . _ -"
-# The core's model-tool catalogue (swift/WispCore/Tools/Catalogue.swift), named here because
-# tools/list is answered before the core is up; a test checks the two agree.
-MODEL_TOOLS = {
-    "read_file": "read a text file, optionally a line range",
-    "list_directory": "list a directory",
-    "search_text": "find lines matching a literal or regex pattern, as file:line: text",
-}
+# The thread-id rule and the model-tool catalogue are the core's (facts.py): tools/list is
+# answered before the core is up.
 # Above any model's reply length, and inside the core's 64-bit integers.
 MAX_OUTPUT_TOKENS = 2**31 - 1
 # OpenAI-compatible servers take 0-2; Apple's model clamps to 0-1.
 MAX_TEMPERATURE = 2
-# `reasoning`'s levels, as the core's ReasoningLevel (a test checks they agree).
-REASONING_LEVELS = ("light", "moderate", "deep")
 
 
 class ArgumentError(Exception):
@@ -103,7 +92,7 @@ class RespondArgs(_Arguments):
         None,
         description=(
             "Tools the model may call in a NEW thread (only allowed when the call creates it): "
-            + "; ".join(f"{name}: {what}" for name, what in MODEL_TOOLS.items())
+            + "; ".join(f"{name}: {what.rstrip('.')}" for name, what in MODEL_TOOLS.items())
             + ". Read-only, confined to wisp's roots (--root, the client's roots, else the directory wisp started in)."
         ),
     )

@@ -46,6 +46,11 @@ public struct CoreConfig: Sendable, Equatable {
 
     public init() {}
 
+    /// Each integer flag's least value, read by parsing and stated by `--facts`.
+    public static let minimums: KeyValuePairs<String, Int> = [
+        "max-threads": 1, "max-queue": 0, "context-size": 1, "echo-delay-ms": 0, "slots": 0, "max-stored-threads": 1,
+    ]
+
     public static let usage = """
     usage: wisp-core [options]   (speaks wisp's pipe protocol on stdin/stdout; started by `python -m wisp_shim`)
       --backend NAME       \(BackendKind.allCases.map(\.rawValue).joined(separator: " | "))            (WISP_BACKEND, default \(BackendKind.auto.rawValue))
@@ -62,14 +67,18 @@ public struct CoreConfig: Sendable, Equatable {
       --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
       --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS, default \(defaultMaxStoredThreads))
       --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
+      --facts              print the facts the shim takes from this core, as JSON, and exit
       API key: WISP_API_KEY (env only).
     """
 
     /// Parses env then flags. Throws a message fit to print beside `usage`.
     public static func parse(arguments: [String], environment: [String: String]) throws(WispError) -> CoreConfig {
         var c = CoreConfig()
-        func int(_ name: String, _ value: String, min: Int) throws(WispError) -> Int {
-            guard let n = Int(value), n >= min else { throw WispError(.invalidArgument, "\(name) must be an integer ≥ \(min), got '\(value)'") }
+        func int(_ key: String, _ value: String) throws(WispError) -> Int {
+            let min = minimums.first { $0.key == key }!.value
+            guard let n = Int(value), n >= min else {
+                throw WispError(.invalidArgument, "--\(key) must be an integer ≥ \(min), got '\(value)'")
+            }
             return n
         }
         func apply(_ key: String, _ value: String) throws(WispError) {
@@ -79,16 +88,16 @@ public struct CoreConfig: Sendable, Equatable {
                     throw WispError(.invalidArgument, "backend must be \(BackendKind.listed), got '\(value)'")
                 }
                 c.backend = kind
-            case "max-threads": c.maxThreads = try int("--max-threads", value, min: 1)
-            case "max-queue": c.maxQueue = try int("--max-queue", value, min: 0)
-            case "context-size": c.contextSize = try int("--context-size", value, min: 1)
-            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, min: 0)
+            case "max-threads": c.maxThreads = try int("max-threads", value)
+            case "max-queue": c.maxQueue = try int("max-queue", value)
+            case "context-size": c.contextSize = try int("context-size", value)
+            case "echo-delay-ms": c.echoDelayMs = try int("echo-delay-ms", value)
             case "endpoint": c.endpoint = value.isEmpty ? nil : value
             case "model": c.model = value.isEmpty ? nil : value
-            case "slots": c.slots = try int("--slots", value, min: 0)
+            case "slots": c.slots = try int("slots", value)
             case "root": c.roots.append(value)
             case "state-dir": c.stateDir = value.isEmpty ? nil : value
-            case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, min: 1)
+            case "max-stored-threads": c.maxStoredThreads = try int("max-stored-threads", value)
             case "log-level":
                 guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
                 c.logLevel = l

@@ -76,18 +76,28 @@ public actor ThreadRegistry {
     /// The thread-id rule (the shim checks the same): 1 to `maxIDLength` characters from A-Z a-z 0-9 . _ -
     public static let maxIDLength = 64
 
+    /// The bytes an id is made of: A-Z a-z 0-9 . _ -
+    public static let idBytes: [ClosedRange<UInt8>] = [
+        UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "0")...UInt8(ascii: "9"),
+        UInt8(ascii: ".")...UInt8(ascii: "."), UInt8(ascii: "_")...UInt8(ascii: "_"), UInt8(ascii: "-")...UInt8(ascii: "-"),
+    ]
+
+    /// The rule as a sentence says it: "1 to 64 characters from A-Z a-z 0-9 . _ -".
+    public static let idRule = "1 to \(maxIDLength) characters from " + idBytes.map { r in
+        let (a, b) = (String(UnicodeScalar(r.lowerBound)), String(UnicodeScalar(r.upperBound)))
+        return r.count == 1 ? a : a + "-" + b
+    }.joined(separator: " ")
+
     public static func isValidID(_ id: String) -> Bool {
         let bytes = id.utf8
         guard (1...maxIDLength).contains(bytes.count) else { return false }
-        return bytes.allSatisfy { b in
-            (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2E || b == 0x5F || b == 0x2D
-        }
+        return bytes.allSatisfy { b in idBytes.contains { $0.contains(b) } }
     }
 
     public static func validate(_ id: String) throws(WispError) {
         guard isValidID(id) else {
             let shown = id.count > 80 ? String(id.prefix(80)) + "…" : id
-            throw WispError(.invalidArgument, "thread_id \(shown.debugDescription) is not valid: use 1 to \(maxIDLength) characters from A-Z a-z 0-9 . _ - (or omit it to start a new thread)")
+            throw WispError(.invalidArgument, "thread_id \(shown.debugDescription) is not valid: use \(idRule) (or omit it to start a new thread)")
         }
     }
 
