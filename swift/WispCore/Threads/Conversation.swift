@@ -80,7 +80,7 @@ public final class Conversation {
         // Pre-flight: where the model can count, drop what cannot fit beside the prompt and a reply
         // reserve: the whole request as the model's template counts it, else the sum of its parts.
         let promptTokens = try await backend.tokenCount(prompt)
-        let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
+        let reserve = Self.replyReserve(settings, context: context)
         if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
                                                       prompt: prompt, settings: settings) {
             // Turns' own counts choose what to drop; the request is counted again until it fits.
@@ -197,6 +197,11 @@ public final class Conversation {
         session = nil
     }
 
+    /// The tokens kept free for the reply: what the call allows it, at most a quarter of the context.
+    static func replyReserve(_ settings: GenerationSettings, context: Int) -> Int {
+        min(settings.maxOutputTokens ?? 512, context / 4)
+    }
+
     /// Refuses, before the model is called, files that cannot fit even with every earlier turn
     /// dropped, naming each with its size in tokens.
     nonisolated(nonsending)
@@ -206,7 +211,7 @@ public final class Conversation {
             sizes.append((file.path, try await backend.tokenCount(file.block) ?? estimatedTokens(file.block)))
         }
         let own = try await countInstructions() + (try await backend.tokenCount(message.text) ?? estimatedTokens(message.text))
-        let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
+        let reserve = Self.replyReserve(settings, context: context)
         let total = own + reserve + sizes.reduce(0) { $0 + $1.1 }
         guard total > context else { return }
         let each = sizes.map { "\($0.0) (\($0.1) tokens)" }.joined(separator: ", ")

@@ -269,7 +269,7 @@ public actor ConversationThread {
     /// what the thread is bound to, so the caller sees why its arguments do not apply.
     public func bindingError(passed: [String]) -> WispError {
         let what = passed.joined(separator: " and ")
-        let instructions = conversation.instructions.map { $0.count > 80 ? String($0.prefix(80)) + "…" : $0 }
+        let instructions = conversation.instructions.map(\.preview)
         let tools = conversation.tools.map(\.name)
         let binding = (instructions.map { "instructions \($0.debugDescription)" } ?? "no instructions") + " and "
             + (tools.isEmpty ? "no tools" : "tools [\(tools.joined(separator: ", "))]")

@@ -96,7 +96,7 @@ public actor ThreadRegistry {
 
     public static func validate(_ id: String) throws(WispError) {
         guard isValidID(id) else {
-            let shown = id.count > 80 ? String(id.prefix(80)) + "…" : id
+            let shown = id.preview
             throw WispError(.invalidArgument, "thread_id \(shown.debugDescription) is not valid: use \(idRule) (or omit it to start a new thread)")
         }
     }
@@ -252,7 +252,7 @@ public actor ThreadRegistry {
             guard let tool = catalogue[name] else {
                 let valid = catalogue.keys.sorted()
                 let listed = valid.isEmpty ? "this wisp has no model tools" : "valid tools: \(valid.joined(separator: ", "))"
-                let shown = name.count > 80 ? String(name.prefix(80)) + "…" : name
+                let shown = name.preview
                 throw WispError(.invalidArgument, "unknown tool \(shown.debugDescription); \(listed)")
             }
             if !tools.contains(where: { $0.name == name }) { tools.append(tool) }

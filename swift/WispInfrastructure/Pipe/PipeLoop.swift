@@ -131,6 +131,10 @@ public struct WakeUpPipe: Sendable {
 /// anything that can block, such as a file read, an fsync or a model tool. `work` is
 /// nonisolated on purpose: work isolated to an actor would stay where that actor runs (the pipe
 /// loop, for a conversation thread's actor), whatever executor the task prefers.
+/// Work on a text up to this many bytes (encoding a reply, checking one) stays on the pipe loop:
+/// less than a hop to the pool costs.
+public let onPipeLoopBytes = 64 * 1024
+
 public func offPipeLoop<T: Sendable, E: Error>(_ work: @Sendable () async throws(E) -> T) async throws(E) -> T {
     try await withTaskExecutorPreference(globalConcurrentExecutor, isolation: nil) { () async throws(E) -> T in
         try await work()
