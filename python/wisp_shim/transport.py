@@ -1,4 +1,4 @@
-"""Guards between the stdio transport and the MCP server loop (issue 8, hostile input).
+"""Guards between the stdio transport and the MCP server loop (hostile input).
 
 - Answers what the SDK drops. A line that is not JSON, or not a JSON-RPC message, reaches
   the server loop as an exception item that the SDK only logs, so a client waiting on that

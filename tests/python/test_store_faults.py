@@ -1,4 +1,4 @@
-"""The state dir turning read-only under a running wisp (issue 25.9), for real: a tmpfs mounted
+"""The state dir turning read-only under a running wisp, for real: a tmpfs mounted
 for the test and remounted read-only, as ext4's errors=remount-ro would. Needs Linux and the
 right to mount (root with CAP_SYS_ADMIN); skipped otherwise, since chmod does not stop root
 and nothing else makes a directory refuse root's writes."""

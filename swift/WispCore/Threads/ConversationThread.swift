@@ -109,13 +109,6 @@ public actor ConversationThread {
         return Ticket(number: issued, start: start, binds: binds)
     }
 
-    /// Waits for `ticket`'s turn, then answers and commits the turn.
-    public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?) async throws -> Conversation.Outcome {
-        // `keep` always says yes, so there is always an outcome.
-        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: { true })!
-    }
-
     /// Waits for `ticket`'s turn, then answers; the turn is committed only if `keep()`, asked once
     /// the model has answered and before anything else runs on this thread, says so. Nil when it
     /// did not (the call was stopped): the history is then exactly as it was. A call cancelled

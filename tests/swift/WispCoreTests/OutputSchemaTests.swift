@@ -74,7 +74,7 @@ import Testing
         }
     }
 
-    /// Issue 24 item 2/3: the verdict is taken on exact data, by JSON Schema's rules.
+    /// The verdict is taken on exact data, by JSON Schema's rules.
     @Test func verdictIsExactForNumbersKeysAndPatterns() throws {
         let big = try OutputSchema(text: #"{"const":9007199254740993}"#)
         #expect(try big.problem(with: "9007199254740993") == nil)
@@ -107,7 +107,7 @@ import Testing
         #expect(try evil.problem(with: "\"" + String(repeating: "a", count: 5000) + "b\"") != nil)
     }
 
-    /// Issue 24 item 4, 25 item 2: whatever schema reaches the core, it answers, never crashes.
+    /// Whatever schema reaches the core, it answers, never crashes.
     @Test func oddSchemasAreArgumentErrorsNamingThePlace() throws {
         let cases: [(String, String)] = [
             (#"{"type":"object","properties":{"a":{"type":"array","items":{"type":"string"},"minItems":-1}}}"#, "#/properties/a"),

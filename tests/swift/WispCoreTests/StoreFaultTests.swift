@@ -1,4 +1,4 @@
-// Durable faults stay with one thread (issue 25.8-25.11), and the store's blocking work stays
+// Durable faults stay with one thread, and the store's blocking work stays
 // off the pipe loop (25.4).
 import Dispatch
 import Foundation

@@ -7,6 +7,22 @@ import Testing
 @testable import WispCore
 import WispInfrastructure
 
+extension ConversationThread {
+    /// Waits for `ticket`'s turn, then answers and commits the turn (`keep` always says yes, so
+    /// there is always an outcome).
+    func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Conversation.Outcome {
+        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: { true })!
+    }
+}
+
+extension Frame {
+    /// A message as Foundation's `JSONEncoder` writes it: the tests frame shim → core messages so.
+    static func encodeWithJSONEncoder<T: Encodable>(_ message: T) throws -> [UInt8] {
+        encode(payload: try JSONEncoder().encode(message))
+    }
+}
+
 /// One call through the registry, as the pipe server makes it.
 @discardableResult
 func call(_ registry: ThreadRegistry, _ threadID: String?, _ prompt: String,
