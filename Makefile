@@ -55,7 +55,7 @@ run:
 	@exec $(VPY) -m wisp_shim --backend $(BACKEND) $(ARGS)
 
 ## serve: the shared server: one wisp for every MCP client on this machine, MCP over streamable
-# HTTP at http://$(HTTP)/mcp; clients send the bearer token (README: "One wisp for every client")
+# HTTP at http://$(HTTP)/mcp; clients send the bearer token (docs/http.md)
 HTTP    ?= 127.0.0.1:8765
 serve:
 	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2
@@ -94,7 +94,7 @@ bench: build
 stress: build
 	$(VPY) tests/python/stress.py --calls 10000
 
-## fuzz: 1,000,000 inputs into each side's reader: the shim's frame decoder (atheris) and the core's request reader and JSON reader (libFuzzer, against JSONDecoder and JSONSerialization); then the long schema differential (core verdict vs jsonschema)
+## fuzz: 1,000,000 inputs into each side's reader: the shim's frame decoder (atheris), the core's request reader and JSON reader (libFuzzer, against JSONDecoder and JSONSerialization) and its decoders of a model server's answers (libFuzzer: /props, /v1/models, /api/show, /tokenize, input tokens, stream events, SSE lines); then the long schema differential (core verdict vs jsonschema)
 # New corpus entries and any crash land in .build/fuzz; the seeds (real traffic, recorded
 # by fuzz/record_corpus.py) stay in fuzz/corpus-*.
 FUZZ_RUNS ?= 1000000
@@ -102,15 +102,19 @@ SCHEMA_CASES ?= 100000
 FUZZ_OUT  := .build/fuzz
 fuzz: venv core
 	$(VPY) -m pip install --quiet --disable-pip-version-check 'atheris>=2.3'
-	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift
+	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift $(FUZZ_OUT)/corpus-openai
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -emit-library -static -module-name WispInfrastructure \
 		swift/WispInfrastructure/Pipe/Frame.swift swift/WispInfrastructure/JSON/JSON.swift swift/WispInfrastructure/JSON/JSONWriter.swift \
+		swift/WispInfrastructure/Support/OutsideNumber.swift swift/WispInfrastructure/HTTP/SSELineSplitter.swift \
 		-emit-module-path $(FUZZ_OUT)/WispInfrastructure.swiftmodule -o $(FUZZ_OUT)/libWispInfrastructure.a
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/FrameFuzz.swift \
 		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
 		$(FUZZ_OUT)/libWispInfrastructure.a -module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
 	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/OpenAIFuzz.swift \
+		swift/WispCore/Backends/OpenAI/OpenAIReplies.swift $(FUZZ_OUT)/libWispInfrastructure.a -module-name OpenAIFuzz -o $(FUZZ_OUT)/openai-fuzz
+	$(FUZZ_OUT)/openai-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-openai fuzz/corpus-openai
 	WISP_SCHEMA_CASES=$(SCHEMA_CASES) $(VPY) -m pytest -q tests/python/test_schema_differential.py
 
 ## sanitize: the Swift tests under ThreadSanitizer, then AddressSanitizer (own build dirs), in parallel

@@ -65,7 +65,7 @@ stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and
 stop running calls and the core, and wisp exits.
 
 shared server: python -m wisp_shim --http 127.0.0.1:8765 serves every MCP client on the
-machine from one core and one model; clients send `Authorization: Bearer <token>` (README).
+machine from one core and one model; clients send `Authorization: Bearer <token>` (docs/http.md).
 """
 
 
@@ -89,9 +89,15 @@ def _env_float(name: str, default: float) -> float:
         raise SystemExit(f"wisp: {name}={raw!r} is not a number") from None
 
 
+# Above any count, size or delay anyone means, and within what the core's integers hold.
+MAX_FLAG_VALUE = 2**31 - 1
+# The longest time limit wisp takes (--timeout, --session-idle-timeout): about 11.6 days.
+MAX_SECONDS = 1_000_000.0
+
+
 def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= minimum, so a bad value is refused here with a clear
-    message instead of by a core that would then fail to start again and again."""
+    """An argparse type: an integer from minimum to MAX_FLAG_VALUE, so a bad value is refused
+    here with a clear message instead of by a core that would then fail to start again and again."""
 
     def parse(text: str) -> int:
         try:
@@ -100,6 +106,8 @@ def _at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > MAX_FLAG_VALUE:
+            raise argparse.ArgumentTypeError(f"must be at most {MAX_FLAG_VALUE}, got {value}")
         return value
 
     return parse
@@ -172,8 +180,9 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     if ns.allow_hardlinks:
         args.append("--allow-hardlinks")
     timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0, got {timeout}")
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
+        raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0 and at most "
+                         f"{MAX_SECONDS:g}, got {timeout}")
     # As the core reads it: the flag wins over the variable, and an empty value means none.
     state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
     return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir)
@@ -337,8 +346,9 @@ def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_se
                 raise SystemExit(f"wisp: {flag} is for the shared server: add --http HOST:PORT (or set WISP_HTTP)")
         return None
     idle = ns.session_idle_timeout if ns.session_idle_timeout is not None else http_server.DEFAULT_SESSION_IDLE_S
-    if not (math.isfinite(idle) and idle > 0):
-        raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0, got {idle}")
+    if not (math.isfinite(idle) and 0 < idle <= MAX_SECONDS):
+        raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0 and at most "
+                         f"{MAX_SECONDS:g}, got {idle}")
     try:
         bind = http_server.parse_bind(where)
         http_server.check_bind(bind, ns.allow_remote)

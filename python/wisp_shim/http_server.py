@@ -1,11 +1,13 @@
-"""`--http HOST:PORT`: one wisp for every MCP client on the machine, over MCP's streamable HTTP.
+"""`--http HOST:PORT`: one wisp for every MCP client on the machine, over MCP's streamable HTTP:
+the address, the app and the server's lifecycle.
 
 The `mcp` SDK serves the protocol (`StreamableHTTPSessionManager`: 2025-11-25 clients with
 sessions and their SSE streams, 2026-07-28 clients one request at a time), checks Host and
-Origin (DNS rebinding), bounds request bodies, sessions and idle time; its bearer middleware
-asks this module's verifier about the token; uvicorn serves HTTP. Decided here: which address
-may be bound, which token, the bounds' values, one `Core` (one core, one model, one thread
-registry) behind every session, what a dropped connection means, and the lifecycle.
+Origin (DNS rebinding), bounds request body size, sessions and idle time; uvicorn serves HTTP,
+through http_guards.py's connection (deadlines, connection caps, the token's check from
+http_token.py, body budgets). Decided here: which address may be bound, the bounds' values,
+one `Core` (one core, one model, one thread registry) behind every session, what a dropped
+connection means, and the lifecycle.
 
 The tools are the stdio server's own (server.py's `build_server`): one `Server` object serves
 every session, and each call reads its own session's roots and reports progress to it.
@@ -17,13 +19,10 @@ import contextlib
 import errno
 import json
 import logging
-import os
 import signal
 import socket
-import stat
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
@@ -31,16 +30,20 @@ import anyio
 from . import protocol
 from .client import Core
 from .core_process import CoreLaunch
+from .http_token import HttpConfigError, Token, load_token
 
-# The SDK's HTTP side, starlette and the stdlib modules only the shared server needs are
-# imported where they are used: a stdio wisp, which imports this module for its flags, must
-# not pay for them at every start.
+# The SDK's HTTP side, starlette, uvicorn (and so http_guards.py) and the stdlib modules only
+# the shared server needs are imported where they are used: a stdio wisp, which imports this
+# module for its flags, must not pay for them at every start.
 if TYPE_CHECKING:
-    from mcp.server.auth.provider import AccessToken
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from mcp.server.transport_security import TransportSecuritySettings
     from starlette.applications import Starlette
     from starlette.types import Message, Receive, Scope, Send
+
+    from .http_guards import BodyBudgets
+
+__all__ = ["HttpConfigError", "Token", "load_token"]  # --http's settings, for __main__.py
 
 log = logging.getLogger("wisp.http")
 
@@ -51,22 +54,12 @@ DEFAULT_HTTP = "127.0.0.1:8765"
 MAX_BODY_BYTES = protocol.MAX_FRAME_BYTES + 1024 * 1024
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE_S = 30 * 60.0
-# Open connections and requests in flight, over every client: past it uvicorn answers 503.
-MAX_CONNECTIONS = 1024
 # On a stop signal, after the core is down: how long open connections (SSE streams) get to
 # close before the process exits anyway; the core's own stop is bounded by core_process.py.
 SHUTDOWN_GRACE_S = 0.5
-TOKEN_BYTES = 32
-# A token set by hand must be hard to guess too, and must fit an HTTP header as it is.
-MIN_TOKEN_CHARS = 16
-MAX_TOKEN_FILE_BYTES = 4096
 # The SDK's MCP_SESSION_ID_HEADER, as ASGI spells header names.
 SESSION_HEADER = b"mcp-session-id"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-
-
-class HttpConfigError(Exception):
-    """A --http setting wisp refuses to start with; the message says what to do."""
 
 
 # --- the address ---------------------------------------------------------------------------
@@ -130,7 +123,9 @@ def _host_names(bind: Bind) -> list[str]:
     host = bind.host
     if bind.loopback:
         # `localhost` is served on 127.0.0.1 (listen).
-        return ["localhost", "127.0.0.1"] if host.lower() == "localhost" else ["localhost", f"[{host}]" if ":" in host else host]
+        if host.lower() == "localhost":
+            return ["localhost", "127.0.0.1"]
+        return ["localhost", f"[{host}]" if ":" in host else host]
     if host in ("0.0.0.0", "::"):
         # Every address of the machine: its names, and loopback.
         names = {"localhost", "127.0.0.1", "[::1]", socket.gethostname(), socket.getfqdn()}
@@ -156,127 +151,7 @@ def security_settings(bind: Bind, port: int) -> TransportSecuritySettings:
     )
 
 
-# --- the token -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Token:
-    value: bytes
-    where: str  # said by --check and the start-up log: never the token itself
-
-
-def default_token_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "wisp" / "http-token"
-
-
-def _valid_token(text: str, where: str) -> bytes:
-    token = text.strip()
-    if len(token) < MIN_TOKEN_CHARS or not all("!" <= c <= "~" for c in token):
-        raise HttpConfigError(
-            f"the token in {where} must be at least {MIN_TOKEN_CHARS} printable ASCII characters with no spaces; "
-            "make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
-        )
-    return token.encode("ascii")
-
-
-def read_token_file(path: Path) -> bytes:
-    """The token in `path`, which must be a regular file of this user's that no one else may read."""
-    try:
-        # O_NONBLOCK: a FIFO put there must be refused, not waited on.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise HttpConfigError(f"the token file {path} does not exist; create it (mode 0600) or leave out --token-file") from None
-    except OSError as exc:
-        raise HttpConfigError(f"the token file {path} cannot be opened: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise HttpConfigError(f"the token file {path} is not a regular file; point --token-file at a file that holds only the token")
-        if st.st_uid != os.getuid():
-            raise HttpConfigError(f"the token file {path} belongs to another user (uid {st.st_uid}); use a file of your own")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode & 0o077:
-            raise HttpConfigError(
-                f"the token file {path} is readable or writable by others (mode {mode:04o}); "
-                f"only its owner may use it: chmod 600 {path}"
-            )
-        if st.st_size > MAX_TOKEN_FILE_BYTES:
-            raise HttpConfigError(f"the token file {path} is {st.st_size} bytes; it must hold only the token")
-        data = os.read(fd, MAX_TOKEN_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        text = ""
-    return _valid_token(text, str(path))
-
-
-def _generate_token(path: Path) -> bytes:
-    """A new token in `path` (0600, in a 0700 directory); a token another wisp wrote there first wins."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path.parent)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise HttpConfigError(f"{path.parent} is not a directory of yours; set XDG_CONFIG_HOME or use --token-file")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path.parent, 0o700)
-    import secrets
-
-    token = secrets.token_urlsafe(TOKEN_BYTES)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        os.write(fd, (token + "\n").encode("ascii"))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)  # never replaces a token file that is already there
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(tmp)
-    return read_token_file(path)
-
-
-def load_token(token_file: str | None, generate: bool = True) -> Token:
-    """WISP_HTTP_TOKEN, else --token-file, else the generated one (made on first use)."""
-    env = os.environ.get("WISP_HTTP_TOKEN")
-    if env:
-        return Token(_valid_token(env, "WISP_HTTP_TOKEN"), "the environment variable WISP_HTTP_TOKEN")
-    if token_file:
-        path = Path(token_file).expanduser()
-        return Token(read_token_file(path), str(path))
-    path = default_token_path()
-    if not os.path.lexists(path):
-        if not generate:
-            return Token(b"", f"{path} (not made yet: wisp writes a new token there when it starts with --http)")
-        log.info("wrote a new HTTP token to %s", path)
-        return Token(_generate_token(path), str(path))
-    return Token(read_token_file(path), str(path))
-
-
-class TokenVerifier:
-    """The SDK's bearer middleware asks this whether a request's token is wisp's."""
-
-    def __init__(self, token: bytes) -> None:
-        import hmac
-
-        from mcp.server.auth.provider import AccessToken
-
-        self._compare = hmac.compare_digest
-        self._token = token
-        self._granted = AccessToken(token="", client_id="wisp", scopes=[])
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        # Constant time, and on bytes: a header may carry any latin-1 text.
-        if self._compare(token.encode("latin-1", "replace"), self._token):
-            return self._granted
-        return None
-
-
-# --- between the token check and the SDK ----------------------------------------------------
+# --- between the guards and the SDK ---------------------------------------------------------
 
 
 @dataclass
@@ -289,7 +164,7 @@ class HttpOptions:
 
 
 class _Sessions:
-    """The ASGI app behind the token check, in front of the SDK's session manager.
+    """The ASGI app behind the guards (the token is checked), in front of the SDK's session manager.
 
     - The core (and the local model) start with the first request that got this far.
     - A 2025-11-25 client that drops the connection of a POST before its reply ends that
@@ -298,17 +173,14 @@ class _Sessions:
       to the session as the client's `notifications/cancelled`. 2026-07-28 requests are
       cancelled by the SDK itself when their stream closes.
     - Past the session cap, the SDK's 503 says what wisp's limit is and how to change it.
-    - Request bodies in memory and not yet answered are bounded over all clients (503 past it).
+    - Request bodies in memory and not yet answered count against their session's share and
+      the total (http_guards.BodyBudgets; 503 past either).
     """
 
-    def __init__(self, manager: StreamableHTTPSessionManager, start_core: Callable[[], None], options: HttpOptions) -> None:
-        from .transport import MAX_IN_FLIGHT_BYTES
-
+    def __init__(self, manager: StreamableHTTPSessionManager, start_core: Callable[[], None], options: HttpOptions,
+                 budgets: BodyBudgets) -> None:
         self.manager = manager
-        # Request bodies received and not yet answered, over every client: the budget is what
-        # one stdio client may have in flight. Bytes a slow client has not sent count nothing.
-        self._held = 0
-        self._budget = MAX_IN_FLIGHT_BYTES
+        self._budgets = budgets
         self._start_core = start_core
         self._options = options
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -324,29 +196,24 @@ class _Sessions:
                 tg.cancel_scope.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from .http_guards import OverBudget, make_budget_receive, unavailable
+
         self._start_core()
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.manager.handle_request(scope, receive, send)
             return
-        in_session = _header(scope, SESSION_HEADER) is not None
-        body = bytearray() if in_session else None
-        held = 0
+        session = _header(scope, SESSION_HEADER)
+        body = bytearray() if session is not None else None
         answered = False
 
-        async def counted_receive() -> Message:
-            nonlocal held
-            message = await receive()
+        def watch(message: Message) -> None:
             if message["type"] == "http.request":
-                chunk = message.get("body", b"")
-                held += len(chunk)
-                self._held += len(chunk)
-                if self._held > self._budget:
-                    raise _OverBudget  # from inside the SDK's body read: nothing has been answered yet
                 if body is not None and len(body) <= MAX_BODY_BYTES:
-                    body.extend(chunk)
+                    body.extend(message.get("body", b""))
             elif message["type"] == "http.disconnect" and body is not None and not answered:
                 self._cancel(scope, bytes(body))
-            return message
+
+        counted_receive, release = make_budget_receive(self._budgets, session, receive, watch)
 
         async def watched_send(message: Message) -> None:
             nonlocal answered
@@ -355,19 +222,17 @@ class _Sessions:
             await send(message)
 
         try:
-            await self.manager.handle_request(scope, counted_receive, watched_send if in_session else self._cap_message(send))
-        except _OverBudget:
-            await _json_error(send, 503, (
-                f"wisp holds {self._budget // (1024 * 1024)} MiB of its clients' requests that are not answered yet; "
-                "send this one again when some have been"
-            ))
+            out = watched_send if session is not None else self._cap_message(send)
+            await self.manager.handle_request(scope, counted_receive, out)
+        except OverBudget as exc:
+            await unavailable(send, str(exc))
         finally:
-            self._held -= held
+            release()
 
     def _cancel(self, scope: Scope, body: bytes) -> None:
         try:
             request = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past Python's stack: no request of wisp's
             return
         if not isinstance(request, dict) or "method" not in request or not isinstance(request.get("id"), int | str):
             return  # a notification or a response: nothing is running for it
@@ -375,7 +240,8 @@ class _Sessions:
             "jsonrpc": "2.0", "method": "notifications/cancelled",
             "params": {"requestId": request["id"], "reason": "the client's connection closed before the reply"},
         }).encode()
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"] + [(b"content-length", str(len(note)).encode())]
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+        headers.append((b"content-length", str(len(note)).encode()))
         sub = {**scope, "headers": headers}
         sent = False
 
@@ -398,7 +264,7 @@ class _Sessions:
 
         async def cap_send(message: Message) -> None:
             nonlocal held
-            # The session manager's one 503 (uvicorn's own, past MAX_CONNECTIONS, never gets here).
+            # The session manager's one 503 (the guards' and the budgets' are sent past this).
             if message["type"] == "http.response.start" and message["status"] == 503:
                 held = message
                 return
@@ -406,7 +272,8 @@ class _Sessions:
                 o = self._options
                 text = (
                     f"wisp serves at most {o.max_sessions} MCP sessions at once and that many are open; close a "
-                    f"client, or start wisp with a larger --max-sessions (a session expires after {o.session_idle_s:g} s "
+                    "client, or start wisp with a larger --max-sessions (a session expires after "
+                    f"{o.session_idle_s:g} s "
                     "without a request: --session-idle-timeout)"
                 )
                 try:
@@ -415,7 +282,8 @@ class _Sessions:
                 except (ValueError, KeyError, TypeError):
                     error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": text}}
                 data = json.dumps(error).encode()
-                headers = [(k, v) for k, v in held["headers"] if k != b"content-length"] + [(b"content-length", str(len(data)).encode())]
+                headers = [(k, v) for k, v in held["headers"] if k != b"content-length"]
+                headers.append((b"content-length", str(len(data)).encode()))
                 await send({**held, "headers": headers})
                 held = None
                 await send({"type": "http.response.body", "body": data, "more_body": False})
@@ -425,17 +293,6 @@ class _Sessions:
         return cap_send
 
 
-class _OverBudget(Exception):
-    """Raised into the SDK's body read when the request bodies held would pass the budget."""
-
-
-async def _json_error(send: Send, status: int, message: str) -> None:
-    data = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": message}}).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), (b"retry-after", b"1")]})
-    await send({"type": "http.response.body", "body": data, "more_body": False})
-
-
 def _header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope["headers"]:
         if k == name:
@@ -443,13 +300,11 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def build_app(server: Any, start_core: Callable[[], None], options: HttpOptions, port: int) -> Starlette:
-    """The ASGI app: the token check, then the SDK's streamable HTTP at /mcp."""
-    from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
+def build_app(server: Any, start_core: Callable[[], None], options: HttpOptions, port: int,
+              budgets: BodyBudgets) -> Starlette:
+    """The ASGI app behind the guards: the SDK's streamable HTTP at /mcp."""
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from starlette.applications import Starlette
-    from starlette.middleware import Middleware
-    from starlette.middleware.authentication import AuthenticationMiddleware
     from starlette.routing import Route
 
     manager = StreamableHTTPSessionManager(
@@ -459,12 +314,8 @@ def build_app(server: Any, start_core: Callable[[], None], options: HttpOptions,
         max_sessions=options.max_sessions,
         session_idle_timeout=options.session_idle_s,
     )
-    sessions = _Sessions(manager, start_core, options)
-    return Starlette(
-        routes=[Route(MCP_PATH, endpoint=RequireAuthMiddleware(sessions, required_scopes=[]))],
-        middleware=[Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(TokenVerifier(options.token.value)))],
-        lifespan=lambda app: sessions.run(),
-    )
+    sessions = _Sessions(manager, start_core, options, budgets)
+    return Starlette(routes=[Route(MCP_PATH, endpoint=sessions)], lifespan=lambda app: sessions.run())
 
 
 # --- the server's run -----------------------------------------------------------------------
@@ -515,7 +366,11 @@ async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit
             started = True
             core.start()
 
-    app = build_app(build_server(core, max_threads), start_core, options, port)
+    from .http_guards import BodyBudgets, ConnectionGuard
+    from .http_token import Credentials
+
+    app = build_app(build_server(core, max_threads), start_core, options, port, BodyBudgets())
+    guard = ConnectionGuard(Credentials(options.token.value))
 
     class Server(uvicorn.Server):
         # wisp handles the stop signals itself (below): uvicorn's own handler would re-raise
@@ -525,7 +380,7 @@ async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit
             yield
 
     http = Server(uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="on", limit_concurrency=MAX_CONNECTIONS,
+        app, http=guard.protocol(), log_config=None, access_log=False, lifespan="on",
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S, server_header=False,
     ))
     done = anyio.Event()

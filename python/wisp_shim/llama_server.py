@@ -28,6 +28,8 @@ MODEL_ALIAS = "SmolLM2-135M-Instruct"
 DEFAULT_CONTEXT = 4096
 READY_TIMEOUT_S = 120.0
 TERM_GRACE_S = 2.0
+# WISP_LOCAL_CPU_THREADS past this is no machine's core count: the default is used instead.
+MAX_CPU_THREADS = 1024
 
 # What a signal death of llama-server most likely means, and what to do about it.
 _SIGNAL_ADVICE = {
@@ -60,7 +62,7 @@ def default_cpu_threads() -> int:
     (the agent harness, a build, wisp itself) stalls every token (bench/README.md has the
     figures)."""
     env = os.environ.get("WISP_LOCAL_CPU_THREADS") or os.environ.get("WISP_LOCAL_THREADS", "")
-    if env.isdigit() and int(env) > 0:
+    if env.isdecimal() and 0 < int(env) <= MAX_CPU_THREADS:
         return int(env)
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 

@@ -90,7 +90,8 @@ def slots_wanted(max_threads: int) -> int:
     """The slots asked for: WISP_SLOTS when it names some, else one per live conversation
     thread wisp may keep (--max-threads), so that no thread waits for another's answer."""
     env = os.environ.get("WISP_SLOTS", "")
-    return int(env) if env.isdigit() and int(env) > 0 else max_threads
+    # isdecimal, not isdigit: int() refuses digits such as "²"; slot_count bounds the number.
+    return int(env) if env.isdecimal() and int(env) > 0 else max_threads
 
 
 def slot_count(wanted: int, thread_context: int, kv_bytes_per_token: int | None,
@@ -237,7 +238,7 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     assert binary is not None and model is not None
     if context_size is None:
         env = os.environ.get("WISP_CONTEXT_SIZE")
-        context_size = int(env) if env and env.isdigit() and int(env) > 0 else DEFAULT_CONTEXT
+        context_size = int(env) if env and env.isdecimal() and 0 < int(env) < 2**31 else DEFAULT_CONTEXT
     return Plan(decision, LocalModel(binary=binary, model=model, context_size=context_size,
                                      slots=slot_count(slots_wanted(max_threads), context_size, kv_bytes_per_token(model), physical_memory(), os.cpu_count())))
 

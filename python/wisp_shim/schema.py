@@ -108,8 +108,21 @@ def check_schema(schema: Any) -> CheckedSchema:
 
 
 def reply_value(text: str) -> Any:
-    """The value of a reply the core has judged valid JSON matching its schema."""
-    return json.loads(text)
+    """The value of a reply the core has judged valid JSON matching its schema, read as the
+    core judged it (Python's reading of numbers, which the SDK writes back out exactly). A number
+    past a double's range would go out as null: the core refuses those, so one here is its bug."""
+    return json.loads(text, parse_float=_finite, parse_constant=_not_json)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is past a double's range")
+    return value
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _check_shape(schema: dict[str, Any]) -> None:

@@ -53,6 +53,11 @@ class StubConfig:
     reasoning: str | None = None      # stream this as `reasoning_content` deltas before the reply
     reject_reasoning: bool = False    # a request with reasoning_effort → HTTP 400 naming it (OpenAI's words)
     input_tokens: bool = False        # POST /v1/chat/completions/input_tokens answers (chars // 4, as usage says)
+    # A number the stub reports, put in as this JSON text (any text: "1e300", "9223372036854775807"),
+    # by where: props.n_ctx, props.total_slots, models.max_model_len, tokenize.count (answers
+    # {"count": …}), input_tokens (the endpoint answers it), usage.prompt_tokens,
+    # usage.completion_tokens, usage.reasoning_tokens.
+    numbers: dict[str, str] = field(default_factory=dict)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -63,7 +68,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _json(self, status: int, obj: Any) -> None:
-        data = json.dumps(obj).encode()
+        data = _encode(obj)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -77,11 +82,17 @@ class _Handler(BaseHTTPRequestHandler):
         self._record(None)
         cfg = self.stub.config
         if self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]})
+            model = {"id": cfg.model, "object": "model"}
+            if "models.max_model_len" in cfg.numbers:
+                model["max_model_len"] = _Number(cfg.numbers["models.max_model_len"])
+            self._json(200, {"object": "list", "data": [model]})
         elif self.path == "/props" and cfg.n_ctx is not None:
-            props: dict[str, Any] = {"default_generation_settings": {"n_ctx": cfg.n_ctx}}
+            n_ctx = _Number(cfg.numbers["props.n_ctx"]) if "props.n_ctx" in cfg.numbers else cfg.n_ctx
+            props: dict[str, Any] = {"default_generation_settings": {"n_ctx": n_ctx}}
             if cfg.slots is not None:
                 props["total_slots"] = cfg.slots
+            if "props.total_slots" in cfg.numbers:
+                props["total_slots"] = _Number(cfg.numbers["props.total_slots"])
             self._json(200, props)
         else:
             self._json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
@@ -91,8 +102,12 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(n) or b"null")
         self._record(body)
         cfg = self.stub.config
-        if self.path == "/tokenize" and cfg.tokenize:
+        if self.path == "/tokenize" and "tokenize.count" in cfg.numbers:
+            self._json(200, {"count": _Number(cfg.numbers["tokenize.count"])})
+        elif self.path == "/tokenize" and cfg.tokenize:
             self._json(200, {"tokens": list(range(len(body["content"].split())))})
+        elif self.path == "/v1/chat/completions/input_tokens" and "input_tokens" in cfg.numbers:
+            self._json(200, {"input_tokens": _Number(cfg.numbers["input_tokens"]), "object": "response.input_tokens"})
         elif self.path == "/v1/chat/completions/input_tokens" and cfg.input_tokens:
             self._json(200, {"input_tokens": _chars(body) // 4, "object": "response.input_tokens"})
         elif self.path == "/v1/chat/completions":
@@ -157,17 +172,45 @@ class _Handler(BaseHTTPRequestHandler):
                 usage: dict[str, Any] = {"prompt_tokens": chars // 4, "completion_tokens": thought + len(pieces), "total_tokens": 0}
                 if cfg.reasoning is not None:  # as OpenAI reports it; llama-server reports no details
                     usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+                for key in ("prompt_tokens", "completion_tokens"):
+                    if "usage." + key in cfg.numbers:
+                        usage[key] = _Number(cfg.numbers["usage." + key])
+                if "usage.reasoning_tokens" in cfg.numbers:
+                    usage["completion_tokens_details"] = {"reasoning_tokens": _Number(cfg.numbers["usage.reasoning_tokens"])}
                 self._event({"choices": [], "usage": usage})
         self._raw(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.stub.completed += 1
 
     def _event(self, obj: Any) -> None:
-        self._raw(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        self._raw(b"data: " + _encode(obj) + b"\n\n")
 
     def _raw(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+
+class _Number(str):
+    """A number written as this JSON text, whatever Python would make of it (1e400, 2**64)."""
+
+
+def _encode(obj: Any) -> bytes:
+    numbers: list[str] = []
+
+    def mark(o: Any) -> Any:
+        if isinstance(o, _Number):
+            numbers.append(str(o))
+            return f"\x00{len(numbers) - 1}\x00"
+        if isinstance(o, dict):
+            return {k: mark(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [mark(v) for v in o]
+        return o
+
+    text = json.dumps(mark(obj))
+    for i, number in enumerate(numbers):
+        text = text.replace(f'"\\u0000{i}\\u0000"', number)
+    return text.encode()
 
 
 def _chars(body: dict) -> int:

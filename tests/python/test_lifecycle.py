@@ -208,12 +208,36 @@ def test_help_lists_every_environment_variable_wisp_reads():
     assert read - listed == set(), f"read by wisp but not in --help: {sorted(read - listed)}"
 
 
-@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1", "0"])
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-1", "0", "1e300", "1000001"])
 def test_a_time_limit_that_is_not_a_finite_positive_number_is_refused(value):
     run = subprocess.run([*shim_command("--backend", "echo", "--timeout", value)], capture_output=True, text=True,
                          timeout=60, env=shim_env(), cwd=REPO, stdin=subprocess.DEVNULL)
     assert run.returncode != 0 and "--timeout / WISP_TIMEOUT must be a finite number of seconds above 0" in run.stderr, run.stderr
     assert run.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "env", "says"), [
+    (["--max-threads", str(2**63)], {}, "--max-threads: must be at most 2147483647"),
+    ([], {"WISP_MAX_QUEUE": str(10**30)}, "WISP_MAX_QUEUE: must be at most 2147483647"),
+    (["--http", "127.0.0.1:0", "--session-idle-timeout", "1e300"], {"WISP_HTTP_TOKEN": "t" * 32},
+     "--session-idle-timeout must be a finite number of seconds above 0 and at most"),
+])
+def test_a_number_past_what_wisp_takes_is_refused_at_start(args, env, says):
+    run = subprocess.run([*shim_command("--backend", "echo", *args)], capture_output=True, text=True,
+                         timeout=60, env=shim_env(**env), cwd=REPO, stdin=subprocess.DEVNULL)
+    assert run.returncode != 0 and says in run.stderr, run.stderr
+    assert run.stdout == ""
+
+
+def test_unicode_digits_in_the_local_models_numbers_fall_back_to_the_defaults(monkeypatch):
+    from wisp_shim import llama_server, local_model
+
+    # "²" is a digit to str.isdigit and no number to int(): once a traceback at start.
+    for value in ("²", "1" + "0" * 30):
+        monkeypatch.setenv("WISP_SLOTS", value)
+        monkeypatch.setenv("WISP_LOCAL_CPU_THREADS", value)
+        assert 1 <= local_model.slot_count(local_model.slots_wanted(4), 4096, None, None, 2) <= local_model.MAX_SLOTS
+        assert 1 <= llama_server.default_cpu_threads() <= llama_server.MAX_CPU_THREADS
 
 
 # --- signals and stdin EOF with a core that cannot answer ---------------------------------

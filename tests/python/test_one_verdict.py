@@ -201,3 +201,49 @@ def test_the_core_refuses_a_huge_schema_it_is_sent_without_the_shim():
         assert replies[i]["ok"] is False and replies[i]["error"]["code"] == "invalid_argument", replies[i]
         assert "minItems" in replies[i]["error"]["message"], replies[i]
     assert replies[3]["ok"] is True
+
+
+# (schema, the model's reply, served): served replies must reach the caller as values that
+# validate against the schema as the caller's parser reads both; the others are invalid_output.
+NUMBERS_AS_READ = [
+    # Every parser reads the reply and the const as 0.3 (judged as written, it was refused).
+    ({"const": 0.30000000000000001}, "0.30000000000000001", True),
+    ({"type": "number", "minimum": 1e-400}, "1e-400", True),
+    # Infinity to every parser (the caller once got null).
+    ({"type": "object", "properties": {"n": {"type": "number"}}}, '{"n":1e400}', False),
+    # 1.0 to every parser, which matches both branches (the caller once got 1.0).
+    ({"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 1}]}, "1.0000000000000001", False),
+    # 2^53 + 1: one branch to Python, both (2^53) to JavaScript.
+    ({"oneOf": [{"const": 9007199254740993}, {"const": 9007199254740992}]}, "9007199254740993", False),
+    ({"type": "integer", "minimum": 9007199254740993}, "9007199254740993", True),
+]
+
+
+def _valid_as_read(schema: dict, value, *, javascript: bool) -> bool:
+    """Whether `value`, written out as the shim writes it and read back as the caller's parser
+    reads it, validates against `schema` read the same way."""
+    import jsonschema
+
+    parse = {"parse_int": float} if javascript else {}
+    read = json.loads(json.dumps(value), **parse)
+    return jsonschema.Draft202012Validator(json.loads(json.dumps(schema), **parse)).is_valid(read)
+
+
+async def test_numbers_reach_the_caller_as_they_were_judged():
+    with OpenAIStub(StubConfig(reply="first")) as stub:
+        async with openai(stub) as c:
+            turns = ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))["turns"]
+            for schema, reply, served in NUMBERS_AS_READ:
+                stub.config.reply = reply
+                result = await c.call_tool("respond", {"prompt": "n", "thread_id": "t", "schema": schema})
+                if served:
+                    s = ok(result)
+                    turns += 1
+                    assert s["text"] == reply and s["turns"] == turns, (schema, s)
+                    for javascript in (False, True):
+                        assert _valid_as_read(schema, s["output"], javascript=javascript), (schema, reply, s["output"])
+                else:
+                    msg = error_text(result)
+                    assert msg.startswith("invalid_output:") and "not added" in msg, (schema, reply, msg)
+            listing = ok(await c.call_tool("list_threads", {}))
+            assert [t["turns"] for t in listing["threads"]] == [turns]

@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// The seam between wisp's thread layer and a model. It is wisp's own protocol, so the actor
 /// layer runs on Linux exactly as on a Mac; each backend lives in its own folder beside this file.
 
@@ -40,9 +42,10 @@ public struct Usage: Sendable, Equatable {
     }
 
     /// A count is known for the sum only where both parts report it: a sum over a request that
-    /// reported nothing would pass an undercount for the real figure.
+    /// reported nothing would pass an undercount for the real figure. The counts are a server's,
+    /// so the sum saturates (a thread's total over many calls grows without bound).
     public static func + (a: Usage, b: Usage) -> Usage {
-        func add(_ x: Int?, _ y: Int?) -> Int? { if let x, let y { x + y } else { nil } }
+        func add(_ x: Int?, _ y: Int?) -> Int? { if let x, let y { x.addingClamped(y) } else { nil } }
         return Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
                      reasoningTokens: add(a.reasoningTokens, b.reasoningTokens))
     }

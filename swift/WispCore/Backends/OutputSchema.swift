@@ -12,12 +12,12 @@ import WispInfrastructure
 /// `description`/`title`. Whatever else reaches the core anyway is refused here
 /// (`invalid_argument`, naming the place), never a crash.
 ///
-/// The verdict is JSON Schema's (2020-12) for that subset, on exact data: numbers compared as
-/// exact decimals (WispInfrastructure/JSON/JSON.swift), strings and keys as sequences of code
-/// points, `pattern` with ECMA-262 semantics matched by the linear engine
-/// (WispInfrastructure/Regex/, `.ecma`). The shim does not judge the reply again; `jsonschema`
-/// is the test oracle (tests/python/test_schema_differential.py, which lists where Python's `re`
-/// and ECMA-262 differ).
+/// The verdict is JSON Schema's (2020-12) for that subset, on the data as the caller will read
+/// it: numbers as Python's `json` and JavaScript's `JSON.parse` read them, the verdict holding
+/// under both (NumberReading.swift); strings and keys as sequences of code points; `pattern` with
+/// ECMA-262 semantics matched by the linear engine (WispInfrastructure/Regex/, `.ecma`). The shim
+/// does not judge the reply again; `jsonschema` is the test oracle
+/// (tests/python/test_schema_differential.py, which lists where the two differ).
 ///
 /// Checking a reply and building echo's value can take time on a large reply or schema: both
 /// run off the pipe loop and stop when their call is cancelled (`Task.isCancelled`).
@@ -26,6 +26,8 @@ public struct OutputSchema: Sendable, Equatable {
     public let text: String
     public let root: JSONValue
     let node: Node
+    /// Whether the schema may hold an integer past 2^53, where the two readings of numbers part.
+    let largeIntegers: Bool
 
     /// Deeper than the shim lets through; bounds the core's recursion whatever it is sent.
     static let maxDepth = 64
@@ -47,6 +49,7 @@ public struct OutputSchema: Sendable, Equatable {
         self.node = try Node(root, path: "#", depth: 0)
         self.text = root.jsonText
         self.root = root
+        self.largeIntegers = NumberReading.mayHoldLargeIntegers(self.text)
     }
 
     // MARK: the compiled schema

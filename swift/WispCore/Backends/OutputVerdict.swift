@@ -14,7 +14,18 @@ extension OutputSchema {
             return "the reply is not valid JSON (\(error))"
         }
         var budget = Budget()
-        return try Self.problem(value, node, at: "$", &budget)
+        // JavaScript's reading is Python's but for integers past 2^53: judged again only when there may be one.
+        let both = largeIntegers || NumberReading.mayHoldLargeIntegers(reply)
+        for reading in both ? NumberReading.allCases : [.python] {
+            if let n = reading.firstUnreadable(in: value) {
+                return "the reply has the number \(n.text.prefix(40)), which \(reading.parser) reads as infinity; "
+                    + "no caller can receive it"
+            }
+            if let p = try Self.problem(value, node, at: "$", reading, &budget) {
+                return reading == .python ? p : "\(p) (with numbers as \(reading.parser) reads them)"
+            }
+        }
+        return nil
     }
 
     /// Throws `invalid_output` when the reply does not parse or match; the message says what to try.
@@ -34,20 +45,21 @@ extension OutputSchema {
         return WispError(.invalidOutput, "the model's reply was cut off at the output cap\(cap) before the JSON value was complete. The turn was not added to the thread. Try a larger max_output_tokens or a simpler schema.")
     }
 
-    private static func problem(_ v: JSONValue, _ s: Node, at path: String, _ budget: inout Budget) throws(WispError) -> String? {
+    private static func problem(_ v: JSONValue, _ s: Node, at path: String, _ reading: NumberReading,
+                                _ budget: inout Budget) throws(WispError) -> String? {
         try budget.step()
-        if let c = s.const, !same(v, c) { return "\(path) must be \(c.jsonText), got \(short(v))" }
-        if let e = s.choices, !e.contains(where: { same(v, $0) }) {
+        if let c = s.const, !reading.same(v, c) { return "\(path) must be \(c.jsonText), got \(short(v))" }
+        if let e = s.choices, !e.contains(where: { reading.same(v, $0) }) {
             return "\(path) must be one of \(short(.array(e))), got \(short(v))"
         }
         if let branches = s.anyOf {
             var fits = false
-            for b in branches where try problem(v, b, at: path, &budget) == nil { fits = true; break }
+            for b in branches where try problem(v, b, at: path, reading, &budget) == nil { fits = true; break }
             if !fits { return "\(path) matches none of the `anyOf` choices: \(short(v))" }
         }
         if let branches = s.oneOf {
             var fits = 0
-            for b in branches where try problem(v, b, at: path, &budget) == nil { fits += 1 }
+            for b in branches where try problem(v, b, at: path, reading, &budget) == nil { fits += 1 }
             if fits != 1 { return "\(path) must match exactly one `oneOf` choice, matches \(fits): \(short(v))" }
         }
         guard let kind = s.kind else { return nil }
@@ -60,16 +72,20 @@ extension OutputSchema {
                 if !found { return "\(path) must match the pattern \(p.text), got \(short(v))" }
             }
             return nil
-        case (.integer, .number(let n)) where n.isInteger, (.number, .number(let n)):
-            if let lo = s.minimum, n < lo { return "\(path) must be at least \(lo.text), got \(n.text.preview)" }
-            if let hi = s.maximum, hi < n { return "\(path) must be at most \(hi.text), got \(n.text.preview)" }
+        case (.integer, .number(let n)) where reading.isInteger(n), (.number, .number(let n)):
+            if let lo = s.minimum, reading.compare(n, lo) < 0 {
+                return "\(path) must be at least \(lo.text), got \(n.text.preview)"
+            }
+            if let hi = s.maximum, reading.compare(n, hi) > 0 {
+                return "\(path) must be at most \(hi.text), got \(n.text.preview)"
+            }
             return nil
         case (.array, .array(let items)):
             if let lo = s.minItems, items.count < lo { return "\(path) must have at least \(lo) item(s), has \(items.count)" }
             if let hi = s.maxItems, items.count > hi { return "\(path) must have at most \(hi) item(s), has \(items.count)" }
             if let itemSchema = s.items {
                 for (k, item) in items.enumerated() {
-                    if let p = try problem(item, itemSchema, at: "\(path)[\(k)]", &budget) { return p }
+                    if let p = try problem(item, itemSchema, at: "\(path)[\(k)]", reading, &budget) { return p }
                 }
             }
             return nil
@@ -81,7 +97,8 @@ extension OutputSchema {
             }
             for m in members {
                 if let k = s.index[Array(m.key.utf8)] {
-                    if let p = try problem(m.value, s.properties[k].node, at: "\(path).\(m.key)", &budget) { return p }
+                    let at = "\(path).\(m.key)"
+                    if let p = try problem(m.value, s.properties[k].node, at: at, reading, &budget) { return p }
                 } else if s.closed {
                     return "\(path) has the property \(quoted(m.key)), which the schema does not allow"
                 }
@@ -92,10 +109,6 @@ extension OutputSchema {
             return "\(path) must be \(kind == .integer || kind == .array || kind == .object ? "an" : "a") \(name), got \(short(v))"
         }
     }
-
-    /// JSON Schema's equality for the scalars `enum` and `const` may hold: numbers by value
-    /// (1 and 1.0 are one number), strings as code points.
-    private static func same(_ a: JSONValue, _ b: JSONValue) -> Bool { a == b }
 
     private static func quoted(_ s: String) -> String { JSONValue.string(s).jsonText }
 
@@ -113,7 +126,7 @@ extension OutputSchema {
     /// pipe loop unless the reply is short and there is no schema.
     public static func checkReply(_ text: String, settings: GenerationSettings) async throws(WispError) {
         if settings.schema == nil, text.utf8.count < onPipeLoopBytes { return try checkSize(text) }
-        try await offPipeLoop { () throws(WispError) in
+        try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
             try checkSize(text)
             try settings.schema?.check(text, maxOutputTokens: settings.maxOutputTokens)
         }

@@ -29,6 +29,8 @@ public final class PipeServer: Sendable {
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
     private let watchdog = Locked<Task<Void, Never>?>(nil)
+    /// What `max_output_tokens` may be: a token count (the shim's `MAX_OUTPUT_TOKENS`).
+    static let maxOutputTokens = 1...TokenCount.range.upperBound
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
 
@@ -126,6 +128,10 @@ public final class PipeServer: Sendable {
             let levels = ReasoningLevel.allCases.map(\.rawValue).joined(separator: ", ")
             return fail(r.id, WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
         }
+        // The shim checks it too; the core trusts no number off the pipe (`max_tokens` goes to a server).
+        if let n = r.options?.max_output_tokens, !Self.maxOutputTokens.contains(n) {
+            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(Self.maxOutputTokens.upperBound), got \(n)"))
+        }
         let deadline = Self.deadline(r.options)
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
         // has told the caller it timed out, so it must change nothing, not even create its thread.
@@ -145,7 +151,8 @@ public final class PipeServer: Sendable {
         let schema: OutputSchema?
         do {
             if let text = r.schema {
-                schema = try await offPipeLoop { () throws(WispError) in try OutputSchema(text: text) }
+                // The dispatcher's own job: the requests after this one (cancels too) wait for it.
+                schema = try await offPipeLoop(as: .dispatcher) { () throws(WispError) in try OutputSchema(text: text) }
             } else {
                 schema = nil
             }
@@ -162,7 +169,11 @@ public final class PipeServer: Sendable {
         // Before this call's reply, so the shim never takes the evicted thread for alive.
         if let evicted = acceptance.evicted { write(Evicted(thread_id: evicted)) }
 
-        let task = Task(executorPreference: executor) { await self.run(r, acceptance, schema: schema) }
+        // Its blocking work takes its turn in the pool as its thread's.
+        let owner = BlockingOwner.thread(acceptance.thread.id)
+        let task = Task(executorPreference: executor) {
+            await BlockingPool.$owner.withValue(owner) { await self.run(r, acceptance, schema: schema) }
+        }
         let stoppedEarly = calls.withLock { $0.byID[r.id]?.started(task) } ?? false
         if stoppedEarly { task.cancel() }
     }
@@ -201,7 +212,9 @@ public final class PipeServer: Sendable {
             if let paths = r.files, !paths.isEmpty {
                 // Off the pipe loop: each root is resolved (realpath) again.
                 let base = registry.fileRoots, extra = r.roots ?? []
-                files = FileRequest(paths: paths, roots: await offPipeLoop { base.adding(extra) })
+                files = FileRequest(paths: paths, roots: try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
+                    base.adding(extra)
+                })
             }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false

@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// The model backends `--backend` chooses from; the raw values are the words of the flag and
 /// of `WISP_BACKEND`.
@@ -43,12 +44,19 @@ public struct CoreConfig: Sendable, Equatable {
     /// Durable threads: the directory they are stored in; nil keeps them in memory only.
     public var stateDir: String?
     public var maxStoredThreads = defaultMaxStoredThreads
+    /// What the counting flags take. Each thread and each queued call holds memory, so their
+    /// bounds are far above any use and far below what could be allocated or added without overflow.
+    public static let maxThreadsRange = 1...1_000_000
+    public static let maxQueueRange = 0...1_000_000
+    public static let maxStoredThreadsRange = 1...100_000_000
 
     public init() {}
 
-    /// Each integer flag's least value, read by parsing and stated by `--facts`.
-    public static let minimums: KeyValuePairs<String, Int> = [
-        "max-threads": 1, "max-queue": 0, "context-size": 1, "echo-delay-ms": 0, "slots": 0, "max-stored-threads": 1,
+    /// What each integer flag takes, read by parsing and stated by `--facts`.
+    public static let ranges: KeyValuePairs<String, ClosedRange<Int>> = [
+        "max-threads": maxThreadsRange, "max-queue": maxQueueRange, "context-size": 1...TokenCount.range.upperBound,
+        "echo-delay-ms": EchoDirective.sleepRange, "slots": OpenAIReplies.slotCounts,
+        "max-stored-threads": maxStoredThreadsRange,
     ]
 
     public static let usage = """
@@ -75,9 +83,10 @@ public struct CoreConfig: Sendable, Equatable {
     public static func parse(arguments: [String], environment: [String: String]) throws(WispError) -> CoreConfig {
         var c = CoreConfig()
         func int(_ key: String, _ value: String) throws(WispError) -> Int {
-            let min = minimums.first { $0.key == key }!.value
-            guard let n = Int(value), n >= min else {
-                throw WispError(.invalidArgument, "--\(key) must be an integer ≥ \(min), got '\(value)'")
+            let range = ranges.first { $0.key == key }!.value
+            guard let n = OutsideNumber.int(value, in: range) else {
+                throw WispError(.invalidArgument,
+                                "--\(key) must be an integer ≥ \(range.lowerBound) and ≤ \(range.upperBound), got '\(value)'")
             }
             return n
         }

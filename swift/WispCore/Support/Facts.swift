@@ -11,8 +11,11 @@ public enum CoreFacts {
             "max_frame_bytes": .number(JSONNumber(maxFrameBytes)),
             "error_codes": .array(WispError.Code.allCases.map { .string($0.rawValue) }),
             "backends": .array(BackendKind.allCases.map { .string($0.rawValue) }),
-            "flags": .object(CoreConfig.minimums.map { flag, minimum in
-                var facts: [JSONMember] = [JSONMember("minimum", .number(JSONNumber(minimum)))]
+            "flags": .object(CoreConfig.ranges.map { flag, range in
+                var facts: [JSONMember] = [
+                    JSONMember("minimum", .number(JSONNumber(range.lowerBound))),
+                    JSONMember("maximum", .number(JSONNumber(range.upperBound))),
+                ]
                 if let given = defaults[flag] { facts.append(JSONMember("default", .number(JSONNumber(given)))) }
                 return JSONMember("--" + flag, .object(facts))
             }),

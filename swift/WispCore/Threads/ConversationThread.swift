@@ -131,7 +131,12 @@ public actor ConversationThread {
             // No lock while the state dir is not usable: the call is served in memory. What is
             // stored is still read where it can be (a read-only directory holds its threads).
             // Turns the store missed (`unstored`) make this memory the thread, whatever file is there.
-            let (lock, found) = try await durability.store.lockAndLoad(id, seen: stamp, load: !unstored)
+            // Taken as one job that is dropped if the call ends while it waits for a worker (the
+            // store's own trips off the pipe loop run inside it).
+            let store = durability.store, id = self.id, seen = stamp, load = !unstored
+            let (lock, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) { () async throws(WispError) in
+                try await store.lockAndLoad(id, seen: seen, load: load)
+            }
             held = lock
             try await reload(found, durability)
         }

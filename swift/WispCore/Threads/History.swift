@@ -52,7 +52,7 @@ public struct Turn: Sendable, Codable, Equatable {
 }
 
 /// The fallback token estimate when a backend cannot count: ceil(UTF-8 bytes / 4).
-/// It is also the echo backend's exact rule (README.md, "the echo backend").
+/// It is also the echo backend's exact rule (docs/echo.md).
 @inlinable
 public func estimatedTokens(_ text: String) -> Int {
     (text.utf8.count + 3) / 4

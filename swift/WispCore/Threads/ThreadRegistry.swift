@@ -1,7 +1,7 @@
 import Foundation
 import WispInfrastructure
 
-/// Thread semantics, in one place (README.md's "Thread rules" says them to users):
+/// Thread semantics, in one place (docs/threads.md says them to users):
 ///
 /// - `respond` without a thread id creates a thread under a generated id; with an unknown id
 ///   it creates a thread under that id; with a known id it continues that conversation.
@@ -217,8 +217,9 @@ public actor ThreadRegistry {
         let live = entries.removeValue(forKey: threadID)
         guard let store else { return live != nil }
         if let live, await live.thread.close() != .leftToTheCaller { return true }
-        // Off the pipe loop: it waits for the lock and fsyncs the directory.
-        let stored = try await offPipeLoop { () async throws(WispError) -> Bool in try await store.delete(threadID) }
+        // Off the pipe loop: it waits for the lock and fsyncs the directory. The dispatcher's own
+        // job (close is answered in order): it waits behind no call's work.
+        let stored = try await offPipeLoop(as: .dispatcher) { () async throws(WispError) -> Bool in try await store.delete(threadID) }
         return live != nil || stored
     }
 

@@ -81,8 +81,7 @@ public enum ToolCatalogue {
         guard let text = String(validating: data, as: UTF8.self), !data.contains(0) else {
             throw WispError(.invalidArgument, "\(Roots.shown(path)) is a binary file; read_file shows text only")
         }
-        var lines = text.split(separator: "\n", omittingEmptySubsequences: false)
-        if text.hasSuffix("\n") { lines.removeLast() }
+        let lines = TextLines.split(text)
         let first = max(1, start ?? 1)
         guard first <= max(lines.count, 1) else { throw WispError(.invalidArgument, "\(Roots.shown(path)) has \(lines.count) lines; start_line \(first) is past the end") }
         let last = min(lines.count, end ?? Int.max)
@@ -151,7 +150,7 @@ public enum ToolCatalogue {
             let (data, _) = file.read(upTo: min(limits.maxScanBytes - scanned, 4 * 1024 * 1024))
             scanned += data.count
             guard !data.prefix(8192).contains(0), let text = String(validating: data, as: UTF8.self) else { return }
-            for (n, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            for (n, line) in TextLines.split(text).enumerated() {
                 // The clock is read per line (and inside the regex matcher per 1,024 scalars), so
                 // one huge file cannot hold the call past its time limit.
                 if n & 63 == 63, ContinuousClock.now > deadline || Task.isCancelled { stoppedBy = timeLimit; return }

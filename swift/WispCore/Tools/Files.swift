@@ -25,7 +25,7 @@ public struct AttachedFile: Sendable, Equatable {
 
     /// How the model sees it: the caller's path in the opening tag, then the text.
     public var block: String {
-        "<file path=\"\(path)\">\n\(text)\(text.hasSuffix("\n") || text.isEmpty ? "" : "\n")</file>"
+        "<file path=\"\(path)\">\n\(text)\(TextLines.endsWithLineBreak(text) || text.isEmpty ? "" : "\n")</file>"
     }
 }
 

@@ -238,7 +238,7 @@ public struct Roots: Sendable, Equatable {
             throw WispError(.invalidArgument, "\(shown) is not a regular file; refused")
         }
         if f.st_nlink > 1 && !allowHardLinks {
-            throw WispError(.invalidArgument, Self.hardLinkRefusal(shown, links: Int(f.st_nlink)))
+            throw WispError(.invalidArgument, Self.hardLinkRefusal(shown, links: Int(clamping: f.st_nlink)))
         }
     }
 

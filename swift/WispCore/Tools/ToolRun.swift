@@ -9,7 +9,7 @@ enum ToolRun {
     static func output(_ tool: ModelTool, _ arguments: String) async throws(CancellationError) -> (text: String, failed: Bool) {
         do {
             // Off the pipe loop: a tool reads the disk and may run a search up to its time limit.
-            return (try await offPipeLoop { try await tool.call(arguments) }, false)
+            return (try await offPipeLoop(ifDropped: CancellationError()) { try await tool.call(arguments) }, false)
         } catch let error as CancellationError {
             throw error
         } catch let error as WispError {

@@ -27,6 +27,9 @@ enum PlainHTTP {
 }
 
 private final class Connection: Sendable {
+    /// A body's or a chunk's length as the server states it: a length, and one that an `Int`
+    /// holds with room to add to.
+    static let lengths = 0...Int(Int32.max) * 64
     private struct State {
         var fd: Int32 = -1
         var cancelled = false
@@ -83,7 +86,8 @@ private final class Connection: Sendable {
         if header.chunked {
             while true {
                 let sizeLine = try input.line()
-                guard let size = Int(sizeLine.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) ?? "", radix: 16), size >= 0 else {
+                let digits = sizeLine.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) ?? ""
+                guard let size = OutsideNumber.int(digits, radix: 16, in: Self.lengths) else {
                     throw URLError(.cannotParseResponse)
                 }
                 if size == 0 { break }
@@ -200,7 +204,7 @@ private struct Input {
         repeat {
             // "HTTP/1.1 200 OK"; a 1xx interim answer is followed by the real one.
             let fields = statusLine.split(separator: " ", maxSplits: 2)
-            guard fields.count >= 2, fields[0].hasPrefix("HTTP/"), let code = Int(fields[1]) else {
+            guard fields.count >= 2, fields[0].hasPrefix("HTTP/"), let code = OutsideNumber.int(fields[1], in: 100...999) else {
                 throw URLError(.cannotParseResponse)
             }
             status = code
@@ -212,7 +216,12 @@ private struct Input {
                 let name = field[..<colon].lowercased()
                 let value = field[field.index(after: colon)...].trimmingCharacters(in: .whitespaces)
                 if name == "transfer-encoding" && value.lowercased().contains("chunked") { header.chunked = true }
-                if name == "content-length" { header.contentLength = Int(value) }
+                if name == "content-length" {
+                    // A length that is not one (or a second, different one) makes the body's end unknowable.
+                    guard let length = OutsideNumber.int(value, in: Connection.lengths),
+                          header.contentLength == nil || header.contentLength == length else { throw URLError(.cannotParseResponse) }
+                    header.contentLength = length
+                }
             }
             if (100..<200).contains(status) { statusLine = try line() }
         } while (100..<200).contains(status)

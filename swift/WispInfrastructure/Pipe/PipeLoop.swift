@@ -16,7 +16,7 @@ import Darwin
 /// another OS thread enqueues (a timer, a model server's bytes) wakes it through a pipe.
 ///
 /// Work that may block (disk, fsync, model tools) must not run here: it would hold every
-/// other call and the reading of cancels. `offPipeLoop` sends it to the global pool.
+/// other call and the reading of cancels. `offPipeLoop` sends it to the `BlockingPool`.
 public final class PipeLoop: TaskExecutor, Sendable {
     private struct State {
         var jobs: [UnownedJob] = []
@@ -127,16 +127,6 @@ public struct WakeUpPipe: Sendable {
     }
 }
 
-/// Runs `work` on the global concurrent pool rather than the pipe loop (see `PipeLoop`): for
-/// anything that can block, such as a file read, an fsync or a model tool. `work` is
-/// nonisolated on purpose: work isolated to an actor would stay where that actor runs (the pipe
-/// loop, for a conversation thread's actor), whatever executor the task prefers.
 /// Work on a text up to this many bytes (encoding a reply, checking one) stays on the pipe loop:
 /// less than a hop to the pool costs.
 public let onPipeLoopBytes = 64 * 1024
-
-public func offPipeLoop<T: Sendable, E: Error>(_ work: @Sendable () async throws(E) -> T) async throws(E) -> T {
-    try await withTaskExecutorPreference(globalConcurrentExecutor, isolation: nil) { () async throws(E) -> T in
-        try await work()
-    }
-}

@@ -157,3 +157,22 @@ struct TemplateBackend: ModelBackend {
         echo.makeSession(instructions: instructions, tools: tools, history: history)
     }
 }
+
+/// A turn's `tokens` that came from outside the core (a stored thread, a server's count) at the
+/// top of `Int`'s range: the sums over the history saturate, so the turn is dropped to make
+/// room rather than the core trapping, in the counted pre-flight and in echo's own sum.
+@Suite struct HugeTurnCounts {
+    @Test(arguments: [Int.max, Int(Int32.max), -Int.max])
+    func aHistoryWithAnAbsurdCountIsCondensedNotTrapped(_ tokens: Int) async throws {
+        let history = [Turn(prompt: "old", response: "old reply", tokens: tokens), Turn(prompt: "recent", response: "ok")]
+        for counts in [false, true] {
+            let backend = ProbeBackend(contextSize: 4096, counts: counts)
+            let conversation = Conversation(backend: backend, instructions: nil, tools: [], history: history)
+            let outcome = conversation.commit(try await conversation.respond(to: "next", settings: .init(), onPartial: nil))
+            #expect(outcome.text.hasPrefix("echo "), "counts \(counts)")
+            if tokens > 4096 {
+                #expect(outcome.condensed && conversation.history.first?.prompt == "recent", "counts \(counts), tokens \(tokens)")
+            }
+        }
+    }
+}

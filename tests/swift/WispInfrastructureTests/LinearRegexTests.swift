@@ -155,8 +155,10 @@ extension Regex {
                 let start = clock.now
                 return (re.matches(line[...], deadline: clock.now + .milliseconds(50)), clock.now - start)
             }
-            #expect(result == nil)
-            if !underSanitizer { #expect(elapsed < .seconds(1)) }
+            #expect(result == nil, "the match ran to its end past its deadline")
+            // How late it stops depends on the machine's load too: the bound only catches a check
+            // that comes far too seldom.
+            if !underSanitizer { #expect(elapsed < .seconds(10)) }
         }
     }
 }

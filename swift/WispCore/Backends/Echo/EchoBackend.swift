@@ -2,7 +2,7 @@ import Foundation
 import WispInfrastructure
 
 /// The `echo` backend: no model, fully deterministic. Its behaviour is a public contract
-/// (README.md, "Trying it without a model: the echo backend") that outside checks rely on;
+/// (docs/echo.md) that outside checks rely on;
 /// change it only on purpose, and note it there.
 public struct EchoBackend: ModelBackend {
     public let name = "echo"
@@ -84,24 +84,25 @@ final class EchoSession: ModelSession {
         var text: String
         if let schema = settings.schema {
             // Off the pipe loop: a schema may ask for a large value (bounded by echoValue).
-            text = try await offPipeLoop { () throws(WispError) in try schema.echoValue(n: n).jsonText }
+            text = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
+                try schema.echoValue(n: n).jsonText
+            }
         } else {
             text = "echo \(n): \(body)"
         }
         if settings.schema == nil {
             for file in message.files {
-                let first = file.text.split(separator: "\n", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-                text += "\nfile \(file.path): \(first.hasSuffix("\r") ? first.dropLast() : first)"
+                text += "\nfile \(file.path): \(TextLines.first(file.text))"
             }
         }
-        var used = estimatedTokens(instructions ?? "") + estimatedTokens(prompt) + estimatedTokens(text)
-        for t in turns { used += t.tokens }
-        for e in exchanges { used += e.estimatedTokens }
+        // A stored turn's count is not echo's own: the sum saturates.
+        let used = ([estimatedTokens(instructions ?? ""), estimatedTokens(prompt), estimatedTokens(text)]
+            + turns.map(\.tokens) + exchanges.map(\.estimatedTokens)).clampedSum()
         guard used <= context else {
             throw WispError(.contextOverflow, "echo backend: \(used) tokens exceed the \(context)-token context")
         }
 
-        let delay = sleepMs + delayMs
+        let delay = sleepMs.addingClamped(delayMs)
         do {
             if let onPartial {
                 // At least two cumulative partials, spread over the delay, as a streaming model would.
@@ -150,6 +151,9 @@ enum EchoDirective: Equatable {
     case crash
     case tool(name: String, arguments: String)
 
+    /// `!sleep`'s milliseconds: up to a day.
+    static let sleepRange = 0...86_400_000
+
     init(_ prompt: String) throws {
         guard prompt.hasPrefix("!") else { self = .none; return }
         let words = prompt.split(separator: " ", maxSplits: 2, omittingEmptySubsequences: false)
@@ -158,8 +162,8 @@ enum EchoDirective: Equatable {
         case "!crash":
             self = .crash
         case "!sleep":
-            guard let ms = Int(argument), ms >= 0 else {
-                throw WispError(.invalidArgument, "echo: !sleep needs a whole number of milliseconds, e.g. `!sleep 500 hello`")
+            guard let ms = OutsideNumber.int(argument, in: Self.sleepRange) else {
+                throw WispError(.invalidArgument, "echo: !sleep needs a whole number of milliseconds up to \(Self.sleepRange.upperBound), e.g. `!sleep 500 hello`")
             }
             self = .sleep(ms)
         case "!fail":

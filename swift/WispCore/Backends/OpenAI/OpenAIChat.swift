@@ -35,6 +35,10 @@ struct PromptCache: Sendable, Equatable {
 
 /// The chat request: its body, and the SSE stream folded into one `ChatReply`.
 extension OpenAIServer {
+    /// The most one streamed answer may bring: several times what the pipe can carry as a reply
+    /// (a stream spends bytes on its framing and on reasoning kept apart from the reply).
+    static let maxStreamBytes = 8 * maxFrameBytes
+
     static func chatBody(model: String, messages: [ChatMessage], tools: [ModelTool], toolChoice: String?,
                          settings: GenerationSettings, cache: PromptCache? = nil) throws -> Data {
         var body: [String: Any] = [
@@ -89,6 +93,7 @@ extension OpenAIServer {
         var errorBody = Data()
         var lines = SSELineSplitter()
         var calls: [Int: ToolCall] = [:]
+        var received = 0
         do {
             for try await event in chatClient.open(request) {
                 switch event {
@@ -98,6 +103,11 @@ extension OpenAIServer {
                     guard (200..<300).contains(status) else {
                         if errorBody.count < 65_536 { errorBody.append(chunk) }
                         continue
+                    }
+                    // How much a server streams is its own choice: past what a reply could be, the call fails.
+                    received = received.addingClamped(chunk.count)
+                    if received > Self.maxStreamBytes {
+                        throw WispError(.generationFailed, "the model server at \(endpointDescription) streamed more than \(Self.maxStreamBytes) bytes for one answer; the call was stopped")
                     }
                     for line in lines.push(chunk) {
                         if try fold(line, into: &reply, calls: &calls) { onDelta((reply.text, reply.chunks)) }
@@ -126,47 +136,24 @@ extension OpenAIServer {
 
     /// Folds one SSE line into the reply. Returns true when the text changed.
     private func fold(_ line: String, into reply: inout ChatReply, calls: inout [Int: ToolCall]) throws -> Bool {
-        let payload: Substring
-        if line.hasPrefix("data:") {
-            payload = line.dropFirst(5)
-        } else if line.hasPrefix("error:") { // llama.cpp reports an error inside an open stream this way
-            payload = line.dropFirst(6)
-        } else if line.hasPrefix("{") { // a server that ignored `stream` and answered with one JSON body
-            payload = Substring(line)
-        } else {
-            return false // comments, event names, blank separators
-        }
-        let text = payload.trimmingCharacters(in: .whitespaces)
-        if text == "[DONE]" || text.isEmpty { return false }
-        guard let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else { return false }
-        if object["error"] != nil { throw httpError(200, Data(text.utf8)) }
-        if let usage = object["usage"] as? [String: Any] {
-            reply.promptTokens = Self.int(usage["prompt_tokens"]) ?? reply.promptTokens
-            reply.outputTokens = Self.int(usage["completion_tokens"]) ?? reply.outputTokens
-            let details = usage["completion_tokens_details"] as? [String: Any]
-            reply.reasoningTokens = Self.int(details?["reasoning_tokens"]) ?? reply.reasoningTokens
-        }
-        if let timings = object["timings"] as? [String: Any] {
-            reply.cachedTokens = Self.int(timings["cache_n"]) ?? reply.cachedTokens
-            reply.evaluatedTokens = Self.int(timings["prompt_n"]) ?? reply.evaluatedTokens
-        }
-        guard let choice = (object["choices"] as? [[String: Any]])?.first else { return false }
-        if let reason = choice["finish_reason"] as? String { reply.finishReason = reason }
-        guard let delta = (choice["delta"] as? [String: Any]) ?? (choice["message"] as? [String: Any]) else { return false }
-        for raw in delta["tool_calls"] as? [[String: Any]] ?? [] {
-            let index = Self.int(raw["index"]) ?? calls.count
+        guard let chunk = OpenAIReplies.chunk(line) else { return false }
+        if let error = chunk.error { throw httpError(200, Data(error.utf8)) }
+        reply.promptTokens = chunk.promptTokens ?? reply.promptTokens
+        reply.outputTokens = chunk.outputTokens ?? reply.outputTokens
+        reply.reasoningTokens = chunk.reasoningTokens ?? reply.reasoningTokens
+        reply.cachedTokens = chunk.cachedTokens ?? reply.cachedTokens
+        reply.evaluatedTokens = chunk.evaluatedTokens ?? reply.evaluatedTokens
+        if let reason = chunk.finishReason { reply.finishReason = reason }
+        for piece in chunk.toolCalls {
+            let index = piece.index ?? calls.count
             var call = calls[index] ?? ToolCall(id: "", name: "", arguments: "")
-            if let id = raw["id"] as? String, !id.isEmpty { call.id = id }
-            if let function = raw["function"] as? [String: Any] {
-                if let name = function["name"] as? String { call.name += name }
-                if let arguments = function["arguments"] as? String { call.arguments += arguments }
-            }
+            if let id = piece.id, !id.isEmpty { call.id = id }
+            if let name = piece.name { call.name += name }
+            if let arguments = piece.arguments { call.arguments += arguments }
             calls[index] = call
         }
-        if let thought = (delta["reasoning_content"] as? String) ?? (delta["reasoning"] as? String) {
-            reply.reasoning += thought
-        }
-        if let content = delta["content"] as? String, !content.isEmpty {
+        if let thought = chunk.reasoning { reply.reasoning += thought }
+        if let content = chunk.content, !content.isEmpty {
             reply.text += content
             reply.chunks += 1
             return true

@@ -23,6 +23,9 @@ final class OpenAIServer: Sendable {
     static let chatIdleTimeout: TimeInterval = 600
     static let probeTimeout: TimeInterval = 5
     static let fallbackContextSize = 4096
+    /// The most a probe's answer may hold: `/tokenize` lists every token of a prompt (up to the
+    /// pipe's frame limit), a few bytes each.
+    static let maxProbeBytes = 1 << 28
 
     struct Facts: Sendable {
         var model: String?
@@ -102,13 +105,12 @@ final class OpenAIServer: Sendable {
     }
 
     private func learnModels(_ data: Data) {
-        guard let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
-              let list = object["data"] as? [[String: Any]], !list.isEmpty else { return }
-        let mine = list.first { ($0["id"] as? String) == configuredModel } ?? list[0]
+        let list = OpenAIReplies.models(data)
+        guard let mine = list.first(where: { $0.id == configuredModel }) ?? list.first else { return }
         facts.withLock { f in
-            if f.model == nil { f.model = mine["id"] as? String }
+            if f.model == nil { f.model = mine.id }
             // vLLM says its window in the model list.
-            if f.contextSize == nil, let n = Self.int(mine["max_model_len"]), n > 0 { f.contextSize = n }
+            if f.contextSize == nil, let n = mine.contextSize, n > 0 { f.contextSize = n }
         }
     }
 
@@ -120,10 +122,10 @@ final class OpenAIServer: Sendable {
         // llama.cpp
         if let (status, data) = try? await fetch("GET", root.appendingPathComponent("props"), timeout: Self.probeTimeout) {
             reached = true
-            if status == 200, let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any] {
-                let settings = object["default_generation_settings"] as? [String: Any]
-                found = Self.int(settings?["n_ctx"]) ?? Self.int(object["n_ctx"])
-                learnSlots(Self.int(object["total_slots"]))
+            if status == 200 {
+                let props = OpenAIReplies.props(data)
+                found = props.contextSize
+                learnSlots(props.slots)
             }
         }
         // vLLM (max_model_len in /v1/models)
@@ -137,13 +139,7 @@ final class OpenAIServer: Sendable {
         if found == nil, let (status, data) = try? await fetch("POST", root.appendingPathComponent("api/show"),
                                                               json: ["model": await requestModel()], timeout: Self.probeTimeout) {
             reached = true
-            if status == 200, let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any],
-               let parameters = object["parameters"] as? String {
-                for line in parameters.split(separator: "\n") {
-                    let parts = line.split(whereSeparator: { $0 == " " || $0 == "\t" })
-                    if parts.count >= 2, parts[0] == "num_ctx", let n = Int(parts[1]) { found = n }
-                }
-            }
+            if status == 200 { found = OpenAIReplies.ollamaContext(data) }
         }
         if let found, found <= 0 { return configuredContextSize ?? Self.fallbackContextSize } // loading: ask again later
         if reached {
@@ -176,16 +172,15 @@ final class OpenAIServer: Sendable {
         let body: [String: Any] = ["content": text, "add_special": false,
                                    "prompt": text, "add_special_tokens": false, "model": await requestModel()]
         return try await count(root.appendingPathComponent("tokenize"), body: try JSONSerialization.data(withJSONObject: body),
-                               offered: \.tokenize) { ($0?["tokens"] as? [Any])?.count ?? Self.int($0?["count"]) }
+                               offered: \.tokenize, read: OpenAIReplies.tokenCount)
     }
 
     /// The prompt tokens of a chat request `body` as the server itself would read it: llama.cpp's
     /// `POST {base}/chat/completions/input_tokens` applies the chat template and the tools, so
     /// it is the `prompt_tokens` the request will report. Nil from a server without it.
     func inputTokens(body: Data) async throws -> Int? {
-        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body, offered: \.inputTokens) {
-            Self.int($0?["input_tokens"])
-        }
+        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body, offered: \.inputTokens,
+                        read: OpenAIReplies.inputTokens)
     }
 
     /// A count from one of the server's counting endpoints, which `offered` remembers it has:
@@ -193,12 +188,11 @@ final class OpenAIServer: Sendable {
     /// nil while the server is unreachable (the chat request will say so clearly).
     nonisolated(nonsending)
     private func count(_ url: URL, body: Data, offered: WritableKeyPath<Facts, Bool?> & Sendable,
-                       read: ([String: Any]?) -> Int?) async throws -> Int? {
+                       read: (Data) -> Int?) async throws -> Int? {
         if facts.withLock({ $0[keyPath: offered] }) == false { return nil }
         do {
             let (status, data) = try await fetch("POST", url, body: body, timeout: Self.probeTimeout)
-            let object = status == 200 ? (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] : nil
-            guard let n = read(object) else {
+            guard let n = status == 200 ? read(data) : nil else {
                 if status != 503 { facts.withLock { $0[keyPath: offered] = false } }
                 return nil
             }
@@ -238,19 +232,13 @@ final class OpenAIServer: Sendable {
         for try await event in probeClient.open(makeRequest(method, url, body: body, timeout: timeout)) {
             switch event {
             case .response(let s): status = s
-            case .data(let d): data.append(d)
+            case .data(let d):
+                data.append(d)
+                // The length is the server's to choose: past what any answer about itself needs, it is refused.
+                if data.count > Self.maxProbeBytes { throw URLError(.dataLengthExceedsMaximum) }
             }
         }
         try Task.checkCancellation()
         return (status, data)
-    }
-
-    static func int(_ value: Any?) -> Int? {
-        switch value {
-        case let n as Int: n
-        case let n as Double: Int(n)
-        case let n as NSNumber: n.intValue
-        default: nil
-        }
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// One conversation: the OpenAI `messages` array (system = instructions, then per turn the
 /// user prompt, any tool calls with their results, and the reply). Lives inside one thread's actor.
@@ -63,10 +64,10 @@ final class OpenAISession: ModelSession {
                                                  settings: settings, cache: pool.map { _ in PromptCache(slot: slot) })
             let tokensBefore = outputTokens
             let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
-                onPartial?(PartialReply(text: partial.text, tokens: tokensBefore + partial.tokens))
+                onPartial?(PartialReply(text: partial.text, tokens: tokensBefore.addingClamped(partial.tokens)))
             }
             if promptTokens == nil { promptTokens = reply.promptTokens }
-            outputTokens += reply.outputTokens ?? reply.chunks
+            outputTokens = outputTokens.addingClamped(reply.outputTokens ?? reply.chunks)
             let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens)
             usage = usage.map { $0 + reported } ?? reported
             if !reply.reasoning.isEmpty { reasoning.append(reply.reasoning) }
