@@ -35,14 +35,17 @@ extension OutputSchema {
     }
 
     static func invalidOutputMessage(_ problem: String, maxOutputTokens: Int?) -> String {
-        let larger = maxOutputTokens.map { "a larger max_output_tokens (this call allowed \($0)), " } ?? "a larger max_output_tokens, "
-        return "the model's reply does not match the schema: \(problem). The turn was not added to the thread. Try \(larger)a simpler schema, or a prompt that says what each field should hold."
+        let larger = maxOutputTokens.map { "a larger max_output_tokens (this call allowed \($0)), " }
+            ?? "a larger max_output_tokens, "
+        return "the model's reply does not match the schema: \(problem). The turn was not added to the thread. "
+            + "Try \(larger)a simpler schema, or a prompt that says what each field should hold."
     }
 
     /// The reply stopped at the output cap: whatever JSON it holds is cut off.
     public static func cutOff(maxOutputTokens: Int?) -> WispError {
         let cap = maxOutputTokens.map { " (\($0) tokens)" } ?? ""
-        return WispError(.invalidOutput, "the model's reply was cut off at the output cap\(cap) before the JSON value was complete. The turn was not added to the thread. Try a larger max_output_tokens or a simpler schema.")
+        return WispError(.invalidOutput, "the model's reply was cut off at the output cap\(cap) before the JSON value "
+            + "was complete. The turn was not added to the thread. Try a larger max_output_tokens or a simpler schema.")
     }
 
     private static func problem(_ v: JSONValue, _ s: Node, at path: String, _ reading: NumberReading,
@@ -68,7 +71,9 @@ extension OutputSchema {
             return nil
         case (.string, .string(let str)):
             if let p = s.pattern {
-                guard let found = p.regex.matches(Substring(str), stop: { Task.isCancelled }) else { throw WispError.callCancelled }
+                guard let found = p.regex.matches(Substring(str), stop: { Task.isCancelled }) else {
+                    throw WispError.callCancelled
+                }
                 if !found { return "\(path) must match the pattern \(p.text), got \(short(v))" }
             }
             return nil
@@ -81,8 +86,12 @@ extension OutputSchema {
             }
             return nil
         case (.array, .array(let items)):
-            if let lo = s.minItems, items.count < lo { return "\(path) must have at least \(lo) item(s), has \(items.count)" }
-            if let hi = s.maxItems, items.count > hi { return "\(path) must have at most \(hi) item(s), has \(items.count)" }
+            if let lo = s.minItems, items.count < lo {
+                return "\(path) must have at least \(lo) item(s), has \(items.count)"
+            }
+            if let hi = s.maxItems, items.count > hi {
+                return "\(path) must have at most \(hi) item(s), has \(items.count)"
+            }
             if let itemSchema = s.items {
                 for (k, item) in items.enumerated() {
                     if let p = try problem(item, itemSchema, at: "\(path)[\(k)]", reading, &budget) { return p }
@@ -91,7 +100,9 @@ extension OutputSchema {
             return nil
         case (.object, .object(let members)):
             var seen = Set<[UInt8]>()
-            for m in members where !seen.insert(Array(m.key.utf8)).inserted { return "\(path) has the key \(quoted(m.key)) twice" }
+            for m in members where !seen.insert(Array(m.key.utf8)).inserted {
+                return "\(path) has the key \(quoted(m.key)) twice"
+            }
             for name in s.required where !seen.contains(Array(name.utf8)) {
                 return "\(path) is missing the required property \(quoted(name))"
             }
@@ -106,7 +117,8 @@ extension OutputSchema {
             return nil
         default:
             let name = kind.rawValue
-            return "\(path) must be \(kind == .integer || kind == .array || kind == .object ? "an" : "a") \(name), got \(short(v))"
+            let article = kind == .integer || kind == .array || kind == .object ? "an" : "a"
+            return "\(path) must be \(article) \(name), got \(short(v))"
         }
     }
 
@@ -138,7 +150,9 @@ extension OutputSchema {
         guard text.utf8.count > limit / 6 else { return }
         let size = JSONWriter.encodedCount(text)
         guard size > limit else { return }
-        throw WispError(.replyTooLarge, "the reply is \(size) bytes once JSON-encoded, over the \(limit) bytes a reply may have on wisp's pipe (its frame limit is \(maxFrameBytes) bytes); the turn was not added to the thread. Ask for a shorter reply (max_output_tokens), or attach smaller files.")
+        throw WispError(.replyTooLarge, "the reply is \(size) bytes once JSON-encoded, over the \(limit) bytes a "
+            + "reply may have on wisp's pipe (its frame limit is \(maxFrameBytes) bytes); the turn was not added "
+            + "to the thread. Ask for a shorter reply (max_output_tokens), or attach smaller files.")
     }
 }
 
@@ -152,7 +166,8 @@ extension OutputSchema {
     public static func verdictLine(_ line: String) -> String {
         guard let pair = try? JSONValue.parse(line), let items = pair.array, items.count == 2,
               let schemaText = items[0].string, let reply = items[1].string else {
-            return JSONValue.object([JSONMember("schema_error", "the line is not a JSON array of two strings")]).jsonText
+            let problem = "the line is not a JSON array of two strings"
+            return JSONValue.object([JSONMember("schema_error", .string(problem))]).jsonText
         }
         do {
             let schema = try OutputSchema(text: schemaText)

@@ -44,6 +44,7 @@ public enum CoreFacts {
             let c = String(UnicodeScalar(b))
             return "\\^-[]".utf8.contains(b) ? "\\" + c : c
         }
-        return ranges.map { $0.count == 1 ? one($0.lowerBound) : one($0.lowerBound) + "-" + one($0.upperBound) }.joined()
+        return ranges.map { r in r.count == 1 ? one(r.lowerBound) : one(r.lowerBound) + "-" + one(r.upperBound) }
+            .joined()
     }
 }

@@ -58,10 +58,13 @@ public struct FSPath: Hashable, Sendable, Comparable, CustomStringConvertible {
     }
 
     /// `name` (bytes without a NUL) as the C string a syscall takes.
-    public static func withCString<R>(_ name: some Collection<UInt8>, _ body: (UnsafePointer<CChar>) throws -> R) rethrows -> R {
+    public static func withCString<R>(_ name: some Collection<UInt8>,
+                                      _ body: (UnsafePointer<CChar>) throws -> R) rethrows -> R {
         var c = [UInt8](name)
         c.append(0)
-        return try c.withUnsafeBufferPointer { b in try b.withMemoryRebound(to: CChar.self) { try body($0.baseAddress!) } }
+        return try c.withUnsafeBufferPointer { b in
+            try b.withMemoryRebound(to: CChar.self) { try body($0.baseAddress!) }
+        }
     }
 }
 

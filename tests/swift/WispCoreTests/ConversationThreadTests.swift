@@ -29,13 +29,13 @@ import Testing
 
     /// Eight calls on eight threads are all inside the backend at once: each meets the other seven.
     @Test func differentThreadsOverlap() async throws {
-        let backend = BarrierBackend(barrier: Barrier(parties: 8))
-        let registry = ThreadRegistry(backend: backend)
+        let probe = Probe(barrier: Barrier(parties: 8))
+        let registry = ThreadRegistry(backend: ProbeBackend(probe: probe))
         try await withThrowingTaskGroup(of: Void.self) { group in
             for i in 0..<8 { group.addTask { try await call(registry, "t\(i)", "x") } }
             try await group.waitForAll()
         }
-        #expect(backend.met.withLock { $0 } == Array(repeating: true, count: 8), "the calls did not overlap")
+        #expect(probe.met.withLock { $0 } == Array(repeating: true, count: 8), "the calls did not overlap")
     }
 
     @Test func queueLimitGivesBusy() async throws {

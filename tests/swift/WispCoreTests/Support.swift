@@ -52,12 +52,17 @@ func startCall(_ registry: ThreadRegistry, _ threadID: String, _ prompt: String)
 }
 
 /// What a probe session saw: each call's entry and exit in the order they happened (a recorded
-/// sequence, not clock readings), and how each session was built.
+/// sequence, not clock readings), and how each session was built. With a `barrier`, every call
+/// first meets the others there; what each meeting returned is in `met`.
 final class Probe: Sendable {
     enum Event: Sendable, Equatable { case enter(String), exit(String) }
     struct Build: Sendable { var instructions: String?; var historyCount: Int }
     let events = Locked<[Event]>([])
     let builds = Locked<[Build]>([])
+    let barrier: Barrier?
+    let met = Locked<[Bool]>([])
+
+    init(barrier: Barrier? = nil) { self.barrier = barrier }
 
     /// The prompts of the calls that finished, in the order they finished.
     var prompts: [String] {
@@ -98,6 +103,10 @@ final class ProbeSession: ModelSession {
     nonisolated(nonsending)
     func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
         probe.events.withLock { $0.append(.enter(prompt)) }
+        if let barrier = probe.barrier {
+            let met = await barrier.arrive()
+            probe.met.withLock { $0.append(met) }
+        }
         defer { probe.events.withLock { $0.append(.exit(prompt)) } }
         return try await inner.respond(to: prompt, settings: settings, onPartial: onPartial)
     }
@@ -144,36 +153,6 @@ final class Barrier: Sendable {
             }
             for w in all ?? [] { w.resume(returning: true) }
         }
-    }
-}
-
-/// The echo backend whose every call first meets the others at `barrier`; what each meeting
-/// returned is in `met`.
-struct BarrierBackend: ModelBackend {
-    let name = "barrier"
-    let model = "barrier"
-    let barrier: Barrier
-    let met = Locked<[Bool]>([])
-    let echo = EchoBackend()
-
-    func availability() async -> Availability { .ready }
-    func contextSize() async -> Int { 4096 }
-    func tokenCount(_ text: String) async throws -> Int? { nil }
-    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
-        BarrierSession(inner: echo.makeSession(instructions: instructions, tools: tools, history: history), backend: self)
-    }
-}
-
-final class BarrierSession: ModelSession {
-    let inner: any ModelSession
-    let backend: BarrierBackend
-    init(inner: any ModelSession, backend: BarrierBackend) { self.inner = inner; self.backend = backend }
-
-    nonisolated(nonsending)
-    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
-        let met = await backend.barrier.arrive()
-        backend.met.withLock { $0.append(met) }
-        return try await inner.respond(to: prompt, settings: settings, onPartial: onPartial)
     }
 }
 

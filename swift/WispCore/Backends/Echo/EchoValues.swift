@@ -7,7 +7,8 @@ extension OutputSchema {
     /// Refused (`invalid_argument`) when it would be too large to send; stops when the call is cancelled.
     public func echoValue(n: Int) throws(WispError) -> JSONValue {
         guard node.echoBytes <= Self.maxEchoBytes else {
-            throw WispError(.invalidArgument, "schema: the value echo would build for it is about \(node.echoBytes) bytes, over wisp's \(Self.maxEchoBytes)-byte limit (look at minItems); use smaller bounds")
+            throw WispError(.invalidArgument, "schema: the value echo would build for it is about \(node.echoBytes) "
+                + "bytes, over wisp's \(Self.maxEchoBytes)-byte limit (look at minItems); use smaller bounds")
         }
         var budget = Budget()
         return try Self.echoValue(node, n: n, &budget)
