@@ -2,7 +2,8 @@
 // wisp's Swift half: the domain (WispCore) on infrastructure of its own (WispInfrastructure: the
 // JSON codec, the pipe loop and framing, the HTTP client, the linear regex, locks, the log sink),
 // written by hand rather than taken from packages because no Swift package registry is
-// reachable from the build machines: nothing outside the toolchain is depended on.
+// reachable from the build machines: nothing outside the toolchain is depended on but the
+// system's SQLite (durable threads): the SDK's SQLite3 module on macOS, libsqlite3 on Linux.
 import PackageDescription
 
 let package = Package(
@@ -13,9 +14,12 @@ let package = Package(
         .executable(name: "wisp-core", targets: ["wisp-core"]),
     ],
     targets: [
+        // Linux's system SQLite (Debian: libsqlite3-dev); macOS imports the SDK's SQLite3 instead.
+        .systemLibrary(name: "CSQLite", path: "swift/CSQLite", providers: [.apt(["libsqlite3-dev"])]),
         // Release builds inline the codec's calls into WispCore as they were within one module
         // (the pipe's request decoding is on every call's path).
-        .target(name: "WispInfrastructure", path: "swift/WispInfrastructure",
+        .target(name: "WispInfrastructure", dependencies: [.target(name: "CSQLite", condition: .when(platforms: [.linux]))],
+                path: "swift/WispInfrastructure",
                 swiftSettings: [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]),
         .target(name: "WispCore", dependencies: ["WispInfrastructure"], path: "swift/WispCore"),
         .executableTarget(name: "wisp-core", dependencies: ["WispCore", "WispInfrastructure"], path: "swift/wisp-core"),

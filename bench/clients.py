@@ -68,11 +68,12 @@ class _CountingWrite:
 
 
 @asynccontextmanager
-async def mcp_client(argv: list[str], counter: dict[str, int] | None = None):
-    """The SDK's Client over stdio, with the server's stderr kept in a temp file (shown on failure)."""
+async def mcp_client(argv: list[str], counter: dict[str, int] | None = None, env: dict[str, str] | None = None):
+    """The SDK's Client over stdio, with the server's stderr kept in a temp file (shown on failure);
+    `env`: WISP_* settings for the measured wisp."""
     from mcp import Client, StdioServerParameters, stdio_client
 
-    params = StdioServerParameters(command=argv[0], args=argv[1:], env=child_env(), cwd=str(REPO))
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env={**child_env(), **(env or {})}, cwd=str(REPO))
     with tempfile.TemporaryFile("w+") as errlog:
         transport = stdio_client(params, errlog=errlog)
         if counter is not None:

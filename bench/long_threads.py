@@ -8,7 +8,7 @@ against llama-server with SmolLM2 and 8 slots, as wisp starts it on a 2-core mac
 to the server through a recording proxy (tests/python/openai_stub.py) that keeps, for every chat
 request, the slot it named (`id_slot`) and llama-server's `timings` (`prompt_n`: prompt tokens
 evaluated; `cache_n`: taken from the slot's KV cache). Time to first token (TTFT) is the first
-progress notification the MCP client gets.
+progress notification the MCP client gets of the reply being written ("writing: …").
 
 - `long`: one thread. Within the context (8192 tokens a slot, so 20 turns fit): TTFT of turn 20
   / turn 1, and beside it the same 20th turn resent whole (a new thread whose prompt carries
@@ -20,6 +20,12 @@ progress notification the MCP client gets.
   slots, so every turn takes the slot of the least recently used thread. No target: the ratio,
   the prompt tokens evaluated per turn (against `long_interleaved`'s), and llama-server's memory
   (it keeps a displaced slot's cache in RAM, `--cache-ram`, and restores it).
+- `long_no_reuse`: one thread on one slot, 40 turns past the context (4096), with no slot named
+  (`WISP_SLOTS=0`), so llama-server shifts nothing (no `n_cache_reuse`) and reuses only an
+  unchanged prefix: the stand-in for vLLM, Ollama and LM Studio, where wisp condenses in steps
+  (`WISP_CONDENSE_TO`). `condensed_turn_tokens_ratio_no_reuse`: the prompt tokens evaluated a
+  turn over the last 20 of those 40, ÷ a turn's own new tokens (the median evaluated while the
+  thread still fit); beside it the turns the history held, for each mark measured.
 - `long_resume`: two durable threads (`--state-dir`), then wisp restarted against the same
   llama-server (a new core knows no slots), then llama-server restarted too: the TTFT of each
   thread's first turn back / its turn 1, with the tokens it evaluated.
@@ -49,6 +55,8 @@ WORDS = ("apple river stone cloud pencil garden window silver forest candle mirr
          "rocket basket thunder meadow lantern copper harbor saddle ember quartz").split()
 TURN_WORDS = 250   # ~300 tokens with the chat template
 REPLY_TOKENS = 4
+# WISP_CONDENSE_TO's default (CoreConfig.defaultCondenseTo): its key carries no suffix.
+CONDENSE_TO_DEFAULT = 0.5
 
 
 def note(thread: str, i: int) -> str:
@@ -68,7 +76,7 @@ def _local() -> tuple[Path, Path] | str:
     from wisp_shim import local_model
 
     try:
-        binary, gguf = local_model.find_llama_server(), local_model.find_model()
+        binary, gguf = local_model.find_server(), local_model.find_model()
     except local_model.LocalModelError as exc:
         return str(exc)
     if binary is None or gguf is None:
@@ -82,7 +90,7 @@ async def server(context: int, slots: int = SLOTS):
 
     found = _local()
     assert not isinstance(found, str)
-    lm = local_model.LocalModel(binary=found[0], model=found[1], context_size=context, slots=slots)
+    lm = local_model.LocalModel.of(found[0], found[1], api_key="", context_size=context, slots=slots)
     await lm.ensure_running()
     try:
         yield lm
@@ -91,9 +99,10 @@ async def server(context: int, slots: int = SLOTS):
 
 
 @asynccontextmanager
-async def through_wisp(lm: Any, *args: str):
+async def through_wisp(lm: Any, *args: str, env: dict[str, str] | None = None):
     with RecordingProxy(lm.port) as proxy:
-        async with mcp_client(wisp_argv("--endpoint", proxy.endpoint, "--model", lm.alias, *args, backend="openai")) as c:
+        async with mcp_client(wisp_argv("--endpoint", proxy.endpoint, "--model", lm.alias, *args, backend="openai"),
+                              env=env) as c:
             yield c, proxy
 
 
@@ -103,7 +112,8 @@ async def turn(c: Any, proxy: RecordingProxy, thread: str, prompt: str) -> dict[
     t0 = time.perf_counter()
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        if not first:
+        # The first written token; the notifications before it say what the call waits for.
+        if not first and (message or "").startswith("writing:"):
             first.append(time.perf_counter() - t0)
 
     res = await c.call_tool("respond", {"prompt": prompt, "thread_id": thread, "temperature": 0.0,
@@ -243,6 +253,37 @@ async def over_slots(quick: bool) -> dict[str, Any]:
             log(f"long: {count} threads on {slots} slots: ratio {out[key]:.2f}, evaluated {out[f'{key}_evaluated_tokens']} a turn, "
                 f"llama-server RSS +{out[f'{key}_server_rss_growth_mb']:.0f} MB")
     out["_runs"] = {"long_12on8": runs}
+    return out
+
+
+NO_REUSE_MARKS = (0.5, 0.75)
+
+
+async def no_reuse(quick: bool, marks: tuple[float, ...] = NO_REUSE_MARKS) -> dict[str, Any]:
+    past = 10 if quick else 40
+    out: dict[str, Any] = {}
+    runs: dict[str, Any] = {}
+    for mark in marks:
+        async with server(CONDENSING, slots=1) as lm, \
+                through_wisp(lm, env={"WISP_SLOTS": "0", "WISP_CONDENSE_TO": str(mark)}) as (c, proxy):
+            turns: list[dict[str, Any]] = []
+            filled = None
+            while filled is None or len(turns) < filled + past:
+                assert len(turns) < 120, "the thread never condensed"
+                x = await turn(c, proxy, "one", note("one", len(turns)))
+                turns.append(x)
+                if filled is None and x["condensed"]:
+                    filled = len(turns) - 1
+                log(f"long_no_reuse {mark}: {_show(x, len(turns))}")
+        assert filled is not None
+        own = median([x["prompt_n"] for x in turns[1:filled] if x["prompt_n"] is not None])
+        last = turns[filled + past - 20:filled + past]
+        ratio = statistics.mean(x["prompt_n"] for x in last) / own if own else None
+        key = "condensed_turn_tokens_ratio_no_reuse" + ("" if mark == CONDENSE_TO_DEFAULT else f"_{mark:g}")
+        out[key] = ratio
+        out[f"{key}_history_turns"] = statistics.mean(x["turns"] for x in last)
+        runs[str(mark)] = _compact({"one": turns})
+    out["_runs"] = {"long_no_reuse": runs}
     return out
 
 

@@ -48,19 +48,20 @@ PLAN: list[tuple[str | None, list[int]]] = [
 ]
 
 
-def _tokenize(root: str, text: str) -> int:
+def _tokenize(root: str, text: str, api_key: str | None = None) -> int:
     body = json.dumps({"content": text, "add_special": False}).encode()
-    req = urllib.request.Request(root + "/tokenize", body, {"Content-Type": "application/json"})
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    req = urllib.request.Request(root + "/tokenize", body, {"Content-Type": "application/json", **auth})
     with urllib.request.urlopen(req, timeout=30) as r:
         return len(json.loads(r.read())["tokens"])
 
 
-async def measure(port: int, model: str, max_tokens: int = 8) -> list[dict[str, int]]:
+async def measure(port: int, model: str, max_tokens: int = 8, api_key: str | None = None) -> list[dict[str, int]]:
     """Each call of PLAN through wisp (against llama-server on `port`): its new and old pre-counts
     and the prompt_tokens llama-server reported."""
     root = f"http://127.0.0.1:{port}"
     samples: list[dict[str, int]] = []
-    with RecordingProxy(port) as proxy:
+    with RecordingProxy(port, api_key=api_key) as proxy:
         async with mcp_client(wisp_argv("--endpoint", proxy.endpoint, "--model", model, backend="openai")) as c:
             for t, (instructions, lengths) in enumerate(PLAN):
                 tid = None
@@ -81,8 +82,8 @@ async def measure(port: int, model: str, max_tokens: int = 8) -> list[dict[str, 
                     chat.answered.wait(10)
                     counted = [r for r in mine if r.path == "/v1/chat/completions/input_tokens"]
                     counted[-1].answered.wait(10)
-                    said = await asyncio.to_thread(_tokenize, root, prompt)
-                    own = await asyncio.to_thread(_tokenize, root, instructions) if instructions else 0
+                    said = await asyncio.to_thread(_tokenize, root, prompt, api_key)
+                    own = await asyncio.to_thread(_tokenize, root, instructions, api_key) if instructions else 0
                     samples.append({
                         "words": words,
                         "new": counted[-1].answer["input_tokens"],
@@ -111,7 +112,7 @@ async def precount_section(quick: bool, local_model_found: Any) -> dict[str, Any
     if isinstance(local_model_found, str):
         return {"precount_error_tokens_max": None, "precount_reason": local_model_found}
     binary, gguf = local_model_found
-    lm = local_model.LocalModel(binary=binary, model=gguf, slots=1)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="", slots=1)
     await lm.ensure_running()
     try:
         samples = await measure(lm.port, lm.alias)

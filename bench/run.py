@@ -20,7 +20,8 @@ machine load. Sections (see bench/README.md for what each means):
               validates, and call time with the schema / the same prompt without it (when installed)
   durable     a turn with --state-dir (written and fsynced before the reply) vs an in-memory
               one, threads of up to 50 turns; the first call on a stored 50-turn thread after
-              a restart (resume). The state dir is made under bench/ (WISP_BENCH_STATE_PARENT
+              a restart (resume); list_threads with 1,000 stored threads. The state dir is made
+              under bench/ (WISP_BENCH_STATE_PARENT
               moves it), not in a tmpfs /tmp where fsync costs nothing.
   real_concurrency
               4 threads asking the local model at once vs one alone: aggregate tokens/s and the
@@ -32,7 +33,7 @@ machine load. Sections (see bench/README.md for what each means):
   precount    the tokens the core counts for a request before sending it vs the prompt_tokens
               llama-server reports, on 20 calls of mixed length; the old count beside it (when
               installed; bench/precount_bench.py)
-  long, long_interleaved, long_12on8, long_resume
+  long, long_interleaved, long_12on8, long_resume, long_no_reuse
               long threads on the local model: time to first token of turn 20 / turn 1 within
               the context (and resent whole), of the turns after condensing / turn 1, one thread
               and 8 interleaved; 12 threads on 8 slots; durable threads after a restart (when
@@ -79,6 +80,7 @@ TARGETS: dict[str, tuple[float, str]] = {
     "real_turn_ttft_ratio_condensed": (2.0, "max"),
     "real_turn_ttft_ratio_20_interleaved": (1.5, "max"),
     "real_turn_ttft_ratio_condensed_interleaved": (2.0, "max"),
+    "condensed_turn_tokens_ratio_no_reuse": (2.0, "max"),
 }
 
 
@@ -460,12 +462,12 @@ def _local_model() -> tuple[Path, Path] | str:
     from wisp_shim import local_model
 
     try:
-        binary = local_model.find_llama_server()
+        binary = local_model.find_server()
         gguf = local_model.find_model()
     except local_model.LocalModelError as exc:
         binary, gguf, why = None, None, str(exc)
     else:
-        why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
+        why = "no llama.cpp server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
     if binary is None or gguf is None:
         return f"the local model is not installed ({why}; `make local-model` installs it)"
     return binary, gguf
@@ -480,7 +482,7 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
         return {"real_tokens_per_s_ratio": None, "real_tokens_per_s_reason": found}
     binary, gguf = found
 
-    lm = local_model.LocalModel(binary=binary, model=gguf)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="")
     await lm.ensure_running()
     runs = []
     try:
@@ -517,7 +519,7 @@ async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
         "real_tokens_per_s_ratio": median([x["ratio"] for x in runs]),
         "real_tokens_per_s_wisp": median([x["wisp_tps"] for x in runs]),
         "real_tokens_per_s_direct": median([x["direct_tps"] for x in runs]),
-        "real_tokens_model": f"{lm.alias} ({gguf.name}) on llama-server, {max_tokens} max tokens, temperature 0",
+        "real_tokens_model": f"{lm.alias} ({gguf.name}) on {lm.kind}, {max_tokens} max tokens, temperature 0",
         "_runs": {"tokens": runs},
     }
 
@@ -554,7 +556,7 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
         log(f"schema: skipped: {found}")
         return {"schema_valid_rate": None, "schema_latency_ratio": None, "schema_reason": found}
     binary, gguf = found
-    lm = local_model.LocalModel(binary=binary, model=gguf)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="")
     await lm.ensure_running()
     runs: list[dict[str, Any]] = []
     try:
@@ -604,7 +606,7 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
         # Prose without a schema usually runs longer than the JSON, so per token is the fairer cost.
         "schema_ms_per_token_ratio": median([r["schema_s"] / max(r["schema_tokens"], 1) for r in runs])
         / median([r["plain_s"] / max(r["plain_tokens"], 1) for r in runs]),
-        "schema_model": f"{lm.alias} ({gguf.name}) on llama-server, {calls} calls, {max_tokens} max tokens, temperature 0.7",
+        "schema_model": f"{lm.alias} ({gguf.name}) on {lm.kind}, {calls} calls, {max_tokens} max tokens, temperature 0.7",
         "_runs": {"schema": runs},
     }
 # --- real model, 4 threads at once -------------------------------------------------------
@@ -671,11 +673,11 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
     from wisp_shim import local_model
 
     try:
-        binary, gguf = local_model.find_llama_server(), local_model.find_model()
+        binary, gguf = local_model.find_server(), local_model.find_model()
     except local_model.LocalModelError as exc:
         binary, gguf, why = None, None, str(exc)
     else:
-        why = "no llama-server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
+        why = "no llama.cpp server" if binary is None else "no SmolLM2 GGUF" if gguf is None else ""
     if binary is None or gguf is None:
         reason = f"the local model is not installed ({why}; `make local-model` installs it)"
         log(f"real_concurrency: skipped: {reason}")
@@ -691,7 +693,7 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
             return await asyncio.to_thread(_direct_stream, lm.endpoint, lm.alias, prompt, CONCURRENT_TOKENS, t0)
         return ask
 
-    lm = local_model.LocalModel(binary=binary, model=gguf, slots=slots)
+    lm = local_model.LocalModel.of(binary, gguf, api_key="", slots=slots)
     await lm.ensure_running()
     try:
         async with mcp_client(wisp_argv("--endpoint", lm.endpoint, "--model", lm.alias, backend="openai")) as wisp:
@@ -699,7 +701,8 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
                 first: list[float] = []
 
                 async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                    if not first:
+                    # The first written token; earlier notifications say what the call waits for.
+                    if not first and (message or "").startswith("writing:"):
                         first.append(time.perf_counter() - t0)
 
                 res = await wisp.call_tool("respond", {"prompt": prompt, "temperature": 0.0, "max_output_tokens": CONCURRENT_TOKENS},
@@ -719,7 +722,7 @@ async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
                         f"{x['alone_tps']:.1f} tok/s ({x['ratio']:.2f}x), last first token {x['last_first_token_s']:.2f} s")
     finally:
         lm.stop()
-    one = local_model.LocalModel(binary=binary, model=gguf, slots=1)  # the old default, for comparison
+    one = local_model.LocalModel.of(binary, gguf, api_key="", slots=1)  # the old default, for comparison
     await one.ensure_running()
     try:
         await _at_once(direct(one), callers)
@@ -790,6 +793,20 @@ async def durable(calls: int, repeats: int, resume_repeats: int) -> dict[str, An
                 after = time.perf_counter() - t
             resumes.append({"resume_ms": resume * 1e3, "next_call_ms": after * 1e3})
             log(f"resume {r + 1}/{resume_repeats}: 50-turn thread of 1 KB prompts resumed in {resume * 1e3:.2f} ms (next call {after * 1e3:.2f} ms)")
+        # list_threads over 1,000 stored threads (none live: a restarted wisp), a fresh state dir.
+        shutil.rmtree(state, ignore_errors=True)
+        async with mcp_client(wisp_argv("--state-dir", state, "--max-stored-threads", "1000")) as c:
+            for i in range(1000):
+                assert not (await c.call_tool("respond", {"prompt": f"thread {i}", "thread_id": f"list-{i}"})).is_error
+        lists: list[float] = []
+        async with mcp_client(wisp_argv("--state-dir", state)) as c:
+            for r in range(resume_repeats + 1):
+                t = time.perf_counter()
+                res = await c.call_tool("list_threads", {})
+                if r:  # the first warms the page cache
+                    lists.append((time.perf_counter() - t) * 1e3)
+                assert len(res.structured_content["threads"]) == 1000, len(res.structured_content["threads"])
+        log(f"list_threads over 1000 stored threads: {median(lists):.2f} ms")
     finally:
         shutil.rmtree(state, ignore_errors=True)
     return {
@@ -798,6 +815,7 @@ async def durable(calls: int, repeats: int, resume_repeats: int) -> dict[str, An
         "durable_memory_turn_p50_us": median([x["memory_p50_us"] for x in runs]),
         "durable_resume_50_turns_ms": median([x["resume_ms"] for x in resumes]),
         "durable_resume_next_call_ms": median([x["next_call_ms"] for x in resumes]),
+        "durable_list_1000_ms": median(lists),
         "_runs": {"durable": runs, "durable_resume": resumes},
     }
 
@@ -857,6 +875,7 @@ ROWS = [
     ("durable_turn_ratio", "durable turn / in-memory turn (p50)", "{:.2f}"),
     ("durable_turn_p50_us", "  durable / in memory p50 (us)", None),
     ("durable_resume_50_turns_ms", "resume a stored 50-turn thread (ms)", "{:.2f}"),
+    ("durable_list_1000_ms", "list_threads with 1,000 stored threads (ms)", "{:.2f}"),
     ("real_concurrency_throughput_ratio", "tokens/s, 4 threads at once / one alone", "{:.2f}"),
     ("real_concurrency_last_first_token_ms", "  last of 4 callers' first token (ms)", "{:.0f}"),
     ("real_concurrency_direct_throughput_ratio", "  direct to llama-server, wisp's slots", "{:.2f}"),
@@ -871,6 +890,8 @@ ROWS = [
     ("real_turn_ttft_ratio_condensed_interleaved", "TTFT condensed / turn 1, 8 on 8 slots", "{:.2f}"),
     ("real_turn_ttft_ratio_8_12_threads_8_slots", "TTFT turn 8 / turn 1, 12 threads on 8 slots", "{:.2f}"),
     ("real_turn_ttft_ratio_8_12_threads_8_slots_evaluated_tokens", "  prompt tokens evaluated a turn", "{:.0f}"),
+    ("condensed_turn_tokens_ratio_no_reuse", "tokens evaluated a condensed turn / its own, no KV shift", "{:.2f}"),
+    ("condensed_turn_tokens_ratio_no_reuse_history_turns", "  turns the history held meanwhile", "{:.1f}"),
     ("real_turn_ttft_ratio_resumed", "first turn back after a wisp restart / turn 1", "{:.2f}"),
     ("real_turn_ttft_ratio_resumed_slot_taken", "  the same, its slot taken by another thread", "{:.2f}"),
     ("real_turn_ttft_ratio_server_restarted", "  after a llama-server restart too", "{:.2f}"),
@@ -919,7 +940,7 @@ def table(res: dict[str, Any]) -> str:
 
 
 SECTIONS = ("roundtrip", "pipe", "concurrency", "cold_start", "memory", "bytes", "tokens", "real_concurrency", "schema", "durable",
-            "long", "long_interleaved", "long_12on8", "long_resume")
+            "long", "long_interleaved", "long_12on8", "long_resume", "long_no_reuse")
 
 
 async def _long(section: Callable[[bool], Any], quick: bool) -> dict[str, Any]:
@@ -945,6 +966,21 @@ ROWS += PRECOUNT_ROWS
 SECTIONS += ("precount",)
 # --- end precount --------------------------------------------------------------------------
 
+# --- threadops: fork and search (bench/threadops_bench.py) ---------------------------------
+from threadops_bench import THREADOPS_ROWS, THREADOPS_TARGETS, threadops_section  # noqa: E402
+
+TARGETS.update(THREADOPS_TARGETS)
+ROWS += THREADOPS_ROWS
+SECTIONS += ("threadops",)
+# --- end threadops -------------------------------------------------------------------------
+# --- first_answer: the local model's start per server (bench/local_server_bench.py) ---------
+from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
+
+TARGETS.update(FIRST_ANSWER_TARGETS)
+ROWS += FIRST_ANSWER_ROWS
+SECTIONS += ("first_answer",)
+# --- end first_answer ----------------------------------------------------------------------
+
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
     q = ns.quick
@@ -963,9 +999,12 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "long_interleaved": lambda: _long(long_threads.interleaved, q),
         "long_12on8": lambda: _long(long_threads.over_slots, q),
         "long_resume": lambda: _long(long_threads.resume, q),
+        "long_no_reuse": lambda: _long(long_threads.no_reuse, q),
     }
     plan["http"] = lambda: http_section(q)
     plan["precount"] = lambda: precount_section(q, _local_model())
+    plan["threadops"] = lambda: threadops_section(q)
+    plan["first_answer"] = lambda: first_answer(repeats=1 if q else 3)
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     for name in SECTIONS:

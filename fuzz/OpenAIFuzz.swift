@@ -29,7 +29,9 @@ public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
     var total = 0
     for line in lines + [String(decoding: data, as: UTF8.self)] {
         guard let chunk = OpenAIReplies.chunk(line) else { continue }
-        for n in [chunk.promptTokens, chunk.outputTokens, chunk.reasoningTokens, chunk.cachedTokens, chunk.evaluatedTokens] {
+        let counts = [chunk.promptTokens, chunk.outputTokens, chunk.reasoningTokens, chunk.cachedTokens,
+                      chunk.evaluatedTokens]
+        for n in counts {
             check(n, TokenCount.range, "a usage or timings count")
             // A thread's running total over a great many such events.
             total = total.addingClamped((n ?? 0).multipliedClamped(by: 1 << 40))

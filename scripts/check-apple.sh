@@ -8,7 +8,8 @@
 #      `swiftc -frontend -compile-module-from-interface` (declarations only: no code, no framework);
 #   2. check which side of the 27-SDK gate `canImport(FoundationModels, _version: 2.0)` takes,
 #      and that it is the side this interface's module version calls for;
-#   3. build WispInfrastructure's module, then WispCore against it (every source, so
+#   3. build WispInfrastructure's module (its SQLite code on the macOS branch, against the system's
+#      sqlite3.h presented as the SDK's SQLite3 module), then WispCore against it (every source, so
 #      canImport(FoundationModels) is true wherever it is asked) with -D WISP_CHECK_APPLE, and
 #      typecheck tests/swift/WispCoreTests/AppleBackendTests.swift.
 # Any error, or any warning in the apple backend (Backends/Apple/*.swift) or AppleBackendTests.swift, fails the check.
@@ -39,6 +40,12 @@ sources=()
 while IFS= read -r f; do sources+=("$f"); done < <(find swift/WispCore -name '*.swift' | sort)
 tests=tests/swift/WispCoreTests/AppleBackendTests.swift
 failed=0
+# The macOS SDK's SQLite3 module, stood in for by the system's sqlite3.h under that name, so that
+# WispInfrastructure's SQLite code is typechecked on its macOS branch (`canImport(SQLite3)`).
+sqlite=$scratch/sqlite3
+mkdir -p "$sqlite"
+printf '#include <sqlite3.h>\n' >"$sqlite/shim.h"
+printf 'module SQLite3 [system] {\n    header "shim.h"\n    link "sqlite3"\n    export *\n}\n' >"$sqlite/module.modulemap"
 
 for iface in "${interfaces[@]}"; do
     label=$(basename "$iface" .swiftinterface); label=${label#FoundationModels-}
@@ -67,17 +74,17 @@ for iface in "${interfaces[@]}"; do
 
     mkdir -p "$dir/infra"
     if ! "$swiftc" -emit-module -module-name WispInfrastructure -parse-as-library -swift-version 6 -enable-testing \
-            -emit-module-path "$dir/infra/WispInfrastructure.swiftmodule" "${infra_sources[@]}" >"$log" 2>&1; then
+            -I "$sqlite" -emit-module-path "$dir/infra/WispInfrastructure.swiftmodule" "${infra_sources[@]}" >"$log" 2>&1; then
         cat "$log"; echo "check-apple: $label: FAILED: WispInfrastructure (which WispCore imports) does not typecheck"
         failed=1; continue
     fi
     if ! "$swiftc" -emit-module -module-name WispCore -parse-as-library -swift-version 6 -enable-testing \
-            -D WISP_CHECK_APPLE -I "$dir" -I "$dir/infra" -emit-module-path "$dir/WispCore.swiftmodule" \
+            -D WISP_CHECK_APPLE -I "$dir" -I "$dir/infra" -I "$sqlite" -emit-module-path "$dir/WispCore.swiftmodule" \
             "${sources[@]}" >"$log" 2>&1; then
         cat "$log"; echo "check-apple: $label: FAILED: WispCore (with the apple backend) does not typecheck"
         failed=1; continue
     fi
-    if [ -f "$tests" ] && ! "$swiftc" -typecheck -swift-version 6 -D WISP_CHECK_APPLE -I "$dir" -I "$dir/infra" "$tests" >>"$log" 2>&1; then
+    if [ -f "$tests" ] && ! "$swiftc" -typecheck -swift-version 6 -D WISP_CHECK_APPLE -I "$dir" -I "$dir/infra" -I "$sqlite" "$tests" >>"$log" 2>&1; then
         cat "$log"; echo "check-apple: $label: FAILED: $tests does not typecheck"
         failed=1; continue
     fi
@@ -104,7 +111,7 @@ for iface in "${interfaces[@]}"; do
         [ "$f" != "$tests" ] && av_sources+=("$av/$f")
     done
     # WispInfrastructure (nothing of FoundationModels in it) is the module step 3 built.
-    av_flags=(-swift-version 6 -D WISP_CHECK_APPLE -I "$av" -I "$dir/infra"
+    av_flags=(-swift-version 6 -D WISP_CHECK_APPLE -I "$av" -I "$dir/infra" -I "$sqlite"
               -enable-experimental-feature StandaloneSwiftAvailability -Xfrontend -min-swift-runtime-version -Xfrontend 26.0)
     if ! "$swiftc" -frontend -compile-module-from-interface -module-name FoundationModels \
             "$av/FoundationModels.swiftinterface" -o "$av/FoundationModels.swiftmodule" >"$log" 2>&1 ||

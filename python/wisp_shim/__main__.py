@@ -22,8 +22,8 @@ from . import errors
 from .client import Core
 from .errors import ShimError
 from .loop import WispEventLoop
-from .core_process import CoreLaunch
-from .facts import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS
+from .core_process import PROGRESS_EVERY_S, CoreLaunch
+from .facts import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MAXIMUMS, FLAG_MINIMUMS
 
 log = logging.getLogger("wisp")
 
@@ -51,14 +51,20 @@ environment (a flag wins over its variable):
   WISP_ROOTS                   --root: directories the model's file tools may read, ':'-separated
   WISP_API_KEY                 API key for --endpoint (environment only: it stays out of process listings)
   WISP_LOCAL_MODEL             0: never start the local model; 1: start it even on macOS
-  WISP_LOCAL_CPU_THREADS       local model: llama-server's CPU threads (default half the CPUs, at most 4;
-                               WISP_LOCAL_THREADS, its old name, still works)
-  WISP_CACHE_DIR               where `make local-model` caches llama-server (default ~/.cache/wisp)
+  WISP_LOCAL_CPU_THREADS       local model: the server's CPU threads (default half the available CPUs, at
+                               most 4; WISP_LOCAL_THREADS, its old name, still works)
+  WISP_CACHE_DIR               where `make local-model-native` caches llama-server (default ~/.cache/wisp)
   WISP_HTTP                    --http
   WISP_HTTP_TOKEN              --http: the bearer token (environment only: it stays out of process listings)
+  WISP_TASK_TTL                MCP tasks: the longest a task's result is kept, in seconds (default 3600)
+  WISP_MAX_TASKS               MCP tasks: tasks one client may hold, running or kept (default 32, at most 256)
   WISP_SLOTS                   llama-server's parallel slots, each live thread kept on one (default:
                                what its /props says; the local model's: one per live thread, as
                                memory allows; 0: name no slot)
+  WISP_KEEP_ALIVE              Ollama: keep the model loaded this long between turns (default 30m)
+  WISP_CONDENSE_TO             share of the context a thread is condensed down to on servers that
+                               cannot shift their cache (default 0.5)
+  WISP_PROGRESS_EVERY_S        progress notifications at least this often during a call (default 5)
 
 wisp-core not found? Run `make build` in the wisp repository.
 stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT
@@ -89,15 +95,16 @@ def _env_float(name: str, default: float) -> float:
         raise SystemExit(f"wisp: {name}={raw!r} is not a number") from None
 
 
-# Above any count, size or delay anyone means, and within what the core's integers hold.
+# Above any count anyone means (--max-sessions): the core's flags have their own (FLAG_MAXIMUMS).
 MAX_FLAG_VALUE = 2**31 - 1
-# The longest time limit wisp takes (--timeout, --session-idle-timeout): about 11.6 days.
+# The longest time a setting takes, in seconds (11.5 days): far above any use, far below what a
+# monotonic deadline can hold.
 MAX_SECONDS = 1_000_000.0
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer from minimum to MAX_FLAG_VALUE, so a bad value is refused
-    here with a clear message instead of by a core that would then fail to start again and again."""
+def _at_least(minimum: int, maximum: int = MAX_FLAG_VALUE) -> Callable[[str], int]:
+    """An argparse type: an integer from minimum to maximum, so a bad value is refused here with
+    a clear message instead of by a core that would then fail to start again and again."""
 
     def parse(text: str) -> int:
         try:
@@ -106,11 +113,15 @@ def _at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        if value > MAX_FLAG_VALUE:
-            raise argparse.ArgumentTypeError(f"must be at most {MAX_FLAG_VALUE}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     return parse
+
+
+def _core_flag(flag: str) -> Callable[[str], int]:
+    return _at_least(FLAG_MINIMUMS[flag], FLAG_MAXIMUMS[flag])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,16 +134,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
     ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
     ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=_at_least(FLAG_MINIMUMS["--max-threads"]), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots unless WISP_SLOTS says, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
-    ap.add_argument("--max-queue", type=_at_least(FLAG_MINIMUMS["--max-queue"]), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
-    ap.add_argument("--context-size", type=_at_least(FLAG_MINIMUMS["--context-size"]), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
-    ap.add_argument("--llama-server", metavar="PATH", help="local model: the llama-server binary (WISP_LLAMA_SERVER; default: the one `make local-model` built)")
-    ap.add_argument("--model-path", metavar="GGUF", help="local model: serve this GGUF instead of SmolLM2-135M-Instruct (WISP_MODEL_PATH)")
+    ap.add_argument("--max-threads", type=_core_flag("--max-threads"), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots unless WISP_SLOTS says, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
+    ap.add_argument("--max-queue", type=_core_flag("--max-queue"), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
+    ap.add_argument("--context-size", type=_core_flag("--context-size"), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
+    ap.add_argument("--llama-server", metavar="PATH",
+                    help="local model: a compiled llama-server binary (WISP_LLAMA_SERVER; default: the one "
+                         "`make local-model-native` built, else llama-server on PATH, else the xllamacpp wheel)")
+    ap.add_argument("--model-path", "--local-model", metavar="GGUF",
+                    help="local model: serve this GGUF instead of SmolLM2-135M-Instruct, with its own chat template "
+                         "and its trained context as the bound (WISP_MODEL_PATH)")
     ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
     ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
     ap.add_argument("--state-dir", metavar="DIR", help="durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none (WISP_STATE_DIR; default: memory only)")
-    ap.add_argument("--max-stored-threads", type=_at_least(FLAG_MINIMUMS["--max-stored-threads"]), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
-    ap.add_argument("--echo-delay-ms", type=_at_least(FLAG_MINIMUMS["--echo-delay-ms"]), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
+    ap.add_argument("--max-stored-threads", type=_core_flag("--max-stored-threads"), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
+    ap.add_argument("--echo-delay-ms", type=_core_flag("--echo-delay-ms"), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
     ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
     ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
     ap.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level for wisp and wisp-core (WISP_LOG_LEVEL; default info)")
@@ -147,17 +162,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-ENV_MINIMUMS = {"WISP_" + flag[2:].replace("-", "_").upper(): minimum for flag, minimum in FLAG_MINIMUMS.items()}
+# The core's counting flags a user sets through the shim (--slots is the local model's to give,
+# and WISP_SLOTS its to read), each with its variable.
+ENV_FLAGS = {"WISP_" + flag[2:].replace("-", "_").upper(): flag for flag in FLAG_MINIMUMS if flag != "--slots"}
 
 
 def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     # Flags become core flags; WISP_* variables reach the core through the inherited environment,
     # so they are checked here: a core refusing its configuration would only be restarted in vain.
-    for name, minimum in ENV_MINIMUMS.items():
+    for name, flag in ENV_FLAGS.items():
         raw = os.environ.get(name)
         if raw:
             try:
-                _at_least(minimum)(raw)
+                _core_flag(flag)(raw)
             except argparse.ArgumentTypeError as exc:
                 raise SystemExit(f"wisp: {name}: {exc}") from None
     args: list[str] = []
@@ -183,9 +200,14 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
         raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0 and at most "
                          f"{MAX_SECONDS:g}, got {timeout}")
+    every = _env_float("WISP_PROGRESS_EVERY_S", PROGRESS_EVERY_S)
+    if not (math.isfinite(every) and 0 < every <= MAX_SECONDS):
+        raise SystemExit(f"wisp: WISP_PROGRESS_EVERY_S must be a finite number of seconds above 0 and at most "
+                         f"{MAX_SECONDS:g}, got {every}")
     # As the core reads it: the flag wins over the variable, and an empty value means none.
     state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
-    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir)
+    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir,
+                      progress_every_s=every)
 
 
 APPLE_ALTERNATIVES = (
@@ -227,6 +249,7 @@ class LocalModelUse:
         assert self.lm is not None
         self.active = True
         self.config.args += self.lm.core_args()
+        self.config.env = {**(self.config.env or {}), **self.lm.core_env()}
 
     async def before_start(self) -> None:
         if self.plan.decision == local_model.PROBE_APPLE and not self._probed:
@@ -346,9 +369,8 @@ def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_se
                 raise SystemExit(f"wisp: {flag} is for the shared server: add --http HOST:PORT (or set WISP_HTTP)")
         return None
     idle = ns.session_idle_timeout if ns.session_idle_timeout is not None else http_server.DEFAULT_SESSION_IDLE_S
-    if not (math.isfinite(idle) and 0 < idle <= MAX_SECONDS):
-        raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0 and at most "
-                         f"{MAX_SECONDS:g}, got {idle}")
+    if not (math.isfinite(idle) and idle > 0):
+        raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0, got {idle}")
     try:
         bind = http_server.parse_bind(where)
         http_server.check_bind(bind, ns.allow_remote)
@@ -363,7 +385,9 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
-            return await llama_server.decode(use.lm, timeout=60)
+            lm = use.lm
+            decoded = await llama_server.decode(lm, timeout=60)
+            return decoded or await asyncio.to_thread(llama_server.refuses_unkeyed, lm)
         return None
 
     try:
@@ -387,6 +411,10 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
         print(f"apple model:  {'available' if apple.available else 'not available'}" + (f" ({apple.reason})" if apple.reason else ""))
     if use is not None:
         print(f"local model:  {_local_model_line(use)}")
+        if use.plan.facts is not None and use.lm is not None:
+            print(f"model file:   {use.plan.facts.describe(use.lm.context_size)}")
+        if use.active and st.available:
+            print("model key:    required (a request without it was refused)")
     print(f"core:         {binary}")
     for line in http_server.describe(http) if http is not None else ():
         print(line)
@@ -395,7 +423,7 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
 
 def _local_model_line(use: LocalModelUse) -> str:
     if use.active and use.lm is not None:
-        return f"in use: {use.lm.binary} serving {use.lm.model}"
+        return f"in use: {use.lm.program} serving {use.lm.model}"
     if use.plan.missing:
         return use.plan.missing
     return "installed, not in use (Apple's model is available)"
@@ -425,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
     config = core_launch(ns)
+    from .tasks import TaskLimits  # after the SDK's server side is in (start)
+
+    try:
+        TaskLimits.from_env()  # refused here, before anything starts, rather than at the first call
+    except ValueError as exc:
+        raise SystemExit(f"wisp: {exc}") from None
     http = http_options(ns, generate_token=not ns.check)
     use = LocalModelUse(ns, config)
     if ns.check or http is not None:

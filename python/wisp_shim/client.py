@@ -1,6 +1,6 @@
-"""The shim's client of wisp-core: sends respond, close_thread and status, enforces their time
-limits (cancelling in the core when one passes), forwards progress, and keeps the ids of
-threads lost in a crash so the next call naming one is told so.
+"""The shim's client of wisp-core: sends respond, close_thread, status and read_thread, enforces
+their time limits (cancelling in the core when one passes), forwards progress, and keeps the ids
+of threads lost in a crash so the next call naming one is told so.
 
 The process itself is core_process.py's; starting, watching and restarting it, supervisor.py's.
 Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP layer
@@ -109,6 +109,13 @@ class Core:
 
             if call is not None and call.progress_event is not None:
                 call.latest = (msg.tokens, msg.text)
+                call.newest = "text"
+                call.progress_event.set()
+        elif isinstance(msg, protocol.Stage):
+            call = run.pending.get(msg.id)
+            if call is not None and call.progress_event is not None:
+                call.stage = (msg.stage, msg.count)
+                call.newest = "stage"
                 call.progress_event.set()
         elif isinstance(msg, protocol.Evicted):
             run.alive.pop(msg.thread_id, None)  # gone already: a later crash did not lose it
@@ -173,12 +180,22 @@ class Core:
 
     # --- calls -------------------------------------------------------------
 
+    async def placement(self, thread_id: str | None) -> tuple[str, bool]:
+        """What a respond call on `thread_id` would meet now: the running core's backend, and
+        whether another respond call on that thread is running or queued in it."""
+        run = await self._supervisor.running()
+        behind = thread_id is not None and any(
+            c.thread_id == thread_id and c.result_type is protocol.RespondResult for c in run.pending.values()
+        )
+        return run.ready.result().backend, behind
+
     def _send_cancel(self, run: CoreProcess, request_id: int) -> None:
         run.send(protocol.encode(protocol.Cancel(id=self.next_id(), request=request_id)))
 
     async def _request(self, run: CoreProcess, call: PendingCall, data: bytes | list[bytes], timeout: float,
                        on_timeout: Callable[[], ShimError],
-                       on_progress: Callable[[int, str], Awaitable[None]] | None = None) -> Answer:
+                       on_progress: OnProgress | None = None,
+                       stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None) -> Answer:
         if run.dead:
             raise ShimError(errors.CORE_CRASHED, "the wisp core crashed just before this call was sent and is restarting; call again.")
         run.pending[call.id] = call
@@ -186,12 +203,14 @@ class Core:
         timer = asyncio.get_running_loop().call_later(timeout, _expire, call)
         pump = None
         if on_progress is not None and call.progress_event is not None:
-            pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress))
+            pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress, self.launch.progress_every_s))
         try:
             try:
                 # Inside the try: once the frame may be queued, a cancellation must reach the core.
                 run.send(data.pop() if isinstance(data, list) else data)
-                answer = await call.future
+                if on_sent is not None:
+                    on_sent()
+                answer = await (call.future if stop is None else self._unless_stopped(run, call, stop))
             except _Expired:
                 answer = await self._after_expiry(run, call, on_timeout)
             except asyncio.CancelledError:
@@ -216,6 +235,16 @@ class Core:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await pump
 
+    async def _unless_stopped(self, run: CoreProcess, call: PendingCall, stop: asyncio.Future[None]) -> Answer:
+        """The call's reply; once `stop` is set first, the call is cancelled in the core and its
+        reply is the core's verdict: `cancelled` (the turn not kept), or the result that beat the
+        cancel (the turn kept). Bounded like any call: by its time limit and the watchdog."""
+        if not stop.done():
+            await asyncio.wait((call.future, stop), return_when=asyncio.FIRST_COMPLETED)
+        if not call.future.done():
+            self._send_cancel(run, call.id)
+        return await call.future
+
     async def _after_expiry(self, run: CoreProcess, call: PendingCall, on_timeout: Callable[[], ShimError]) -> Answer:
         """The time limit passed: cancel the call in the core and give its own reply a moment.
         A success (or a real failure) that beat the cancel is the call's outcome; the core's
@@ -239,12 +268,25 @@ class Core:
         tools: list[str] | None = None,
         temperature: float | None = None,
         max_output_tokens: int | None = None,
-        on_progress: Callable[[int, str], Awaitable[None]] | None = None,
+        on_progress: OnProgress | None = None,
         roots: list[str] | None = None,
         files: list[str] | None = None,
         schema: str | None = None,
         reasoning: str | None = None,
+        fork_from: str | None = None,
+        rewind: int | None = None,
+        stop: asyncio.Future[None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> protocol.RespondResult:
+        """`stop` (set by a task's cancel): cancel the call as an MCP cancel would, but wait for the
+        core's verdict (a ShimError `cancelled`, or the result that came first). `on_sent`: called once
+        the call has its place in the core's queue (its frame is written)."""
+        if fork_from is not None and fork_from in self.lost:
+            raise ShimError(
+                errors.THREAD_LOST,
+                f"thread {fork_from!r}'s history was lost when the wisp core crashed and restarted, so there is "
+                "nothing to fork. Nothing was sent to the model.",
+            )
         if thread_id is not None and thread_id in self.lost:
             del self.lost[thread_id]
             raise ShimError(
@@ -264,7 +306,7 @@ class Core:
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
             files=files or None,
-            schema=schema,
+            schema=schema, fork_from=fork_from, rewind=rewind,
         )
         payload = protocol.encode_payload(msg)
         if len(payload) > protocol.MAX_FRAME_BYTES:
@@ -288,7 +330,9 @@ class Core:
         # with 128 calls of megabytes in flight, the copies would add up.
         box = [protocol.frame(payload)]
         del payload, msg
-        reply = await self._request(run, call, box, limit, timed_out, on_progress)
+        if stop is not None and stop.done():
+            raise ShimError(errors.CANCELLED, "the call was cancelled before it started; nothing reached the model.")
+        reply = await self._request(run, call, box, limit, timed_out, on_progress, stop, on_sent)
         if not reply.ok:
             assert reply.error is not None
             if reply.error.code == errors.TIMEOUT:
@@ -303,24 +347,31 @@ class Core:
     async def close_thread(self, thread_id: str) -> protocol.CloseThreadResult:
         # Closing a lost thread is what the caller would do anyway: no notice needed.
         self.lost.pop(thread_id, None)
-        run = await self._supervisor.running()
         call = PendingCall(self.next_id(), thread_id, False, protocol.CloseThreadResult)
-        frame = protocol.encode(protocol.CloseThread(id=call.id, thread_id=thread_id))
-        reply = await self._request(run, call, frame, QUICK_CALL_TIMEOUT_S, _quick_timeout("close_thread"))
-        if not reply.ok:
-            assert reply.error is not None
-            raise ShimError(reply.error.code, reply.error.message)
-        assert isinstance(reply.result, protocol.CloseThreadResult)
-        return reply.result
+        result = await self._quick(call, protocol.CloseThread(id=call.id, thread_id=thread_id), "close_thread")
+        assert isinstance(result, protocol.CloseThreadResult)
+        return result
 
-    async def status(self) -> protocol.StatusResult:
-        run = await self._supervisor.running()
+    async def status(self, query: str | None = None, limit: int | None = None, cursor: str | None = None) -> protocol.StatusResult:
         call = PendingCall(self.next_id(), None, False, protocol.StatusResult)
-        reply = await self._request(run, call, protocol.encode(protocol.Status(id=call.id)), QUICK_CALL_TIMEOUT_S, _quick_timeout("status"))
+        result = await self._quick(call, protocol.Status(id=call.id, query=query, limit=limit, cursor=cursor), "status")
+        assert isinstance(result, protocol.StatusResult)
+        return result
+
+    async def read_thread(self, thread_id: str, last: int | None, max_bytes: int) -> protocol.ReadThreadResult:
+        call = PendingCall(self.next_id(), None, False, protocol.ReadThreadResult)
+        result = await self._quick(call, protocol.ReadThread(id=call.id, thread_id=thread_id, last=last, max_bytes=max_bytes), "read_thread")
+        assert isinstance(result, protocol.ReadThreadResult)
+        return result
+
+    async def _quick(self, call: PendingCall, message: protocol.Request, op: str) -> protocol.Result:
+        """A call that never waits for a model: its reply's result, or its error raised."""
+        run = await self._supervisor.running()
+        reply = await self._request(run, call, protocol.encode(message), QUICK_CALL_TIMEOUT_S, _quick_timeout(op))
         if not reply.ok:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
-        assert isinstance(reply.result, protocol.StatusResult)
+        assert reply.result is not None
         return reply.result
 
 class _Expired(Exception):
@@ -338,23 +389,57 @@ def _quick_timeout(op: str) -> Callable[[], ShimError]:
     return lambda: ShimError(errors.TIMEOUT, f"wisp-core did not answer `{op}` within {QUICK_CALL_TIMEOUT_S:g} s; call again.")
 
 
-async def _pump_progress(call: PendingCall, on_progress: Callable[[int, str], Awaitable[None]]) -> None:
-    """Forward the latest partial text, strictly increasing in tokens and rate-limited;
-    once the reply is in, send what is left and stop."""
+# Called with a strictly increasing count, what the call is doing for a person to read, and the
+# partial reply so far ("" while waiting).
+OnProgress = Callable[[int, str, str], Awaitable[None]]
+
+
+def describe_stage(stage: tuple[str, int | None] | None) -> str:
+    """What a call waits for (the core's Stage), in words for a tool row."""
+    what, count = stage if stage is not None else ("queue", 0)
+    if what == "queue" and count:
+        return f"queued behind {count} call{'s' if count != 1 else ''} on this thread"
+    if what == "slot":
+        return "waiting for a model slot (all are busy with other threads)"
+    if what == "prompt":
+        return f"reading the prompt: about {count:,} tokens" if count else "reading the prompt"
+    return "waiting for the model"
+
+
+async def _pump_progress(call: PendingCall, on_progress: OnProgress, every_s: float) -> None:
+    """Forward what the call is doing: the latest partial text (its tokens strictly increasing,
+    rate-limited) or what it waits for, and, when nothing new came for `every_s`, the same again
+    with the time waited; once the reply is in, send what is left and stop."""
     assert call.progress_event is not None and call.answered is not None
+    loop = asyncio.get_running_loop()
+    started = last = loop.time()
+    count = 0
+    shown: tuple[str, int | None] | None = None
     while True:
-        await call.progress_event.wait()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(call.progress_event.wait(), max(0.0, last + every_s - loop.time()))
         call.progress_event.clear()
-        if call.latest is not None and call.latest[0] > call.sent:
+        status = text = None
+        if call.newest == "text" and call.latest is not None and call.latest[0] > call.sent:
             tokens, text = call.latest
+            status = f"writing: {tokens:,} tokens"
+            call.sent = tokens
+        elif call.newest == "stage" and call.stage != shown and not call.answered.is_set():
+            shown = call.stage
+            status, text = describe_stage(shown), ""
+        elif loop.time() - last >= every_s and not call.answered.is_set():
+            if call.newest == "text" and call.latest is not None:
+                status, text = f"writing: {call.latest[0]:,} tokens", call.latest[1]
+            else:
+                status, text = f"{describe_stage(call.stage)} ({loop.time() - started:.0f} s)", ""
+        if status is not None:
+            count += 1
+            last = loop.time()
             try:
-                await on_progress(tokens, text)
+                await on_progress(count, status, text or "")
             except Exception as exc:  # a progress hiccup must not fail the call itself
                 log.debug("progress notification failed: %s", exc)
-            call.sent = tokens
         if call.answered.is_set():
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(call.answered.wait(), PROGRESS_INTERVAL_S)
-
-

@@ -40,6 +40,12 @@ EOF_GRACE_S = 0.5
 TERM_GRACE_S = 1.0
 
 
+# Progress at least this often, from a call's start to its end, whatever it waits for: clients
+# that reset their time limit on progress (Claude Code) keep a slow call alive; half the 10 s
+# that wisp promises, so a slow client or loop still keeps it (WISP_PROGRESS_EVERY_S).
+PROGRESS_EVERY_S = 5.0
+
+
 @dataclass
 class CoreLaunch:
     """How the shim launches wisp-core (the core's own flags are in `args`)."""
@@ -61,6 +67,8 @@ class CoreLaunch:
     # error the caller sees, e.g. one naming the signal that killed the local model server
     # during the call (the core sees only a broken connection).
     explain: Callable[[ShimError, float], Awaitable[ShimError]] | None = None
+    # A call that asked for progress hears from wisp at least this often (client.py).
+    progress_every_s: float = PROGRESS_EVERY_S
 
 
 def find_core(explicit: str | None = None) -> Path:

@@ -19,9 +19,10 @@ PROTOCOL_VERSION: int = FACTS["protocol"]
 MAX_FRAME_BYTES: int = FACTS["max_frame_bytes"]
 # Every code a core error reply may carry.
 CORE_CODES: frozenset[str] = frozenset(FACTS["error_codes"])
-# `--backend`'s words, and each integer flag's least value (and default, where it has one).
+# `--backend`'s words, and each integer flag's least and largest value (and default, where it has one).
 BACKENDS: tuple[str, ...] = tuple(FACTS["backends"])
 FLAG_MINIMUMS: dict[str, int] = {flag: f["minimum"] for flag, f in FACTS["flags"].items()}
+FLAG_MAXIMUMS: dict[str, int] = {flag: f["maximum"] for flag, f in FACTS["flags"].items()}
 DEFAULT_MAX_THREADS: int = FACTS["flags"]["--max-threads"]["default"]
 # The thread-id rule: the pattern, and the sentence that states it.
 THREAD_ID_CHARS = f"[{FACTS['thread_id']['bytes']}]{{1,{FACTS['thread_id']['max_length']}}}"

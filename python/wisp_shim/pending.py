@@ -11,7 +11,8 @@ from . import protocol
 
 
 class PendingCall:
-    __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "progress_event", "sent", "answered")
+    __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "stage", "newest", "progress_event", "sent",
+                 "answered")
 
     def __init__(self, call_id: int, thread_id: str | None, want_progress: bool, result_type: type[protocol.Result]) -> None:
         self.id = call_id
@@ -22,6 +23,9 @@ class PendingCall:
         # Set once the call's time limit passed: its own reply may still come, for a moment.
         self.late: asyncio.Future[Answer] | None = None
         self.latest: tuple[int, str] | None = None
+        # What the call last said it waits for (Stage: stage, count), and which of the two came last.
+        self.stage: tuple[str, int | None] | None = None
+        self.newest: str = "stage"
         self.progress_event = asyncio.Event() if want_progress else None
         # Tokens of the last progress notification sent: each must go higher.
         self.sent = 0

@@ -5,8 +5,8 @@ One msgspec Struct per message, under the same names as the Swift side
 unsigned big-endian length followed by that many bytes of UTF-8 JSON.
 
 Every message is tagged, so each direction decodes in one pass: shim -> core messages
-by `op` (respond, close_thread, cancel, status, ping); core -> shim messages by `event`
-(ready, progress, evicted, reply), and an ok reply's result by `op`, the op of the request
+by `op` (respond, close_thread, cancel, status, read_thread, ping); core -> shim messages by `event`
+(ready, progress, stage, evicted, reply), and an ok reply's result by `op`, the op of the request
 it answers. Version 2 added the core -> shim tags.
 """
 
@@ -41,7 +41,7 @@ class RespondOptions(msgspec.Struct, omit_defaults=True):
     # When that limit runs out, in monotonic_now() seconds: the core neither runs nor commits the
     # call after it, however late it reads the request.
     deadline: float | None = None
-    # light | moderate | deep (tool_models.REASONING_LEVELS); None: the backend's default.
+    # light | moderate | deep (facts.REASONING_LEVELS); None: the backend's default.
     reasoning: str | None = None
 
 
@@ -67,6 +67,10 @@ class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True)
     # Structured output: the call's JSON Schema as compact JSON text (text keeps its key order
     # through Swift's decoder), already checked against wisp's supported subset (schema.py).
     schema: str | None = None
+    # The call creates its thread as a copy of this one's binding and committed history.
+    fork_from: str | None = None
+    # The thread's last `rewind` turns are dropped as part of this call (all or nothing).
+    rewind: int | None = None
 
 
 class CloseThread(msgspec.Struct, tag_field="op", tag="close_thread"):
@@ -79,8 +83,23 @@ class Cancel(msgspec.Struct, tag_field="op", tag="cancel"):
     request: int
 
 
-class Status(msgspec.Struct, tag_field="op", tag="status"):
+class Status(msgspec.Struct, tag_field="op", tag="status", omit_defaults=True):
+    """The backend's state and a page of threads: with `query`, those holding its words, best
+    match first; else most recently used first. `cursor`: a StatusResult's `next_cursor`."""
+
     id: int
+    query: str | None = None
+    limit: int | None = None
+    cursor: str | None = None
+
+
+class ReadThread(msgspec.Struct, tag_field="op", tag="read_thread", omit_defaults=True):
+    """A thread's binding and its last turns (at most `last`), at most `max_bytes` of their text."""
+
+    id: int
+    thread_id: str
+    last: int | None = None
+    max_bytes: int | None = None
 
 
 class Ping(msgspec.Struct, tag_field="op", tag="ping"):
@@ -89,7 +108,7 @@ class Ping(msgspec.Struct, tag_field="op", tag="ping"):
     id: int
 
 
-Request = Respond | CloseThread | Cancel | Status | Ping
+Request = Respond | CloseThread | Cancel | Status | ReadThread | Ping
 
 
 # --- core -> shim -----------------------------------------------------------
@@ -113,6 +132,16 @@ class Progress(msgspec.Struct, tag_field="event", tag="progress"):
     tokens: int
 
 
+class Stage(msgspec.Struct, tag_field="event", tag="stage"):
+    """What call `id` waits for before its first token: `queue` (`count`: calls of its thread
+    ahead of it, the running one included), `slot` (every model slot busy with other threads) or
+    `prompt` (the model reads it; `count`: about how many tokens, when known)."""
+
+    id: int
+    stage: str
+    count: int | None = None
+
+
 class Evicted(msgspec.Struct, tag_field="event", tag="evicted"):
     """The core evicted `thread_id` (least recently used) to make room; sent before the reply
     of the call that caused it."""
@@ -132,6 +161,12 @@ class UsageBody(msgspec.Struct, omit_defaults=True):
     input_tokens: int | None = None
     output_tokens: int | None = None
     reasoning_tokens: int | None = None
+    # Of input_tokens, those the server took from its prompt cache.
+    cached_tokens: int | None = None
+    # One call's own (absent from totals): wisp's measure of its wait for the first token, and
+    # of the output tokens a second while generating.
+    first_token_ms: int | None = None
+    output_tokens_per_s: float | None = None
 
 
 class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True):
@@ -170,6 +205,13 @@ class ThreadInfo(msgspec.Struct):
     stored: bool = False
     # Live threads: what their committed calls cost so far (since created or resumed).
     usage: UsageBody | None = None
+    # Unix seconds of its first and latest committed turn, where known.
+    created_at: float | None = None
+    updated_at: float | None = None
+    # The start of its first prompt and of its last reply, and its instructions, each clipped by the core.
+    first_prompt: str | None = None
+    last_reply: str | None = None
+    instructions: str | None = None
 
 
 class StatusResult(msgspec.Struct, tag_field="op", tag="status"):
@@ -184,9 +226,36 @@ class StatusResult(msgspec.Struct, tag_field="op", tag="status"):
     tools: list[str] = []
     state_dir: str | None = None
     state_error: str | None = None
+    # For the next page, when there is one.
+    next_cursor: str | None = None
+    # What the core's committed calls cost since it started.
+    usage: UsageBody | None = None
+    # The server was found to cut prompts silently: the window wisp learnt, and how.
+    context_note: str | None = None
 
 
-Result = RespondResult | CloseThreadResult | CancelResult | PingResult | StatusResult
+class TurnItem(msgspec.Struct):
+    prompt: str
+    reply: str
+    # The turn answered a `schema` and `reply` is its value's JSON text, whole.
+    structured: bool = False
+    # Its prompt or reply was clipped to fit the reading.
+    cut: bool = False
+
+
+class ReadThreadResult(msgspec.Struct, tag_field="op", tag="read_thread"):
+    thread_id: str
+    tools: list[str]
+    # Turns the thread holds; `items` are its last ones, `omitted` the earlier ones left out.
+    turns: int
+    omitted: int
+    # Turns condensing dropped from the thread while this core held it.
+    condensed: int
+    items: list[TurnItem]
+    instructions: str | None = None
+
+
+Result = RespondResult | CloseThreadResult | CancelResult | PingResult | StatusResult | ReadThreadResult
 
 
 class Reply(msgspec.Struct, tag_field="event", tag="reply"):
@@ -205,7 +274,7 @@ class Reply(msgspec.Struct, tag_field="event", tag="reply"):
             raise ValueError(f"reply {self.id} failed but carries no error")
 
 
-CoreMessage = Ready | Progress | Evicted | Reply
+CoreMessage = Ready | Progress | Stage | Evicted | Reply
 
 
 class ProtocolError(Exception):
@@ -240,7 +309,7 @@ def decode_message(payload: bytes | memoryview) -> CoreMessage:
         raise ProtocolError(f"undecodable {_meant(payload)} from the core: {exc}") from None
 
 
-_RESULT_NAMES = {t.__struct_config__.tag: t.__name__ for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult)}
+_RESULT_NAMES = {t.__struct_config__.tag: t.__name__ for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult, ReadThreadResult)}
 
 
 def _meant(payload: bytes | memoryview) -> str:

@@ -16,6 +16,14 @@ misreading somewhere else.
   stream that wraps one must pass it on.
 - stdio.py feeds the SDK's `stdio_server(stdin=, stdout=)` objects that are not anyio files, only
   their `async for` / `write` / `flush`.
+- tasks.py, on the low-level Server: `add_request_handler` for `tasks/*` (methods the SDK does
+  not know reach their handler in both eras); `Server.middleware`, whose entries wrap a
+  handler's result after the era's check of it, which for a 2025-11-25 `tools/call` is
+  CallToolResult (so the task handle is swapped in there; the handler runs in the middleware's
+  asyncio task, so a context variable set there reaches it); a 2026-07-28 result whose
+  `resultType` is not a core one passes that check unchanged; `Server.extensions` is advertised
+  by `server/discover` and dropped from a 2025-11-25 `initialize`; `ctx.request` is the HTTP
+  request (its headers) over streamable HTTP.
 - sdk_imports.py (apart, because it must run before anything imports the SDK): the server
   process loads `mcp` and `mcp.server` as bare packages, skipping their `__init__` (the client
   side, MCPServer), and holds uvicorn back until its imports are done.

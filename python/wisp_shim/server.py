@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from urllib.parse import unquote, urlsplit
 from typing import Any
 
@@ -37,16 +40,21 @@ from . import errors
 from .client import Core
 from .errors import ShimError
 from .facts import MAX_CLIENT_ROOTS
+from .tasks import Job, TaskLimits, Tasks
 from .transport import charge, json_size
 from .tool_models import (
     ArgumentError,
     CloseThreadArgs,
     CloseThreadOutput,
+    DEFAULT_PAGE,
     ListThreadsArgs,
     ListThreadsOutput,
+    ReadThreadArgs,
+    ReadThreadOutput,
     RespondArgs,
     RespondOutput,
     ThreadEntry,
+    TurnOutput,
     UsageOutput,
     parse_args,
     short,
@@ -63,6 +71,8 @@ ROOTS_TIMEOUT_S = 2.0
 LISTED_START_DELAY_S = 0.02
 # Progress messages are shown to people in a status line, not read by the model.
 PROGRESS_MESSAGE_CHARS = 200
+# read_thread's bound on the turns' text it returns (the rest is left out, and counted).
+READ_THREAD_BYTES = 32 * 1024
 
 
 def _retention(max_threads: int, state_dir: str | None) -> str:
@@ -99,11 +109,10 @@ def _respond_tool(max_threads: int, state_dir: str | None = None) -> Tool:
         title="Ask the local model",
         description=(
             "Send a prompt to the local language model and get its reply. Omit thread_id to start a new "
-            "thread; pass the thread_id from an earlier result to continue that conversation (the model "
-            "sees the earlier turns). An unknown thread_id starts a new thread under that id "
-            "(created=true says so). instructions and tools are fixed when a thread is created; passing "
-            "them for an existing thread is an error, even empty: omit them to continue. Calls on one thread run in order; different threads "
-            "run in parallel. If a thread outgrows the model's context, its oldest turns are dropped "
+            "thread; pass a result's thread_id to continue that conversation (the model sees the earlier turns). "
+            "An unknown thread_id starts a new thread under that id (created=true). instructions and tools bind "
+            "when a thread is created: passing them for an existing thread is an error, even empty. Calls on one "
+            "thread run in order, threads in parallel. A thread that outgrows the model's context loses its oldest turns "
             f"(condensed=true). Retention: {_retention(max_threads, state_dir)}."
         ),
         input_schema=tool_schema(RespondArgs),
@@ -126,10 +135,22 @@ CLOSE_THREAD = Tool(
 
 LIST_THREADS = Tool(
     name="list_threads",
-    title="List live threads",
-    description="List wisp's threads: live ones (most recently used first), then stored ones not in memory (with --state-dir), with their turn counts, plus the backend and model in use. Use it to recover thread ids.",
+    title="Find threads",
+    description=(
+        "List or search wisp's threads (live, and stored with --state-dir): most recently used first, or best match "
+        "first with query; each with a preview. Also says which backend and model wisp uses."
+    ),
     input_schema=tool_schema(ListThreadsArgs),
     output_schema=tool_schema(ListThreadsOutput),
+    annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+)
+
+READ_THREAD = Tool(
+    name="read_thread",
+    title="Reread a thread",
+    description=f"A thread's instructions, tools and last turns (at most {READ_THREAD_BYTES // 1024} KB of text; says what it left out).",
+    input_schema=tool_schema(ReadThreadArgs),
+    output_schema=tool_schema(ReadThreadOutput),
     annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
 
@@ -138,32 +159,44 @@ def _error(message: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
 
 
-def _output(r: protocol.RespondResult) -> Any:
-    """The reply's value. The core judged it (valid JSON matching the schema) before it kept the
-    turn; that verdict stands, so it is not judged again here."""
+def _output(text: str, thread_id: str) -> Any:
+    """A structured reply's value. The core judged it (valid JSON matching the schema) before it
+    kept the turn; that verdict stands, so it is not judged again here."""
     try:
-        return output_schema.reply_value(r.text)
+        return output_schema.reply_value(text)
     except ValueError as exc:
         # Only a core bug gets here: say so, and that the turn is kept.
-        log.error("the core accepted a reply that is not JSON to Python (%s): %r", exc, r.text[:200])
+        log.error("the core accepted a reply that is not JSON to Python (%s): %r", exc, text[:200])
         raise ShimError(
             errors.INTERNAL,
             f"wisp's core kept a reply it judged valid but that does not parse here ({exc}); the turn is in thread "
-            f"{r.thread_id}'s history. Please report this.",
+            f"{thread_id}'s history. Please report this.",
         ) from None
+
+
+def _iso(seconds: float | None) -> str | None:
+    """Unix seconds as ISO 8601 in UTC, to the second; None for none (or one out of range)."""
+    if seconds is None:
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _usage(u: protocol.UsageBody | None) -> UsageOutput | None:
     if u is None:
         return None
-    return UsageOutput(input_tokens=u.input_tokens, output_tokens=u.output_tokens, reasoning_tokens=u.reasoning_tokens)
+    return UsageOutput(input_tokens=u.input_tokens, output_tokens=u.output_tokens, reasoning_tokens=u.reasoning_tokens,
+                       cached_tokens=u.cached_tokens, first_token_ms=u.first_token_ms, output_tokens_per_s=u.output_tokens_per_s)
 
 
 def _usage_text(u: protocol.UsageBody | None) -> str:
     """A thread's total as list_threads' text shows it: only the counts reported."""
     if u is None:
         return ""
-    parts = [f"{n} {what}" for n, what in ((u.input_tokens, "in"), (u.output_tokens, "out"), (u.reasoning_tokens, "reasoning")) if n is not None]
+    counts = ((u.input_tokens, "in"), (u.cached_tokens, "cached"), (u.output_tokens, "out"), (u.reasoning_tokens, "reasoning"))
+    parts = [f"{n} {what}" for n, what in counts if n is not None]
     return f", tokens {' / '.join(parts)}" if parts else ""
 
 
@@ -262,17 +295,50 @@ def _root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
     return list(paths)
 
 
-def _progress_message(text: str) -> str:
+def _progress_message(status: str, text: str) -> str:
+    """What the call is doing, then as much of the partial reply as fits, its tail: the tail is
+    what changed since the last notification."""
     text = " ".join(text.split())
-    if len(text) <= PROGRESS_MESSAGE_CHARS:
-        return text
-    # The tail is what changed since the last notification.
-    return "…" + text[-(PROGRESS_MESSAGE_CHARS - 1):]
+    if not text:
+        return status[:PROGRESS_MESSAGE_CHARS]
+    room = PROGRESS_MESSAGE_CHARS - len(status) - 2
+    if len(text) > room:
+        text = "…" + text[-(room - 1):]
+    return f"{status}: {text}"
 
 
-def build_server(core: Core, max_threads: int) -> Server[Any]:
+async def _as_result(name: str, work: Awaitable[Any]) -> Any:
+    """A tool's outcome as its caller sees it: every failure a tool error that carries the real reason."""
+    try:
+        return await work
+    except ArgumentError as exc:
+        return _error(f"{errors.INVALID_ARGUMENT}: {exc}")
+    except ShimError as exc:
+        return _error(str(exc))
+    except anyio.get_cancelled_exc_class():
+        raise
+    except Exception as exc:
+        # Anything else is a bug in wisp; the caller still gets a tool error, not a silent failure.
+        log.exception("tool %s failed", name)
+        return _error(
+            f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr."
+        )
+
+
+@dataclass(frozen=True)
+class _RespondCall:
+    """A respond call checked and ready to run: its arguments, the client's roots, and whether
+    this wisp held a thread under the id it names."""
+
+    args: RespondArgs
+    roots: list[str] | None
+    knew: bool
+
+
+def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = None) -> Server[Any]:
+    tasks = Tasks(task_limits or TaskLimits.from_env(), core.placement)
     respond_tool = _respond_tool(max_threads, core.launch.state_dir)
-    tools = [respond_tool, CLOSE_THREAD, LIST_THREADS]
+    tools = [respond_tool, CLOSE_THREAD, LIST_THREADS, READ_THREAD]
     listing = ListToolsResult(tools=tools)
 
     async def list_tools(ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None) -> ListToolsResult:
@@ -281,37 +347,57 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         asyncio.get_running_loop().call_later(LISTED_START_DELAY_S, core.start)
         return listing
 
-    async def respond(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+    async def respond_prepare(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> _RespondCall:
         a: RespondArgs = parse_args(RespondArgs, args)
-        token = ctx.meta.get("progress_token") if ctx.meta else None
-        on_progress = None
-        if token is not None:
-            async def on_progress(tokens: int, text: str) -> None:
-                await ctx.session.report_progress(float(tokens), None, _progress_message(text))
-
         roots = await _client_roots(ctx) if a.tools or a.files else None
         if roots:
             charge(ctx.request, json_size(roots))  # held while the call runs, like its arguments
-        checked: output_schema.CheckedSchema | None = a.output_schema
         # Asked before the call, which makes the id known: a new caller-chosen id was never lost.
-        knew = a.thread_id is not None and core.knew(a.thread_id)
+        return _RespondCall(a, roots, a.thread_id is not None and core.knew(a.thread_id))
+
+    async def respond_run(
+        call: _RespondCall, send_progress: Callable[[float, str], Awaitable[None]] | None,
+        stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None,
+    ) -> CallToolResult:
+        a, roots, knew = call.args, call.roots, call.knew
+        on_progress = None
+        if send_progress is not None:
+            async def on_progress(count: int, status: str, text: str) -> None:
+                await send_progress(float(count), _progress_message(status, text))
+
+        checked: output_schema.CheckedSchema | None = a.output_schema
         r = await core.respond(
             a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,
             temperature=a.temperature, max_output_tokens=a.max_output_tokens,
             on_progress=on_progress, roots=roots, schema=checked.text if checked else None, reasoning=a.reasoning,
+            fork_from=a.fork_from, rewind=a.rewind,
+            stop=stop, on_sent=on_sent,
         )
+        # With a schema the reply is its value: `output` alone carries it.
         out = RespondOutput(
-            thread_id=r.thread_id, created=r.created, text=r.text, condensed=r.condensed, turns=r.turns, dropped=r.dropped,
-            prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens, store_error=r.store_error,
-            usage=_usage(r.usage) or UsageOutput(), reasoning=a.reasoning,
+            thread_id=r.thread_id, created=r.created, text=None if checked else r.text, condensed=r.condensed, turns=r.turns,
+            dropped=r.dropped, store_error=r.store_error, usage=_usage(r.usage) or UsageOutput(), reasoning=a.reasoning,
         )
         structured = out.model_dump(exclude_none=True)
         if checked is not None:
-            structured["output"] = _output(r)  # may be null
+            structured["output"] = _output(r.text, r.thread_id)  # may be null
         return CallToolResult(
             content=[TextContent(type="text", text=_respond_content(r, knew))],
             structured_content=structured,
         )
+
+    def progress_of(ctx: ServerRequestContext[Any]) -> Callable[[float, str], Awaitable[None]] | None:
+        """Progress for the call this request is, when its client asked for it."""
+        if not ctx.meta or ctx.meta.get("progress_token") is None:
+            return None
+
+        async def send(value: float, message: str) -> None:
+            await ctx.session.report_progress(value, None, message)
+
+        return send
+
+    async def respond(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+        return await respond_run(await respond_prepare(ctx, args), progress_of(ctx))
 
     async def close_thread(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
         a: CloseThreadArgs = parse_args(CloseThreadArgs, args)
@@ -323,53 +409,88 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         )
 
     async def list_threads(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
-        parse_args(ListThreadsArgs, args)
-        s = await core.status()
+        a: ListThreadsArgs = parse_args(ListThreadsArgs, args)
+        s = await core.status(query=a.query, limit=a.limit or DEFAULT_PAGE, cursor=a.cursor)
         structured = ListThreadsOutput(
             backend=s.backend, model=s.model, available=s.available, context_size=s.context_size, max_threads=s.max_threads,
             threads=[
-                ThreadEntry(thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored, usage=_usage(t.usage))
+                ThreadEntry(
+                    thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored, usage=_usage(t.usage),
+                    created_at=_iso(t.created_at), updated_at=_iso(t.updated_at), first_prompt=t.first_prompt,
+                    last_reply=t.last_reply, instructions=t.instructions,
+                )
                 for t in s.threads
             ],
             # An empty state_dir or reason says nothing: left out, as when absent.
-            state_dir=s.state_dir or None, reason=s.reason or None,
+            state_dir=s.state_dir or None, reason=s.reason or None, next_cursor=s.next_cursor,
+            context_note=s.context_note, usage=_usage(s.usage),
         ).model_dump(exclude_none=True)
         lines = [f"backend {s.backend}, model {s.model}, " + ("available" if s.available else f"unavailable: {s.reason or 'unknown reason'}")]
-        live = sum(t.live for t in s.threads)
-        lines.append(f"{live} of {s.max_threads} threads live" + (f", {len(s.threads) - live} more stored in {s.state_dir}" if s.state_dir else "") + (":" if s.threads else "."))
+        found = f"{len(s.threads)} thread(s) matching {a.query!r}" if a.query else f"{len(s.threads)} thread(s)"
+        lines.append(found + (f" (threads are stored in {s.state_dir})" if s.state_dir else "") + (":" if s.threads else "."))
         if s.state_error:
             lines.append(f"threads are not stored: {s.state_error}")
-        lines += [
-            f"- {t.thread_id}: {t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{_usage_text(t.usage)}{'' if t.live else ' (stored)'}"
-            for t in s.threads
-        ]
+        if s.context_note:
+            lines.append(f"context: {s.context_note}")
+        if s.usage is not None:
+            lines.append(f"since wisp started{_usage_text(s.usage)}")
+        for t in s.threads:
+            what = f"{t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{_usage_text(t.usage)}{'' if t.live else ' (stored)'}"
+            when = f", updated {_iso(t.updated_at)}" if t.updated_at is not None else ""
+            lines.append(f"- {t.thread_id}: {what}{when}")
+            if t.first_prompt is not None:
+                lines.append(f"  first prompt: {t.first_prompt!r}; last reply: {t.last_reply!r}")
+        if s.next_cursor:
+            lines.append(f"[more: pass cursor {s.next_cursor!r}]")
         return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=structured)
 
-    handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads}
+    async def read_thread(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> CallToolResult:
+        a: ReadThreadArgs = parse_args(ReadThreadArgs, args)
+        r = await core.read_thread(a.thread_id, a.last, READ_THREAD_BYTES)
+        structured = ReadThreadOutput(
+            thread_id=r.thread_id, instructions=r.instructions, tools=r.tools, turns=r.turns, omitted=r.omitted,
+            dropped=r.condensed, items=[TurnOutput(prompt=t.prompt, reply=t.reply, cut=t.cut or None) for t in r.items],
+        ).model_dump(exclude_none=True)
+        for item, t in zip(structured["items"], r.items):
+            if t.structured:
+                # The value alone (it may be null), as respond gives it.
+                del item["reply"]
+                item["output"] = _output(t.reply, r.thread_id)
+        first = r.turns - len(r.items) + 1
+        lines = [f"thread {r.thread_id}: {r.turns} turn(s)" + (f", showing {first}-{r.turns} ({r.omitted} earlier left out)" if r.omitted else "")]
+        if r.condensed:
+            lines.append(f"[{r.condensed} earlier turn(s) were condensed away]")
+        lines.append(f"instructions: {r.instructions!r}" if r.instructions is not None else "no instructions")
+        if r.tools:
+            lines.append(f"tools: {', '.join(r.tools)}")
+        for n, t in enumerate(r.items, start=first):
+            lines += [f"--- turn {n}{' (shortened)' if t.cut else ''}", f"prompt: {t.prompt}", f"reply: {t.reply}"]
+        return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=structured)
 
-    async def call_tool(ctx: ServerRequestContext[Any], params: CallToolRequestParams) -> CallToolResult:
+    handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads, "read_thread": read_thread}
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: CallToolRequestParams,
+    ) -> CallToolResult | dict[str, Any]:
         handler = handlers.get(params.name)
         if handler is None:
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {short(params.name)} (wisp has {', '.join(handlers)})")
         args = params.arguments or {}
-        try:
-            return await handler(ctx, args)
-        except ArgumentError as exc:
-            return _error(f"{errors.INVALID_ARGUMENT}: {exc}")
-        except ShimError as exc:
-            return _error(str(exc))
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:
-            # Anything else is a bug in wisp; the caller still gets a tool error, not a silent failure.
-            log.exception("tool %s failed", params.name)
-            return _error(f"{errors.INTERNAL}: wisp failed unexpectedly ({type(exc).__name__}: {exc}); see its log on stderr.")
+        if (generation := tasks.wanted(ctx, params)) is not None:
+            job: Job[_RespondCall] = Job(
+                prepare=lambda: _as_result(params.name, respond_prepare(ctx, args)),
+                run=lambda call, send, stop, on_sent: _as_result(params.name, respond_run(call, send, stop, on_sent)),
+                thread_id=lambda call: call.args.thread_id,
+                plain_progress=progress_of(ctx),
+            )
+            return await tasks.call(ctx, params, generation, job)
+        return await _as_result(params.name, handler(ctx, args))
 
     # For the SDK's check of a 2026-07-28 HTTP call's Mcp-Param headers: without it, the SDK
     # runs list_tools (and serialises every tool) on each call to find the called tool's schema.
     input_schemas = {t.name: t.input_schema for t in tools}
 
-    return Server(
+    server: Server[Any] = Server(
         "wisp",
         version=__version__,
         title="wisp: threads with a local model",
@@ -378,3 +499,5 @@ def build_server(core: Core, max_threads: int) -> Server[Any]:
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+    tasks.install(server)
+    return server

@@ -24,6 +24,11 @@ from .facts import MODEL_TOOLS, REASONING_LEVELS, THREAD_ID_CHARS, THREAD_ID_RE,
 MAX_OUTPUT_TOKENS = 2**31 - 1
 # OpenAI-compatible servers take 0-2; Apple's model clamps to 0-1.
 MAX_TEMPERATURE = 2
+# list_threads' page size when the caller names none, and the most it may name.
+DEFAULT_PAGE = 20
+MAX_PAGE = 100
+# A query longer than this is not a search (the core's ThreadQuery.maxBytes bounds it too).
+MAX_QUERY_CHARS = 1000
 
 
 class ArgumentError(Exception):
@@ -84,6 +89,17 @@ class RespondArgs(_Arguments):
         None,
         description=f"Continue this thread. Omit to start a new one with a generated id. {THREAD_ID_RULE}.",
     )
+    fork_from: Annotated[ThreadId | None, ErrorWording("a string")] = Field(
+        None,
+        description=(
+            "Start a new thread (thread_id new or omitted) as a copy of this one's history, instructions and tools, "
+            "and answer there; the source is unchanged."
+        ),
+    )
+    rewind: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
+        None, ge=1, le=MAX_OUTPUT_TOKENS,
+        description="Drop the thread's last N turns and answer in their place; if the call fails, nothing is dropped.",
+    )
     instructions: Annotated[str | None, ErrorWording("a string")] = Field(
         None,
         description="System instructions for a NEW thread (role, rules, output format). Only allowed when the call creates the thread.",
@@ -128,7 +144,7 @@ class RespondArgs(_Arguments):
         json_schema_extra={"type": "object"},
         description=(
             "A JSON Schema for this call's reply: the model can only produce JSON matching it, returned "
-            "parsed as `output` (and as JSON text in `text`). Supported: " + output_schema.SUPPORTED + ". "
+            "parsed as `output`. Supported: " + output_schema.SUPPORTED + ". "
             "Anything else is refused. A reply that does not match (e.g. cut off by max_output_tokens) is an "
             "invalid_output error and is not added to the thread."
         ),
@@ -136,9 +152,12 @@ class RespondArgs(_Arguments):
 
 
 class UsageOutput(BaseModel):
-    input_tokens: int | None = Field(None, description="Tokens the model read, every model request of the call added up (tool rounds included).")
-    output_tokens: int | None = Field(None, description="Tokens the model wrote (reasoning included), added up the same way.")
+    input_tokens: int | None = Field(None, description="Tokens the model read, all model requests (tool rounds too) added up.")
+    output_tokens: int | None = Field(None, description="Tokens it wrote, reasoning included.")
     reasoning_tokens: int | None = Field(None, description="Of output_tokens, those spent reasoning.")
+    cached_tokens: int | None = Field(None, description="Of input_tokens, those the server took from its prompt cache instead of reading them again.")
+    first_token_ms: int | None = Field(None, description="respond only: milliseconds from sending the request to the model's first token (wisp's measure).")
+    output_tokens_per_s: float | None = Field(None, description="respond only: output tokens a second while the model wrote (wisp's measure).")
 
 
 class CloseThreadArgs(_Arguments):
@@ -146,18 +165,29 @@ class CloseThreadArgs(_Arguments):
 
 
 class ListThreadsArgs(_Arguments):
-    pass
+    query: Annotated[str | None, ErrorWording(f"a string of 1 to {MAX_QUERY_CHARS} characters")] = Field(
+        None, min_length=1, max_length=MAX_QUERY_CHARS, description="Words to find in threads' prompts and replies; best match first.",
+    )
+    limit: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_PAGE}")] = Field(
+        None, ge=1, le=MAX_PAGE, description=f"Threads per page (default {DEFAULT_PAGE}).",
+    )
+    cursor: Annotated[str | None, ErrorWording("a string")] = Field(None, description="next_cursor of the page before.")
+
+
+class ReadThreadArgs(_Arguments):
+    thread_id: Annotated[ThreadId, ErrorWording("a string", required="`thread_id` is required.")] = Field(description="The thread to read.")
+    last: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
+        None, ge=1, le=MAX_OUTPUT_TOKENS, description="Only its last N turns (default: all that fit).",
+    )
 
 
 class RespondOutput(BaseModel):
     thread_id: str = Field(description="Pass this back as thread_id to continue the conversation.")
     created: bool = Field(description="True when this call started a new thread.")
-    text: str = Field(description="The model's reply.")
+    text: str | None = Field(None, description="The model's reply (absent with `schema`: see output).")
     condensed: bool = Field(description="True when older turns were dropped to fit the model's context.")
     turns: int = Field(description="Turns the thread holds after this call.")
     dropped: int = Field(description="Turns dropped by condensing during this call.")
-    prompt_tokens: int | None = Field(None, description="Tokens of context the model read for this reply, when the backend counts them.")
-    output_tokens: int | None = Field(None, description="Tokens the model wrote for this reply, when the backend counts them.")
     # May be JSON null, when the schema allows it: present whenever the call had a schema.
     output: Any = Field(None, description="With `schema`: the reply as a JSON value that matches it.")
     store_error: str | None = Field(None, description="With --state-dir: why this turn could not be stored (the thread is in memory only).")
@@ -173,23 +203,48 @@ class CloseThreadOutput(BaseModel):
 
 
 class ThreadEntry(BaseModel):
-    thread_id: str = Field(description="Pass this as thread_id to respond to continue the thread.")
-    turns: int = Field(description="Turns the thread holds.")
-    pending: int = Field(description="Calls running or waiting on the thread.")
+    thread_id: str
+    turns: int
+    pending: int = Field(description="Calls running or waiting on it.")
     live: bool = Field(description="In memory now.")
-    stored: bool = Field(description="In the state dir (--state-dir); a stored thread that is not live resumes on its next respond.")
-    usage: UsageOutput | None = Field(None, description="Live threads: what their calls cost so far (since created, or resumed from the state dir), each count summed as in respond's usage.")
+    stored: bool = Field(description="In the state dir (--state-dir).")
+    created_at: str | None = Field(None, description="ISO 8601, UTC; where known.")
+    updated_at: str | None = Field(None, description="ISO 8601, UTC; its last turn.")
+    first_prompt: str | None = Field(None, description="The start of its first prompt.")
+    last_reply: str | None = Field(None, description="The start of its last reply.")
+    instructions: str | None = Field(None, description="Its instructions, shortened.")
+    usage: UsageOutput | None = Field(None, description="Live threads: tokens their calls cost since created or resumed.")
 
 
 class ListThreadsOutput(BaseModel):
-    backend: str = Field(description="The model backend in use: apple, openai or echo.")
-    model: str = Field(description="The model the backend serves.")
+    backend: str = Field(description="apple, openai or echo.")
+    model: str
     available: bool = Field(description="True when the model can answer now.")
-    reason: str | None = Field(None, description="Why the model is not available, when it is not.")
+    reason: str | None = Field(None, description="Why not, when it cannot.")
     context_size: int = Field(description="The model's context window in tokens.")
-    max_threads: int = Field(description="Live threads kept at most (least recently used evicted first).")
-    state_dir: str | None = Field(None, description="Where threads are stored (--state-dir), when they are.")
-    threads: list[ThreadEntry] = Field(description="Live threads (most recently used first), then stored ones not in memory.")
+    max_threads: int = Field(description="Live threads kept at most.")
+    state_dir: str | None = Field(None, description="Where threads are stored, when they are.")
+    context_note: str | None = Field(None, description="Set when the server was found to cut prompts: the window wisp now uses.")
+    usage: UsageOutput | None = Field(None, description="What this wisp's calls cost since it started, summed.")
+    threads: list[ThreadEntry]
+    next_cursor: str | None = Field(None, description="Pass as cursor for the next page; absent on the last.")
+
+
+class TurnOutput(BaseModel):
+    prompt: str
+    reply: str | None = Field(None, description="Absent for a `schema` turn: see output.")
+    output: Any = Field(None, description="A `schema` turn's value.")
+    cut: bool | None = Field(None, description="True when its text was shortened to fit.")
+
+
+class ReadThreadOutput(BaseModel):
+    thread_id: str
+    instructions: str | None = None
+    tools: list[str]
+    turns: int = Field(description="Turns the thread holds.")
+    omitted: int = Field(description="Earlier turns left out of `items` (see `last`).")
+    dropped: int = Field(description="Turns condensing dropped from it before these (while this wisp held it).")
+    items: list[TurnOutput] = Field(description="Its last turns, oldest first.")
 
 
 class _CleanSchema(GenerateJsonSchema):

@@ -74,11 +74,11 @@ let stdoutLock = Mutex(())
 
 let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots, allowHardLinks: config.allowHardLinks)
 if roots.paths.count < max(1, config.roots.count) { log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)") }
-var store: ThreadStore?
+var store: SQLiteThreadStore?
 var storeError: String?
 if let dir = config.stateDir {
     do {
-        store = try ThreadStore(directory: dir, maxStored: config.maxStoredThreads, log: log)
+        store = try SQLiteThreadStore(directory: dir, maxStored: config.maxStoredThreads, log: log)
     } catch {
         // Serving in memory beats not serving; the shim is told (Ready.durable false) and says so.
         log(.error, error.message)
@@ -93,7 +93,7 @@ let loop = PipeLoop()
 let server = PipeServer(registry: registry, backend: backend, log: log, executor: loop, send: writeFrame)
 server.ready()
 log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)"
-    + (store.map { ", threads stored in \($0.directory) (at most \($0.maxStored))" } ?? ""))
+    + (store.map { ", threads stored in \($0.location) (at most \($0.maxStored))" } ?? ""))
 
 let (incoming, continuation) = AsyncStream<RequestReader.Item>.makeStream(bufferingPolicy: .unbounded)
 

@@ -9,6 +9,10 @@ and what it does when asked to compute is chosen by FAKE_LLAMA_MODE:
 
 FAKE_LLAMA_RECORD, when set, names a file it appends each POST body to (one JSON line each), and
 the argv it was started with (a first line {"argv": [...]}).
+
+Like llama-server, it refuses (401) every request but /health without the key in LLAMA_API_KEY,
+when that is set; FAKE_LLAMA_OPEN=1 makes it answer anyone, as a server that ignores its key.
+FAKE_LLAMA_CHATTER=N writes N bytes of log to stderr for every request, as a busy server logs.
 """
 
 import json
@@ -20,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 MODE = os.environ.get("FAKE_LLAMA_MODE", "sigill")
 RECORD = os.environ.get("FAKE_LLAMA_RECORD")
+KEY = "" if os.environ.get("FAKE_LLAMA_OPEN") == "1" else os.environ.get("LLAMA_API_KEY", "")
+CHATTER = int(os.environ.get("FAKE_LLAMA_CHATTER") or 0)
 
 
 def record(obj) -> None:
@@ -47,7 +53,19 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _refused(self) -> bool:
+        if CHATTER:
+            line = b"srv  log_server_r: request: " + self.path.encode() + b" "
+            sys.stderr.buffer.write((line + b"." * max(0, CHATTER - len(line) - 1) + b"\n")[:CHATTER])
+            sys.stderr.buffer.flush()
+        if self.path == "/health" or not KEY or self.headers.get("Authorization") == f"Bearer {KEY}":
+            return False
+        self._json(401, {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}})
+        return True
+
     def do_GET(self) -> None:
+        if self._refused():
+            return
         if self.path == "/health":
             self._json(200, {"status": "ok"})
         elif self.path == "/props":
@@ -59,6 +77,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self._refused():
+            return
         record({"path": self.path, "body": json.loads(raw or b"null")})
         if self.path not in ("/completion", "/v1/chat/completions", "/chat/completions"):
             self._json(404, {"error": {"code": 404, "message": "not found"}})
@@ -80,7 +100,7 @@ def main(argv: list[str]) -> int:
     if MODE == "sigill-at-start":
         die_like_a_trapped_instruction()
     port = int(argv[argv.index("--port") + 1]) if "--port" in argv else 8080
-    record({"argv": argv})
+    record({"argv": argv, "key": os.environ.get("LLAMA_API_KEY", "")})
     HTTPServer(("127.0.0.1", port), Handler).serve_forever()
     return 0
 

@@ -140,6 +140,17 @@ def spawn(*args: str, stderr=None) -> subprocess.Popen:
     )
 
 
+def close_shim(proc: subprocess.Popen, timeout: float) -> None:
+    """Close a shim's stdin (its client leaving) and wait for it to exit; kill it past `timeout`."""
+    if proc.poll() is None:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def read_until(proc: subprocess.Popen, want_id: int, lines: list[bytes], timeout: float = 15) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -182,12 +193,19 @@ def spawn_initialized(*args: str, argv: list[str] | None = None) -> subprocess.P
 FAKE_CORE = Path(__file__).with_name("fake_core.py")
 
 
-def core_pids(client) -> list[int]:
-    client.errlog.flush()
-    client.errlog.seek(0)
-    pids = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
-    client.errlog.seek(0, os.SEEK_END)
-    return pids
+def core_pids(client, wait: float = 5.0) -> list[int]:
+    """The pids of the cores the shim has started, from its log. The shim's log is written by a
+    thread of its own, so a line can land after the reply that followed it: wait (up to `wait`
+    seconds) until at least one is there."""
+    deadline = time.monotonic() + wait
+    while True:
+        client.errlog.flush()
+        client.errlog.seek(0)
+        pids = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
+        client.errlog.seek(0, os.SEEK_END)
+        if pids or time.monotonic() >= deadline:
+            return pids
+        time.sleep(0.05)
 
 
 async def wait_for(predicate, timeout: float) -> None:
@@ -230,9 +248,10 @@ def ppid(pid: int) -> int | None:
         return None
 
 
-def grandchildren_named(pid: int, suffix: str) -> set[int]:
-    """Running processes whose executable name ends with `suffix` and whose parent is a child
-    of `pid` (e.g. the llama-servers of the shims this test process started)."""
+def grandchildren_named(pid: int, suffix: str, module: str | None = None) -> set[int]:
+    """Running processes whose executable name ends with `suffix` (or, with `module`, that run
+    `python -m module`) and whose parent is a child of `pid` (e.g. the llama-servers of the shims
+    this test process started)."""
     found = set()
     for shim in children(pid):
         try:
@@ -244,7 +263,7 @@ def grandchildren_named(pid: int, suffix: str) -> set[int]:
                 argv0 = (k.cmdline() or [""])[0]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            if argv0.endswith(suffix) and _alive(k):
+            if (argv0.endswith(suffix) or (module is not None and module in k.cmdline()[1:3])) and _alive(k):
                 found.add(k.pid)
     return found
 

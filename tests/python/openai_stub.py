@@ -3,6 +3,7 @@ proxy in front of a real one. Both run in a thread of the test process, on 127.0
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -30,6 +31,7 @@ class Recorded:
     # none); other requests: the JSON it answered (None: not JSON). Set once answered.
     timings: dict | None = None
     usage: dict | None = None
+    text: str | None = None  # RecordingProxy, chat requests: the content the server streamed
     answer: Any = None
     answered: threading.Event = field(default_factory=threading.Event)
 
@@ -53,6 +55,19 @@ class StubConfig:
     reasoning: str | None = None      # stream this as `reasoning_content` deltas before the reply
     reject_reasoning: bool = False    # a request with reasoning_effort → HTTP 400 naming it (OpenAI's words)
     input_tokens: bool = False        # POST /v1/chat/completions/input_tokens answers (chars // 4, as usage says)
+    # Which server the stub plays beyond the chat route (the facts are in OpenAIDialects.swift):
+    # llama.cpp (/props), ollama (/api/ps, /api/show, /api/generate; /props is 404), lmstudio
+    # (/api/v0/models; unknown paths answer 200 with an error), vllm (max_model_len in /v1/models).
+    dialect: str = "llama.cpp"
+    window: int | None = None         # ollama, lmstudio, vllm: the loaded model's window in tokens (chars // 4)
+    loaded: bool = True               # ollama, lmstudio: the model is loaded (listed with its window)
+    shown_num_ctx: int | None = None  # ollama: `num_ctx` in /api/show's parameters
+    fit_silently: bool = False        # fit a longer conversation to `window` as Ollama does: oldest
+                                      # messages dropped (system and last kept), then the last cut by tokens
+    cache: bool = False               # report the tokens of the previous request's message prefix as cached
+    first_byte_delay_s: float = 0.0   # before the stream's first byte (a prompt being read)
+    replies: list[str] | None = None  # the Nth chat request streams the Nth of these (a real model's, replayed)
+    on_chat: Any = None               # called with each chat request's index (from 0) before it is answered
     # A number the stub reports, put in as this JSON text (any text: "1e300", "9223372036854775807"),
     # by where: props.n_ctx, props.total_slots, models.max_model_len, tokenize.count (answers
     # {"count": …}), input_tokens (the endpoint answers it), usage.prompt_tokens,
@@ -81,12 +96,26 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._record(None)
         cfg = self.stub.config
+        loaded = cfg.loaded and cfg.window is not None
         if self.path == "/v1/models":
-            model = {"id": cfg.model, "object": "model"}
+            entry: dict[str, Any] = {"id": cfg.model, "object": "model"}
+            if cfg.dialect == "vllm" and cfg.window is not None:
+                entry["max_model_len"] = cfg.window
             if "models.max_model_len" in cfg.numbers:
-                model["max_model_len"] = _Number(cfg.numbers["models.max_model_len"])
-            self._json(200, {"object": "list", "data": [model]})
-        elif self.path == "/props" and cfg.n_ctx is not None:
+                entry["max_model_len"] = _Number(cfg.numbers["models.max_model_len"])
+            self._json(200, {"object": "list", "data": [entry]})
+        elif cfg.dialect == "ollama" and self.path == "/api/ps":
+            running = [{"name": cfg.model, "model": cfg.model, "context_length": cfg.window}] if loaded else []
+            self._json(200, {"models": running})
+        elif cfg.dialect == "lmstudio" and self.path == "/api/v0/models":
+            entry = {"id": cfg.model, "object": "model", "type": "llm", "state": "loaded" if loaded else "not-loaded",
+                     "max_context_length": 131072}
+            if loaded:
+                entry["loaded_context_length"] = cfg.window
+            self._json(200, {"object": "list", "data": [entry]})
+        elif cfg.dialect == "lmstudio":
+            self._json(200, {"error": f"Unexpected endpoint or method. (GET {self.path})"})
+        elif self.path == "/props" and cfg.n_ctx is not None and cfg.dialect == "llama.cpp":
             n_ctx = _Number(cfg.numbers["props.n_ctx"]) if "props.n_ctx" in cfg.numbers else cfg.n_ctx
             props: dict[str, Any] = {"default_generation_settings": {"n_ctx": n_ctx}}
             if cfg.slots is not None:
@@ -102,9 +131,16 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(n) or b"null")
         self._record(body)
         cfg = self.stub.config
-        if self.path == "/tokenize" and "tokenize.count" in cfg.numbers:
+        if cfg.dialect == "ollama" and self.path == "/api/show":
+            parameters = f"num_ctx {cfg.shown_num_ctx}\nstop <|im_end|>" if cfg.shown_num_ctx else "stop <|im_end|>"
+            self._json(200, {"parameters": parameters, "model_info": {"general.context_length": 131072}})
+        elif cfg.dialect == "ollama" and self.path == "/api/generate":
+            self._json(200, {"model": body.get("model"), "response": "", "done": True, "done_reason": "load"})
+        elif cfg.dialect == "lmstudio" and self.path != "/v1/chat/completions":
+            self._json(200, {"error": f"Unexpected endpoint or method. (POST {self.path})"})
+        elif self.path == "/tokenize" and "tokenize.count" in cfg.numbers:
             self._json(200, {"count": _Number(cfg.numbers["tokenize.count"])})
-        elif self.path == "/tokenize" and cfg.tokenize:
+        elif self.path == "/tokenize" and cfg.tokenize and cfg.dialect == "llama.cpp":
             self._json(200, {"tokens": list(range(len(body["content"].split())))})
         elif self.path == "/v1/chat/completions/input_tokens" and "input_tokens" in cfg.numbers:
             self._json(200, {"input_tokens": _Number(cfg.numbers["input_tokens"]), "object": "response.input_tokens"})
@@ -124,11 +160,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": {"message": "Unrecognized request argument supplied: reasoning_effort",
                                        "type": "invalid_request_error", "param": None, "code": None}})
             return
+        if cfg.fit_silently and cfg.window is not None:
+            body = {**body, "messages": _fit(body["messages"], cfg.window)}
         chars = _chars(body)
         if cfg.overflow_chars is not None and chars > cfg.overflow_chars:
             self._json(400, _overflow(cfg.overflow_style, chars))
             return
+        cached = None
+        if cfg.cache:
+            previous, self.stub.previous = self.stub.previous, body["messages"]
+            same = 0
+            while same < min(len(previous), len(body["messages"])) and previous[same] == body["messages"][same]:
+                same += 1
+            cached = _chars({"messages": body["messages"][:same]}) // 4
+        if cfg.first_byte_delay_s:
+            time.sleep(cfg.first_byte_delay_s)
         users = [m for m in body["messages"] if m["role"] == "user"]
+        if cfg.on_chat is not None:
+            cfg.on_chat(len(self.stub.chats()) - 1)
         if cfg.ignore_stream:
             text = f"reply {len(users)}: {body['messages'][-1]['content']}"
             self._json(200, {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
@@ -152,8 +201,12 @@ class _Handler(BaseHTTPRequestHandler):
             prompt = last["content"] if last["role"] == "user" else f"tool said {last['content']}"
             pieces = [f"reply {len(users)}:", *[" " + w for w in prompt.split(" ")]] + [" filler"] * cfg.words
             finish = "stop"
-            if cfg.reply is not None:
-                pieces = [cfg.reply[i : i + 4] for i in range(0, len(cfg.reply), 4)]
+            scripted = cfg.reply
+            if cfg.replies is not None:
+                scripted = cfg.replies[min(self.stub.scripted, len(cfg.replies) - 1)]
+                self.stub.scripted += 1
+            if scripted is not None:
+                pieces = [scripted[i : i + 4] for i in range(0, len(scripted), 4)]
                 if body.get("max_tokens") is not None and len(pieces) > body["max_tokens"]:
                     pieces, finish = pieces[: body["max_tokens"]], "length"
             try:
@@ -172,11 +225,14 @@ class _Handler(BaseHTTPRequestHandler):
                 usage: dict[str, Any] = {"prompt_tokens": chars // 4, "completion_tokens": thought + len(pieces), "total_tokens": 0}
                 if cfg.reasoning is not None:  # as OpenAI reports it; llama-server reports no details
                     usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+                if cached:  # as vLLM and Ollama report it: absent when none
+                    usage["prompt_tokens_details"] = {"cached_tokens": cached}
                 for key in ("prompt_tokens", "completion_tokens"):
                     if "usage." + key in cfg.numbers:
                         usage[key] = _Number(cfg.numbers["usage." + key])
                 if "usage.reasoning_tokens" in cfg.numbers:
-                    usage["completion_tokens_details"] = {"reasoning_tokens": _Number(cfg.numbers["usage.reasoning_tokens"])}
+                    reasoning_tokens = _Number(cfg.numbers["usage.reasoning_tokens"])
+                    usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
                 self._event({"choices": [], "usage": usage})
         self._raw(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
@@ -218,6 +274,22 @@ def _chars(body: dict) -> int:
     return sum(len(m.get("content") or "") for m in body["messages"])
 
 
+def _fit(messages: list[dict], window: int) -> list[dict]:
+    """Ollama's fitting of a conversation to its window (server/prompt.go chatPrompt): the oldest
+    messages go first, the system messages and the last message stay; a last message still too
+    long is cut to its first 16 characters (num_keep) and its tail."""
+    kept = list(messages)
+    while _chars({"messages": kept}) // 4 > window:
+        drop = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
+        if drop is None:
+            last = dict(kept[-1])
+            room = max(0, window * 4 - _chars({"messages": kept[:-1]}) - 16)
+            last["content"] = last["content"][:16] + last["content"][len(last["content"]) - room:] if room else last["content"][:16]
+            return kept[:-1] + [last]
+        del kept[drop]
+    return kept
+
+
 def _overflow(style: str, tokens: int) -> dict:
     if style == "llama.cpp":
         return {"error": {"code": 400, "message": f"request ({tokens} tokens) exceeds the available context size (100 tokens), try increasing it",
@@ -228,8 +300,12 @@ def _overflow(style: str, tokens: int) -> dict:
     if style == "openai":
         return {"error": {"message": "This model's maximum context length is 100 tokens.", "type": "invalid_request_error",
                           "param": "messages", "code": "context_length_exceeded"}}
+    if style == "lmstudio":
+        return {"error": "Trying to keep the first 150 tokens when context the overflows. However, the model is loaded "
+                         "with context length of only 100 tokens, which is not enough. Try to load the model with a "
+                         "larger context length, or provide a shorter input"}
     # vLLM
-    return {"object": "error", "message": f"This model's maximum context length is 100 tokens. However, you requested {tokens} tokens.",
+    return {"object": "error", "message": f"This model's maximum context length is 100 tokens. However, your request has {tokens} input tokens.",
             "type": "BadRequestError", "param": None, "code": 400}
 
 
@@ -241,6 +317,8 @@ class OpenAIStub:
         self.requests: list[Recorded] = []
         self.disconnects = 0
         self.completed = 0
+        self.previous: list[dict] = []  # the last chat's messages (config.cache)
+        self.scripted = 0  # config.replies handed out
         handler = type("Handler", (_Handler,), {"stub": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
@@ -277,13 +355,27 @@ def _last_timings(stream: bytes, key: str = "timings") -> dict | None:
     return found
 
 
+def _content(stream: bytes) -> str:
+    """The `content` deltas of a streamed chat completion, joined."""
+    out = []
+    for line in stream.split(b"\n"):
+        if line.startswith(b"data: {"):
+            with contextlib.suppress(ValueError):
+                for choice in json.loads(line[6:]).get("choices") or []:
+                    out.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
 class RecordingProxy:
     """Forwards every request to `upstream` (http://127.0.0.1:PORT) unchanged, streaming the answer
     back chunk by chunk, and records the request bodies it forwarded and, per chat request, the
     `timings` llama-server reported in its stream (None when it reported none)."""
 
-    def __init__(self, upstream_port: int, hide: tuple[str, ...] = ()) -> None:
+    def __init__(self, upstream_port: int, hide: tuple[str, ...] = (), api_key: str | None = None) -> None:
         self.upstream_port = upstream_port
+        # Sent upstream for a client that sends none: wisp's own local model server wants its key,
+        # which only a core that started it would know.
+        self.api_key = api_key
         self.hide = hide  # paths answered 404 here, e.g. ("/tokenize",) to turn off the core's pre-flight count
         self.requests: list[Recorded] = []
         self.statuses: list[tuple[str, int]] = []
@@ -314,6 +406,8 @@ class RecordingProxy:
                     return
                 conn = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=600)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                if proxy.api_key and "authorization" not in {k.lower() for k in headers}:
+                    headers["Authorization"] = f"Bearer {proxy.api_key}"
                 conn.request(self.command, self.path, body=raw or None, headers=headers)
                 resp = conn.getresponse()
                 proxy.statuses.append((self.path, resp.status))
@@ -341,6 +435,7 @@ class RecordingProxy:
                     if chat:
                         recorded.timings = _last_timings(bytes(seen))
                         recorded.usage = _last_timings(bytes(seen), "usage")
+                        recorded.text = _content(bytes(seen))
                     else:
                         try:
                             recorded.answer = json.loads(bytes(seen))

@@ -42,24 +42,15 @@ def test_every_page_is_linked_from_the_readme():
         assert f"docs/{page.name}" in readme, f"docs/{page.name} is not linked from README.md"
 
 
-def test_json_snippets_parse():
-    found = _fences("json")
-    assert found, "no JSON snippet found: the fence pattern no longer matches the pages"
+@pytest.mark.parametrize("lang, parse", [("json", json.loads), ("toml", tomllib.loads)])
+def test_snippets_parse(lang, parse):
+    found = _fences(lang)
+    assert found, f"no {lang} snippet found: the fence pattern no longer matches the pages"
     for page, body in found:
         try:
-            json.loads(body)
+            parse(body)
         except ValueError as exc:
-            pytest.fail(f"a JSON snippet in {page.name} does not parse ({exc}):\n{body}")
-
-
-def test_toml_snippets_parse():
-    found = _fences("toml")
-    assert found, "no TOML snippet found: the fence pattern no longer matches the pages"
-    for page, body in found:
-        try:
-            tomllib.loads(body)
-        except ValueError as exc:
-            pytest.fail(f"a TOML snippet in {page.name} does not parse ({exc}):\n{body}")
+            pytest.fail(f"a {lang} snippet in {page.name} does not parse ({exc}):\n{body}")
 
 
 def test_make_targets_exist():

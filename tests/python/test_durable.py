@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -26,41 +27,29 @@ sys.path.insert(0, str(REPO / "python"))
 from wisp_shim import protocol  # noqa: E402
 
 
-def read_thread(data: bytes) -> dict:
-    """A thread file read as the core reads it (ThreadStore.swift): a header line with the
-    binding, then a record per turn, its line and its commit line (`turns`: the turns up to it).
-    A torn last record (no more than its own two lines, cut short or unreadable) is not part of
-    the thread (`torn`); anything else that does not read fails the assertion."""
-    header, *lines = data.split(b"\n")
-    h = json.loads(header)
-    assert h["format"] == 2, h
-    history, torn, k = [], False, 0
-    while k < len(lines) - 1:
-        try:
-            # A record is whole when both its lines end in a newline.
-            assert k + 1 < len(lines) - 1
-            turn, commit = json.loads(lines[k]), json.loads(lines[k + 1])
-            turns = commit["turns"]
-        except (ValueError, AssertionError, KeyError, TypeError):
-            assert len(lines) - 1 - k <= 2, f"record {len(history) + 1} does not read and more follows it"
-            torn = True
-            break
-        assert turns == len(history) + 1, "a commit that miscounts"
-        history.append(turn)
-        k += 2
-    torn = torn or lines[-1] != b""  # bytes after the last newline: a record begun, not ended
-    return {"id": h["id"], "instructions": h.get("instructions"), "tools": h["tools"], "roots": h["roots"], "history": history, "torn": torn}
+def stored(state: Path) -> dict[str, dict]:
+    """Every stored thread, read from the state dir's database as the core reads it
+    (SQLiteThreadStore.swift, StoreSchema.swift): the binding and the turns in order."""
+    db = sqlite3.connect(state / "threads.db")
+    try:
+        out = {}
+        for tid, instructions, tools, roots, turns in db.execute("SELECT id, instructions, tools, roots, turns FROM threads WHERE id NOT LIKE '!%'"):
+            history = [{"prompt": p, "response": r, "tokens": t}
+                       for p, r, t in db.execute("SELECT prompt, response, tokens FROM turns WHERE thread_id = ? ORDER BY seq", (tid,))]
+            assert len(history) == turns, (tid, len(history), turns)
+            out[tid] = {"id": tid, "instructions": instructions, "tools": json.loads(tools), "roots": json.loads(roots), "history": history}
+        return out
+    finally:
+        db.close()
 
 
-def stored(state: Path, torn_allowed: bool = False) -> dict[str, dict]:
-    """Every thread file, read as the core reads it; a torn last record only where allowed (a kill)."""
-    out = {}
-    for f in state.iterdir():
-        if f.name.startswith("thread-") and f.name.endswith(".json"):
-            t = read_thread(f.read_bytes())
-            assert torn_allowed or not t["torn"], f"{f.name}: a torn last record"
-            out[t["id"]] = t
-    return out
+def write_thread_file(state: Path, tid: str, turns: int, instructions: str | None = None, tokens: int = 3) -> None:
+    """A thread file of format 2, as wisps before the SQLite store wrote them."""
+    lines = [json.dumps({"format": 2, "id": tid, "written": 1.5, "instructions": instructions, "tools": [], "roots": []})]
+    for i in range(turns):
+        lines.append(json.dumps({"prompt": f"p{i}", "toolExchanges": [], "response": f"echo {i + 1}: p{i}", "tokens": tokens}))
+        lines.append(json.dumps({"turns": i + 1, "written": 1.5 + i}))
+    (state / f"thread-{tid}.json").write_text("\n".join(lines) + "\n")
 
 
 async def say(c, tid: str, prompt: str) -> dict:
@@ -79,9 +68,9 @@ async def test_a_restarted_server_continues_every_thread_with_its_binding(tmp_pa
         await say(c, "a", "two")
         await say(c, "b", "only")
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
-    assert {f.name for f in state.iterdir() if f.suffix == ".json"} == {"thread-a.json", "thread-b.json"}
-    for f in state.glob("thread-*.json"):
-        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert sorted(stored(state)) == ["a", "b"]
+    for f in state.glob("threads.*"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
     assert stored(state)["a"]["instructions"] == "be brief"
 
     async with wisp("--state-dir", str(state)) as c:
@@ -136,14 +125,14 @@ def _read_frame(proc: subprocess.Popen) -> dict | None:
 
 
 def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
-    """Many trials: a core storing turns as fast as it can is SIGKILLed at a random instant."""
+    """Many trials: a core storing turns as fast as it can is SIGKILLed at a random instant;
+    every stored thread then holds whole turns, never fewer than were answered, at most one more."""
     state = tmp_path / "state"
     threads = ["t0", "t1", "t2"]
     acked = dict.fromkeys(threads, 0)
     rng = random.Random(18)
-    big = "w" * 20000  # a larger file takes longer to write, so kills land inside writes
+    big = "w" * 20000  # a larger turn takes longer to write, so kills land inside writes
     trials = int(os.environ.get("WISP_KILL_TRIALS", "40"))
-    torn = 0
     for trial in range(trials):
         # A context that never condenses, so the history only grows and echo N counts every turn.
         proc = _spawn_core(state, "--context-size", "100000000")
@@ -169,8 +158,7 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
         proc.kill()
         proc.wait()
         t.join(5)
-        files = stored(state, torn_allowed=True)  # every file reads: at most its last record torn
-        torn += sum(f["torn"] for f in files.values())
+        files = stored(state)
         for tid in threads:
             if tid not in files:
                 assert acked[tid] == 0
@@ -182,11 +170,9 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
             assert [int(r.split(":")[0][5:]) for r in responses] == list(range(1, turns + 1))
             acked[tid] = turns
     assert min(acked.values()) > 0  # the trials did store turns, in every thread
-    # What killed writers left behind is cleared by the next core on the directory, which reads
-    # every thread as this test did (a torn record left out) and goes on from there.
+    # The next core on the directory reads every thread as this test did and goes on from there.
     last = _spawn_core(state, "--context-size", "100000000")
-    assert not [f for f in state.iterdir() if f.name.startswith(".tmp-")]
-    files = stored(state, torn_allowed=True)
+    files = stored(state)
     for i, tid in enumerate(threads):
         last.stdin.write(protocol.encode(protocol.Respond(id=i + 1, prompt="after", thread_id=tid)))
         last.stdin.flush()
@@ -194,18 +180,23 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
         assert r["turns"] == len(files[tid]["history"]) + 1, (tid, r["turns"])
     last.kill()
     last.wait()
-    print(f"kill -9 during writes: {trials} trials, {sum(acked.values())} turns stored, {torn} torn last records left out, every file old or new")
+    print(f"kill -9 during writes: {trials} trials, {sum(acked.values())} turns stored, every thread old or new")
 
 
 async def test_two_servers_on_one_state_dir_lose_no_turn(tmp_path):
     state = tmp_path / "state"
-    per_server = 25
+    per_server = int(os.environ.get("WISP_HAMMER_CALLS", "25"))
+    busy = 0
     async with wisp("--state-dir", str(state)) as one, wisp("--state-dir", str(state)) as two:
         seen: list[int] = []
 
         async def hammer(c, own: str):
+            nonlocal busy
             for i in range(per_server):
-                seen.append(echo_n(await say(c, "shared", f"{own} {i}")))
+                while (r := await c.call_tool("respond", {"prompt": f"{own} {i}", "thread_id": "shared"})).is_error:
+                    assert error_text(r).startswith("busy"), error_text(r)  # the other process held it past the wait
+                    busy += 1
+                seen.append(echo_n(ok(r)))
                 await say(c, own, f"{own} {i}")
 
         await asyncio.gather(hammer(one, "own-1"), hammer(two, "own-2"))
@@ -216,16 +207,16 @@ async def test_two_servers_on_one_state_dir_lose_no_turn(tmp_path):
         assert echo_n(await say(two, "own-1", "count")) == per_server + 1
     files = stored(state)
     assert len(files["shared"]["history"]) == 2 * per_server + 1
+    print(f"two servers on one state dir: {2 * per_server} turns on one thread, none lost or doubled, {busy} busy retries")
 
 
-def _table(state: Path):
+def _bad_files(state: Path):
     f = state / "thread-bad.json"
     return {
         "garbage": lambda: f.write_bytes(os.urandom(300)),
         "truncated": lambda: f.write_bytes(b'{"format":1,"id":"bad","turns":1}\n{"instructions":null,"tools":[],"roots":[],"history":[{"pro'),
         "version 999": lambda: f.write_bytes(b'{"format":999,"id":"bad","turns":0}\n{}\n'),
         "another id": lambda: f.write_bytes(b'{"format":1,"id":"other","turns":0}\n{"instructions":null,"tools":[],"roots":[],"history":[]}\n'),
-        "another id, format 2": lambda: f.write_bytes(b'{"format":2,"id":"other","tools":[],"roots":[]}\n'),
         "a bad record with more after it": lambda: f.write_bytes(
             b'{"format":2,"id":"bad","tools":[],"roots":[]}\n{"prompt":\n{"turns":1,"written":1}\n'
             + b'{"prompt":"p","toolExchanges":[],"response":"r","tokens":1}\n{"turns":2,"written":2}\n'),
@@ -237,36 +228,54 @@ def _table(state: Path):
     }
 
 
-async def test_a_bad_thread_file_affects_only_its_thread(tmp_path):
+async def test_an_earlier_wisps_bad_thread_file_is_set_aside_at_import_and_affects_only_its_thread(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    for i, (name, make) in enumerate(_bad_files(state).items()):
+        write_thread_file(state, f"good{i}", 2)
+        make()
+        async with wisp("--state-dir", str(state)) as c:
+            again = await say(c, "bad", "hi")
+            assert (again["created"], echo_n(again)) == (True, 1), name
+            assert echo_n(await say(c, f"good{i}", name)) == 3, name
+            ok(await c.call_tool("close_thread", {"thread_id": "bad"}))
+        assert not (state / "thread-bad.json").exists() and not (state / "thread-bad.json").is_symlink(), name
+    aside = [f for f in state.iterdir() if ".corrupt-" in f.name]
+    assert len(aside) == len(_bad_files(state)), "each bad file was kept aside for a person to look at"
+
+
+async def test_a_stored_thread_that_does_not_read_affects_only_its_thread(tmp_path):
     state = tmp_path / "state"
     async with wisp("--state-dir", str(state)) as c:
         await say(c, "good", "one")
-        for name, make in _table(state).items():
-            make()
-            failed = error_text(await c.call_tool("respond", {"prompt": "hi", "thread_id": "bad"}))
-            assert "thread-bad.json" in failed and "moved aside" in failed, (name, failed)
-            assert not (state / "thread-bad.json").is_symlink() and not (state / "thread-bad.json").exists(), name
-            again = await say(c, "bad", "hi")
-            assert (again["created"], echo_n(again)) == (True, 1), name
-            ok(await c.call_tool("close_thread", {"thread_id": "bad"}))
-            assert echo_n(await say(c, "good", name)) >= 2
-        aside = [f for f in state.iterdir() if ".corrupt-" in f.name]
-        assert aside, "the bad files were kept aside for a person to look at"
-
-
-async def test_a_torn_last_record_is_left_out_and_a_format_1_file_still_loads(tmp_path):
-    state = tmp_path / "state"
+        await say(c, "bad", "one")
+        db = sqlite3.connect(state / "threads.db")
+        with db:
+            db.execute("UPDATE turns SET tool_exchanges = '[{\"name\":' WHERE thread_id = 'bad'")
+        db.close()
+        await c.call_tool("list_threads", {})
     async with wisp("--state-dir", str(state)) as c:
-        for i in range(3):
-            await say(c, "t", f"t{i}")
-    # A record cut short, as a writer killed mid-append leaves it.
+        failed = error_text(await c.call_tool("respond", {"prompt": "hi", "thread_id": "bad"}))
+        assert "stored thread 'bad' could not be read" in failed and "moved aside" in failed, failed
+        again = await say(c, "bad", "hi")
+        assert (again["created"], echo_n(again)) == (True, 1)
+        assert echo_n(await say(c, "good", "two")) == 2
+    db = sqlite3.connect(state / "threads.db")
+    assert [r[0].endswith(":bad") for r in db.execute("SELECT id FROM threads WHERE id LIKE '!corrupt-%'")] == [True]
+    db.close()
+
+
+async def test_earlier_wisps_thread_files_are_imported_once_and_kept(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    # Format 2 with a record cut short (its writer killed mid-append), and format 1.
+    write_thread_file(state, "t", 3)
     f = state / "thread-t.json"
     f.write_bytes(f.read_bytes() + b'{"prompt":"lost","toolExchanges":[],"resp')
-    assert stored(state, torn_allowed=True)["t"]["torn"]
-    # A thread stored by a wisp of format 1.
     (state / "thread-old.json").write_bytes(
         b'{"format":1,"id":"old","turns":2,"written":1.5}\n{"instructions":"be brief","tools":[],"roots":[],"history":['
         + b'{"prompt":"a","toolExchanges":[],"response":"echo 1: a","tokens":3},{"prompt":"b","toolExchanges":[],"response":"echo 2: b","tokens":3}]}\n')
+    files = {p.name: p.read_bytes() for p in state.iterdir()}
     async with wisp("--state-dir", str(state)) as c:
         listed = ok(await c.call_tool("list_threads", {}))["threads"]
         assert {(t["thread_id"], t["turns"]) for t in listed} == {("t", 3), ("old", 2)}
@@ -275,10 +284,81 @@ async def test_a_torn_last_record_is_left_out_and_a_format_1_file_still_loads(tm
         r = await say(c, "old", "after")
         assert (r["created"], echo_n(r), r["turns"]) == (False, 3, 3)
         assert "be brief" in error_text(await c.call_tool("respond", {"prompt": "x", "thread_id": "old", "instructions": "other"}))
-    files = stored(state)  # both now whole files of format 2
-    assert [len(files[t]["history"]) for t in ("t", "old")] == [4, 3] and not files["t"]["torn"]
-    assert files["old"]["instructions"] == "be brief"
-    assert not [f for f in state.iterdir() if ".corrupt-" in f.name]
+        ok(await c.call_tool("close_thread", {"thread_id": "t"}))
+    # The files are kept as they were; a closed thread does not come back from its file.
+    assert {p.name: p.read_bytes() for p in state.iterdir() if p.name in files} == files
+    async with wisp("--state-dir", str(state)) as c:
+        assert (await say(c, "t", "anew"))["created"]
+        assert echo_n(await say(c, "old", "again")) == 4
+    assert stored(state)["old"]["instructions"] == "be brief"
+
+
+async def test_a_stored_turn_whose_token_count_is_out_of_range_is_counted_again(tmp_path):
+    """A stored `tokens` of 2^63-1 (a file of an earlier wisp, or a row) must not trap the core
+    when the context is summed: the turn's tokens are estimated again."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    write_thread_file(state, "poison", 2, tokens=2**63 - 1)
+    async with wisp("--state-dir", str(state)) as c:
+        r = await say(c, "poison", "after")
+        assert (r["created"], echo_n(r)) == (False, 3), r
+        await say(c, "row", "one")
+    db = sqlite3.connect(state / "threads.db")
+    with db:
+        db.execute("UPDATE turns SET tokens = ? WHERE thread_id = 'row'", (2**63 - 1,))
+    db.close()
+    async with wisp("--state-dir", str(state)) as c:
+        r = await say(c, "row", "after")
+        assert (r["created"], echo_n(r)) == (False, 2), r
+        assert echo_n(await say(c, "poison", "again")) == 4
+
+
+async def test_a_damaged_database_or_a_newer_wisps_is_moved_aside_and_threads_are_served_in_memory(tmp_path):
+    for kind in ("damaged", "newer"):
+        state = tmp_path / kind
+        async with wisp("--state-dir", str(state)) as c:
+            await say(c, "t", "one")
+        db = state / "threads.db"
+        if kind == "damaged":
+            for extra in ("threads.db-wal", "threads.db-shm"):
+                (state / extra).unlink(missing_ok=True)
+            db.write_bytes(b"SQLite format 3\x00" + os.urandom(8000))
+        else:
+            con = sqlite3.connect(db)
+            con.execute("PRAGMA user_version = 99")
+            con.close()
+        async with wisp("--state-dir", str(state)) as c:
+            r = await say(c, "t", "two")
+            assert (r["created"], echo_n(r)) == (True, 1), (kind, r)
+            listed = text_of(await c.call_tool("list_threads", {}))
+            assert "moved aside" in listed and "not stored" in listed, (kind, listed)
+        assert not db.exists() and [f for f in state.iterdir() if f.name.startswith("threads.db.")], kind
+
+
+async def test_a_state_dir_swapped_for_a_symlink_is_not_followed(tmp_path):
+    """The state dir moved away at run time and a symlink to a shared, world-writable directory
+    put in its place, holding a planted thread (in the file format of earlier wisps and in a
+    database): nothing planted is read as the caller's thread, nothing is written there, the
+    caller is told, and the threads wisp holds go on."""
+    state, shared = tmp_path / "state", tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    async with wisp("--state-dir", str(state)) as c:
+        await say(c, "mine", "one")
+        state.rename(tmp_path / "moved")
+        state.symlink_to(shared)
+        write_thread_file(shared, "t", 1)
+        planted = sqlite3.connect(shared / "threads.db")
+        planted.execute("CREATE TABLE planted(x)")
+        planted.close()
+        before = {p.name: p.read_bytes() for p in shared.iterdir()}
+        r = await say(c, "t", "hello")
+        assert (r["created"], r["text"]) == (True, "echo 1: hello"), r
+        assert "state dir" in r.get("store_error", ""), r
+        assert echo_n(await say(c, "mine", "two")) == 2
+        assert {p.name: p.read_bytes() for p in shared.iterdir()} == before
+        listed = text_of(await c.call_tool("list_threads", {}))
+        assert "symbolic link" in listed, listed
 
 
 async def test_eviction_keeps_the_file_close_and_the_cap_delete_it(tmp_path):
@@ -289,7 +369,7 @@ async def test_eviction_keeps_the_file_close_and_the_cap_delete_it(tmp_path):
         r = await say(c, "a", "2")
         assert (r["created"], echo_n(r)) == (False, 2)
         closed = ok(await c.call_tool("close_thread", {"thread_id": "b"}))
-        assert closed["closed"] and not (state / "thread-b.json").exists()
+        assert closed["closed"] and "b" not in stored(state)
         assert (await say(c, "b", "new"))["created"]
         for tid in ("c", "d"):
             await say(c, tid, "1")

@@ -22,7 +22,8 @@ import pytest
 import subprocess
 
 from harness import (
-    INITIALIZE, INITIALIZED, REPO, call, children, error_text, ok, read_until, rss_kib as _rss_kib, running, shim_command, shim_env,
+    INITIALIZE, INITIALIZED, REPO, call, children, core_exchange, error_text, ok, read_until, rss_kib as _rss_kib, running,
+    shim_command, shim_env,
     spawn_initialized, wait_gone, wisp,
 )
 
@@ -273,10 +274,28 @@ def test_files_lists_count_in_the_in_flight_budget():
     assert sent[0] <= most, f"{sent[0]} calls with {per_call} bytes of files each were taken (at most {most} fit the budget)"
 
 
+def test_a_time_limit_of_centuries_on_the_pipe_does_not_crash_the_core():
+    # --timeout 1e300 reached the core as timeout_s and trapped Swift's Duration: every call
+    # crashed it. The shim now takes at most MAX_SECONDS; the core, sent such a limit on the
+    # pipe all the same, must still answer.
+    from wisp_shim import protocol
+
+    centuries = protocol.RespondOptions(timeout_s=1e300, deadline=1e300)
+    first = protocol.Respond(id=1, prompt="!sleep 50 patient", thread_id="p", options=centuries)
+    again = protocol.Respond(id=2, prompt="again", thread_id="p", options=centuries)
+    frames = core_exchange(["--backend", "echo"], protocol.encode(first) + protocol.encode(again), want=(1, 2))
+    by_id = {f["id"]: f for f in frames if "ok" in f}
+    assert by_id[1]["ok"] and by_id[1]["result"]["text"] == "echo 1: !sleep 50 patient", by_id[1]
+    assert by_id[2]["ok"] and by_id[2]["result"]["text"] == "echo 2: again", by_id[2]
+
+
 async def test_a_time_limit_of_centuries_does_not_crash_the_core():
-    # The largest limit the shim takes (a larger one is refused before the core starts): it reaches
-    # the core as timeout_s, where a huge one once trapped Swift's Duration and crashed every call.
-    limit = "1e6"
+    # --timeout 1e300 reached the core as timeout_s and trapped Swift's Duration: every call crashed it.
+    # The shim now refuses it where it enters; the longest it takes reaches the core unharmed.
+    refused = subprocess.run(shim_command("--timeout", "1e300", "--check"), capture_output=True, text=True,
+                             env=shim_env(), timeout=60)
+    assert refused.returncode != 0 and "at most" in refused.stderr, refused.stderr
+    limit = "1000000"
     async with wisp("--timeout", limit) as c:
         r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!sleep 50 patient", "thread_id": "p"}), 20))
         assert r["text"] == "echo 1: !sleep 50 patient"

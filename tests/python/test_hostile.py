@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import pytest
 
-from harness import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env, text_of, wisp
+from harness import INITIALIZE, INITIALIZED, REPO, close_shim, jsonrpc, shim_command, shim_env, text_of, wisp
 
 MB = 1024 * 1024
 SENTINEL = "sentinel"
@@ -144,13 +144,7 @@ class RawChannel:
         return self.err.read().decode(errors="replace")[-4000:]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        close_shim(self.proc, 10)
 
 
 class Sentinel:

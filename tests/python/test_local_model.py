@@ -5,6 +5,7 @@ and wisp must name the signal, the binary and the fix wherever the death shows."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ from wisp_shim.local_model import APPLE_ONLY, LEAVE_TO_CORE, LOCAL, NOT_INSTALLE
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 SCRIPT = REPO / "scripts" / "build-llama-server.sh"
-SIGILL_FIX = "WISP_LLAMA_NATIVE=0 make local-model"
+SIGILL_FIX = "WISP_LLAMA_NATIVE=0 make local-model-native"
 
 
 def install_fake(directory: Path) -> Path:
@@ -35,7 +36,8 @@ def install_fake(directory: Path) -> Path:
 
 @pytest.fixture
 def model_file(tmp_path) -> Path:
-    path = tmp_path / "any.gguf"  # verify needs a model path; the fake never reads it
+    # The bundled model's file name (so it is served under its name); the fake never reads it.
+    path = tmp_path / llama_install.MODEL_FILE
     path.write_bytes(b"GGUF")
     return path
 
@@ -192,7 +194,7 @@ def _smollm2_shaped(tmp_path, monkeypatch) -> tuple[Path, Path]:
 
 def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
     binary, model = _smollm2_shaped(tmp_path, monkeypatch)
-    monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)  # memory, not CPUs, is the limit here
+    monkeypatch.setattr(lm, "available_cpus", lambda: 16)  # memory, not CPUs, is the limit here
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
     # The shim's --max-threads reaches the rule.
@@ -205,7 +207,7 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
 
 def test_wisp_slots_sets_the_local_models_slots_apart_from_max_threads(tmp_path, monkeypatch):
     binary, model = _smollm2_shaped(tmp_path, monkeypatch)
-    monkeypatch.setattr(lm.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(lm, "available_cpus", lambda: 16)
     plan = lambda threads: lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=threads, platform="linux").lm
     monkeypatch.setenv("WISP_SLOTS", "5")
     assert (plan(32).slots, plan(3).slots) == (5, 5)
@@ -222,7 +224,9 @@ def test_cpu_threads_take_the_old_variable_name_too(tmp_path, monkeypatch):
     assert llama_server.default_cpu_threads() == 3
     monkeypatch.setenv("WISP_LOCAL_CPU_THREADS", "2")
     assert llama_server.default_cpu_threads() == 2
-    assert lm.LocalModel(binary=tmp_path / "x", model=tmp_path / "m", port=1).argv()[-3:] == ["-t", "2", "--no-ui"]
+    # The same count for generation and for prompts.
+    argv = lm.LocalModel(binary=tmp_path / "x", model=tmp_path / "m", port=1).argv()
+    assert argv[-5:] == ["-t", "2", "-tb", "2", "--no-ui"]
 
 
 def test_describe_exit_names_the_signal_and_the_fix():
@@ -532,3 +536,156 @@ async def test_the_shims_own_local_model_gets_slot_pinned_requests(tmp_path, mod
     assert all(b.get("cache_prompt") is True for b in chats)
     # After condensing, the turns that remain are shifted into place rather than evaluated again.
     assert all(b.get("n_cache_reuse", 0) > 0 for b in chats)
+
+
+# --- the local model server answers only wisp, and its log never stalls it -------------------
+
+def test_the_server_gets_a_key_only_the_core_is_told_and_no_command_line_shows_it(tmp_path, model_file):
+    record = tmp_path / "requests.jsonl"
+    binary = install_fake(tmp_path / "bin")
+    env = {**shim_env_with(binary, model_file, "decode"), "FAKE_LLAMA_RECORD": str(record)}
+    run = subprocess.run(shim_command("--check"), capture_output=True, text=True, timeout=120, env=env, cwd=REPO,
+                         stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "model key:    required (a request without it was refused)" in run.stdout, run.stdout
+    started = next(json.loads(line) for line in record.read_text().splitlines() if '"argv"' in line)
+    assert len(started["key"]) >= 32, started  # in its environment...
+    assert "--api-key" not in started["argv"]  # ...not its argv
+    assert not any(started["key"] in a for a in started["argv"])
+    # Each start has its own key.
+    a, b = (lm.LocalModel(binary=binary, model=model_file, port=1) for _ in range(2))
+    assert a.api_key and b.api_key and a.api_key != b.api_key
+    assert a.core_env() == {"WISP_API_KEY": a.api_key} and a.api_key not in " ".join(a.argv() + a.core_args())
+
+
+def test_check_fails_when_the_server_answers_without_its_key(tmp_path, model_file):
+    binary = install_fake(tmp_path / "bin")
+    env = {**shim_env_with(binary, model_file, "decode"), "FAKE_LLAMA_OPEN": "1"}
+    run = subprocess.run(shim_command("--check"), capture_output=True, text=True, timeout=120, env=env, cwd=REPO,
+                         stdin=subprocess.DEVNULL)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "answered a request without its key: 200, not 401" in run.stdout, run.stdout
+
+
+async def test_respond_reaches_a_server_that_refuses_everyone_without_the_key(tmp_path, model_file):
+    binary = install_fake(tmp_path / "bin")
+    async with wisp(backend=None, env=shim_env_with(binary, model_file, "decode")) as c:
+        s = ok(await c.call_tool("respond", {"prompt": "hello", "max_output_tokens": 4}))
+    assert s["text"] == "Paris."
+
+
+def test_a_chatty_server_never_stalls_calls_when_nobody_reads_stderr(tmp_path, model_file):
+    """The server writes 4 KiB of log per request and the client never reads wisp's stderr: its
+    pipe (64 KiB) fills within a few calls. Every call is still answered: the server's output
+    goes through the shim's log sink, which drops what stderr cannot take."""
+    import json as _json
+    import threading
+
+    from harness import INITIALIZE, INITIALIZED, call
+
+    binary = install_fake(tmp_path / "bin")
+    env = {**shim_env_with(binary, model_file, "decode"), "FAKE_LLAMA_CHATTER": "4096"}
+    proc = subprocess.Popen(shim_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=REPO)
+    answers: list[dict] = []
+
+    def client() -> None:
+        proc.stdin.write(INITIALIZE)
+        proc.stdin.flush()
+        _json.loads(proc.stdout.readline())
+        proc.stdin.write(INITIALIZED)
+        for i in range(200):
+            proc.stdin.write(call("respond", {"prompt": f"hello {i}", "max_output_tokens": 4}, 10 + i))
+            proc.stdin.flush()
+            while True:
+                line = proc.stdout.readline()
+                if not line:
+                    return
+                msg = _json.loads(line)
+                if msg.get("id") == 10 + i:
+                    answers.append(msg)
+                    break
+
+    try:
+        worker = threading.Thread(target=client, daemon=True)
+        worker.start()
+        worker.join(240)  # stalled, the calls would wait out their 300 s time limits
+        assert len(answers) == 200, f"{len(answers)} of 200 calls answered"
+        assert all(a["result"]["structuredContent"]["text"] == "Paris." for a in answers), answers[-1]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_servers_last_lines_name_why_it_could_not_start(tmp_path, model_file):
+    binary = tmp_path / "bin" / "llama-server"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\necho 'error: cannot open the model' >&2\nexit 1\n")
+    binary.chmod(0o755)
+    why = lm.verify(binary, model_file)
+    assert why is not None and "exited with status 1 while starting" in why and "cannot open the model" in why, why
+
+
+def test_describe_exit_for_the_wheel_names_its_fixes():
+    wheel = llama_install.ServerProgram(llama_install.XLLAMACPP, Path("/v/xllamacpp"))
+    sigill = llama_server.describe_exit(wheel, -signal.SIGILL, "during a decode")
+    assert sigill.startswith("the local model server (xllamacpp at /v/xllamacpp) was killed by SIGILL during a decode")
+    assert "make local-model-native" in sigill
+    from wisp_shim.xllamacpp_server import CANNOT_LOAD
+
+    tail = ["wisp: cannot load xllamacpp: libgomp.so.1: x"]
+    gomp = llama_server.describe_exit(wheel, CANNOT_LOAD, "while starting", tail)
+    assert "could not load the xllamacpp wheel while starting" in gomp and "libgomp.so.1" in gomp
+
+
+def test_plan_says_what_the_wheel_needs_from_the_os(tmp_path, model_file, monkeypatch):
+    for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL", "WISP_LLAMA_SERVER"):
+        monkeypatch.delenv(name, raising=False)
+    wheel = llama_install.ServerProgram(llama_install.XLLAMACPP, tmp_path)
+    monkeypatch.setattr(lm, "find_server", lambda explicit=None: wheel)
+    monkeypatch.setattr(lm, "libgomp_missing", lambda: "xllamacpp needs libgomp.so.1 from the OS, which is missing")
+    p = lm.plan(None, None, model_path=str(model_file), platform="linux")
+    assert p.decision == NOT_INSTALLED and "libgomp.so.1" in p.missing
+    monkeypatch.setattr(lm, "libgomp_missing", lambda: None)
+    p = lm.plan(None, None, model_path=str(model_file), platform="linux")
+    assert p.decision == LOCAL and p.lm.kind == llama_install.XLLAMACPP
+    assert p.lm.argv()[:3] == [sys.executable, "-m", llama_install.LAUNCHER]
+
+
+# --- any GGUF: what the file says of itself ----------------------------------------------------
+
+def test_model_facts_from_the_gguf(tmp_path):
+    path = tmp_path / "m.gguf"
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+    path.write_bytes(_gguf([("general.architecture", 8, "qwen2"), ("general.name", 8, "Tiny Coder"),
+                            ("qwen2.context_length", 4, 32768), ("tokenizer.ggml.tokens", 9, (8, ["a"] * 10)),
+                            ("tokenizer.chat_template", 8, template)]))
+    facts = lm.model_facts(path)
+    assert (facts.name, facts.size_bytes, facts.trained_context) == ("Tiny Coder", path.stat().st_size, 32768)
+    assert facts.template_knows_tools
+    assert facts.context(4096) == 4096 and facts.context(65536) == 32768
+    assert "context 4096 tokens per thread (trained 32768), template with tools: yes" in facts.describe(4096)
+    path.write_bytes(_gguf([("general.architecture", 8, "llama"), ("llama.context_length", 4, 2048),
+                            ("tokenizer.chat_template", 8, "{% for m in messages %}{{ m.content }}{% endfor %}")]))
+    facts = lm.model_facts(path)
+    assert (facts.name, facts.trained_context, facts.template_knows_tools) == ("m", 2048, False)
+    assert facts.context(4096) == 2048
+
+
+def test_plan_bounds_the_context_by_what_the_model_was_trained_for(tmp_path, monkeypatch):
+    binary, model = _smollm2_shaped(tmp_path, monkeypatch)
+    model.write_bytes(_gguf([("general.architecture", 8, "llama"), ("llama.block_count", 4, 30),
+                             ("llama.embedding_length", 4, 576), ("llama.attention.head_count", 4, 9),
+                             ("llama.attention.head_count_kv", 4, 3), ("llama.context_length", 4, 2048)]))
+    plan = lm.plan(None, None, llama_server=str(binary), model_path=str(model), max_threads=1, platform="linux")
+    assert plan.lm.context_size == 2048 and plan.facts.trained_context == 2048
+    assert plan.lm.alias == "m"  # the file's own name: it is not SmolLM2
+    plan = lm.plan(None, None, llama_server=str(binary), model_path=str(model), context_size=1024, max_threads=1,
+                   platform="linux")
+    assert plan.lm.context_size == 1024
+
+
+def test_local_model_is_the_model_path_flag_under_its_other_name(tmp_path):
+    from wisp_shim.__main__ import parse_args
+
+    assert parse_args(["--local-model", str(tmp_path / "x.gguf")]).model_path == str(tmp_path / "x.gguf")

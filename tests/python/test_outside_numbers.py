@@ -6,12 +6,14 @@ overflowed); now it counts as not said, and every thread keeps its turns."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from harness import core_exchange, core_path, ok, shim_env, wisp
 from openai_stub import OpenAIStub, StubConfig
 from wisp_shim import protocol
+from wisp_shim.facts import FLAG_MAXIMUMS, FLAG_MINIMUMS
 
 BIG = str(2**63 - 1)
 
@@ -60,15 +62,21 @@ def test_the_pipes_max_output_tokens_is_range_checked():
     assert by_id[2]["ok"] and by_id[2]["result"]["text"] == "echo 1: hi", by_id[2]
 
 
-@pytest.mark.parametrize("flag,value", [("--context-size", BIG), ("--slots", "1000000000000"), ("--max-threads", BIG),
-                                        ("--echo-delay-ms", BIG), ("--max-queue", "-1")])
-def test_a_flag_out_of_range_is_refused_with_its_range(flag, value):
-    import subprocess
+@pytest.mark.parametrize("flag", sorted(FLAG_MINIMUMS))
+def test_a_counting_flag_takes_up_to_its_maximum_and_no_more(flag):
+    most = FLAG_MAXIMUMS[flag]
+    refused = subprocess.run([core_path(), "--backend", "echo", flag, str(most + 1)], stdin=subprocess.DEVNULL,
+                             capture_output=True, timeout=30)
+    said = refused.stderr.decode()
+    assert refused.returncode != 0 and flag in said and f"≤ {most}" in said, said
+    frames = core_exchange(["--backend", "echo", flag, str(most)], protocol.encode(protocol.Status(id=1)))
+    assert any(f.get("id") == 1 and f.get("ok") for f in frames), frames
 
-    proc = subprocess.run([core_path(), "--backend", "echo", flag, value], stdin=subprocess.DEVNULL, capture_output=True,
-                          timeout=30)
-    said = proc.stderr.decode()
-    assert proc.returncode != 0 and flag in said and "≤" in said, said
+
+def test_slots_are_bounded_by_what_a_server_could_hold():
+    refused = subprocess.run([core_path(), "--backend", "echo", "--slots", "1025"], stdin=subprocess.DEVNULL,
+                             capture_output=True, timeout=30)
+    assert refused.returncode != 0 and "--slots" in refused.stderr.decode(), refused.stderr
 
 
 def test_an_echo_sleep_out_of_range_fails_the_call_only():

@@ -12,6 +12,7 @@ Skipped, with the reason, when the local model is not installed; WISP_REQUIRE_LO
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -30,15 +31,15 @@ from wisp_shim import llama_server, local_model
 SETTINGS = {"temperature": 0, "max_output_tokens": 32}
 
 
-def _installed() -> tuple[Path, Path] | str:
+def _installed() -> tuple[local_model.ServerProgram, Path] | str:
     try:
-        binary, model = local_model.find_llama_server(), local_model.find_model()
+        server, model = local_model.find_server(), local_model.find_model()
     except local_model.LocalModelError as exc:
         return str(exc)
-    if binary is None or model is None:
-        what = " and ".join(x for x, v in (("llama-server", binary), ("the SmolLM2 model", model)) if v is None)
+    if server is None or model is None:
+        what = " and ".join(x for x, v in (("llama.cpp's server", server), ("the SmolLM2 model", model)) if v is None)
         return f"the local model is not installed ({what} missing): {local_model.INSTALL_HINT}"
-    return binary, model
+    return server, model
 
 
 _found = _installed()
@@ -51,7 +52,8 @@ if isinstance(_found, str):
 
 def _serve(context_size: int, slots: int = 1):
     assert not isinstance(_found, str)
-    lm = local_model.LocalModel(binary=_found[0], model=_found[1], context_size=context_size, slots=slots)
+    server, model = _found
+    lm = local_model.LocalModel.of(server, model, context_size=context_size, slots=slots)
     lm.spawn()
     deadline = time.monotonic() + 120
     while not lm.healthy():
@@ -101,7 +103,7 @@ LOCAL = {"WISP_LOCAL_MODEL": "1"} if sys.platform == "darwin" else {}
 def _our_llama_servers() -> set[int]:
     """llama-server processes started by a shim that this test process started
     (other test runs on the same machine may have their own)."""
-    return grandchildren_named(os.getpid(), "llama-server")
+    return grandchildren_named(os.getpid(), "llama-server", module=local_model.LAUNCHER)
 
 
 async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):
@@ -125,7 +127,7 @@ async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):
 async def test_second_call_carries_the_first_turn(llama):
     system = "You are a helpful assistant."
     fact = "Remember this: the secret word is mango."
-    with RecordingProxy(llama.port) as proxy:
+    with RecordingProxy(llama.port, api_key=llama.api_key) as proxy:
         async with via(proxy) as c:
             s1 = ok(await c.call_tool("respond", {"prompt": fact, "instructions": system, **SETTINGS}))
             s2 = ok(await c.call_tool("respond", {"prompt": "What is the secret word?", "thread_id": s1["thread_id"], **SETTINGS}))
@@ -150,7 +152,8 @@ async def test_overflow_with_small_context_condenses_through_the_servers_error(l
     # /tokenize and the whole-request count hidden: no pre-flight count, so the drop must come from llama.cpp's own
     # HTTP 400 exceed_context_size_error, recognised and handed to the core's condensing.
     filler = "Here is a note about the weather today: it is mild, dry and calm with a light breeze. " * 5
-    with RecordingProxy(llama_small.port, hide=("/tokenize", "/v1/chat/completions/input_tokens")) as proxy:
+    hide = ("/tokenize", "/v1/chat/completions/input_tokens")
+    with RecordingProxy(llama_small.port, api_key=llama_small.api_key, hide=hide) as proxy:
         async with via(proxy) as c:
             assert ok(await c.call_tool("list_threads", {}))["context_size"] == 512  # read from /props
             tid, results = None, []
@@ -171,7 +174,7 @@ async def test_overflow_with_small_context_condenses_through_the_servers_error(l
 
 async def test_overflow_with_preflight_count_condenses(llama_small):
     filler = "The quick brown fox jumps over the lazy dog near the quiet river bank. " * 6
-    with RecordingProxy(llama_small.port) as proxy:
+    with RecordingProxy(llama_small.port, api_key=llama_small.api_key) as proxy:
         async with via(proxy) as c:
             tid, condensed = None, False
             for i in range(8):
@@ -192,14 +195,15 @@ async def test_streaming_gives_progress(llama):
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append((progress, message))
 
-    with RecordingProxy(llama.port) as proxy:
+    with RecordingProxy(llama.port, api_key=llama.api_key) as proxy:
         async with via(proxy) as c:
             r = ok(await c.call_tool("respond", {"prompt": "Write two sentences about the sea.", **SETTINGS},
                                      progress_callback=on_progress))
     assert len(seen) >= 2, seen
     progresses = [p for p, _ in seen]
     assert progresses == sorted(progresses) and progresses[-1] > progresses[0]
-    assert r["text"].startswith(" ".join((seen[0][1] or "").split()).rstrip("…")[:10])
+    written = [m.split(" tokens: ", 1)[1] for _, m in seen if m and m.startswith("writing: ")]
+    assert written and r["text"].startswith(" ".join(written[0].split()).rstrip("…")[:10])
 
 
 async def test_cancel_mid_generation_frees_the_thread(llama):
@@ -208,7 +212,7 @@ async def test_cancel_mid_generation_frees_the_thread(llama):
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         started.set()
 
-    with RecordingProxy(llama.port) as proxy:
+    with RecordingProxy(llama.port, api_key=llama.api_key) as proxy:
         async with via(proxy) as c:
             tid = ok(await c.call_tool("respond", {"prompt": "Say hello.", **SETTINGS}))["thread_id"]
             long_call = {"prompt": "Count from 1 to 100, separated by commas.", "thread_id": tid,
@@ -225,9 +229,9 @@ async def test_cancel_mid_generation_frees_the_thread(llama):
             while proxy.disconnects < 1 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             assert proxy.disconnects == 1
-            while time.monotonic() < deadline and _slot_busy(llama.port):
+            while time.monotonic() < deadline and _slot_busy(llama):
                 await asyncio.sleep(0.05)
-            assert not _slot_busy(llama.port)
+            assert not _slot_busy(llama)
             threads = ok(await c.call_tool("list_threads", {}))["threads"]
             assert [(t["thread_id"], t["turns"], t["pending"]) for t in threads] == [(tid, 1, 0)]
             s = ok(await c.call_tool("respond", {"prompt": "Say goodbye.", "thread_id": tid, **SETTINGS}))
@@ -236,9 +240,10 @@ async def test_cancel_mid_generation_frees_the_thread(llama):
             assert users == ["Say hello.", "Say goodbye."]  # the cancelled turn left no trace
 
 
-def _slot_busy(port: int) -> bool:
+def _slot_busy(lm: local_model.LocalModel) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/slots", timeout=2) as r:
+        req = urllib.request.Request(f"http://127.0.0.1:{lm.port}/slots", headers=lm.auth())
+        with urllib.request.urlopen(req, timeout=2) as r:
             return any(s.get("is_processing") for s in json.load(r))
     except OSError:
         return False
@@ -246,7 +251,7 @@ def _slot_busy(port: int) -> bool:
 
 async def test_local_server_down_is_a_clear_error(llama):
     # The same core and model name, but the server it was pointed at is gone.
-    with RecordingProxy(llama.port) as proxy:
+    with RecordingProxy(llama.port, api_key=llama.api_key) as proxy:
         endpoint = proxy.endpoint
     async with wisp("--endpoint", endpoint, backend="openai", env=shim_env()) as c:
         msg = error_text(await c.call_tool("respond", {"prompt": "hello", **SETTINGS}))
@@ -320,15 +325,16 @@ async def test_local_server_is_restarted_if_it_dies(llama):
         assert "paris" in ok(r)["text"].lower()
 
 
-def _props(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=5) as r:
+def _props(lm: local_model.LocalModel) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{lm.port}/props", headers=lm.auth())
+    with urllib.request.urlopen(req, timeout=5) as r:
         return json.load(r)
 
 
 async def test_every_slot_has_the_whole_per_thread_context(llama):
-    props = _props(llama.port)
+    props = _props(llama)
     assert (props["total_slots"], props["default_generation_settings"]["n_ctx"]) == (PARALLEL, local_model.DEFAULT_CONTEXT)
-    with RecordingProxy(llama.port) as proxy:
+    with RecordingProxy(llama.port, api_key=llama.api_key) as proxy:
         async with via(proxy) as c:
             st = ok(await c.call_tool("list_threads", {}))
     assert st["context_size"] == local_model.DEFAULT_CONTEXT
@@ -355,11 +361,12 @@ async def test_threads_asking_at_once_are_answered_at_once(llama):
     done: dict[int, float] = {}
     prompts = ["Write a short story about a lighthouse.", "Write a short story about a baker.",
                "Write a short story about a radio.", "Write a short story about a dog."]
-    with RecordingProxy(llama.port) as proxy:
+    with RecordingProxy(llama.port, api_key=llama.api_key) as proxy:
         async with via(proxy) as c:
             async def ask(i: int) -> None:
                 async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-                    first.setdefault(i, time.monotonic())
+                    if (message or "").startswith("writing: "):  # not what it waits for: its first token
+                        first.setdefault(i, time.monotonic())
 
                 ok(await c.call_tool("respond", {"prompt": prompts[i], "temperature": 0, "max_output_tokens": 64},
                                      progress_callback=on_progress))
@@ -377,7 +384,7 @@ async def test_a_fact_in_an_attached_file_is_answered_from_the_file(llama, tmp_p
     the caller never sent its text."""
     (tmp_path / "notes.txt").write_text("Project notes\nThe release codename is Tangerine.\n")
     question = "According to notes.txt, what is the release codename? Answer in one word."
-    with RecordingProxy(llama.port) as proxy:
+    with RecordingProxy(llama.port, api_key=llama.api_key) as proxy:
         async with via(proxy, "--root", str(tmp_path)) as c:
             r = ok(await c.call_tool("respond", {"prompt": question, "files": ["notes.txt"], **SETTINGS}))
             control = ok(await c.call_tool("respond", {"prompt": question, **SETTINGS}))
@@ -405,7 +412,7 @@ async def test_a_thread_past_the_context_keeps_answering_on_its_slot_from_its_ca
     shifted into place by --cache-reuse), so a turn after condensing evaluates about its own
     tokens, not the whole context. Read from llama-server's own `timings` in each answer."""
     results = []
-    with RecordingProxy(llama_long.port) as proxy:
+    with RecordingProxy(llama_long.port, api_key=llama_long.api_key) as proxy:
         async with via(proxy) as c:
             other = ok(await c.call_tool("respond", {"prompt": "Say hello.", "max_output_tokens": 4, "temperature": 0}))
             tid = None
@@ -442,16 +449,19 @@ async def test_a_thread_past_the_context_keeps_answering_on_its_slot_from_its_ca
 
 
 async def test_usage_input_tokens_is_llama_servers_prompt_tokens(llama):
-    with RecordingProxy(llama.port) as proxy:
+    with RecordingProxy(llama.port, api_key=llama.api_key) as proxy:
         async with via(proxy) as c:
             s1 = ok(await c.call_tool("respond", {"prompt": "Name a colour.", "instructions": "Answer in one word.", **SETTINGS}))
             s2 = ok(await c.call_tool("respond", {"prompt": "Another one.", "thread_id": s1["thread_id"], **SETTINGS}))
             listed = ok(await c.call_tool("list_threads", {}))["threads"]
         first, second = proxy.answered_chats()
     for s, chat in ((s1, first), (s2, second)):
-        assert s["usage"] == {"input_tokens": chat.usage["prompt_tokens"], "output_tokens": chat.usage["completion_tokens"]}
+        # The counts as llama-server reported them (usage also carries time to first token, speed, cached tokens).
+        counted = {k: s["usage"].get(k) for k in ("input_tokens", "output_tokens")}
+        assert counted == {"input_tokens": chat.usage["prompt_tokens"], "output_tokens": chat.usage["completion_tokens"]}
     total = next(t["usage"] for t in listed if t["thread_id"] == s1["thread_id"])
-    assert total == {k: s1["usage"][k] + s2["usage"][k] for k in ("input_tokens", "output_tokens")}
+    counts = ("input_tokens", "output_tokens")
+    assert {k: total.get(k) for k in counts} == {k: s1["usage"][k] + s2["usage"][k] for k in counts}
 
 
 async def test_the_pre_count_is_within_a_token_of_prompt_tokens_on_20_prompts(llama):
@@ -461,7 +471,49 @@ async def test_the_pre_count_is_within_a_token_of_prompt_tokens_on_20_prompts(ll
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import precount_bench
 
-    samples = await precount_bench.measure(llama.port, llama_server.MODEL_ALIAS)
+    samples = await precount_bench.measure(llama.port, llama_server.MODEL_ALIAS, api_key=llama.api_key)
     assert len(samples) == 20
     worst = precount_bench.summary(samples)["precount_error_tokens_max"]
     assert worst <= 1, [(s["new"], s["prompt_tokens"]) for s in samples]
+
+
+# --- each kind of server, where it is installed ------------------------------------------------
+
+def _kinds() -> list[tuple[str, local_model.ServerProgram | None, str]]:
+    native = wheel = None
+    with contextlib.suppress(local_model.LocalModelError):
+        native = local_model.find_llama_server()
+    wheel = local_model.find_xllamacpp()
+    return [
+        (local_model.NATIVE, native and local_model.ServerProgram(local_model.NATIVE, native),
+         "no compiled llama-server here (`make local-model-native` builds one; about 15 min)"),
+        (local_model.XLLAMACPP, wheel and local_model.ServerProgram(local_model.XLLAMACPP, wheel),
+         "the xllamacpp wheel is not installed (`make local-model`)"),
+    ]
+
+
+@pytest.mark.parametrize("kind, server, missing", _kinds(), ids=[kind for kind, _, _ in _kinds()])
+async def test_each_installed_server_decodes_answers_only_its_key_and_serves_wisp(kind, server, missing):
+    """The compiled server and the wheel's, each where it is installed (the default picks one)."""
+    if server is None:
+        pytest.skip(missing)
+    assert not isinstance(_found, str)
+    lm = local_model.LocalModel.of(server, _found[1], context_size=1024)
+    t0 = time.monotonic()
+    try:
+        await lm.ensure_running()
+        assert await llama_server.decode(lm, timeout=120) is None
+        ready_s = time.monotonic() - t0
+        assert llama_server.refuses_unkeyed(lm) is None
+        props = _props(lm)
+        assert props["default_generation_settings"]["n_ctx"] == 1024 and props.get("total_slots") == 1
+        with RecordingProxy(lm.port, api_key=lm.api_key) as proxy:
+            async with via(proxy) as c:
+                prompt = "What is the capital of France? Answer in one word."
+                r = ok(await c.call_tool("respond", {"prompt": prompt, **SETTINGS}))
+            chats = proxy.answered_chats()
+        assert "paris" in r["text"].lower(), r["text"]
+        assert chats and chats[-1].usage and chats[-1].timings, "usage and llama.cpp's timings reported"
+        print(f"\n{kind}: ready and one decode in {ready_s:.2f} s")
+    finally:
+        lm.stop()

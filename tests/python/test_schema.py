@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 import test_real_model as real
-from harness import error_text, ok, shim_env, wisp
+from harness import error_text, ok, shim_env, text_of, wisp
 from openai_stub import OpenAIStub, RecordingProxy, StubConfig
 from wisp_shim import local_model
 from wisp_shim.schema import MAX_SCHEMA_BYTES
@@ -58,10 +58,11 @@ ECHO_TABLE = [
 async def test_echo_contract_table():
     async with wisp() as c:
         for schema, expected in ECHO_TABLE:
-            s = ok(await c.call_tool("respond", {"prompt": "classify this", "schema": schema}))
-            assert s["output"] == expected, schema
-            # `text` is the compact JSON text, properties in the schema's order.
-            assert s["text"] == json.dumps(expected, separators=(",", ":")), schema
+            r = await c.call_tool("respond", {"prompt": "classify this", "schema": schema})
+            s = ok(r)
+            assert s["output"] == expected and "text" not in s, schema
+            # The text block starts with the compact JSON text, properties in the schema's order.
+            assert text_of(r).splitlines()[0] == json.dumps(expected, separators=(",", ":")), schema
             assert s["created"] and s["turns"] == 1
             jsonschema.validate(s["output"], schema)
 
@@ -70,8 +71,8 @@ async def test_echo_counts_turns_and_keeps_property_order():
     schema = {"type": "object", "properties": {"z": {"type": "integer"}, "a": {"type": "string"}}}
     async with wisp() as c:
         s1 = ok(await c.call_tool("respond", {"prompt": "one"}))
-        s2 = ok(await c.call_tool("respond", {"prompt": "two", "thread_id": s1["thread_id"], "schema": schema}))
-        assert s2["text"] == '{"z":2,"a":"echo 2"}' and s2["turns"] == 2
+        r2 = await c.call_tool("respond", {"prompt": "two", "thread_id": s1["thread_id"], "schema": schema})
+        assert text_of(r2).splitlines()[0] == '{"z":2,"a":"echo 2"}' and ok(r2)["turns"] == 2
         # The schema applies to that call only; its turn is in the history like any other.
         s3 = ok(await c.call_tool("respond", {"prompt": "three", "thread_id": s1["thread_id"]}))
         assert s3["text"] == "echo 3: three" and "output" not in s3
@@ -206,9 +207,9 @@ async def test_openai_request_carries_response_format_json_schema():
     reply = '{"severity": "warning", "count": 2, "files": ["a.c", "b.h"]}'
     with OpenAIStub(StubConfig(reply=reply)) as stub:
         async with openai(stub) as c:
-            s = ok(await c.call_tool("respond", {"prompt": "classify", "schema": LABEL, "tools": ["read_file"]}))
-            assert s["output"] == {"severity": "warning", "count": 2, "files": ["a.c", "b.h"]}
-            assert s["text"] == reply
+            r = await c.call_tool("respond", {"prompt": "classify", "schema": LABEL, "tools": ["read_file"]})
+            assert ok(r)["output"] == {"severity": "warning", "count": 2, "files": ["a.c", "b.h"]}
+            assert text_of(r).splitlines()[0] == reply
         (chat,) = stub.chats()
         rf = chat["response_format"]
         assert rf["type"] == "json_schema" and rf["json_schema"]["strict"] is True and rf["json_schema"]["name"]
@@ -301,14 +302,14 @@ REAL_PROMPTS = [
 async def test_real_model_20_calls_all_validate():
     lm = real._serve(local_model.DEFAULT_CONTEXT)
     try:
-        with RecordingProxy(lm.port) as proxy:
+        with RecordingProxy(lm.port, api_key=lm.api_key) as proxy:
             async with real.via(proxy) as c:
                 started = time.monotonic()
                 for i in range(20):
-                    s = ok(await c.call_tool("respond", {"prompt": REAL_PROMPTS[i % len(REAL_PROMPTS)], "schema": REAL_SCHEMA,
-                                                         "temperature": 0.7, "max_output_tokens": 512}))
-                    jsonschema.validate(s["output"], REAL_SCHEMA)
-                    assert json.loads(s["text"]) == s["output"]
+                    r = await c.call_tool("respond", {"prompt": REAL_PROMPTS[i % len(REAL_PROMPTS)], "schema": REAL_SCHEMA,
+                                                      "temperature": 0.7, "max_output_tokens": 512})
+                    jsonschema.validate(ok(r)["output"], REAL_SCHEMA)
+                    assert json.loads(text_of(r).rsplit("\n\n[", 1)[0]) == ok(r)["output"]
                 print(f"\n20 structured calls in {time.monotonic() - started:.1f} s")
             assert all(b["response_format"]["type"] == "json_schema" for b in proxy.chats())
     finally:

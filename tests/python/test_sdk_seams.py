@@ -134,3 +134,33 @@ def test_the_sdk_loads_whole_where_it_is_already_imported():
     seen = _in_child("import json, mcp\nfrom wisp_shim import sdk_imports\n"
                      "print(json.dumps({'took': sdk_imports.import_server_side_only(), 'client': hasattr(mcp, 'Client')}))")
     assert seen == {"took": False, "client": True}
+
+
+def test_a_handshake_tool_result_must_be_a_call_tool_result_so_the_task_handle_is_swapped_in_after():
+    from mcp_types import methods as wire
+    from pydantic import ValidationError
+
+    handle = {"task": {"taskId": "x", "status": "working", "createdAt": "2026-01-01T00:00:00Z",
+                       "lastUpdatedAt": "2026-01-01T00:00:00Z", "ttl": 1000}}
+    with pytest.raises(ValidationError):
+        wire.serialize_server_result("tools/call", "2025-11-25", handle)
+    assert wire.serialize_server_result("tools/call", "2025-11-25", {"content": []}) == {"content": []}
+
+
+def test_a_2026_task_handle_is_not_a_core_result_type_and_passes_unchecked():
+    from mcp_types import CORE_RESULT_TYPES
+
+    assert "task" not in CORE_RESULT_TYPES and "complete" in CORE_RESULT_TYPES
+
+
+def test_extensions_reach_discover_and_not_a_handshake_initialize():
+    from mcp.server.lowlevel import Server
+    from mcp_types import methods as wire
+
+    server = Server("x")
+    assert isinstance(server.middleware, list) and callable(server.add_request_handler)
+    server.extensions["io.modelcontextprotocol/tasks"] = {}
+    caps = server.get_capabilities(protocol_version="2026-07-28").model_dump(by_alias=True, exclude_none=True)
+    assert caps["extensions"] == {"io.modelcontextprotocol/tasks": {}}
+    init = {"protocolVersion": "2025-11-25", "capabilities": caps, "serverInfo": {"name": "x", "version": "0"}}
+    assert "extensions" not in wire.serialize_server_result("initialize", "2025-11-25", init)["capabilities"]

@@ -22,10 +22,14 @@ async def test_tools_are_described_and_declare_output_schemas():
             for name, prop in t.input_schema["properties"].items():
                 assert prop.get("description"), f"{t.name}.{name} has no description"
         assert respond.input_schema["required"] == ["prompt"]
-        assert set(respond.input_schema["properties"]) == {"prompt", "thread_id", "instructions", "tools", "files", "temperature", "max_output_tokens", "schema", "reasoning"}
+        assert set(respond.input_schema["properties"]) == {
+            "prompt", "thread_id", "fork_from", "rewind", "instructions", "tools", "files", "temperature", "max_output_tokens",
+            "schema", "reasoning",
+        }
         assert respond.input_schema["properties"]["reasoning"]["enum"] == ["light", "moderate", "deep"]
-        assert {"thread_id", "created", "text", "condensed", "usage"} <= set(respond.output_schema["required"])
-        assert set(respond.output_schema["properties"]["usage"]["properties"]) == {"input_tokens", "output_tokens", "reasoning_tokens"}
+        assert {"thread_id", "created", "condensed", "usage"} <= set(respond.output_schema["required"])
+        assert set(respond.output_schema["properties"]["usage"]["properties"]) == {
+            "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "first_token_ms", "output_tokens_per_s"}
         desc = respond.description.lower()
         assert "least recently used" in desc and "memory" in desc and "restart" in desc
         a = respond.annotations

@@ -34,32 +34,70 @@ public struct Usage: Sendable, Equatable {
     public var outputTokens: Int?
     /// Of `outputTokens`, those spent reasoning.
     public var reasoningTokens: Int?
+    /// Of `inputTokens`, those the server took from its prompt cache rather than reading them again.
+    public var cachedTokens: Int?
+    /// Seconds from sending the first request to its first generated token, as wisp measured it.
+    public var firstTokenSeconds: Double?
+    /// Seconds spent generating, from each request's first token to its last, as wisp measured it.
+    public var generationSeconds: Double?
 
-    public init(inputTokens: Int? = nil, outputTokens: Int? = nil, reasoningTokens: Int? = nil) {
+    public init(inputTokens: Int? = nil, outputTokens: Int? = nil, reasoningTokens: Int? = nil, cachedTokens: Int? = nil,
+                firstTokenSeconds: Double? = nil, generationSeconds: Double? = nil) {
         self.inputTokens = inputTokens
         self.outputTokens = outputTokens
         self.reasoningTokens = reasoningTokens
+        self.cachedTokens = cachedTokens
+        self.firstTokenSeconds = firstTokenSeconds
+        self.generationSeconds = generationSeconds
     }
 
     /// A count is known for the sum only where both parts report it: a sum over a request that
     /// reported nothing would pass an undercount for the real figure. The counts are a server's,
-    /// so the sum saturates (a thread's total over many calls grows without bound).
+    /// so the sum saturates (a thread's total over many calls grows without bound). The first
+    /// token is the earlier part's: the time a caller waited before anything came.
     public static func + (a: Usage, b: Usage) -> Usage {
         func add(_ x: Int?, _ y: Int?) -> Int? { if let x, let y { x.addingClamped(y) } else { nil } }
+        func add(_ x: Double?, _ y: Double?) -> Double? { if let x, let y { x + y } else { nil } }
         return Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
-                     reasoningTokens: add(a.reasoningTokens, b.reasoningTokens))
+                     reasoningTokens: add(a.reasoningTokens, b.reasoningTokens),
+                     cachedTokens: add(a.cachedTokens, b.cachedTokens),
+                     firstTokenSeconds: a.firstTokenSeconds ?? b.firstTokenSeconds,
+                     generationSeconds: add(a.generationSeconds, b.generationSeconds))
+    }
+
+    /// Output tokens a second while generating; nil where either part is unknown.
+    public var outputTokensPerSecond: Double? {
+        guard let outputTokens, let generationSeconds, generationSeconds > 0 else { return nil }
+        return Double(outputTokens) / generationSeconds
     }
 }
 
 /// A partial reply while it is generated: `text` is cumulative, `tokens` counts generated tokens so far.
+/// Before the first token, `waiting` says what the call waits for (text and tokens are then empty).
 public struct PartialReply: Sendable, Equatable {
     public var text: String
     public var tokens: Int
+    public var waiting: Waiting?
 
     public init(text: String, tokens: Int) {
         self.text = text
         self.tokens = tokens
     }
+
+    public init(waiting: Waiting) {
+        self.init(text: "", tokens: 0)
+        self.waiting = waiting
+    }
+}
+
+/// What a call waits for before its first token, for a person watching it.
+public enum Waiting: Sendable, Equatable {
+    /// Its turn on the thread: `ahead` calls of the same thread come first.
+    case queue(ahead: Int)
+    /// A model slot: every one is busy with another thread's request.
+    case slot
+    /// The model reading the prompt, of `tokens` tokens where known.
+    case prompt(tokens: Int?)
 }
 
 /// A finished reply, with any tool calls the model made on the way (they join the turn).
@@ -128,6 +166,13 @@ public protocol ModelBackend: Sendable {
     /// bound. Sessions are not Sendable: each one lives inside one thread's actor.
     func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession
 
+    /// How condensing drops turns on this backend's model (`Condensing`). Default: just enough.
+    func condensing() async -> Condensing
+
+    /// Why the context size is not what the model server first said (it was found to cut
+    /// prompts silently), for `list_threads`; nil when nothing was learnt. Default: nil.
+    func contextNote() async -> String?
+
     /// The same, for the thread `affinity` names: a backend that keeps a conversation's state on
     /// the model's side (llama-server's slots) keeps it for the thread across the sessions the
     /// thread rebuilds. Default: `affinity` is not needed.
@@ -135,11 +180,34 @@ public protocol ModelBackend: Sendable {
 }
 
 extension ModelBackend {
+    public func condensing() async -> Condensing { .justEnough }
+
+    public func contextNote() async -> String? { nil }
+
     public func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
                              settings: GenerationSettings) async throws -> Int? { nil }
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) -> any ModelSession {
         makeSession(instructions: instructions, tools: tools, history: history)
+    }
+}
+
+/// How condensing drops a thread's turns when they no longer fit.
+public enum Condensing: Sendable, Equatable {
+    /// The oldest turns, just enough for the new one to fit: for a model that keeps what
+    /// remains cached (llama.cpp's KV shifting, a model in this process).
+    case justEnough
+    /// Down to `lowWater` of the context, the instructions and first turn kept: for a server
+    /// that caches only an unchanged prefix, so that the turns which follow extend one cached
+    /// prefix until the next step, rather than the whole context being read again every turn.
+    case steps(lowWater: Double)
+
+    /// What a thread is condensed down to, in tokens of a `context`-token window.
+    func target(_ context: Int) -> Int {
+        switch self {
+        case .justEnough: context
+        case .steps(let lowWater): max(1, Int(Double(context) * min(max(lowWater, 0), 1)))
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 /// its property and one line in the table. The Python side (`python/wisp_shim/protocol.py`)
 /// declares the same types under the same names.
 ///
-/// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `Ping`, each tagged by `op`.
-/// Core → shim: `Ready` (first frame), `Progress` and `Evicted` (events), `Reply` (one per
+/// Shim → core: `Respond`, `CloseThread`, `Cancel`, `Status`, `ReadThread`, `Ping`, each tagged by `op`.
+/// Core → shim: `Ready` (first frame), `Progress`, `Stage` and `Evicted` (events), `Reply` (one per
 /// request, ok or not), each tagged by `event`; an ok reply's result is tagged by `op`, the op
 /// of the request it answers, so the shim decodes any core message in one pass.
 
@@ -72,6 +72,10 @@ public struct Respond: PipeMessage, Codable, Sendable, Equatable {
     /// value, so that the core keeps its key order; see OutputSchema.swift). The shim has
     /// checked that it stays inside wisp's supported subset.
     public var schema: String?
+    /// The call creates its thread as a copy of this one's binding and committed history.
+    public var fork_from: String?
+    /// Drops the thread's last `rewind` turns as part of this call (all or nothing).
+    public var rewind: Int?
 
     public static let fields = PipeFields<Self>([
         .constant("op", Request.Op.respond),
@@ -85,6 +89,8 @@ public struct Respond: PipeMessage, Codable, Sendable, Equatable {
         .field("roots", \.roots),
         .field("files", \.files),
         .field("schema", \.schema),
+        .field("fork_from", \.fork_from),
+        .field("rewind", \.rewind),
     ])
     public static let blank = Respond(id: 0, prompt: "")
 }
@@ -114,14 +120,40 @@ public struct Cancel: PipeMessage, Codable, Sendable, Equatable {
     public static let blank = Cancel(id: 0, request: 0)
 }
 
+/// The backend's state and a page of threads: with `query`, those whose prompts and replies hold
+/// its words, best match first; else most recently used first. `cursor` is a `next_cursor`.
 public struct Status: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
+    public var query: String?
+    public var limit: Int?
+    public var cursor: String?
 
     public static let fields = PipeFields<Self>([
         .constant("op", Request.Op.status),
         .field("id", \.id),
+        .field("query", \.query),
+        .field("limit", \.limit),
+        .field("cursor", \.cursor),
     ])
     public static let blank = Status(id: 0)
+}
+
+/// A thread's binding and its last turns, at most `max_bytes` of their text.
+public struct ReadThread: PipeMessage, Codable, Sendable, Equatable {
+    public var id: Int
+    public var thread_id: String
+    /// At most this many of the newest turns; nil: as many as fit.
+    public var last: Int?
+    public var max_bytes: Int?
+
+    public static let fields = PipeFields<Self>([
+        .constant("op", Request.Op.read_thread),
+        .field("id", \.id),
+        .field("thread_id", \.thread_id),
+        .field("last", \.last),
+        .field("max_bytes", \.max_bytes),
+    ])
+    public static let blank = ReadThread(id: 0, thread_id: "")
 }
 
 /// A liveness check: answered at once by the dispatcher (`PingResult`), without touching the
@@ -142,6 +174,7 @@ public enum Request: Sendable, Equatable {
     case closeThread(CloseThread)
     case cancel(Cancel)
     case status(Status)
+    case readThread(ReadThread)
     case ping(Ping)
 
     public var id: Int {
@@ -150,13 +183,16 @@ public enum Request: Sendable, Equatable {
         case .closeThread(let m): m.id
         case .cancel(let m): m.id
         case .status(let m): m.id
+        case .readThread(let m): m.id
         case .ping(let m): m.id
         }
     }
 }
 
 extension Request: Codable {
-    public enum Op: String, Codable, Sendable, CaseIterable { case respond, close_thread, cancel, status, ping }
+    public enum Op: String, Codable, Sendable, CaseIterable {
+        case respond, close_thread, cancel, status, read_thread, ping
+    }
     private enum Keys: String, CodingKey { case op }
 
     public init(from decoder: any Decoder) throws {
@@ -166,6 +202,7 @@ extension Request: Codable {
         case .close_thread: self = .closeThread(try CloseThread(from: decoder))
         case .cancel: self = .cancel(try Cancel(from: decoder))
         case .status: self = .status(try Status(from: decoder))
+        case .read_thread: self = .readThread(try ReadThread(from: decoder))
         case .ping: self = .ping(try Ping(from: decoder))
         }
     }
@@ -177,6 +214,7 @@ extension Request: Codable {
         case .closeThread(let m): try c.encode(Op.close_thread, forKey: .op); try m.encode(to: encoder)
         case .cancel(let m): try c.encode(Op.cancel, forKey: .op); try m.encode(to: encoder)
         case .status(let m): try c.encode(Op.status, forKey: .op); try m.encode(to: encoder)
+        case .readThread(let m): try c.encode(Op.read_thread, forKey: .op); try m.encode(to: encoder)
         case .ping(let m): try c.encode(Op.ping, forKey: .op); try m.encode(to: encoder)
         }
     }
@@ -223,6 +261,34 @@ public struct Progress: PipeMessage, Codable, Sendable, Equatable {
     public static let blank = Progress(id: 0, text: "", tokens: 0)
 }
 
+/// What request `id` waits for before its first token (`Waiting`), sent when that changes:
+/// `stage` is `queue` (`count`: calls of its thread ahead of it), `slot` (every model slot is
+/// busy with other threads) or `prompt` (the model reads it; `count`: its tokens, where known).
+public struct Stage: PipeMessage, Codable, Sendable, Equatable {
+    public var id: Int
+    public var event = "stage"
+    public var stage: String
+    public var count: Int?
+
+    public static let fields = PipeFields<Self>([
+        .field("id", \.id),
+        .field("event", \.event),
+        .field("stage", \.stage),
+        .field("count", \.count),
+    ])
+    public static let blank = Stage(id: 0, stage: "")
+}
+
+extension Stage {
+    public init(id: Int, _ waiting: Waiting) {
+        switch waiting {
+        case .queue(let ahead): self.init(id: id, stage: "queue", count: ahead)
+        case .slot: self.init(id: id, stage: "slot")
+        case .prompt(let tokens): self.init(id: id, stage: "prompt", count: tokens)
+        }
+    }
+}
+
 /// Thread `thread_id` was evicted (least recently used) to make room for a new one. Sent before
 /// the reply of the call whose new thread caused it, so the shim's view of live threads stays exact.
 public struct Evicted: PipeMessage, Codable, Sendable, Equatable {
@@ -251,18 +317,41 @@ public struct ErrorBody: PipeMessage, Codable, Sendable, Equatable {
 }
 
 /// Tokens model requests cost, as the backend reported them (`Usage`): a count it did not
-/// report is absent.
+/// report is absent. The time to the first token and the generation speed are a call's own
+/// (wisp's measure), so totals over calls leave them out.
 public struct UsageBody: PipeMessage, Codable, Sendable, Equatable {
     public var input_tokens: Int?
     public var output_tokens: Int?
     public var reasoning_tokens: Int?
+    public var cached_tokens: Int?
+    public var first_token_ms: Int?
+    public var output_tokens_per_s: Double?
 
     public static let fields = PipeFields<Self>([
         .field("input_tokens", \.input_tokens),
         .field("output_tokens", \.output_tokens),
         .field("reasoning_tokens", \.reasoning_tokens),
+        .field("cached_tokens", \.cached_tokens),
+        .field("first_token_ms", \.first_token_ms),
+        .field("output_tokens_per_s", \.output_tokens_per_s),
     ])
     public static let blank = UsageBody()
+}
+
+extension UsageBody {
+    /// One call's usage, with its timing.
+    public init(_ u: Usage) {
+        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens,
+                  cached_tokens: u.cachedTokens,
+                  first_token_ms: u.firstTokenSeconds.map { Int(min(max(0, $0), 1e9) * 1000) },
+                  output_tokens_per_s: u.outputTokensPerSecond.map { ($0 * 10).rounded() / 10 })
+    }
+
+    /// Counts summed over calls.
+    public init(totals u: Usage) {
+        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens,
+                  cached_tokens: u.cachedTokens)
+    }
 }
 
 /// The result of `respond`. `turns` counts the turns the thread holds after this call
@@ -345,6 +434,13 @@ public struct ThreadInfo: PipeMessage, Codable, Sendable, Equatable {
     public var stored = false
     /// Live threads: what their committed calls cost so far (since created or resumed); nil before any.
     public var usage: UsageBody?
+    /// Unix seconds: the thread's first and latest committed turn, where known.
+    public var created_at: Double?
+    public var updated_at: Double?
+    /// The start of its first prompt and of its last reply, and its instructions, each clipped (`ThreadPreview`).
+    public var first_prompt: String?
+    public var last_reply: String?
+    public var instructions: String?
 
     public static let fields = PipeFields<Self>([
         .field("thread_id", \.thread_id),
@@ -353,6 +449,11 @@ public struct ThreadInfo: PipeMessage, Codable, Sendable, Equatable {
         .field("live", \.live),
         .field("stored", \.stored),
         .field("usage", \.usage),
+        .field("created_at", \.created_at),
+        .field("updated_at", \.updated_at),
+        .field("first_prompt", \.first_prompt),
+        .field("last_reply", \.last_reply),
+        .field("instructions", \.instructions),
     ])
     public static let blank = ThreadInfo(thread_id: "", turns: 0, pending: 0)
 }
@@ -366,7 +467,7 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
     public var context_size: Int
     public var max_threads: Int
     public var max_queue: Int
-    /// Live threads, most recently used first.
+    /// The page of threads the request asked for.
     public var threads: [ThreadInfo]
     /// The model-tool catalogue, by name.
     public var tools: [String]
@@ -374,6 +475,13 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
     public var state_dir: String?
     /// Why a `--state-dir` that was given is not in use.
     public var state_error: String?
+    /// For the next page of `threads`, when there is one.
+    public var next_cursor: String?
+    /// What this core's committed calls cost since it started, summed.
+    public var usage: UsageBody?
+    /// Set when the server was found to read less of a prompt than wisp sent (it cut it
+    /// silently): the window wisp learnt, and from what.
+    public var context_note: String?
 
     public static let fields = PipeFields<Self>([
         .field("op", \.op),
@@ -388,9 +496,54 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
         .field("tools", \.tools),
         .field("state_dir", \.state_dir),
         .field("state_error", \.state_error),
+        .field("next_cursor", \.next_cursor),
+        .field("usage", \.usage),
+        .field("context_note", \.context_note),
     ])
     public static let blank = StatusResult(backend: "", model: "", available: false, context_size: 0, max_threads: 0,
                                            max_queue: 0, threads: [], tools: [])
+}
+
+/// One turn as `read_thread` returns it; `cut`: its prompt or reply was clipped to fit.
+public struct TurnItem: PipeMessage, Codable, Sendable, Equatable {
+    public var prompt: String
+    public var reply: String
+    /// The turn answered a `schema` and `reply` is its JSON value as text, whole (not `cut`).
+    public var structured = false
+    public var cut = false
+
+    public static let fields = PipeFields<Self>([
+        .field("prompt", \.prompt),
+        .field("reply", \.reply),
+        .field("structured", \.structured),
+        .field("cut", \.cut),
+    ])
+    public static let blank = TurnItem(prompt: "", reply: "")
+}
+
+public struct ReadThreadResult: PipeMessage, Codable, Sendable, Equatable {
+    var op = Request.Op.read_thread
+    public var thread_id: String
+    public var instructions: String?
+    public var tools: [String]
+    /// Turns the thread holds; `items` are its last ones, `omitted` the earlier ones left out.
+    public var turns: Int
+    public var omitted: Int
+    /// Turns condensing dropped from this thread while this core held it.
+    public var condensed: Int
+    public var items: [TurnItem]
+
+    public static let fields = PipeFields<Self>([
+        .field("op", \.op),
+        .field("thread_id", \.thread_id),
+        .field("instructions", \.instructions),
+        .field("tools", \.tools),
+        .field("turns", \.turns),
+        .field("omitted", \.omitted),
+        .field("condensed", \.condensed),
+        .field("items", \.items),
+    ])
+    public static let blank = ReadThreadResult(thread_id: "", tools: [], turns: 0, omitted: 0, condensed: 0, items: [])
 }
 
 /// Exactly one per request: `ok` with the op's result, or not ok with an error.

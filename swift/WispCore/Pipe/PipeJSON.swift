@@ -23,6 +23,7 @@ public enum PipeJSON {
         case .close_thread: request = .closeThread(try CloseThread.read(&r))
         case .cancel: request = .cancel(try Cancel.read(&r))
         case .status: request = .status(try Status.read(&r))
+        case .read_thread: request = .readThread(try ReadThread.read(&r))
         case .ping: request = .ping(try Ping.read(&r))
         }
         try r.end()

@@ -29,6 +29,8 @@ public final class PipeServer: Sendable {
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
     private let watchdog = Locked<Task<Void, Never>?>(nil)
+    /// `read_thread`'s bound on the turns' text when the request gives none.
+    static let readThreadBytes = 64 * 1024
     /// What `max_output_tokens` may be: a token count (the shim's `MAX_OUTPUT_TOKENS`).
     static let maxOutputTokens = 1...TokenCount.range.upperBound
     /// How often the watchdog looks: a time limit fires at most this late.
@@ -70,12 +72,30 @@ public final class PipeServer: Sendable {
             // In its own task: asking a backend about itself can take seconds (an endpoint that
             // does not answer), and the dispatcher must keep taking calls and cancels meanwhile.
             Task {
+                let page: (threads: [ThreadInfo], next: String?)
+                do {
+                    page = try await registry.list(query: s.query, limit: s.limit, cursor: s.cursor)
+                } catch {
+                    return fail(s.id, WispError.from(error))
+                }
                 let availability = await backend.availability()
                 write(Reply.success(s.id, StatusResult(
                     backend: backend.name, model: backend.model, available: availability.available,
                     reason: availability.reason, context_size: await backend.contextSize(),
-                    max_threads: registry.capacity, max_queue: registry.maxQueue, threads: await registry.snapshot(),
-                    tools: registry.toolNames, state_dir: registry.store?.directory, state_error: registry.storeError)))
+                    max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
+                    tools: registry.toolNames, state_dir: registry.store?.location, state_error: registry.storeError,
+                    next_cursor: page.next, usage: await registry.usage.map { UsageBody(totals: $0) },
+                    context_note: await backend.contextNote())))
+            }
+        case .readThread(let m):
+            // In its own task: a stored thread is read from disk.
+            Task {
+                do {
+                    let result = try await registry.read(m.thread_id, last: m.last, maxBytes: m.max_bytes ?? Self.readThreadBytes)
+                    write(Reply.success(m.id, result))
+                } catch {
+                    fail(m.id, WispError.from(error))
+                }
             }
         }
     }
@@ -128,9 +148,16 @@ public final class PipeServer: Sendable {
             let levels = ReasoningLevel.allCases.map(\.rawValue).joined(separator: ", ")
             return fail(r.id, WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
         }
+        if let n = r.rewind, n < 1 {
+            return fail(r.id, WispError(.invalidArgument, "rewind must be at least 1, got \(n)"))
+        }
+        if r.rewind != nil, r.thread_id == nil, r.fork_from == nil {
+            return fail(r.id, WispError(.invalidArgument, "rewind takes back turns of an existing thread: name it in thread_id"))
+        }
         // The shim checks it too; the core trusts no number off the pipe (`max_tokens` goes to a server).
         if let n = r.options?.max_output_tokens, !Self.maxOutputTokens.contains(n) {
-            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(Self.maxOutputTokens.upperBound), got \(n)"))
+            let most = Self.maxOutputTokens.upperBound
+            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(most), got \(n)"))
         }
         let deadline = Self.deadline(r.options)
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
@@ -162,7 +189,8 @@ public final class PipeServer: Sendable {
 
         let acceptance: ThreadRegistry.Acceptance
         do {
-            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots)
+            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots,
+                                                   forkFrom: r.fork_from, rewinding: r.rewind != nil)
         } catch {
             return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, WispError.from(error))))
         }
@@ -193,6 +221,7 @@ public final class PipeServer: Sendable {
         if r.progress == true {
             let id = r.id
             onPartial = { @Sendable p in
+                if let waiting = p.waiting { return self.send(Frame.encode(Stage(id: id, waiting))) }
                 // Over the frame limit, a partial text is skipped: the final reply says what happened.
                 let frame = Frame.encode(Progress(id: id, text: p.text, tokens: p.tokens))
                 if Frame.fits(frame) { self.send(frame) }
@@ -201,7 +230,7 @@ public final class PipeServer: Sendable {
 
         let thread = acceptance.thread
         let reply: [UInt8]
-        var committed = false
+        var committed: Usage?
         do {
             // Always called, even when already cancelled: the ticket must be served for the line to
             // move. The turn is kept, or not, in one step with `stop`: a cancel or time limit that
@@ -212,15 +241,17 @@ public final class PipeServer: Sendable {
             if let paths = r.files, !paths.isEmpty {
                 // Off the pipe loop: each root is resolved (realpath) again.
                 let base = registry.fileRoots, extra = r.roots ?? []
-                files = FileRequest(paths: paths, roots: try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
+                let roots = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
                     base.adding(extra)
-                })
+                }
+                files = FileRequest(paths: paths, roots: roots)
             }
-            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial) {
+            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial,
+                                                   rewind: r.rewind ?? 0) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {
-                committed = true
+                committed = o.usage
                 let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
@@ -240,7 +271,7 @@ public final class PipeServer: Sendable {
             if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) { e = stoppedError(stop, r, thread.id) }
             reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
-        await registry.finished(acceptance, committed: committed)
+        await registry.finished(acceptance, committed: committed != nil, usage: committed)
         ended(r.id, reply: fitting(reply, id: r.id))
     }
 
@@ -320,12 +351,5 @@ public final class PipeServer: Sendable {
         guard !Frame.fits(frame) else { return frame }
         log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(maxFrameBytes)-byte frame limit; sent an error instead")
         return Frame.encode(ErrorReply.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
-    }
-}
-
-extension UsageBody {
-    /// A backend's count as the pipe carries it.
-    init(_ u: Usage) {
-        self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens)
     }
 }

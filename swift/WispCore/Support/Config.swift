@@ -49,6 +49,13 @@ public struct CoreConfig: Sendable, Equatable {
     public static let maxThreadsRange = 1...1_000_000
     public static let maxQueueRange = 0...1_000_000
     public static let maxStoredThreadsRange = 1...100_000_000
+    /// Ollama's `keep_alive` for the model between turns (OpenAIDialects.swift), in its own words.
+    public static let defaultKeepAlive = "30m"
+    public var keepAlive = defaultKeepAlive
+    /// Condensing on a server that caches only an unchanged prefix drops a thread down to this
+    /// share of the context (bench/README.md, `long_no_reuse`, has the measurement behind it).
+    public static let defaultCondenseTo = 0.5
+    public var condenseTo = defaultCondenseTo
 
     public init() {}
 
@@ -74,6 +81,10 @@ public struct CoreConfig: Sendable, Equatable {
       --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
       --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
       --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS, default \(defaultMaxStoredThreads))
+      --keep-alive D       Ollama: keep the model loaded this long   (WISP_KEEP_ALIVE, default \(defaultKeepAlive);
+                           an Ollama duration: 90s, 30m, 2h, -1 for ever)
+      --condense-to F      condense down to this share of the context on servers without KV shifting
+                                                                    (WISP_CONDENSE_TO, default \(defaultCondenseTo))
       --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
       --facts              print the facts the shim takes from this core, as JSON, and exit
       API key: WISP_API_KEY (env only).
@@ -85,8 +96,8 @@ public struct CoreConfig: Sendable, Equatable {
         func int(_ key: String, _ value: String) throws(WispError) -> Int {
             let range = ranges.first { $0.key == key }!.value
             guard let n = OutsideNumber.int(value, in: range) else {
-                throw WispError(.invalidArgument,
-                                "--\(key) must be an integer ≥ \(range.lowerBound) and ≤ \(range.upperBound), got '\(value)'")
+                let bounds = "≥ \(range.lowerBound) and ≤ \(range.upperBound)"
+                throw WispError(.invalidArgument, "--\(key) must be an integer \(bounds), got '\(value)'")
             }
             return n
         }
@@ -107,6 +118,18 @@ public struct CoreConfig: Sendable, Equatable {
             case "root": c.roots.append(value)
             case "state-dir": c.stateDir = value.isEmpty ? nil : value
             case "max-stored-threads": c.maxStoredThreads = try int("max-stored-threads", value)
+            case "keep-alive":
+                guard OllamaKeepAlive(value) != nil else {
+                    throw WispError(.invalidArgument,
+                                    "--keep-alive must be an Ollama duration such as 90s, 30m, 2h or -1, got '\(value.prefix(40))'")
+                }
+                c.keepAlive = value
+            case "condense-to":
+                guard let f = Double(value), f > 0, f < 1 else {
+                    throw WispError(.invalidArgument,
+                                    "--condense-to must be a share of the context between 0 and 1, got '\(value.prefix(40))'")
+                }
+                c.condenseTo = f
             case "log-level":
                 guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
                 c.logLevel = l
@@ -118,6 +141,7 @@ public struct CoreConfig: Sendable, Equatable {
             ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
             ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_SLOTS", "slots"), ("WISP_LOG_LEVEL", "log-level"),
             ("WISP_STATE_DIR", "state-dir"), ("WISP_MAX_STORED_THREADS", "max-stored-threads"),
+            ("WISP_KEEP_ALIVE", "keep-alive"), ("WISP_CONDENSE_TO", "condense-to"),
         ]
         for (variable, key) in env {
             if let v = environment[variable], !v.isEmpty { try apply(key, v) }

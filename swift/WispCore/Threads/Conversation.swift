@@ -22,13 +22,18 @@ public final class Conversation {
         public var usage: Usage = Usage()
         /// Durable threads: why this turn could not be stored (it is kept in memory only).
         public var storeError: String? = nil
+        /// Turns this call took back (`rewind`).
+        public var rewound: Int = 0
     }
 
     /// A turn the model has answered but the history does not hold yet: a call's result until
     /// it is `commit`ted (the call ended un-stopped) or `discard`ed (cancelled, timed out).
     public struct Staged: Sendable {
         fileprivate let turn: Turn
-        /// The oldest turns of the history to drop when committing (condensing).
+        /// The newest turns of the history the call took back (`rewind`), dropped when committing.
+        fileprivate let rewound: Int
+        /// The turns of the history to drop when committing (condensing): `dropped` from `dropFrom`.
+        fileprivate let dropFrom: Int
         fileprivate let dropped: Int
         fileprivate let promptTokens: Int?
         fileprivate let outputTokens: Int?
@@ -40,6 +45,8 @@ public final class Conversation {
     public let instructions: String?
     public let tools: [ModelTool]
     public private(set) var history: [Turn] = []
+    /// Turns condensing dropped from this conversation (and the one it was forked from) in this process.
+    public private(set) var condensedAway = 0
     /// Disposable: rebuilt from `history` after condensing or any failed call.
     private var session: (any ModelSession)?
     private var instructionTokens: Int?
@@ -49,7 +56,8 @@ public final class Conversation {
     /// `history`: a stored thread's turns; its session is rebuilt from them on the first call,
     /// the same way as after condensing. `affinity`: the thread's (its conversations share it).
     public init(backend: any ModelBackend, instructions: String?, tools: [ModelTool], history: [Turn] = [],
-                affinity: SessionAffinity? = nil) {
+                affinity: SessionAffinity? = nil, condensedAway: Int = 0) {
+        self.condensedAway = condensedAway
         self.backend = backend
         self.instructions = instructions
         self.tools = tools
@@ -59,16 +67,21 @@ public final class Conversation {
 
     /// Answers `prompt` in this conversation, staging the turn: the history is left exactly as
     /// it was until `commit`, which must come before any other call (the thread's gate sees to it).
+    /// `rewind`: the model answers as if the last `rewind` turns had never been (the caller has
+    /// checked there are that many); they go at the commit.
     nonisolated(nonsending)
     public func respond(to callerPrompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?) async throws -> Staged {
+                        onPartial: PartialHandler?, rewind: Int = 0) async throws -> Staged {
         if Task.isCancelled { throw WispError.callCancelled }
-        let context = max(1, await backend.contextSize())
+        // The live session heard the turns being taken back.
+        if rewind > 0 { session = nil }
+        var context = max(1, await backend.contextSize())
+        let window = context
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
         if let files {
             attached = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in  // reads the disk
-                try FileAttachments.read(files, context: context)
+                try FileAttachments.read(files, context: window)
             }
         } else {
             attached = []
@@ -76,33 +89,45 @@ public final class Conversation {
         let message = ModelPrompt(text: callerPrompt, files: attached)
         if !message.files.isEmpty { try await checkFilesFit(message, context: context, settings: settings) }
         let prompt = message.rendered
-        var kept = history[...]
+        // Condensing in steps keeps the first turn with the instructions (a prefix the server
+        // has cached since the thread began); what it drops is the turns after it.
+        let condensing = await backend.condensing()
+        var dropFrom = 0
+        let view = history.dropLast(rewind)
+        if case .steps = condensing, view.count > 1 { dropFrom = 1 } else { dropFrom = 0 }
+        var head = view[view.startIndex..<view.startIndex + dropFrom]
+        var kept = view[(view.startIndex + dropFrom)...]
         var dropped = 0
+        func sent() -> ArraySlice<Turn> { head.isEmpty ? kept : (head + kept)[...] }
 
         // Pre-flight: where the model can count, drop what cannot fit beside the prompt and a reply
         // reserve: the whole request as the model's template counts it, else the sum of its parts.
+        // Once something must go, condensing goes down to its target (`Condensing`).
         let promptTokens = try await backend.tokenCount(prompt)
         let reserve = Self.replyReserve(settings, context: context)
-        if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
+        let target = condensing.target(context)
+        if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: sent(),
                                                       prompt: prompt, settings: settings) {
             // Turns' own counts choose what to drop; the request is counted again until it fits.
-            while whole.addingClamped(reserve) > context, !kept.isEmpty {
+            while whole.addingClamped(reserve) > (dropped > 0 ? target : context), !kept.isEmpty {
                 var total = whole.addingClamped(reserve)
-                while total > context, let oldest = kept.first {
+                while total > target, let oldest = kept.first {
                     total = total.subtractingClamped(oldest.tokens)
                     kept.removeFirst()
                     dropped += 1
                 }
-                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools, history: kept,
+                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools, history: sent(),
                                                                    prompt: prompt, settings: settings) else { break }
                 whole = recount
             }
         } else if let promptTokens {
-            var total = [try await countInstructions(), promptTokens, reserve, kept.map(\.tokens).clampedSum()].clampedSum()
-            while total > context, let oldest = kept.first {
-                total = total.subtractingClamped(oldest.tokens)
-                kept.removeFirst()
-                dropped += 1
+            var total = [try await countInstructions(), promptTokens, reserve, sent().map(\.tokens).clampedSum()].clampedSum()
+            if total > context {
+                while total > target, let oldest = kept.first {
+                    total = total.subtractingClamped(oldest.tokens)
+                    kept.removeFirst()
+                    dropped += 1
+                }
             }
         }
         if dropped > 0 { session = nil }
@@ -113,8 +138,9 @@ public final class Conversation {
             if let session {
                 active = session
             } else {
-                active = backend.makeSession(instructions: instructions, tools: tools, history: Array(kept), affinity: affinity)
-                if !kept.isEmpty { await active.prewarm() }
+                let history = Array(sent())
+                active = backend.makeSession(instructions: instructions, tools: tools, history: history, affinity: affinity)
+                if !history.isEmpty { await active.prewarm() }
                 session = active
             }
             do {
@@ -125,15 +151,27 @@ public final class Conversation {
                 // delivered, never joins the history.
                 try await OutputSchema.checkReply(g.text, settings: settings)
                 let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text, reasoning: g.reasoning,
-                                tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g))
-                return Staged(turn: turn, dropped: dropped, promptTokens: g.promptTokens, outputTokens: g.outputTokens, usage: g.usage)
+                                tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g),
+                                structured: settings.schema != nil)
+                return Staged(turn: turn, rewound: rewind, dropFrom: dropFrom, dropped: dropped, promptTokens: g.promptTokens,
+                              outputTokens: g.outputTokens, usage: g.usage)
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
+                // The server may have taught the backend a smaller window (a prompt it cut).
+                context = max(1, await backend.contextSize())
+                if kept.isEmpty, !head.isEmpty {
+                    // The fixed first turn goes last, before the prompt is found not to fit alone.
+                    kept = head
+                    head = []
+                    dropFrom = 0
+                }
                 guard !kept.isEmpty else {
-                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings)
+                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings,
+                                         rewind: rewind)
                 }
                 overflows += 1
-                let n = dropCount(kept: kept, prompt: prompt, context: context, overflows: overflows)
+                let n = dropCount(kept: kept, fixed: head.map(\.tokens).clampedSum(), prompt: prompt,
+                                  context: condensing.target(context), overflows: overflows)
                 kept.removeFirst(n)
                 dropped += n
             } catch {
@@ -156,11 +194,11 @@ public final class Conversation {
     /// big or only the reply did not fit beside it, and closing the thread only where there is one.
     nonisolated(nonsending)
     private func unfit(_ error: WispError, prompt: String, promptTokens: Int?, context: Int,
-                       settings: GenerationSettings) async throws -> WispError {
+                       settings: GenerationSettings, rewind: Int) async throws -> WispError {
         let alone = try await backend.promptTokens(instructions: instructions, tools: tools, history: [], prompt: prompt, settings: settings)
         var own = alone ?? 0
         if alone == nil { own = try await countInstructions().addingClamped(promptTokens ?? estimatedTokens(prompt)) }
-        let fresh = history.isEmpty
+        let fresh = history.count == rewind
         if own < context {
             let dropped = fresh ? "" : ", with every earlier turn of this thread dropped"
             return WispError(.contextOverflow, """
@@ -187,11 +225,13 @@ public final class Conversation {
     public func commit(_ staged: Staged) -> Outcome {
         let created = history.isEmpty
         // Appended in place: rebuilding the array cost O(turns) per call on a long thread.
-        if staged.dropped > 0 { history.removeFirst(staged.dropped) }
+        if staged.rewound > 0 { history.removeLast(staged.rewound) }
+        if staged.dropped > 0 { history.removeSubrange(staged.dropFrom..<staged.dropFrom + staged.dropped) }
+        condensedAway += staged.dropped
         history.append(staged.turn)
         return Outcome(text: staged.turn.response, created: created, condensed: staged.dropped > 0, turns: history.count,
                        dropped: staged.dropped, promptTokens: staged.promptTokens, outputTokens: staged.outputTokens,
-                       usage: staged.usage)
+                       usage: staged.usage, rewound: staged.rewound)
     }
 
     /// Forgets a staged turn. The live session heard it, so it goes too, rebuilt from the history next time.
@@ -212,7 +252,8 @@ public final class Conversation {
         for file in message.files {
             sizes.append((file.path, try await backend.tokenCount(file.block) ?? estimatedTokens(file.block)))
         }
-        let own = try await countInstructions().addingClamped(try await backend.tokenCount(message.text) ?? estimatedTokens(message.text))
+        let text = try await backend.tokenCount(message.text) ?? estimatedTokens(message.text)
+        let own = try await countInstructions().addingClamped(text)
         let reserve = Self.replyReserve(settings, context: context)
         let total = [own, reserve, sizes.map(\.1).clampedSum()].clampedSum()
         guard total > context else { return }
@@ -225,11 +266,12 @@ public final class Conversation {
     }
 
     /// How many of the oldest turns to drop after the model reported an overflow: the first
-    /// time, enough for the estimate of what remains to fit; after that, a quarter (at least
+    /// time, enough for the estimate of what remains to fit `context` (condensing's target); after that, a quarter (at least
     /// one), so a model whose tokens run larger than the estimate converges in few retries.
-    private func dropCount(kept: ArraySlice<Turn>, prompt: String, context: Int, overflows: Int) -> Int {
+    /// `fixed`: the tokens of the turns kept before `kept` (the first turn, condensing in steps).
+    private func dropCount(kept: ArraySlice<Turn>, fixed: Int, prompt: String, context: Int, overflows: Int) -> Int {
         guard overflows == 1 else { return max(1, kept.count / 4) }
-        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), kept.map(\.tokens).clampedSum()].clampedSum()
+        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), fixed, kept.map(\.tokens).clampedSum()].clampedSum()
         var n = 0
         for turn in kept where total > context {
             total = total.subtractingClamped(turn.tokens)

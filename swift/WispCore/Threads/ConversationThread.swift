@@ -21,11 +21,23 @@ public actor ConversationThread {
         }
     }
 
+    /// What a fork starts from: another thread's binding and committed history.
+    public struct Copy: Sendable {
+        public let binding: Binding
+        public let history: [Turn]
+        public let condensed: Int
+        public init(binding: Binding, history: [Turn], condensed: Int = 0) {
+            self.binding = binding
+            self.history = history
+            self.condensed = condensed
+        }
+    }
+
     /// A durable thread's store, and how to turn stored tool names and roots back into tools.
     public struct Durability: Sendable {
-        public let store: ThreadStore
+        public let store: any ThreadStore
         public let resolve: @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]
-        public init(store: ThreadStore, resolve: @escaping @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]) {
+        public init(store: any ThreadStore, resolve: @escaping @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]) {
             self.store = store
             self.resolve = resolve
         }
@@ -50,18 +62,23 @@ public actor ConversationThread {
     private let maxQueue: Int
     private var roots: [String]
     private let durability: Durability?
-    /// The identity of the stored file as this thread last wrote or read it (nil: none seen).
-    private var stamp: ThreadStore.Stamp?
-    /// The store's lock, held by the call being served.
-    private var held: ThreadStore.Lock?
-    /// Closed: calls still running on it must not store it again.
+    /// The stored version this thread last loaded or wrote (nil: none seen).
+    private var version: StoreVersion?
+    /// The store's lease on this thread, held by the call being served.
+    private var lease: (any ThreadLease)?
+    /// Closed: calls still running on it must not store it again, and the one holding the
+    /// lease deletes what is stored before letting it go.
     private var closed = false
-    /// The call being served is writing the thread's file (off the pipe loop, so `close`
-    /// may run meanwhile): that call deletes it afterwards if the thread was closed by then.
-    private var saving = false
-    /// A turn was committed that the store does not have (the directory failed): the memory is
-    /// newer than any file, so the next call that can store stores it rather than reloading.
-    private var unstored = false
+    /// Turns were committed that the store does not have (it could not be written): the memory
+    /// is newer than anything stored, so the next call stores it whole rather than reloading,
+    /// and the registry never evicts the thread meanwhile (`holdsUnstoredTurns`).
+    private let unstored = Locked(false)
+    /// A fork whose first call has not committed: that call creates the thread for its caller,
+    /// and stores it whole (nothing stored under its id is its).
+    private var forked: Bool
+    /// Unix seconds of the first and latest committed turn, where known.
+    public private(set) var createdAt: Double?
+    public private(set) var updatedAt: Double?
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
@@ -76,24 +93,70 @@ public actor ConversationThread {
     private var parked: [UInt64: CheckedContinuation<Void, Never>] = [:]
     /// Tickets whose caller gave up (cancelled) while waiting; skipped when their turn comes.
     private var abandoned: Set<UInt64> = []
+    /// Waiting calls that want to hear their place in line, by ticket.
+    private var watchers: [UInt64: PartialHandler] = [:]
 
+    /// `copy`: the thread is a fork of it (its binding then comes from there).
     public init(id: String, backend: any ModelBackend, instructions: String?, tools: [ModelTool], maxQueue: Int,
-                roots: [String] = [], durability: Durability? = nil) {
+                roots: [String] = [], durability: Durability? = nil, copy: Copy? = nil) {
         self.id = id
         self.backend = backend
         self.affinity = SessionAffinity(key: id)
-        self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
+        if let copy {
+            self.conversation = Conversation(backend: backend, instructions: copy.binding.instructions, tools: copy.binding.tools,
+                                             history: copy.history, affinity: affinity, condensedAway: copy.condensed)
+        } else {
+            self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
+        }
+        self.forked = copy != nil
         self.maxQueue = maxQueue
-        self.roots = roots
+        self.roots = copy?.binding.roots ?? roots
         self.durability = durability
     }
 
     public var turnCount: Int { conversation.history.count }
+    /// Answered turns that only this memory holds: evicting the thread now would lose them.
+    public nonisolated var holdsUnstoredTurns: Bool { unstored.withLock { $0 } }
     /// What the committed calls cost so far, in this process (a resumed thread counts from its
     /// resume); nil before any.
     public private(set) var usage: Usage?
     public var history: [Turn] { conversation.history }
     public var instructions: String? { conversation.instructions }
+
+    /// The binding and committed history, as a fork copies them: a call running meanwhile is not
+    /// in them (its turn is staged, not committed). A durable thread another process stored since
+    /// this one last looked is read from the store.
+    public func copy() async throws(WispError) -> Copy {
+        // Only an idle thread's store is read: a running call holds the lease, and this memory
+        // is then what the store last had from it.
+        if let durability, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0 {
+            if case .loaded(let stored, _) = try await durability.store.read(id, unlessAt: version) {
+                let tools = try durability.resolve(stored.tools, stored.roots)
+                return Copy(binding: Binding(instructions: stored.instructions, tools: tools, roots: stored.roots), history: stored.history)
+            }
+        }
+        return Copy(binding: Binding(instructions: conversation.instructions, tools: conversation.tools, roots: roots),
+                    history: conversation.history, condensed: conversation.condensedAway)
+    }
+
+    /// This thread in a listing, or nil when it does not match `query`.
+    public func listed(query: ThreadQuery?, pending: Int, stored: Bool) -> (ThreadInfo, ListPlace)? {
+        var score = 0
+        if let query {
+            guard let s = query.score(conversation.history) else { return nil }
+            score = s
+        }
+        let info = ThreadViews.info(id: id, instructions: conversation.instructions, history: conversation.history, pending: pending,
+                                    live: true, stored: stored, usage: usage.map { UsageBody(totals: $0) }, created: createdAt,
+                                    updated: updatedAt)
+        return (info, ListPlace(score: score, updated: updatedAt ?? .infinity, id: id))
+    }
+
+    /// The thread's last turns as `read_thread` gives them.
+    public func read(last: Int?, maxBytes: Int) -> ReadThreadResult {
+        ThreadViews.read(id: id, instructions: conversation.instructions, tools: conversation.tools.map(\.name),
+                         history: conversation.history, condensed: conversation.condensedAway, last: last, maxBytes: maxBytes)
+    }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
     public var pending: Int { Int(issued - serving) - abandoned.count }
@@ -113,12 +176,15 @@ public actor ConversationThread {
     /// the model has answered and before anything else runs on this thread, says so. Nil when it
     /// did not (the call was stopped): the history is then exactly as it was. A call cancelled
     /// while waiting leaves the line without running; one that fails leaves the history unchanged.
+    /// `rewind`: the last turns the call takes back, in the same commit (none if it is not kept).
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
-        try await waitForTurn(ticket.number)
+                        onPartial: PartialHandler?, rewind: Int = 0,
+                        keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
+        try await waitForTurn(ticket.number, watcher: onPartial)
         defer { advance() }
         do {
-            return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: keep)
+            return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind,
+                                   keep: keep)
         } catch {
             await release()
             throw error
@@ -126,18 +192,25 @@ public actor ConversationThread {
     }
 
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
-                       onPartial: PartialHandler?, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
+                       onPartial: PartialHandler?, rewind: Int, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         if let durability, !closed {
-            // No lock while the state dir is not usable: the call is served in memory. What is
-            // stored is still read where it can be (a read-only directory holds its threads).
-            // Turns the store missed (`unstored`) make this memory the thread, whatever file is there.
+            // Turns the store missed (`unstored`), or a fork not stored yet, make this memory the
+            // thread, whatever is stored; a store that cannot be read now serves the call from memory (its commit says why).
             // Taken as one job that is dropped if the call ends while it waits for a worker (the
             // store's own trips off the pipe loop run inside it).
-            let store = durability.store, id = self.id, seen = stamp, load = !unstored
-            let (lock, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) { () async throws(WispError) in
-                try await store.lockAndLoad(id, seen: seen, load: load)
+            let store = durability.store, id = self.id, seen = version, load = !holdsUnstoredTurns && !forked
+            let (lease, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) {
+                () async throws(WispError) -> (any ThreadLease, Loaded) in
+                let lease = try await store.lease(id)
+                guard load else { return (lease, .unchanged) }
+                do throws(WispError) {
+                    return (lease, try await lease.load(unlessAt: seen))
+                } catch {
+                    await lease.release()
+                    throw error
+                }
             }
-            held = lock
+            self.lease = lease
             try await reload(found, durability)
         }
         if conversation.history.isEmpty {
@@ -149,7 +222,12 @@ public actor ConversationThread {
         } else if !ticket.binds.isEmpty {
             throw bindingError(passed: ticket.binds)
         }
-        let staged = try await conversation.respond(to: prompt, files: files, settings: settings, onPartial: onPartial)
+        guard rewind <= conversation.history.count else {
+            let has = conversation.history.count
+            throw WispError(.invalidArgument, "rewind \(rewind) is more than thread '\(id)' holds (\(has) turn\(has == 1 ? "" : "s")); "
+                            + "nothing was dropped. Rewind at most \(has).")
+        }
+        let staged = try await conversation.respond(to: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind)
         guard keep() else {
             conversation.discard(staged)
             await release()
@@ -160,107 +238,99 @@ public actor ConversationThread {
         return outcome
     }
 
-    /// Lets go of the store's lock, removing the lock file if the thread is not stored (off the
-    /// pipe loop: it looks at the disk). A thread whose file this call saw or wrote keeps its
-    /// lock file: that file goes only with the thread's (a delete, here or in another process).
+    /// Lets go of the store's lease; a thread closed meanwhile is deleted from the store first,
+    /// under it, so that nothing brings it back.
     private func release() async {
-        guard let durability, let lock = held else { return }
-        held = nil
-        guard stamp == nil else { return }
-        let store = durability.store
-        await offPipeLoop { store.release(lock) }
+        guard let lease else { return }
+        self.lease = nil
+        if closed {
+            _ = try? await lease.delete()
+            version = nil
+        }
+        await lease.release()
     }
 
     /// Makes the staged turn part of the history and, on a durable thread, stores it before the
-    /// caller hears of it (the store's lock is still held: `advance` releases it).
+    /// caller hears of it (under the lease: `release` lets it go).
     private func commit(_ staged: Conversation.Staged) async -> Conversation.Outcome {
         var outcome = conversation.commit(staged)
         usage = usage.map { $0 + outcome.usage } ?? outcome.usage
-        guard let durability, !closed else { return outcome }
-        guard held != nil else {
-            unstored = true
-            outcome.storeError = durability.store.trouble.map(durability.store.inMemoryNote) ?? "the state dir was not usable"
-            return outcome
+        let now = ThreadViews.now()
+        if outcome.created || forked { createdAt = now }
+        updatedAt = now
+        let wasForked = forked
+        if forked {
+            outcome.created = true
+            forked = false
         }
-        let state = ThreadStore.State(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots, history: conversation.history)
-        let store = durability.store, id = self.id, held = self.held
-        // The file holds the history but this turn unless turns were dropped or kept in memory only.
-        let appendingTo = outcome.dropped > 0 || unstored ? nil : stamp
-        // Off the pipe loop: the write and its sync.
-        saving = true
-        let saved: Result<ThreadStore.Stamp, WispError> = await offPipeLoop {
-            do throws(WispError) { return .success(try store.save(id, state, appendingTo: appendingTo)) } catch { return .failure(error) }
-        }
-        saving = false
-        if closed {
-            // Closed while the file was written (close left the deleting to this call, which
-            // still holds the lock): the new file must not bring the thread back.
-            if let held { _ = await offPipeLoop { store.delete(id, holding: held) } }
-            stamp = nil
-            return outcome
-        }
-        let failure: WispError?
-        switch saved {
-        case .success(let written): stamp = written; failure = nil; unstored = false
-        case .failure(let error): failure = error
-        }
-        if let failure {
-            // Kept in memory and answered: the caller is told, and a stale file must not
-            // resume later as if it were this thread.
-            outcome.storeError = failure.message
-            unstored = true
-            let gone = if let held { await offPipeLoop { store.delete(id, holding: held) } } else { false }
-            // Still there (a read-only directory): it is what this thread last saw, so it is
-            // not reloaded over the newer memory; the next stored turn replaces it.
-            if gone { stamp = nil }
+        guard let durability, let lease, !closed else { return outcome }
+        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots,
+                                  history: conversation.history)
+        // The store holds the history but this turn (a rewind's kept turns are a prefix of it)
+        // unless turns were dropped, kept in memory only, or the thread is a new fork.
+        let kept = outcome.dropped > 0 || holdsUnstoredTurns || wasForked ? 0 : thread.history.count - 1
+        do {
+            version = try await lease.commit(thread, kept: kept, after: wasForked ? nil : version, usage: outcome.usage)
+            unstored.withLock { $0 = false }
+        } catch {
+            // Kept in memory and answered: the caller is told.
+            outcome.storeError = error.message
+            unstored.withLock { $0 = true }
         }
         return outcome
     }
 
-    /// Brings a durable thread up to its stored state when the store `found` the file is not the
-    /// one this thread last saw: stored by another process, resumed after a restart, or deleted
-    /// (closed elsewhere, or over the cap), which leaves the thread empty with its binding.
-    private func reload(_ found: ThreadStore.Found, _ durability: Durability) async throws(WispError) {
-        let store = durability.store, id = self.id
-        guard case .loaded(let state, let loaded) = found else {
-            if case .none = found {
-                conversation = Conversation(backend: backend, instructions: conversation.instructions, tools: conversation.tools, affinity: affinity)
-                stamp = nil
-            }
-            return
+    /// Stores a thread that holds turns the store missed, whole, when no call is running on it
+    /// (the store works again). True when it is stored now.
+    public func storeUnstored() async -> Bool {
+        guard holdsUnstoredTurns, let durability, let ticket = try? enqueue() else { return !holdsUnstoredTurns }
+        guard (try? await waitForTurn(ticket.number)) != nil else { return false }
+        defer { advance() }
+        guard holdsUnstoredTurns, !closed, let lease = try? await durability.store.lease(id) else { return !holdsUnstoredTurns }
+        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots,
+                                  history: conversation.history)
+        if let written = try? await lease.commit(thread, kept: 0, after: version, usage: Usage()) {
+            version = written
+            unstored.withLock { $0 = false }
         }
-        let tools: [ModelTool]
-        do {
-            tools = try durability.resolve(state.tools, state.roots)
-        } catch {
-            let why = "it is bound to tools this wisp cannot give it (\(error.message))"
-            throw await offPipeLoop { store.corrupt(id, why) }
-        }
-        conversation = Conversation(backend: backend, instructions: state.instructions, tools: tools, history: state.history, affinity: affinity)
-        roots = state.roots
-        stamp = loaded
+        await lease.release()
+        return !holdsUnstoredTurns
     }
 
-    /// Who deletes a closed thread's stored file.
+    /// Brings a durable thread up to its stored state when the store `found` it is not the version
+    /// this thread last saw: stored by another process, resumed after a restart, or deleted
+    /// (closed elsewhere, or over the cap), which leaves the thread empty with its binding.
+    private func reload(_ found: Loaded, _ durability: Durability) async throws(WispError) {
+        switch found {
+        case .unchanged, .unavailable: return
+        case .none:
+            conversation = Conversation(backend: backend, instructions: conversation.instructions, tools: conversation.tools, affinity: affinity)
+            version = nil
+        case .loaded(let stored, let loaded):
+            let tools: [ModelTool]
+            do {
+                tools = try durability.resolve(stored.tools, stored.roots)
+            } catch {
+                throw await lease?.setAside("it is bound to tools this wisp cannot give it (\(error.message))") ?? error
+            }
+            conversation = Conversation(backend: backend, instructions: stored.instructions, tools: tools, history: stored.history, affinity: affinity)
+            roots = stored.roots
+            version = loaded
+        }
+    }
+
+    /// Who deletes a closed thread's stored copy.
     public enum Closing: Sendable, Equatable {
-        /// Deleted by `close`, under the lock the call being served holds.
-        case deleted
-        /// The call being served is writing the file: it deletes it once written, under its lock.
-        case deletedByTheWritingCall
-        /// No call holds the store's lock (or the thread is not durable): the caller deletes the
-        /// file, after taking the lock.
+        /// The call being served, under the lease it holds, before it lets it go.
+        case deletedByTheRunningCall
+        /// No call holds the lease (or the thread is not durable): the caller deletes it, under a lease of its own.
         case leftToTheCaller
     }
 
     /// Closes the thread for good: calls still running on it will not store it.
     public func close() async -> Closing {
         closed = true
-        guard let durability, let held else { return .leftToTheCaller }
-        if saving { return .deletedByTheWritingCall }
-        let store = durability.store, id = self.id
-        // The lock stays held (this closure keeps it) until the file is gone, even if the call ends meanwhile.
-        _ = await offPipeLoop { store.delete(id, holding: held) }
-        return .deleted
+        return durability != nil && lease != nil ? .deletedByTheRunningCall : .leftToTheCaller
     }
 
     /// The refusal of `instructions`/`tools` for this thread, which has committed turns: it says
@@ -274,12 +344,18 @@ public actor ConversationThread {
         return WispError(.invalidArgument, "thread '\(id)' already exists and is bound to \(binding); instructions and tools bind only when a thread is created. Omit \(what) (even an empty value) to continue it, or close_thread it (or use a new thread_id) to start over with new ones.")
     }
 
-    private func waitForTurn(_ number: UInt64) async throws(WispError) {
+    /// `watcher` hears how many calls are ahead, now and whenever that changes.
+    private func waitForTurn(_ number: UInt64, watcher: PartialHandler? = nil) async throws(WispError) {
         if number == serving { return }
         if Task.isCancelled {
             abandoned.insert(number)
             throw WispError.cancelledWhileWaiting
         }
+        if let watcher {
+            watchers[number] = watcher
+            watcher(PartialReply(waiting: .queue(ahead: ahead(of: number))))
+        }
+        defer { watchers[number] = nil }
         await withTaskCancellationHandler {
             await withCheckedContinuation { parked[number] = $0 }
         } onCancel: {
@@ -290,6 +366,11 @@ public actor ConversationThread {
         }
     }
 
+    /// Calls of this thread to be served before ticket `number`: the one running and those waiting.
+    private func ahead(of number: UInt64) -> Int {
+        Int(number - serving) - abandoned.count { $0 > serving && $0 < number }
+    }
+
     private func abandon(_ number: UInt64) {
         guard let waiter = parked.removeValue(forKey: number) else { return }
         abandoned.insert(number)
@@ -297,9 +378,11 @@ public actor ConversationThread {
     }
 
     private func advance() {
-        held = nil
         serving += 1
         while abandoned.remove(serving) != nil { serving += 1 }
         parked.removeValue(forKey: serving)?.resume()
+        for (number, watcher) in watchers where number >= serving {
+            watcher(PartialReply(waiting: .queue(ahead: ahead(of: number))))
+        }
     }
 }

@@ -35,8 +35,12 @@ public struct Turn: Sendable, Codable, Equatable {
     public var reasoning: String?
     /// Tokens this turn occupies in the context, counted once when the turn was committed.
     public var tokens: Int
+    /// The call had a `schema`: `response` is the JSON text of its value.
+    public var structured: Bool
 
-    public init(prompt: String, toolExchanges: [ToolExchange] = [], response: String, reasoning: String? = nil, tokens: Int? = nil) {
+    public init(prompt: String, toolExchanges: [ToolExchange] = [], response: String, reasoning: String? = nil, tokens: Int? = nil,
+                structured: Bool = false) {
+        self.structured = structured
         self.prompt = prompt
         self.toolExchanges = toolExchanges
         self.response = response

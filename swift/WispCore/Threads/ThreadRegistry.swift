@@ -12,6 +12,10 @@ import WispInfrastructure
 /// - A turn is committed only when its call ends un-stopped (`PipeServer` decides). A thread
 ///   none of whose calls committed a turn is forgotten when its last call ends; a call that
 ///   runs on it before then starts it afresh, with its own binding (`created: true`).
+/// - `fork_from` creates the call's thread (a generated id, or `thread_id`, which must not be
+///   live or stored) as a copy of another thread's binding and committed history, live or
+///   stored, busy or idle; the source is not touched. Binding arguments with it are refused.
+/// - `rewind` takes back a thread's last turns in the call's own commit (`ConversationThread`).
 /// - `close_thread` frees a thread; closing an unknown id is not an error (`closed: false`).
 /// - At most `capacity` live threads. Creating one more evicts the least recently used,
 ///   preferring one with no call in flight (and says which, in `Acceptance.evicted`). Calls already accepted for an evicted or closed
@@ -52,15 +56,17 @@ public actor ThreadRegistry {
     private var entries: [String: Entry] = [:]
     private var clock: UInt64 = 0
     /// Durable threads, when `--state-dir` is given and usable.
-    public nonisolated let store: ThreadStore?
+    public nonisolated let store: (any ThreadStore)?
     /// Why `--state-dir` was given but could not be used from the start.
     private nonisolated let startError: String?
     /// Why `--state-dir` was given but is not in use: from the start, or since it failed (for now).
-    public nonisolated var storeError: String? { startError ?? store?.trouble.map { "\(store?.directory ?? ""): \($0); threads are served in memory until it works again" } }
+    public nonisolated var storeError: String? { startError ?? store?.trouble.map { "\(store?.location ?? ""): \($0); threads are served in memory until it works again" } }
+    /// A task storing threads that hold turns the store missed, while one runs.
+    private var storing: Task<Void, Never>?
 
     public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads, maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
                 toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
-                store: ThreadStore? = nil, storeError: String? = nil) {
+                store: (any ThreadStore)? = nil, storeError: String? = nil) {
         self.store = store
         self.startError = storeError
         self.catalogueWithRoots = toolsWithRoots
@@ -112,11 +118,17 @@ public actor ThreadRegistry {
     /// Accepts a `respond` call: finds or creates its thread and takes its place in that
     /// thread's line. The caller must call `finished(_:committed:)` when the call ends.
     /// `instructions` and `tools` are as the caller passed them: nil when absent.
+    /// `forkFrom`: the thread to copy (see the rules above); `rewinding`: the call takes back
+    /// turns, so the thread must exist.
     public func accept(threadID: String?, instructions: String?, tools toolNames: [String]?,
-                       roots: [String]? = nil) async throws(WispError) -> Acceptance {
+                       roots: [String]? = nil, forkFrom: String? = nil, rewinding: Bool = false) async throws(WispError) -> Acceptance {
         if let threadID { try Self.validate(threadID) }
         if let roots { try Self.validate(roots: roots) }
         let binds = [instructions != nil ? "instructions" : nil, toolNames != nil ? "tools" : nil].compactMap { $0 }
+        if let forkFrom { return try await fork(forkFrom, into: threadID, binds: binds) }
+        if rewinding, let threadID, entries[threadID] == nil, try await !isStored(threadID) {
+            throw WispError(.invalidArgument, "rewind: no thread '\(threadID)' (not live\(store != nil ? " or stored" : "")); nothing to take back")
+        }
 
         clock += 1
         if let threadID, var entry = entries[threadID] {
@@ -142,6 +154,7 @@ public actor ThreadRegistry {
         }
 
         let start = try binding(instructions: instructions, tools: toolNames, roots: roots)
+        storeUnstored()
         var id = threadID ?? Self.generateID()
         while threadID == nil && entries[id] != nil { id = Self.generateID() }
         let evicted = entries.count >= capacity ? evictOne() : nil
@@ -155,11 +168,69 @@ public actor ThreadRegistry {
         return Acceptance(thread: thread, ticket: ticket, evicted: evicted)
     }
 
+    private func fork(_ source: String, into threadID: String?, binds: [String]) async throws(WispError) -> Acceptance {
+        try Self.validate(source)
+        guard binds.isEmpty else {
+            throw WispError(.invalidArgument, "fork_from copies thread '\(source)''s instructions and tools; omit \(binds.joined(separator: " and ")) (a fork's binding is its source's)")
+        }
+        func taken(_ id: String) -> WispError {
+            WispError(.invalidArgument, "thread '\(id)' already exists; a fork creates its thread: name a new thread_id, or omit it for a generated one")
+        }
+        if let threadID {
+            if entries[threadID] != nil { throw taken(threadID) }
+            if try await isStored(threadID) { throw taken(threadID) }
+        }
+        let copy = try await copy(of: source)
+        // The registry may have changed during those awaits.
+        var id = threadID ?? Self.generateID()
+        while threadID == nil && entries[id] != nil { id = Self.generateID() }
+        if entries[id] != nil { throw taken(id) }
+        clock += 1
+        let evicted = entries.count >= capacity ? evictOne() : nil
+        let thread = ConversationThread(id: id, backend: backend, instructions: nil, tools: [], maxQueue: maxQueue,
+                                        durability: durability, copy: copy)
+        entries[id] = Entry(thread: thread, lastUsed: clock, inFlight: 1)
+        return Acceptance(thread: thread, ticket: ConversationThread.firstTicket, evicted: evicted)
+    }
+
+    /// A thread's binding and committed history: live (even with a call running), else stored.
+    private func copy(of id: String) async throws(WispError) -> ConversationThread.Copy {
+        if let entry = entries[id] {
+            let copy = try await entry.thread.copy()
+            // A thread whose first call is still running has nothing to copy yet, unless it is stored.
+            if !copy.history.isEmpty { return copy }
+        }
+        if let durability, let thread = try await stored(id) {
+            let tools = try durability.resolve(thread.tools, thread.roots)
+            return .init(binding: .init(instructions: thread.instructions, tools: tools, roots: thread.roots), history: thread.history)
+        }
+        throw WispError(.invalidArgument, "fork_from: no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
+    }
+
+    /// The stored thread `id`, if there is one, read under a lease of its own (the store reads
+    /// off the pipe loop).
+    private func stored(_ id: String) async throws(WispError) -> StoredThread? {
+        guard let store else { return nil }
+        switch try await store.read(id) {
+        case .loaded(let thread, _): return thread
+        case .unavailable(let why): throw WispError(.internal, "the store could not be read: \(why)")
+        case .none, .unchanged: return nil
+        }
+    }
+
+    private func isStored(_ id: String) async throws(WispError) -> Bool {
+        try await stored(id) != nil
+    }
+
+    /// What the committed calls cost since this core started, summed; nil before any.
+    public private(set) var usage: Usage?
+
     /// Marks an accepted call as ended, so its thread counts as idle for eviction again.
-    /// `committed`: the call's turn joined the history. A thread none of whose calls committed
+    /// `committed`: the call's turn joined the history; `cost`: what it cost. A thread none of whose calls committed
     /// is forgotten when its last call ends: the caller never got a thread (or may retry with
     /// the same instructions and tools).
-    public func finished(_ acceptance: Acceptance, committed: Bool) {
+    public func finished(_ acceptance: Acceptance, committed: Bool, usage cost: Usage? = nil) {
+        if committed, let cost { usage = usage.map { $0 + cost } ?? cost }
         let id = acceptance.thread.id
         guard var entry = entries[id], entry.thread === acceptance.thread else { return }
         entry.inFlight -= 1
@@ -217,9 +288,10 @@ public actor ThreadRegistry {
         let live = entries.removeValue(forKey: threadID)
         guard let store else { return live != nil }
         if let live, await live.thread.close() != .leftToTheCaller { return true }
-        // Off the pipe loop: it waits for the lock and fsyncs the directory. The dispatcher's own
-        // job (close is answered in order): it waits behind no call's work.
-        let stored = try await offPipeLoop(as: .dispatcher) { () async throws(WispError) -> Bool in try await store.delete(threadID) }
+        // The dispatcher's own job (close is answered in order): it waits behind no call's work.
+        let stored = try await offPipeLoop(as: .dispatcher) { () async throws(WispError) -> Bool in
+            try await store.delete(threadID)
+        }
         return live != nil || stored
     }
 
@@ -229,23 +301,82 @@ public actor ThreadRegistry {
 
     public var count: Int { entries.count }
 
-    /// Live threads, most recently used first, then stored ones that are not live, most recently written first.
-    public func snapshot() async -> [ThreadInfo] {
-        var infos: [(UInt64, ThreadInfo)] = []
-        let store = store
-        let stored = await offPipeLoop { store?.summaries() ?? [] }  // reads every stored file's header
-        let storedIDs = Set(stored.map(\.id))
+    /// A page of threads, live and stored alike: with `query`, those that hold its words, best
+    /// match first; else all, most recently used first. `cursor`: where the last page ended.
+    /// `limit` nil: every thread (up to `ThreadViews.maxPage`).
+    public func list(query: String? = nil, limit: Int? = nil, cursor: String? = nil) async throws(WispError)
+        -> (threads: [ThreadInfo], next: String?) {
+        let query = try query.map { text throws(WispError) in try ThreadQuery(text) }
+        let after = try cursor.map { text throws(WispError) in try ListPlace(cursor: text) }
+        let size = min(max(1, limit ?? ThreadViews.maxPage), ThreadViews.maxPage)
+        let all = await store?.summaries(matching: nil, limit: store?.maxStored ?? 0) ?? []
+        let storedIDs = Set(all.map(\.id))
+        var rows: [(place: ListPlace, info: ThreadInfo)] = []
         for (id, entry) in entries {
-            infos.append((entry.lastUsed, ThreadInfo(thread_id: id, turns: await entry.thread.turnCount, pending: entry.inFlight,
-                                                     live: true, stored: storedIDs.contains(id),
-                                                     usage: await entry.thread.usage.map(UsageBody.init))))
+            if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight, stored: storedIDs.contains(id)) {
+                rows.append((place, info))
+            }
         }
-        let live = infos.sorted { $0.0 > $1.0 }.map(\.1)
         let liveIDs = Set(entries.keys)
-        return live + stored.filter { !liveIDs.contains($0.id) }.map {
-            ThreadInfo(thread_id: $0.id, turns: $0.turns, pending: 0, live: false, stored: true)
+        if let query, let store {
+            // The store finds the threads that hold every word (its full-text index); each found is
+            // read to rank it as a live thread is ranked.
+            let found = await store.summaries(matching: query.words.sorted().joined(separator: " "), limit: store.maxStored)
+            for s in found where !liveIDs.contains(s.id) {
+                guard let thread = try? await stored(s.id), let score = query.score(thread.history) else { continue }
+                rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), Self.info(s)))
+            }
+        } else if query == nil {
+            rows += all.filter { !liveIDs.contains($0.id) }.map { (ListPlace(score: 0, updated: $0.updatedAt, id: $0.id), Self.info($0)) }
+        }
+        rows.sort { $0.place < $1.place }
+        let start = after.map { a in rows.firstIndex { a < $0.place } ?? rows.count } ?? 0
+        let page = rows[start...].prefix(size)
+        let next = start + page.count < rows.count ? page.last?.place.cursor : nil
+        return (page.map(\.info), next)
+    }
+
+    private static func info(_ s: ThreadSummary) -> ThreadInfo {
+        ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true, usage: UsageBody(totals: s.usage),
+                   created_at: s.createdAt, updated_at: s.updatedAt,
+                   first_prompt: s.turns > 0 ? ThreadViews.clip(s.firstPrompt, bytes: ThreadViews.previewBytes).text : nil,
+                   last_reply: s.turns > 0 ? ThreadViews.clip(s.lastReply, bytes: ThreadViews.previewBytes).text : nil,
+                   instructions: s.instructions.map { ThreadViews.clip($0, bytes: ThreadViews.instructionsBytes).text })
+    }
+
+    /// Every thread, as `list` with no query or limit gives them.
+    public func snapshot() async -> [ThreadInfo] {
+        (try? await list())?.threads ?? []
+    }
+
+    /// Thread `id`'s last turns and binding, live or stored.
+    public func read(_ id: String, last: Int?, maxBytes: Int) async throws(WispError) -> ReadThreadResult {
+        try Self.validate(id)
+        // A live thread whose first call is still running has no turns yet: it may be stored.
+        if let entry = entries[id] {
+            let result = await entry.thread.read(last: last, maxBytes: maxBytes)
+            if result.turns > 0 { return result }
+        }
+        if let thread = try await stored(id) {
+            return ThreadViews.read(id: id, instructions: thread.instructions, tools: thread.tools, history: thread.history,
+                                    condensed: 0, last: last, maxBytes: maxBytes)
+        }
+        throw WispError(.invalidArgument, "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
+    }
+
+    /// Stores, in the background, the threads holding turns the store missed (one task at a time;
+    /// the store says at once while it is not to be tried yet).
+    private func storeUnstored() {
+        guard storing == nil else { return }
+        let waiting = entries.values.map(\.thread).filter(\.holdsUnstoredTurns)
+        guard !waiting.isEmpty else { return }
+        storing = Task {
+            for thread in waiting { _ = await thread.storeUnstored() }
+            self.storingDone()
         }
     }
+
+    private func storingDone() { storing = nil }
 
     private func resolve(_ names: [String]) throws(WispError) -> [ModelTool] {
         var tools: [ModelTool] = []
@@ -261,10 +392,13 @@ public actor ThreadRegistry {
         return tools
     }
 
-    /// Evicts the least recently used thread, preferring an idle one; returns its id.
+    /// Evicts the least recently used thread, preferring an idle one; returns its id. A thread
+    /// holding answered turns the store could not take is never evicted (they would be lost):
+    /// with no other, none is, and the registry holds more than `capacity` until they are stored.
     private func evictOne() -> String? {
-        let idle = entries.filter { $0.value.inFlight == 0 }
-        let pool = idle.isEmpty ? entries : idle
+        let safe = entries.filter { !$0.value.thread.holdsUnstoredTurns }
+        let idle = safe.filter { $0.value.inFlight == 0 }
+        let pool = idle.isEmpty ? safe : idle
         guard let victim = pool.min(by: { $0.value.lastUsed < $1.value.lastUsed })?.key else { return nil }
         entries.removeValue(forKey: victim)
         return victim

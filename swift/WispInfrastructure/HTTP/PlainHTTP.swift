@@ -204,7 +204,8 @@ private struct Input {
         repeat {
             // "HTTP/1.1 200 OK"; a 1xx interim answer is followed by the real one.
             let fields = statusLine.split(separator: " ", maxSplits: 2)
-            guard fields.count >= 2, fields[0].hasPrefix("HTTP/"), let code = OutsideNumber.int(fields[1], in: 100...999) else {
+            guard fields.count >= 2, fields[0].hasPrefix("HTTP/"),
+                  let code = OutsideNumber.int(fields[1], in: 100...999) else {
                 throw URLError(.cannotParseResponse)
             }
             status = code
@@ -219,7 +220,9 @@ private struct Input {
                 if name == "content-length" {
                     // A length that is not one (or a second, different one) makes the body's end unknowable.
                     guard let length = OutsideNumber.int(value, in: Connection.lengths),
-                          header.contentLength == nil || header.contentLength == length else { throw URLError(.cannotParseResponse) }
+                          header.contentLength == nil || header.contentLength == length else {
+                        throw URLError(.cannotParseResponse)
+                    }
                     header.contentLength = length
                 }
             }

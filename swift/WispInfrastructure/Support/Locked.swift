@@ -19,3 +19,18 @@ public final class Locked<Value: Sendable>: Sendable {
         return try value.withLock { v in try body(&v) }
     }
 }
+
+/// A lock around a value that is not Sendable (a database connection): the value never leaves
+/// the lock, only what a body returns does. Locked as `Locked` is, for the same reason.
+public final class Exclusive<Value>: Sendable {
+    private let order = NSLock()
+    private let value: Mutex<Value>
+
+    public init(_ value: consuming sending Value) { self.value = Mutex(value) }
+
+    public func withLock<R: Sendable, E: Error>(_ body: (inout sending Value) throws(E) -> R) throws(E) -> R {
+        order.lock()
+        defer { order.unlock() }
+        return try value.withLock { (v: inout sending Value) throws(E) -> R in try body(&v) }
+    }
+}

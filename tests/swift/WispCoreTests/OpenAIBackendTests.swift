@@ -176,4 +176,49 @@ import Testing
         let other = try body(nil)
         #expect(other["id_slot"] == nil && other["cache_prompt"] == nil && other["n_cache_reuse"] == nil)
     }
+
+    @Test func readCheckFloorFollowsWhatTheServerReadLastTime() {
+        var check = ReadCheck()
+        let first: [ChatMessage] = [.text("user", String(repeating: "a", count: 800))]
+        // No count yet: 8 bytes a token at least, 4 about.
+        #expect(check.floor(first).tokens == 100 && check.floor(first).count == 200)
+        check.record(read: 200, messages: 1, bytes: 800)
+        let next = first + [.text("assistant", String(repeating: "b", count: 400)), .text("user", String(repeating: "c", count: 400))]
+        let floor = check.floor(next)
+        // 200 read, less 1% and 8, plus 800 new bytes at 3/4 of 0.25 a byte.
+        #expect(floor.tokens == Int(200 * 0.99 - 8 + 0.75 * 0.25 * 800))
+        #expect(floor.count == 400)
+        // A server's count past any window is not believed: back to the bound alone.
+        check.record(read: Int.max, messages: 3, bytes: 1600)
+        #expect(check.floor(next).tokens == 200)
+        check.record(read: nil, messages: 3, bytes: 1600)
+        #expect(check.floor(next).tokens == 200)
+    }
+
+    @Test func aServerCountingCachedTokensApartIsReadWhole() {
+        var reply = ChatReply()
+        reply.promptTokens = 30
+        reply.cachedTokens = 900
+        #expect(reply.readTokens == 930)
+        reply.cachedTokens = 20  // within prompt_tokens, as OpenAI counts
+        #expect(reply.readTokens == 30)
+        reply.promptTokens = 0  // not counted at all
+        #expect(reply.readTokens == nil)
+    }
+
+    @Test func keepAliveAndCondensingSettings() throws {
+        for good in ["30m", "90s", "2h", "-1", "600"] { #expect(OllamaKeepAlive(good)?.value == good) }
+        for bad in ["", "soon", "30 m", "1d", "m", "9999999999h"] { #expect(OllamaKeepAlive(bad) == nil) }
+        let c = try CoreConfig.parse(arguments: ["--condense-to", "0.75"], environment: ["WISP_KEEP_ALIVE": "2h"])
+        #expect(c.keepAlive == "2h" && c.condenseTo == 0.75)
+        #expect(throws: WispError.self) { try CoreConfig.parse(arguments: ["--condense-to", "1"], environment: [:]) }
+        #expect(throws: WispError.self) { try CoreConfig.parse(arguments: [], environment: ["WISP_KEEP_ALIVE": "forever"]) }
+        #expect(WispCore.Condensing.justEnough.target(4096) == 4096)
+        #expect(WispCore.Condensing.steps(lowWater: 0.5).target(4096) == 2048)
+    }
+
+    @Test func lmStudiosOverflowWordsAreAnOverflow() {
+        let body = #"{"error":"Trying to keep the first 5000 tokens when context the overflows. However, the model is loaded with context length of only 4096 tokens"}"#
+        #expect(OpenAIServer.isOverflow(Data(body.utf8)))
+    }
 }

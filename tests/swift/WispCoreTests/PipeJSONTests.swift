@@ -52,8 +52,15 @@ import WispInfrastructure
             try sameAsJSONEncoder(Reply.success(3, PingResult()))
             try sameAsJSONEncoder(Reply.success(4, StatusResult(
                 backend: text, model: "m", available: false, reason: text, context_size: 4096, max_threads: 32, max_queue: 0,
-                threads: [ThreadInfo(thread_id: text, turns: 1, pending: 0), ThreadInfo(thread_id: "b", turns: 0, pending: 2, live: false, stored: true)],
-                tools: ["read_file", text], state_dir: text, state_error: nil)))
+                threads: [ThreadInfo(thread_id: text, turns: 1, pending: 0), ThreadInfo(thread_id: "b", turns: 0, pending: 2, live: false, stored: true),
+                          ThreadInfo(thread_id: "c", turns: 3, pending: 0, usage: UsageBody(input_tokens: 4), created_at: 1764645123.25,
+                                     updated_at: 1764645124.5, first_prompt: text, last_reply: text, instructions: text)],
+                tools: ["read_file", text], state_dir: text, state_error: nil, next_cursor: text)))
+            try sameAsJSONEncoder(Reply.success(6, ReadThreadResult(
+                thread_id: "t", instructions: text, tools: [text], turns: 9, omitted: 7, condensed: 1,
+                items: [TurnItem(prompt: text, reply: text), TurnItem(prompt: "p", reply: "{}", structured: true, cut: true)])))
+            try sameAsJSONEncoder(Reply.success(7, ReadThreadResult(thread_id: "t", instructions: nil, tools: [], turns: 0, omitted: 0,
+                                                                     condensed: 0, items: [])))
             try sameAsJSONEncoder(Reply.success(5, StatusResult(backend: "b", model: "m", available: true, reason: nil, context_size: 1,
                                                                  max_threads: 1, max_queue: 1, threads: [], tools: [])))
         }
@@ -63,41 +70,27 @@ import WispInfrastructure
         }
     }
 
-    @Test func storedThreadsAreWrittenAsJSONEncoderWritesThemAndReadBack() throws {
+    @Test func storedTurnsAreWrittenAsJSONEncoderWritesThemAndEarlierThreadFilesReadBack() throws {
         var rng = SeededGenerator()
         for text in Self.texts + (0..<20).map({ _ in Self.randomText(&rng) }) {
             let turns = [Turn(prompt: text, response: text),
                          Turn(prompt: "p", toolExchanges: [ToolExchange(name: "read_file", arguments: text, output: text, failed: true),
                                                            ToolExchange(name: text, arguments: "{}", output: "")], response: "r", tokens: 7)]
-            for state in [ThreadStore.State(instructions: text, tools: ["read_file", text], roots: [text], history: turns),
-                          ThreadStore.State(instructions: nil, tools: [], roots: [], history: [])] {
-                for turn in state.history { try sameAsJSONEncoder(turn) }
-                try sameAsJSONEncoder(ThreadStore.Header(format: ThreadStore.format, id: text, instructions: state.instructions,
-                                                         tools: state.tools, roots: state.roots))
-                let file = ThreadStore.encode("t", state, written: 1764645123.5)
-                #expect(try ThreadStore.decode(file, id: "t").state == state)
-                // Every line is JSON that JSONDecoder reads as it was meant.
-                let lines = file.split(separator: 0x0A, omittingEmptySubsequences: false)
-                #expect(lines.count == 2 + 2 * state.history.count && lines.last?.isEmpty == true)
-                let header = try JSONDecoder().decode(ThreadStore.Header.self, from: Data(lines[0]))
-                #expect(header.instructions == state.instructions && header.tools == state.tools && header.roots == state.roots)
-                for (i, turn) in state.history.enumerated() {
-                    #expect(try JSONDecoder().decode(Turn.self, from: Data(lines[1 + 2 * i])) == turn)
-                    #expect(try JSONDecoder().decode(ThreadStore.Commit.self, from: Data(lines[2 + 2 * i])).turns == i + 1)
-                }
-            }
-        }
-        for written in [0, 1764645123.123456, 1e-7, 12345678901234567890.0, -2.5] {
+            for turn in turns { try sameAsJSONEncoder(turn) }
+            #expect(try StoreSchema.exchanges(StoreSchema.json(turns[1].toolExchanges)) == turns[1].toolExchanges)
+            #expect(try StoreSchema.strings(StoreSchema.json([text, "b"])) == [text, "b"])
+            // A thread file of format 2, as earlier wisps wrote it, reads back (for the import).
             var w = JSONWriter()
-            ThreadStore.Header(format: 1, id: "t", turns: 3, written: written).write(to: &w)
-            for back in [try JSONDecoder().decode(ThreadStore.Header.self, from: Data(w.bytes)), try ThreadStore.Header.read(w.bytes[...])] {
-                #expect(back.written == written && back.id == "t" && back.turns == 3 && back.format == 1)
+            w.object { $0.field("format", 2); $0.field("id", "t"); $0.field("instructions", text); $0.field("tools", [text]); $0.field("roots", [String]()) }
+            w.byte(0x0A)
+            for (i, turn) in turns.enumerated() {
+                turn.write(to: &w)
+                w.byte(0x0A)
+                w.object { $0.field("turns", i + 1); $0.field("written", 1.5) }
+                w.byte(0x0A)
             }
-            w = JSONWriter()
-            ThreadStore.Commit(turns: 3, written: written).write(to: &w)
-            for back in [try JSONDecoder().decode(ThreadStore.Commit.self, from: Data(w.bytes)), try ThreadStore.Commit.read(w.bytes[...])] {
-                #expect(back.written == written && back.turns == 3)
-            }
+            let read = try ThreadFiles.decode(w.bytes, id: "t")
+            #expect(read.state == StoredThread(instructions: text, tools: [text], roots: [], history: turns) && !read.torn)
         }
     }
 
@@ -145,7 +138,7 @@ import WispInfrastructure
     static func randomRequest(_ rng: inout some RandomNumberGenerator) -> Request {
         func maybe<T>(_ value: @autoclosure () -> T) -> T? { Bool.random(using: &rng) ? value() : nil }
         let id = Int.random(in: -5...Int.max, using: &rng)
-        switch Int.random(in: 0..<5, using: &rng) {
+        switch Int.random(in: 0..<6, using: &rng) {
         case 0:
             let options = maybe(RespondOptions(temperature: maybe(Double.random(in: 0...2, using: &rng)),
                                                max_output_tokens: maybe(Int.random(in: 1...Int(Int32.max), using: &rng)),
@@ -154,10 +147,14 @@ import WispInfrastructure
             return .respond(Respond(id: id, prompt: randomText(&rng), thread_id: maybe(randomText(&rng)), instructions: maybe(randomText(&rng)),
                                     tools: maybe((0..<Int.random(in: 0...3, using: &rng)).map { _ in randomText(&rng) }), options: options,
                                     progress: maybe(Bool.random(using: &rng)), roots: maybe([randomText(&rng)]), files: maybe([]),
-                                    schema: maybe(randomText(&rng))))
+                                    schema: maybe(randomText(&rng)), fork_from: maybe(randomText(&rng)),
+                                    rewind: maybe(Int.random(in: Int.min...Int.max, using: &rng))))
         case 1: return .closeThread(CloseThread(id: id, thread_id: randomText(&rng)))
         case 2: return .cancel(Cancel(id: id, request: Int.random(in: Int.min...Int.max, using: &rng)))
-        case 3: return .status(Status(id: id))
+        case 3: return .status(Status(id: id, query: maybe(randomText(&rng)), limit: maybe(Int.random(in: -9...Int.max, using: &rng)),
+                                      cursor: maybe(randomText(&rng))))
+        case 4: return .readThread(ReadThread(id: id, thread_id: randomText(&rng), last: maybe(Int.random(in: 1...Int.max, using: &rng)),
+                                              max_bytes: maybe(Int.random(in: 0...Int.max, using: &rng))))
         default: return .ping(Ping(id: id))
         }
     }
@@ -174,7 +171,10 @@ import WispInfrastructure
             #"{"op":"respond","id":12,"prompt":"héllo 🙂 a/b \"q\" \\ \n","thread_id":"t-1.x_","options":{"timeout_s":300.0}}"#,
             #"{"op":"respond","id":1,"prompt":"p","tools":["read_file","search_text"],"options":{"temperature":0.7,"max_output_tokens":64,"timeout_s":2.5,"deadline":81234.567891},"progress":true,"roots":["/w"],"files":["a.txt"],"schema":"{\"type\":\"object\"}"}"#,
             #"{"op":"close_thread","id":2,"thread_id":"t"}"#, #"{"op":"cancel","id":3,"request":1}"#,
-            #"{"op":"status","id":4}"#, #"{"op":"ping","id":5}"#, #" { "op" : "ping" , "id" : 6 } "#,
+            #"{"op":"status","id":4}"#, #"{"op":"ping","id":5}"#,
+            #"{"op":"status","id":8,"query":"undefined symbol","limit":20,"cursor":"0-41d9-t"}"#,
+            #"{"op":"read_thread","id":9,"thread_id":"t","last":3,"max_bytes":32768}"#,
+            #"{"op":"respond","id":10,"prompt":"p","thread_id":"t","fork_from":"s","rewind":2}"#, #" { "op" : "ping" , "id" : 6 } "#,
             #"{"op":"respond","id":7,"prompt":"\u00e9\ud83d\ude42\u0000\/"}"#,
         ]
         for json in shim {

@@ -11,8 +11,9 @@ extension ConversationThread {
     /// Waits for `ticket`'s turn, then answers and commits the turn (`keep` always says yes, so
     /// there is always an outcome).
     func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                 onPartial: PartialHandler?) async throws -> Conversation.Outcome {
-        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, keep: { true })!
+                 onPartial: PartialHandler?, rewind: Int = 0) async throws -> Conversation.Outcome {
+        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind,
+                          keep: { true })!
     }
 }
 

@@ -163,7 +163,8 @@ enum EchoDirective: Equatable {
             self = .crash
         case "!sleep":
             guard let ms = OutsideNumber.int(argument, in: Self.sleepRange) else {
-                throw WispError(.invalidArgument, "echo: !sleep needs a whole number of milliseconds up to \(Self.sleepRange.upperBound), e.g. `!sleep 500 hello`")
+                throw WispError(.invalidArgument, "echo: !sleep needs a whole number of milliseconds up to "
+                                + "\(Self.sleepRange.upperBound), e.g. `!sleep 500 hello`")
             }
             self = .sleep(ms)
         case "!fail":

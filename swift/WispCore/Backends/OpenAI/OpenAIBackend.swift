@@ -33,15 +33,18 @@ public struct OpenAIBackend: ModelBackend {
     let server: OpenAIServer
 
     /// Throws when `endpoint` is not an http(s) URL.
-    public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil) throws(WispError) {
-        server = try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize, slots: slots)
+    public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
+                keepAlive: String? = CoreConfig.defaultKeepAlive, condenseTo: Double = CoreConfig.defaultCondenseTo) throws(WispError) {
+        server = try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize, slots: slots,
+                                  keepAlive: keepAlive.flatMap(OllamaKeepAlive.init), lowWater: condenseTo)
     }
 
     public init(_ config: CoreConfig) throws(WispError) {
         guard let endpoint = config.endpoint else {
             throw WispError(.modelUnavailable, "the openai backend needs --endpoint (an OpenAI-compatible base URL such as http://127.0.0.1:8080/v1)")
         }
-        try self.init(endpoint: endpoint, model: config.model, apiKey: config.apiKey, contextSize: config.contextSize, slots: config.slots)
+        try self.init(endpoint: endpoint, model: config.model, apiKey: config.apiKey, contextSize: config.contextSize, slots: config.slots,
+                      keepAlive: config.keepAlive, condenseTo: config.condenseTo)
     }
 
     public var model: String { server.modelName }
@@ -49,6 +52,14 @@ public struct OpenAIBackend: ModelBackend {
     public func availability() async -> Availability { await server.availability() }
 
     public func contextSize() async -> Int { await server.contextSize() }
+
+    public func contextNote() async -> String? { server.contextNote }
+
+    public func condensing() async -> Condensing {
+        let slots = await server.slotPool() != nil
+        let dialect = server.facts.withLock { $0.dialect } ?? .generic
+        return dialect.shiftsCache(slots: slots) ? .justEnough : .steps(lowWater: server.lowWater)
+    }
 
     public func tokenCount(_ text: String) async throws -> Int? { try await server.tokenCount(text) }
 

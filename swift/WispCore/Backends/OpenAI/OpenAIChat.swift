@@ -18,6 +18,19 @@ struct ChatReply: Sendable {
     /// llama.cpp's `timings`: prompt tokens taken from the slot's cache, and evaluated.
     var cachedTokens: Int?
     var evaluatedTokens: Int?
+    /// Seconds from sending the request to its first generated token (text, reasoning or a tool
+    /// call), and from then to the stream's end.
+    var firstTokenSeconds: Double?
+    var generationSeconds: Double?
+
+    /// The prompt tokens the server read: `prompt_tokens`, plus the cached ones where a server
+    /// reports them apart (more cached than counted: older Ollama counts only what it evaluated).
+    var readTokens: Int? {
+        // None read of a prompt that has messages is a server that did not count (older Ollama, cached).
+        guard let promptTokens, promptTokens > 0 else { return nil }
+        if let cachedTokens, cachedTokens > promptTokens { return promptTokens.addingClamped(cachedTokens) }
+        return promptTokens
+    }
 }
 
 /// llama.cpp's prompt cache fields for one request: sent to llama.cpp's server only.
@@ -93,6 +106,15 @@ extension OpenAIServer {
         var errorBody = Data()
         var lines = SSELineSplitter()
         var calls: [Int: ToolCall] = [:]
+        let sentAt = ContinuousClock.now
+        var firstAt: ContinuousClock.Instant?
+        func seconds(_ d: Duration) -> Double { Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18 }
+        func folded(_ line: String) throws -> Bool {
+            let before = (reply.text.utf8.count, reply.reasoning.utf8.count, calls.count)
+            let changed = try fold(line, into: &reply, calls: &calls)
+            if firstAt == nil, before != (reply.text.utf8.count, reply.reasoning.utf8.count, calls.count) { firstAt = .now }
+            return changed
+        }
         var received = 0
         do {
             for try await event in chatClient.open(request) {
@@ -107,15 +129,16 @@ extension OpenAIServer {
                     // How much a server streams is its own choice: past what a reply could be, the call fails.
                     received = received.addingClamped(chunk.count)
                     if received > Self.maxStreamBytes {
-                        throw WispError(.generationFailed, "the model server at \(endpointDescription) streamed more than \(Self.maxStreamBytes) bytes for one answer; the call was stopped")
+                        throw WispError(.generationFailed, "the model server at \(endpointDescription) streamed "
+                                        + "more than \(Self.maxStreamBytes) bytes for one answer; the call was stopped")
                     }
                     for line in lines.push(chunk) {
-                        if try fold(line, into: &reply, calls: &calls) { onDelta((reply.text, reply.chunks)) }
+                        if try folded(line) { onDelta((reply.text, reply.chunks)) }
                     }
                 }
             }
             for line in lines.finish() where (200..<300).contains(status) {
-                if try fold(line, into: &reply, calls: &calls) { onDelta((reply.text, reply.chunks)) }
+                if try folded(line) { onDelta((reply.text, reply.chunks)) }
             }
         } catch let error as WispError {
             throw error
@@ -126,6 +149,10 @@ extension OpenAIServer {
         try Task.checkCancellation() // a cancelled stream ends quietly
         guard (200..<300).contains(status) else { throw httpError(status, errorBody, reasoning: reasoning) }
         facts.withLock { $0.lastReachable = .now }
+        if let firstAt {
+            reply.firstTokenSeconds = seconds(firstAt - sentAt)
+            reply.generationSeconds = seconds(ContinuousClock.now - firstAt)
+        }
         reply.toolCalls = calls.sorted { $0.key < $1.key }.map { index, call in
             var c = call
             if c.id.isEmpty { c.id = "call_\(index)" }

@@ -39,7 +39,8 @@ extension OpenAIServer {
     }
 
     /// llama.cpp `exceed_context_size_error`; llama-cpp-python and OpenAI `context_length_exceeded`;
-    /// vLLM and others: "maximum context length" in the message.
+    /// vLLM and others: "maximum context length" in the message; LM Studio: "Trying to keep the
+    /// first N tokens when context the overflows" (its words).
     static func isOverflow(_ body: Data) -> Bool {
         if let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] {
             let error = object["error"] as? [String: Any] ?? object
@@ -48,6 +49,7 @@ extension OpenAIServer {
             let message = ((error["message"] as? String) ?? (object["error"] as? String) ?? "").lowercased()
             return message.contains("maximum context length") || message.contains("exceeds the available context size")
                 || message.contains("context length exceeded") || message.contains("context_length_exceeded")
+                || message.contains("when context the overflows") || message.contains("when context overflows")
         }
         let text = String(decoding: body.prefix(2000), as: UTF8.self).lowercased()
         return text.contains("context_length_exceeded") || text.contains("exceed_context_size_error")

@@ -59,7 +59,8 @@ enum OpenAIReplies {
         var promptTokens: Int?
         var outputTokens: Int?
         var reasoningTokens: Int?
-        /// llama.cpp's `timings`: prompt tokens taken from the slot's cache, and evaluated.
+        /// Prompt tokens taken from the server's cache (llama.cpp's `timings.cache_n`, else
+        /// `usage.prompt_tokens_details.cached_tokens`), and evaluated (`timings.prompt_n`).
         var cachedTokens: Int?
         var evaluatedTokens: Int?
         var finishReason: String?
@@ -95,14 +96,19 @@ enum OpenAIReplies {
             chunk.outputTokens = OutsideNumber.int(usage["completion_tokens"], in: TokenCount.range)
             let details = usage["completion_tokens_details"] as? [String: Any]
             chunk.reasoningTokens = OutsideNumber.int(details?["reasoning_tokens"], in: TokenCount.range)
+            let prompt = usage["prompt_tokens_details"] as? [String: Any]
+            chunk.cachedTokens = OutsideNumber.int(prompt?["cached_tokens"], in: TokenCount.range)
         }
         if let timings = object["timings"] as? [String: Any] {
+            // llama.cpp's own count, beside which its usage copy of it says nothing more.
             chunk.cachedTokens = OutsideNumber.int(timings["cache_n"], in: TokenCount.range)
             chunk.evaluatedTokens = OutsideNumber.int(timings["prompt_n"], in: TokenCount.range)
         }
         guard let choice = (object["choices"] as? [[String: Any]])?.first else { return chunk }
         chunk.finishReason = choice["finish_reason"] as? String
-        guard let delta = (choice["delta"] as? [String: Any]) ?? (choice["message"] as? [String: Any]) else { return chunk }
+        guard let delta = (choice["delta"] as? [String: Any]) ?? (choice["message"] as? [String: Any]) else {
+            return chunk
+        }
         for raw in delta["tool_calls"] as? [[String: Any]] ?? [] {
             // An index out of range names no call wisp could keep: the piece is dropped.
             let index = OutsideNumber.int(raw["index"], in: toolCallIndexes)

@@ -17,6 +17,10 @@ final class OpenAIServer: Sendable {
     /// `/props` says (`total_slots`, which only llama.cpp's server reports).
     let configuredSlots: Int?
     private let apiKey: String?
+    /// Ollama's `keep_alive` for the model (`OllamaKeepAlive`); nil: never sent.
+    let keepAlive: OllamaKeepAlive?
+    /// Condensing's low-water mark on servers that do not shift their cache (`Condensing`).
+    let lowWater: Double
 
     /// Idle time-out for a chat request: a long prompt on a small CPU can take minutes before
     /// the first byte. The shim's own time limit and cancellation bound a call anyway.
@@ -37,12 +41,20 @@ final class OpenAIServer: Sendable {
         var lastReachable: ContinuousClock.Instant?
         /// llama.cpp's server, with this many slots: its own request fields may be sent.
         var slots: SlotPool?
+        /// Which server this is, once one of `OpenAIDialects.swift`'s probes said so.
+        var dialect: ServerDialect?
+        /// Ollama: when `keep_alive` was last set (nil: never).
+        var keptAliveAt: ContinuousClock.Instant?
+        /// The window the server was found to read, below what it said, and how it was found.
+        var learned: (window: Int, note: String)?
     }
     let facts = Mutex(Facts())
     let chatClient = HTTPClient(idleTimeout: OpenAIServer.chatIdleTimeout)
     private let probeClient = HTTPClient(idleTimeout: OpenAIServer.probeTimeout)
 
-    init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil) throws(WispError) {
+    init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
+         keepAlive: OllamaKeepAlive? = OllamaKeepAlive(CoreConfig.defaultKeepAlive),
+         lowWater: Double = CoreConfig.defaultCondenseTo) throws(WispError) {
         var text = endpoint.trimmingCharacters(in: .whitespaces)
         while text.hasSuffix("/") { text.removeLast() }
         if text.hasSuffix("/chat/completions") { text.removeLast("/chat/completions".count) }
@@ -62,6 +74,8 @@ final class OpenAIServer: Sendable {
         self.configuredContextSize = contextSize.flatMap { $0 > 0 ? $0 : nil }
         self.configuredSlots = slots.map { max(0, $0) }
         self.apiKey = apiKey
+        self.keepAlive = keepAlive
+        self.lowWater = lowWater
         if let slots, slots > 0 { facts.withLock { $0.slots = SlotPool(count: slots) } }
     }
 
@@ -109,47 +123,94 @@ final class OpenAIServer: Sendable {
         guard let mine = list.first(where: { $0.id == configuredModel }) ?? list.first else { return }
         facts.withLock { f in
             if f.model == nil { f.model = mine.id }
-            // vLLM says its window in the model list.
-            if f.contextSize == nil, let n = mine.contextSize, n > 0 { f.contextSize = n }
+            if f.contextSize == nil, let n = mine.contextSize, n > 0 {
+                f.contextSize = n
+                if f.dialect == nil || f.dialect == .generic { f.dialect = .vllm }
+            }
         }
     }
 
+    /// The window a request may fill: what the server says (in `OpenAIDialects.swift`'s order),
+    /// else `--context-size`, else 4096; lowered to what the server was found to read
+    /// (`learnWindow`). Asked again on every call while the server's model is not loaded yet
+    /// (Ollama, LM Studio: it may load with another window than any setting says).
     func contextSize() async -> Int {
-        let known = facts.withLock { f -> Int? in f.contextSize ?? (f.contextProbed ? (configuredContextSize ?? Self.fallbackContextSize) : nil) }
+        let known = facts.withLock { f -> Int? in
+            f.learned?.window ?? f.contextSize ?? (f.contextProbed ? (configuredContextSize ?? Self.fallbackContextSize) : nil)
+        }
         if let known { return known }
-        var reached = false
+        let model = await requestModel()
+        var dialect = facts.withLock { $0.dialect }
         var found: Int?
-        // llama.cpp
-        if let (status, data) = try? await fetch("GET", root.appendingPathComponent("props"), timeout: Self.probeTimeout) {
-            reached = true
-            if status == 200 {
-                let props = OpenAIReplies.props(data)
-                found = props.contextSize
-                learnSlots(props.slots)
+        var loaded = true
+        if dialect == nil || dialect == .llamaCpp, let props = await probeLlamaCpp() {
+            dialect = .llamaCpp
+            found = props.window
+            loaded = props.window != nil  // 0 while the model loads: ask again later
+            learnSlots(props.slots)
+        }
+        if dialect == nil || dialect == .lmStudio, let window = await probeLMStudio(model: model) {
+            dialect = .lmStudio
+            found = window
+            loaded = window != nil
+        }
+        if dialect == nil || dialect == .vllm, let (status, data) = try? await fetch("GET", base.appendingPathComponent("models"),
+                                                                                    timeout: Self.probeTimeout), status == 200 {
+            learnModels(data)
+            let d = facts.withLock { $0.dialect }
+            if d == .vllm { dialect = .vllm; found = facts.withLock { $0.contextSize } } else if dialect == nil { dialect = .generic }
+        }
+        if dialect == nil || dialect == .generic || dialect == .ollama, let window = await probeOllama(model: model) {
+            dialect = .ollama
+            found = window
+            if window == nil {
+                loaded = false
+                found = await ollamaShownWindow(model: model)
             }
         }
-        // vLLM (max_model_len in /v1/models)
-        if found == nil, let (status, data) = try? await fetch("GET", base.appendingPathComponent("models"), timeout: Self.probeTimeout) {
-            reached = true
-            if status == 200 { learnModels(data) }
-            found = facts.withLock { $0.contextSize }
-        }
-        // Ollama: the window it really runs with is num_ctx; its model_info context_length is only
-        // the trained maximum (Ollama truncates silently past num_ctx, so do not overstate it).
-        if found == nil, let (status, data) = try? await fetch("POST", root.appendingPathComponent("api/show"),
-                                                              json: ["model": await requestModel()], timeout: Self.probeTimeout) {
-            reached = true
-            if status == 200 { found = OpenAIReplies.ollamaContext(data) }
-        }
-        if let found, found <= 0 { return configuredContextSize ?? Self.fallbackContextSize } // loading: ask again later
-        if reached {
-            facts.withLock { f in
+        let final = loaded
+        facts.withLock { f in
+            f.dialect = dialect ?? f.dialect
+            if final, dialect != nil {
                 if let found { f.contextSize = found }
                 f.contextProbed = true
             }
         }
         return found ?? configuredContextSize ?? Self.fallbackContextSize
     }
+
+    /// The server read `read` tokens of a request of at least `sent` (about `estimate`). True
+    /// when that was a cut: unless the server's loaded model has a window the estimate fits in
+    /// well (then the server counts otherwise, as Ollama 0.30 did, counting only what it
+    /// evaluated). Learns the window (the loaded model's where the server says it, else what it
+    /// read) and says so once in the log; `contextNote` keeps it.
+    func learnWindow(read: Int, sent: Int, estimate: Int) async -> Bool {
+        let believed = await contextSize()
+        let model = await requestModel()
+        let dialect = facts.withLock { $0.dialect } ?? .generic
+        var said: Int?
+        switch dialect {
+        case .ollama: said = await probeOllama(model: model) ?? nil
+        case .lmStudio: said = await probeLMStudio(model: model) ?? nil
+        default: break
+        }
+        if let said, estimate < said - said / 10 { return false }
+        let window = max(1, min(said ?? read, believed))
+        let how = said != nil ? "its loaded model's window" : "what it read"
+        let note = """
+            \(dialect.rawValue) at \(endpointDescription) read \(read) tokens of a request of at least \(sent) \
+            (it cut the prompt silently): wisp now takes the model's window as \(window) tokens (\(how)), \
+            not \(believed), and condenses threads to fit it
+            """
+        let first = facts.withLock { f -> Bool in
+            defer { f.learned = (window, note) }
+            return f.learned?.window != window
+        }
+        if first { LogSink.shared.post("wisp-core warning: \(note)") }
+        return true
+    }
+
+    var contextNote: String? { facts.withLock { $0.learned?.note } }
 
     /// The slots of a llama.cpp server, which threads are pinned to; nil for any other server
     /// (which must not get llama.cpp's own request fields) or with `--slots 0`.
@@ -179,8 +240,8 @@ final class OpenAIServer: Sendable {
     /// `POST {base}/chat/completions/input_tokens` applies the chat template and the tools, so
     /// it is the `prompt_tokens` the request will report. Nil from a server without it.
     func inputTokens(body: Data) async throws -> Int? {
-        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body, offered: \.inputTokens,
-                        read: OpenAIReplies.inputTokens)
+        try await count(base.appendingPathComponent("chat/completions/input_tokens"), body: body,
+                        offered: \.inputTokens, read: OpenAIReplies.inputTokens)
     }
 
     /// A count from one of the server's counting endpoints, which `offered` remembers it has:

@@ -12,6 +12,7 @@ final class OpenAISession: ModelSession {
     /// The thread, for its llama-server slot (nil: no slot is named).
     private let affinity: SessionAffinity?
     private(set) var messages: [ChatMessage]
+    private var readCheck = ReadCheck()
 
     init(server: OpenAIServer, instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity? = nil) {
         self.server = server
@@ -53,22 +54,42 @@ final class OpenAISession: ModelSession {
         var usage: Usage?
         var reasoning: [String] = []
         var round = 0
+        let threadTools = Self.offered(tools, settings)
+        // A model that writes its calls as text, handed a result with the tools still offered,
+        // tends to ask for the same tool again instead of answering: that repeat is not run, and
+        // the next round, offered no tools, is its answer (docs/tools.md, "Tool calls written as text").
+        var answerNow = false
         while true {
-            let offerTools = !Self.offered(tools, settings).isEmpty
-            let mustAnswer = round >= Self.maxToolRounds
+            let offerTools = !threadTools.isEmpty && !answerNow
+            let mustAnswer = round >= Self.maxToolRounds || answerNow
             let pool = await server.slotPool()
+            await server.keepModelLoaded()
             let slot = affinity.flatMap { pool?.acquire($0) }
             defer { if let slot { pool?.release(slot) } }
-            let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: messages + added,
+            let sent = messages + added
+            let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: sent,
                                                  tools: offerTools ? tools : [], toolChoice: mustAnswer ? "none" : nil,
                                                  settings: settings, cache: pool.map { _ in PromptCache(slot: slot) })
+            let floor = readCheck.floor(sent)
+            // A thread of its own that found no free slot waits for the server to free one.
+            onPartial?(PartialReply(waiting: pool != nil && affinity != nil && slot == nil ? .slot : .prompt(tokens: floor.count)))
             let tokensBefore = outputTokens
             let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
                 onPartial?(PartialReply(text: partial.text, tokens: tokensBefore.addingClamped(partial.tokens)))
             }
+            if let read = reply.readTokens, read < floor.tokens, await server.learnWindow(read: read, sent: floor.tokens, estimate: floor.count) {
+                throw WispError(.contextOverflow, """
+                    the model server read \(read) tokens of a request of at least \(floor.tokens): it cut the prompt \
+                    silently to fit its window
+                    """)
+            }
+            readCheck.record(read: reply.readTokens, messages: sent.count,
+                             bytes: offerTools ? body.count : sent.map(\.bytes).clampedSum())
             if promptTokens == nil { promptTokens = reply.promptTokens }
             outputTokens = outputTokens.addingClamped(reply.outputTokens ?? reply.chunks)
-            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens)
+            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens,
+                                 cachedTokens: reply.cachedTokens, firstTokenSeconds: reply.firstTokenSeconds,
+                                 generationSeconds: reply.generationSeconds)
             usage = usage.map { $0 + reported } ?? reported
             if !reply.reasoning.isEmpty { reasoning.append(reply.reasoning) }
             // Cut-off JSON can still parse (a number, say), so the server's word decides.
@@ -76,21 +97,49 @@ final class OpenAISession: ModelSession {
                 throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens)
             }
 
-            guard offerTools, !mustAnswer, !reply.toolCalls.isEmpty else {
+            var calls = offerTools ? reply.toolCalls : []
+            if calls.isEmpty, !threadTools.isEmpty, !mustAnswer,
+               let call = TextToolCall.parse(reply.text, offered: threadTools, index: exchanges.count) {
+                if TextToolCall.repeats(call, of: exchanges, offered: threadTools) {
+                    answerNow = true
+                    round += 1
+                    continue
+                }
+                calls = [call]
+            }
+            guard !mustAnswer, !calls.isEmpty else {
                 added.append(.text("assistant", reply.text))
                 messages += added
                 return Generation(text: reply.text, toolExchanges: exchanges,
                                   promptTokens: promptTokens, outputTokens: outputTokens, usage: usage ?? Usage(),
                                   reasoning: reasoning.isEmpty ? nil : reasoning.joined(separator: "\n\n"))
             }
-            added.append(.toolCalls(reply.toolCalls))
-            for call in reply.toolCalls {
+            added.append(.toolCalls(calls))
+            for call in calls {
                 try Task.checkCancellation()
-                let exchange = await run(call)
+                let exchange: ToolExchange
+                if let again = Self.earlier(call, in: exchanges) {
+                    exchange = again
+                } else {
+                    exchange = await run(call)
+                }
                 exchanges.append(exchange)
                 added.append(.toolResult(id: call.id, output: exchange.output))
             }
             round += 1
+        }
+    }
+
+    /// The same call made earlier in this turn, answered again from its result rather than run
+    /// again: the files have not changed between two rounds of one call, and a small model that
+    /// repeats itself is not helped by a second run's cost. Arguments compare as JSON values.
+    static func earlier(_ call: ToolCall, in exchanges: [ToolExchange]) -> ToolExchange? {
+        guard let arguments = try? JSONValue.parse(call.arguments) else { return nil }
+        return exchanges.last { e in
+            guard sameText(e.name, call.name), !e.failed, let earlier = try? JSONValue.parse(e.arguments) else {
+                return false
+            }
+            return earlier == arguments
         }
     }
 
@@ -100,6 +149,44 @@ final class OpenAISession: ModelSession {
         return await ToolRun.exchange(tools.first(where: { $0.name == call.name }), name: call.name, arguments: arguments) {
             "There is no tool named '\(call.name)'. Available tools: \(tools.map(\.name).joined(separator: ", "))."
         }
+    }
+}
+
+/// What the server read of each request, against what was sent: a server that fits a long
+/// conversation to its window by itself (Ollama; LM Studio with its overflow policy) answers a
+/// cut prompt as if it were whole, and says so only in `usage.prompt_tokens`.
+///
+/// The floor is what the request is at least, in the server's own tokens: what it read of this
+/// session's last request (whose messages this one repeats), less a margin for a chat template
+/// that renders the last turn a little differently once it is not the last (1% and 8 tokens),
+/// plus the messages added since, at three quarters of the tokens a byte of text that the
+/// server read last time (against the whole request body where tools were offered, their
+/// schemas being tokens too). The first request of a session has only 8 bytes of text a token (no
+/// tokenizer in use exceeds that over a message; text runs 3–5), so it catches only a gross cut.
+struct ReadCheck {
+    private var last: (read: Int, messages: Int, bytes: Int)?
+
+    struct Floor {
+        /// No fewer tokens than this can be read without a cut.
+        var tokens: Int
+        /// About how many tokens the request is: for a person watching it, and to tell a cut
+        /// from a server that counts otherwise (`OpenAIServer.learnWindow`).
+        var count: Int
+    }
+
+    func floor(_ sent: [ChatMessage]) -> Floor {
+        let known = last.flatMap { $0.messages <= sent.count && $0.bytes > 0 ? $0 : nil }
+        let new = Double(sent[(known?.messages ?? 0)...].reduce(0) { $0 + $1.bytes })
+        guard let known else { return Floor(tokens: Int(new / 8), count: Int(new / 4)) }
+        let perByte = Double(known.read) / Double(known.bytes)
+        let repeated = Double(known.read) * 0.99 - 8
+        return Floor(tokens: max(0, Int(repeated + 0.75 * perByte * new)), count: Int(Double(known.read) + perByte * new))
+    }
+
+    /// The server read `read` tokens of a request of `messages` messages in a body of `bytes`.
+    mutating func record(read: Int?, messages: Int, bytes: Int) {
+        // A count past any real window is not believed.
+        last = read.flatMap { $0 <= 1 << 40 ? ($0, messages, bytes) : nil }
     }
 }
 
@@ -115,6 +202,15 @@ enum ChatMessage: Sendable, Equatable {
     case text(String, String)              // role, content
     case toolCalls([ToolCall])             // assistant message that calls tools
     case toolResult(id: String, output: String)
+
+    /// The UTF-8 bytes of what the message says (content, tool names and arguments).
+    var bytes: Int {
+        switch self {
+        case let .text(_, content): content.utf8.count
+        case let .toolCalls(calls): calls.reduce(0) { $0 + $1.name.utf8.count + $1.arguments.utf8.count }
+        case let .toolResult(_, output): output.utf8.count
+        }
+    }
 
     var json: [String: Any] {
         switch self {

@@ -1,0 +1,512 @@
+"""`respond` as an MCP task: the call handed off at once, run in the background, polled for and
+collected later (or cancelled), in both protocol generations that define tasks.
+
+- 2025-11-25 (the experimental `tasks` capability): a client that declared `tasks` in its
+  `initialize` capabilities sees the capability in the answer and `execution.taskSupport:
+  "optional"` on `respond`; its `tools/call` with `task: {ttl}` gets a task handle, one without
+  `task` is answered plainly. `tasks/get`, `tasks/result` (waits for the end, then answers
+  exactly what the call would have: the tool result, tagged with the task), `tasks/list`,
+  `tasks/cancel`. Progress goes on with the call's progress token, tagged with the task.
+- 2026-07-28 (the `io.modelcontextprotocol/tasks` extension): for a request that declares the
+  extension the server decides (`decide`); `tasks/get` carries the result once there,
+  `tasks/update` and `tasks/cancel` are acknowledged. That generation sends no progress for a
+  task: the latest partial text is the task's `statusMessage`.
+
+A task is the call: the same checks, the same place in its thread's queue (the handle goes out
+only once the call is queued in the core, so a call sent after it runs after it), the same
+result, errors included. A cancel is an MCP cancel whose outcome is waited for: the turn is not
+kept and the task ends `cancelled`, unless the call had already finished (then nothing changes).
+
+Bounds (README "Tasks"): ids are 192 random bits; a task is visible only to the client that
+made it (`owner`); its result is kept until its ttl (at most WISP_TASK_TTL) and then freed (a
+task still running then is cancelled: no one could collect it); a client holds at most
+WISP_MAX_TASKS tasks, running or kept, and all clients together MAX_TASKS_TOTAL. Tasks live in
+this process's memory: a restart loses them, and their ids answer "no such task".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import logging
+import math
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Generic, TypeVar
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    CallToolRequestParams,
+    CallToolResult,
+    CancelTaskRequestParams,
+    GetTaskPayloadRequestParams,
+    GetTaskRequestParams,
+    PaginatedRequestParams,
+    ProgressNotification,
+    ProgressNotificationParams,
+    RequestParams,
+    TextContent,
+)
+from mcp_types import methods as wire
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from . import errors
+
+log = logging.getLogger("wisp.tasks")
+
+LEGACY = "2025-11-25"
+MODERN = "2026-07-28"
+EXTENSION = "io.modelcontextprotocol/tasks"
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+IMMEDIATE_RESPONSE = "io.modelcontextprotocol/model-immediate-response"
+
+DEFAULT_TASK_TTL_S = 3600.0
+DEFAULT_MAX_TASKS = 32
+# Over every client of one wisp (sessions of a shared server included).
+MAX_TASKS_TOTAL = 256
+# A ttl asked for below this is raised to it: a result freed before anyone could poll is no result.
+MIN_TTL_MS = 1000
+POLL_INTERVAL_MS = 1000
+TASKS_PER_PAGE = 50
+# wisp's JSON-RPC errors for tasks, in the range both generations leave to implementations.
+TOO_MANY_TASKS = -32000
+TASK_CANCELLED = -32001
+HEADER_MISMATCH = -32020
+
+LEGACY_CAPABILITY = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+TASK_SUPPORT = {"taskSupport": "optional"}
+
+WORKING, COMPLETED, FAILED, CANCELLED = "working", "completed", "failed", "cancelled"
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
+
+
+@dataclass(frozen=True)
+class TaskLimits:
+    ttl_s: float = DEFAULT_TASK_TTL_S
+    per_client: int = DEFAULT_MAX_TASKS
+
+    @classmethod
+    def from_env(cls) -> TaskLimits:
+        """WISP_TASK_TTL (seconds) and WISP_MAX_TASKS; a bad value is refused at start."""
+        ttl_text, max_text = os.environ.get("WISP_TASK_TTL"), os.environ.get("WISP_MAX_TASKS")
+        try:
+            ttl = float(ttl_text) if ttl_text else DEFAULT_TASK_TTL_S
+        except ValueError:
+            ttl = -1.0
+        if not (math.isfinite(ttl) and MIN_TTL_MS / 1000 <= ttl <= 7 * 24 * 3600):
+            raise ValueError(
+                f"WISP_TASK_TTL must be a number of seconds from {MIN_TTL_MS / 1000:g} to 604800, got {ttl_text!r}"
+            )
+        try:
+            most = int(max_text) if max_text else DEFAULT_MAX_TASKS
+        except ValueError:
+            most = 0
+        if not 1 <= most <= MAX_TASKS_TOTAL:
+            raise ValueError(f"WISP_MAX_TASKS must be a whole number from 1 to {MAX_TASKS_TOTAL}, got {max_text!r}")
+        return cls(ttl, most)
+
+
+P = TypeVar("P")
+
+
+@dataclass
+class Job(Generic[P]):
+    """What server.py hands over for one `respond` call: `prepare` checks it (a tool error comes
+    back as a CallToolResult, else the prepared call), `run` runs a prepared call with a progress
+    sender (value, message), a stop signal and a callback for when it is queued, and
+    `thread_id` names the thread a prepared call continues (None: a new one)."""
+
+    prepare: Callable[[], Awaitable[P | CallToolResult]]
+    run: Callable[[P, Callable[[float, str], Awaitable[None]] | None, asyncio.Future[None] | None,
+                   Callable[[], None] | None], Awaitable[CallToolResult]]
+    thread_id: Callable[[P], str | None]
+    plain_progress: Callable[[float, str], Awaitable[None]] | None
+
+
+@dataclass(eq=False)
+class Task:
+    id: str
+    owner: tuple[Any, ...]
+    generation: str
+    ttl_ms: int
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    status: str = WORKING
+    message: str | None = None
+    # The call's result as the plain call's wire form, or the JSON-RPC error it ended with.
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    stop: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    runner: asyncio.Task[None] | None = None
+    expiry: asyncio.TimerHandle | None = None
+
+    def touch(self, status: str | None = None, message: str | None = None) -> None:
+        if status is not None:
+            self.status = status
+        if message is not None:
+            self.message = message
+        self.updated = time.time()
+
+    def finish(self, status: str, message: str | None = None) -> None:
+        self.touch(status, message)
+        self.done.set()
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _modern(ctx: ServerRequestContext[Any, Any]) -> bool:
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def declared(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    """The task generation the requesting client declared support for, if any: 2026-07-28 by the
+    extension in this request's capabilities, the handshake generations by `tasks` in the
+    capabilities of `initialize`."""
+    caps = ctx.session.client_capabilities
+    if caps is None:
+        return None
+    if _modern(ctx):
+        return MODERN if EXTENSION in (caps.extensions or {}) else None
+    return LEGACY if caps.tasks is not None else None
+
+
+def owner(ctx: ServerRequestContext[Any, Any]) -> tuple[Any, ...]:
+    """Whose task this is. stdio: the one client of this process. HTTP: the bearer token, and
+    for the handshake generation also the session (a 2026-07-28 client has none)."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return ("stdio",)
+    token = hashlib.sha256(headers.get("authorization", "").encode("latin-1", "replace")).hexdigest()
+    return ("http", token, None if _modern(ctx) else headers.get("mcp-session-id"))
+
+
+# Where a handshake-era task handle travels from the tools/call handler to the middleware
+# (TaskMiddleware): the SDK checks a handler's tools/call result against that era's
+# CallToolResult, which a CreateTaskResult is not.
+_LEGACY_HANDLE: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "wisp_legacy_task_handle", default=None
+)
+
+
+class _UpdateParams(RequestParams):
+    task_id: str
+    input_responses: dict[str, Any] | None = None
+
+
+class Tasks:
+    """Every task of one wisp, by owner."""
+
+    def __init__(self, limits: TaskLimits, placement: Callable[[str | None], Awaitable[tuple[str, bool]]]) -> None:
+        self.limits = limits
+        self._placement = placement
+        self._tasks: dict[str, Task] = {}
+        self._held: dict[tuple[Any, ...], int] = {}
+
+    # --- the rule and the handle ---------------------------------------------------------
+
+    def wanted(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> str | None:
+        """The generation under which this call may become a task (None: plain). Only `respond`
+        runs as a task; the other tools' taskSupport is "forbidden", and asking for one as a task
+        is answered as the 2025-11-25 spec says."""
+        generation = declared(ctx)
+        if generation == LEGACY and params.task is None:
+            return None  # declared, but asked for a plain call
+        if params.name != "respond":
+            if generation == LEGACY:
+                raise MCPError(METHOD_NOT_FOUND, (
+                    f"{params.name} does not run as a task (its execution.taskSupport is forbidden): "
+                    "call it without `task`"
+                ))
+            return None
+        return generation
+
+    async def decide(self, thread_id: str | None) -> bool:
+        """The 2026-07-28 rule, where the server decides: a task when the call cannot start at
+        once (another call on its thread runs or waits) or when a model, not echo, answers it."""
+        try:
+            backend, behind = await self._placement(thread_id)
+        except errors.ShimError:
+            return False  # no core to run it: the plain call says why, as a tool error
+        return behind or backend != "echo"
+
+    async def call(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams, generation: str,
+                   job: Job[Any]) -> CallToolResult | dict[str, Any]:
+        prepared = await job.prepare()
+        if isinstance(prepared, CallToolResult):
+            if generation == MODERN:
+                return prepared  # refused before it reached a model: nothing to wait for
+        elif generation == MODERN and not await self.decide(job.thread_id(prepared)):
+            return await job.run(prepared, job.plain_progress, None, None)
+        # 2026-07-28 ignores a `task` on the call (that generation has none): wisp's ttl applies.
+        ttl = params.task.ttl if generation == LEGACY and params.task is not None else None
+        task = self._create(owner(ctx), generation, ttl)
+        # The handle shows the task as created (a task begins `working`), however soon it ends.
+        seed = self._task_fields(task, generation, detail=False)
+        if isinstance(prepared, CallToolResult):
+            self._settle(task, prepared)
+        else:
+            token = ctx.meta.get("progress_token") if ctx.meta else None
+            queued = asyncio.Event()
+            task.runner = asyncio.get_running_loop().create_task(
+                self._run(task, job, prepared, self._progress(ctx, task, token), queued.set),
+                name=f"wisp task {task.id[:8]}",
+            )
+            # The handle goes out once the call has its place in its thread's queue.
+            waiter = asyncio.get_running_loop().create_task(queued.wait())
+            try:
+                await asyncio.wait((waiter, task.runner), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                # The tools/call itself was cancelled: no one will ever know this task's id.
+                if not task.stop.done():
+                    task.stop.set_result(None)
+                self._forget(task)
+                raise
+            finally:
+                waiter.cancel()
+        log.info("task %s… created (%s, ttl %d ms)", task.id[:8], generation, task.ttl_ms)
+        if generation == MODERN:
+            return {"resultType": "task", **seed}
+        box = _LEGACY_HANDLE.get()
+        if box is None:
+            raise MCPError(INTERNAL_ERROR, "wisp's task middleware is not installed")
+        box.append({
+            "task": seed,
+            "_meta": {IMMEDIATE_RESPONSE: (
+                f"wisp is running this respond call in the background as task {task.id}; "
+                "its result (the reply and thread_id) comes when the task completes."
+            )},
+        })
+        return CallToolResult(content=[])  # replaced by the handle above (TaskMiddleware)
+
+    def _create(self, who: tuple[Any, ...], generation: str, ttl_ms: int | None) -> Task:
+        held = self._held.get(who, 0)
+        kept = "running, or finished with a result kept until its ttl"
+        if held >= self.limits.per_client:
+            full = f"this client holds {held} tasks ({kept}), wisp's limit per client (WISP_MAX_TASKS)"
+        elif len(self._tasks) >= MAX_TASKS_TOTAL:
+            full = f"wisp's clients hold {MAX_TASKS_TOTAL} tasks ({kept}), its limit for all clients together"
+        else:
+            full = None
+        if full is not None:
+            raise MCPError(TOO_MANY_TASKS, (
+                f"{full}; this call was not started. Collect or cancel earlier tasks, wait for their ttl to pass, "
+                "or call without a task."
+            ))
+        most_ms = int(self.limits.ttl_s * 1000)
+        ttl = most_ms if ttl_ms is None else max(MIN_TTL_MS, min(int(ttl_ms), most_ms))
+        task = Task(secrets.token_urlsafe(24), who, generation, ttl)
+        self._tasks[task.id] = task
+        self._held[who] = held + 1
+        task.expiry = asyncio.get_running_loop().call_later(ttl / 1000, self._expire, task)
+        return task
+
+    def _forget(self, task: Task) -> None:
+        if self._tasks.pop(task.id, None) is None:
+            return
+        left = self._held.get(task.owner, 1) - 1
+        if left:
+            self._held[task.owner] = left
+        else:
+            self._held.pop(task.owner, None)
+        if task.expiry is not None:
+            task.expiry.cancel()
+        task.result = task.error = None
+
+    def _expire(self, task: Task) -> None:
+        log.info("task %s… expired (%s)", task.id[:8], task.status)
+        if task.status not in TERMINAL and not task.stop.done():
+            task.stop.set_result(None)  # no one can collect it any more: the model may stop
+        self._forget(task)
+
+    # --- running ------------------------------------------------------------------------
+
+    def _progress(self, ctx: ServerRequestContext[Any, Any], task: Task,
+                  token: str | int | None) -> Callable[[float, str], Awaitable[None]]:
+        session = ctx.session
+        tagged = token is not None and task.generation == LEGACY
+
+        async def send(value: float, message: str) -> None:
+            task.touch(message=message)
+            if tagged:
+                # The call's own request has been answered: its stream is gone, so this goes on
+                # the connection's (stdio: stdout; HTTP: the session's GET stream).
+                await session.send_notification(ProgressNotification(params=ProgressNotificationParams(
+                    progress_token=token, progress=value, message=message, _meta={RELATED_TASK: {"taskId": task.id}},
+                )))
+
+        return send
+
+    async def _run(self, task: Task, job: Job[Any], prepared: Any, progress: Callable[[float, str], Awaitable[None]],
+                   queued: Callable[[], None]) -> None:
+        try:
+            result = await job.run(prepared, progress, task.stop, queued)
+        except Exception as exc:  # the tool's own errors are results; this is a bug
+            log.exception("task %s… failed", task.id[:8])
+            task.error = {"code": INTERNAL_ERROR, "message": f"wisp failed unexpectedly ({type(exc).__name__}: {exc})"}
+            task.finish(FAILED, task.error["message"])
+            return
+        self._settle(task, result)
+
+    def _settle(self, task: Task, result: CallToolResult) -> None:
+        text = "\n".join(b.text for b in result.content if isinstance(b, TextContent))
+        if result.is_error and task.stop.done() and text.startswith(f"{errors.CANCELLED}:"):
+            task.finish(CANCELLED, "The task was cancelled; the call's turn was not kept.")
+            return
+        dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        task.result = wire.serialize_server_result("tools/call", task.generation, dumped)
+        if result.is_error:
+            # 2025-11-25: a tool error fails the task; 2026-07-28: it completes with that result.
+            task.finish(FAILED if task.generation == LEGACY else COMPLETED, text[:200])
+        else:
+            task.finish(COMPLETED, "The call completed.")
+
+    # --- the tasks/* methods --------------------------------------------------------------
+
+    def _find(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> Task:
+        task = self._tasks.get(task_id)
+        if task is None or task.owner != owner(ctx):
+            raise MCPError(INVALID_PARAMS, (
+                "Failed to retrieve task: no task with this id (wisp keeps a task until its ttl, in memory only: "
+                "it is unknown, expired, another client's, or was lost when wisp restarted)"
+            ))
+        return task
+
+    def _check(self, ctx: ServerRequestContext[Any, Any], method: str, task_id: str | None = None) -> str:
+        """The generation a tasks/* request is served under, or the error that answers it."""
+        generation = declared(ctx)
+        modern = _modern(ctx)
+        if modern and method in ("tasks/result", "tasks/list") or not modern and method == "tasks/update":
+            raise MCPError(METHOD_NOT_FOUND, "Method not found", method)
+        if generation is None:
+            if modern:
+                raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY, "Missing required client capability",
+                               {"requiredCapabilities": {"extensions": {EXTENSION: {}}}})
+            raise MCPError(METHOD_NOT_FOUND, "Method not found", method)  # as to a client that never asked
+        headers = getattr(ctx.request, "headers", None)
+        if modern and task_id is not None and headers is not None:
+            name = headers.get("mcp-name")
+            if name is not None and name != task_id:
+                raise MCPError(HEADER_MISMATCH, "Mcp-Name header does not match the request's taskId")
+        return generation
+
+    def _task_fields(self, task: Task, generation: str, detail: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"taskId": task.id, "status": task.status}
+        if task.message:
+            out["statusMessage"] = task.message
+        out["createdAt"], out["lastUpdatedAt"] = _iso(task.created), _iso(task.updated)
+        if generation == MODERN:
+            out["ttlMs"], out["pollIntervalMs"] = task.ttl_ms, POLL_INTERVAL_MS
+            if detail and task.status == COMPLETED and task.result is not None:
+                out["result"] = task.result
+            elif detail and task.status == FAILED and task.error is not None:
+                out["error"] = task.error
+        else:
+            out["ttl"], out["pollInterval"] = task.ttl_ms, POLL_INTERVAL_MS
+        return out
+
+    async def get(self, ctx: ServerRequestContext[Any, Any], params: GetTaskRequestParams) -> dict[str, Any]:
+        generation = self._check(ctx, "tasks/get", params.task_id)
+        task = self._find(ctx, params.task_id)
+        fields = self._task_fields(task, generation)
+        return {"resultType": "complete", **fields} if generation == MODERN else fields
+
+    async def result(self, ctx: ServerRequestContext[Any, Any], params: GetTaskPayloadRequestParams) -> dict[str, Any]:
+        self._check(ctx, "tasks/result", params.task_id)
+        task = self._find(ctx, params.task_id)
+        await task.done.wait()
+        related = {RELATED_TASK: {"taskId": task.id}}
+        if task.status == CANCELLED:
+            raise MCPError(TASK_CANCELLED, "The task was cancelled; the call's turn was not kept.", related)
+        if task.result is None:
+            error = task.error or {"code": INTERNAL_ERROR, "message": "the task's result was freed (its ttl passed)"}
+            raise MCPError(error["code"], error["message"], related)
+        return {**task.result, "_meta": {**task.result.get("_meta", {}), **related}}
+
+    async def list(self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams) -> dict[str, Any]:
+        generation = self._check(ctx, "tasks/list")
+        mine = [t for t in self._tasks.values() if t.owner == owner(ctx)]
+        start = 0
+        if params.cursor is not None:
+            found = next((i for i, t in enumerate(mine) if t.id == params.cursor), None)
+            if found is None:
+                raise MCPError(INVALID_PARAMS, "Invalid cursor: it names no task of this client (it may have expired)")
+            start = found
+        page = mine[start:start + TASKS_PER_PAGE]
+        out: dict[str, Any] = {"tasks": [self._task_fields(t, generation) for t in page]}
+        if start + TASKS_PER_PAGE < len(mine):
+            out["nextCursor"] = mine[start + TASKS_PER_PAGE].id
+        return out
+
+    async def cancel(self, ctx: ServerRequestContext[Any, Any], params: CancelTaskRequestParams) -> dict[str, Any]:
+        generation = self._check(ctx, "tasks/cancel", params.task_id)
+        task = self._find(ctx, params.task_id)
+        if task.status not in TERMINAL:
+            if not task.stop.done():
+                task.stop.set_result(None)
+            # The core's verdict: cancelled (the turn not kept), or the result that came first.
+            await task.done.wait()
+        if generation == MODERN:
+            return {}
+        if task.status != CANCELLED:
+            raise MCPError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status '{task.status}'")
+        return self._task_fields(task, generation)
+
+    async def update(self, ctx: ServerRequestContext[Any, Any], params: _UpdateParams) -> dict[str, Any]:
+        self._check(ctx, "tasks/update", params.task_id)
+        self._find(ctx, params.task_id)
+        return {}  # a respond task never asks its client for input: every response is for no request
+
+    def install(self, server: Any) -> None:
+        """The tasks/* methods and the middleware on the SDK's low-level Server."""
+        server.add_request_handler("tasks/get", GetTaskRequestParams, self.get)
+        server.add_request_handler("tasks/result", GetTaskPayloadRequestParams, self.result)
+        server.add_request_handler("tasks/list", PaginatedRequestParams, self.list)
+        server.add_request_handler("tasks/cancel", CancelTaskRequestParams, self.cancel)
+        server.add_request_handler("tasks/update", _UpdateParams, self.update)
+        server.extensions[EXTENSION] = {}
+        server.middleware.append(TaskMiddleware())
+
+
+class TaskMiddleware:
+    """What the handshake generation's tasks need around the SDK's handlers: `initialize` and
+    `tools/list` tell a client that declared tasks that wisp has them (and only such a client:
+    the others see what they always saw), and a task-augmented `tools/call` answers with its
+    handle (CreateTaskResult) in place of the tool result the SDK expects there."""
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        method = ctx.method
+        if method == "tools/call":
+            box: list[dict[str, Any]] = []
+            reset = _LEGACY_HANDLE.set(box)
+            try:
+                result = await call_next(ctx)
+            finally:
+                _LEGACY_HANDLE.reset(reset)
+            return box[0] if box else result
+        result = await call_next(ctx)
+        if _modern(ctx) or not isinstance(result, dict):
+            return result
+        if method == "initialize":
+            caps = (ctx.params or {}).get("capabilities")
+            declares = isinstance(caps, dict) and isinstance(caps.get("tasks"), dict)
+            if declares and isinstance(result.get("capabilities"), dict):
+                result = {**result, "capabilities": {**result["capabilities"], "tasks": LEGACY_CAPABILITY}}
+        elif method == "tools/list" and declared(ctx) == LEGACY and isinstance(result.get("tools"), list):
+            result = {**result, "tools": [
+                {**t, "execution": TASK_SUPPORT} if isinstance(t, dict) and t.get("name") == "respond" else t
+                for t in result["tools"]
+            ]}
+        return result

@@ -1,0 +1,390 @@
+import Foundation
+import WispInfrastructure
+
+/// Durable threads (`--state-dir`) in one SQLite database, `threads.db` (schema: `StoreSchema`).
+///
+/// - WAL journal, `synchronous = FULL`: a turn is one transaction, and in WAL mode FULL syncs the
+///   log at every commit, so the turn is on disk (a power cut keeps it) before its reply is sent.
+///   NORMAL would sync only at checkpoints: a kill -9 keeps every commit, a power cut may not.
+/// - A lease (`ThreadStore`) is this process's `LeaseTable` entry plus a byte-range lock on one
+///   byte of `threads.leases` (`StateDirectory`), which the kernel drops when a process dies, so
+///   no lease outlives its holder. Writers of different threads wait for each other only inside
+///   SQLite's write lock (one transaction, milliseconds; `busyTimeout` at most).
+/// - The database is opened once, at start, through the directory `StateDirectory` checked; its
+///   files are then reached only through SQLite's open descriptors (WAL kept on close, so that
+///   closing removes nothing by path), and every write first checks the directory's path still
+///   names it.
+/// - A write that fails (a read-only or full disk, I/O errors, the directory replaced) sets the
+///   store aside for `StoreHealth.retryInterval`: the thread keeps its turn in memory and its
+///   reply says so (`store_error`); reads go on. A damaged database, or one a newer wisp wrote, is
+///   moved aside (`threads.db.damaged-…`, `.newer-…`) and threads are served in memory.
+/// - Values read are bounded: SQLite's length limit caps a string or row at `maxValueBytes`, a
+///   turn's token count out of range is estimated again, counts and totals never overflow.
+/// - Every call that touches the disk runs off the pipe loop, through `blocking` alone.
+public final class SQLiteThreadStore: ThreadStore {
+    public static let fileName = "threads.db"
+    /// The most one stored string or row may hold: a turn comes through the pipe's frame limit.
+    static let maxValueBytes: Int32 = 64 * 1024 * 1024
+    /// How long a writer waits for another process's transaction.
+    static let busyTimeoutMs: Int32 = 5000
+
+    public var location: String { directory.path }
+    public let maxStored: Int
+    let directory: StateDirectory
+    private let db: Exclusive<SQLiteDatabase>
+    private let fullText: Bool
+    private let log: Log
+    private let health: StoreHealth
+    private let leases = LeaseTable()
+    /// Threads closed while the store could not be written: not read, and deleted once it can be.
+    private let closedMeanwhile = Locked<Set<String>>([])
+    /// Why the database cannot be trusted since it turned out damaged under this running wisp.
+    private let broken = Locked<String?>(nil)
+
+    /// Opens (creating if needed) the state dir and its database, and imports earlier wisps'
+    /// thread files (once each). Throws, saying why, when neither can be used.
+    public init(directory path: String, maxStored: Int, log: Log) throws(WispError) {
+        let directory = try StateDirectory(path)
+        self.directory = directory
+        self.maxStored = max(1, maxStored)
+        self.log = log
+        let dir = directory.path
+        health = StoreHealth { why in
+            log(.error, "state dir \(dir) failed: \(why); threads are served in memory until it works again "
+                + "(tried every \(StoreHealth.retryInterval))")
+        }
+        let opened: (SQLiteDatabase, Bool)
+        do {
+            opened = try Self.open(directory)
+        } catch {
+            if error.message.hasPrefix(Self.newer) {
+                throw Self.setAside(directory, tag: "newer", "was written by \(error.message)", log)
+            }
+            if error.isDamaged { throw Self.setAside(directory, tag: "damaged", "is damaged (\(error.message))", log) }
+            throw StateDirectory.unusable(dir, "its database \(Self.fileName) cannot be opened: \(error.message)")
+        }
+        db = Exclusive(opened.0)
+        fullText = opened.1
+        ThreadFiles.importAll(from: directory, into: self, log: log)
+    }
+
+    private static func open(_ directory: StateDirectory) throws(SQLiteError) -> (SQLiteDatabase, Bool) {
+        directory.createPrivate(fileName)
+        let db = try SQLiteDatabase(path: directory.path + "/" + fileName, create: true, maxLength: maxValueBytes,
+                                    busyTimeoutMs: busyTimeoutMs)
+        guard directory.agrees(fileName) else { throw .cannotOpen("the directory changed while it was opened") }
+        db.persistWAL()
+        try db.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL")
+        switch try StoreSchema.prepare(db) {
+        case .ready(let fullText): return (db, fullText)
+        case .newer(let version):
+            throw .unusable("\(newer) (schema \(version); this wisp reads up to \(StoreSchema.version))")
+        }
+    }
+
+    private static let newer = "a newer wisp"
+
+    /// A database that cannot be trusted, moved aside with its WAL files; the error says so.
+    private static func setAside(_ directory: StateDirectory, tag: String, _ why: String, _ log: Log) -> WispError {
+        let moved = [fileName, fileName + "-wal", fileName + "-shm"].map { directory.moveAside($0, tag: tag) }
+        let fate: String = switch moved[0] {
+        case .success(let aside): "it was moved aside to \(aside)"
+        case .failure(let e): e.message
+        }
+        log(.error, "state dir \(directory.path): \(fileName) \(why); \(fate)")
+        return StateDirectory.unusable(directory.path, "its database \(fileName) \(why); \(fate)")
+    }
+
+    public var trouble: String? { broken.withLock { $0 } ?? health.trouble }
+
+    /// The one place this store's blocking work leaves the pipe loop.
+    private func blocking<T: Sendable>(_ work: @Sendable () async throws(WispError) -> T) async throws(WispError) -> T {
+        try await offPipeLoop(work)
+    }
+
+    /// `body` on the connection. A damaged database is set aside for good: threads are served in
+    /// memory from then on.
+    private func withDB<T: Sendable>(_ body: (SQLiteDatabase) throws(SQLiteError) -> T) throws(WispError) -> T {
+        if let why = broken.withLock({ $0 }) { throw WispError(.internal, inMemoryNote(why)) }
+        do {
+            return try db.withLock { (db: inout sending SQLiteDatabase) throws(SQLiteError) -> T in try body(db) }
+        } catch {
+            guard error.isDamaged else { throw WispError(.internal, error.message) }
+            let first = broken.withLock { b -> Bool in defer { b = b ?? "its database is damaged" }; return b == nil }
+            if first { _ = Self.setAside(directory, tag: "damaged", "is damaged (\(error.message))", log) }
+            throw WispError(.internal, inMemoryNote("its database is damaged"))
+        }
+    }
+
+    /// A write, unless the store is set aside; one that fails sets it aside.
+    private func write<T: Sendable>(_ body: (SQLiteDatabase) throws(SQLiteError) -> T) throws(WispError) -> T {
+        if let why = directory.replaced() {
+            health.failed("\(why); nothing is read from or written to what the path names now, restart wisp to use it")
+        }
+        guard health.mayTry, directory.replaced() == nil else {
+            throw WispError(.internal, inMemoryNote(trouble ?? "it failed"))
+        }
+        do {
+            let value = try withDB(body)
+            if health.worked() { recovered() }
+            return value
+        } catch {
+            if broken.withLock({ $0 }) == nil { health.failed(error.message) }
+            throw WispError(.internal, inMemoryNote(trouble ?? error.message))
+        }
+    }
+
+    /// Writable again: threads closed meanwhile are deleted now.
+    private func recovered() {
+        log(.info, "state dir \(location) is usable again: threads are stored again from their next turn")
+        for id in closedMeanwhile.withLock({ $0 }) where leases.tryTake(id) {
+            defer { leases.release(id) }
+            guard directory.lockShare(id) else { continue }
+            defer { directory.unlockShare(id) }
+            if (try? withDB({ db throws(SQLiteError) -> Bool in try Self.remove(id, db); return true })) == true {
+                _ = closedMeanwhile.withLock { $0.remove(id) }
+            }
+        }
+    }
+
+    // MARK: the seam
+
+    public func lease(_ id: String) async throws(WispError) -> any ThreadLease {
+        try await blocking { () async throws(WispError) -> any ThreadLease in
+            try await self.leases.take(id, busy: self.busy, alsoTake: { self.directory.lockShare(id) })
+            return Lease(id: id, store: self)
+        }
+    }
+
+    private func busy(_ id: String) -> WispError {
+        WispError(.busy, "thread '\(id)' is in use by another call or another wisp process sharing state dir "
+                  + "\(location) (its lease was held for \(LeaseTable.wait)); try again when that call has finished, "
+                  + "or use another thread")
+    }
+
+    public func summaries(matching query: String?, limit: Int) async -> [ThreadSummary] {
+        let words = Self.words(query)
+        let hidden = closedMeanwhile.withLock { $0 }
+        let found = try? await blocking { () throws(WispError) -> [ThreadSummary] in
+            try self.withDB { db throws(SQLiteError) in
+                try StoreSchema.summaries(db, fullText: self.fullText, words: words, limit: limit)
+            }
+        }
+        return (found ?? []).filter { !hidden.contains($0.id) }
+    }
+
+    private static func remove(_ id: String, _ db: SQLiteDatabase) throws(SQLiteError) {
+        try db.transaction { () throws(SQLiteError) in
+            try db.query("DELETE FROM turns WHERE thread_id = ?", [.text(id)])
+            try db.query("DELETE FROM threads WHERE id = ?", [.text(id)])
+        }
+    }
+
+    // MARK: reading and writing one thread (under its lease)
+
+    fileprivate func load(_ id: String, unlessAt seen: StoreVersion?) throws(WispError) -> Loaded {
+        if closedMeanwhile.withLock({ $0.contains(id) }) { return .none }
+        let read: Result<Loaded, Unreadable>
+        do {
+            read = try withDB { db throws(SQLiteError) in try Self.read(db, id, unlessAt: seen) }
+        } catch {
+            return .unavailable(error.message)
+        }
+        switch read {
+        case .success(let loaded): return loaded
+        case .failure(let e): throw corrupt(id, e.why)
+        }
+    }
+
+    private static func read(_ db: SQLiteDatabase, _ id: String,
+                             unlessAt seen: StoreVersion?) throws(SQLiteError) -> Result<Loaded, Unreadable> {
+        var head: (Int64, String?, String, String)?
+        try db.query("SELECT version, instructions, tools, roots FROM threads WHERE id = ?", [.text(id)]) { r in
+            head = (r.int(0) ?? -1, r.text(1), r.text(2) ?? "", r.text(3) ?? "")
+        }
+        guard let (version, instructions, toolsText, rootsText) = head else { return .success(.none) }
+        if version == seen?.value { return .success(.unchanged) }
+        var history: [Turn] = []
+        var bad: String?
+        let turns = "SELECT prompt, tool_exchanges, response, reasoning, tokens, structured FROM turns "
+            + "WHERE thread_id = ? ORDER BY seq"
+        try db.query(turns, [.text(id)]) { r in
+            guard bad == nil else { return }
+            guard let prompt = r.text(0), let response = r.text(2),
+                  let exchanges = try? StoreSchema.exchanges(r.text(1)) else {
+                bad = "its turn \(history.count + 1) does not read"
+                return
+            }
+            history.append(.stored(prompt: prompt, toolExchanges: exchanges, response: response, reasoning: r.text(3),
+                                   tokens: r.int(4) ?? -1, structured: r.int(5) == 1))
+        }
+        if let bad { return .failure(Unreadable(why: bad)) }
+        guard let tools = try? StoreSchema.strings(toolsText), let roots = try? StoreSchema.strings(rootsText) else {
+            return .failure(Unreadable(why: "its tools or roots do not read"))
+        }
+        let thread = StoredThread(instructions: instructions, tools: tools, roots: roots, history: history)
+        return .success(.loaded(thread, StoreVersion(version)))
+    }
+
+    struct Unreadable: Error { let why: String }
+
+    /// A stored thread that does not read (or cannot be given its tools), moved aside inside the
+    /// database under an id no call can name (`!corrupt-<time>-<random>:<id>`), kept for a person
+    /// to look at; the error of the call that found it says so, and the id starts afresh.
+    func corrupt(_ id: String, _ why: String) -> WispError {
+        let aside = "!corrupt-\(Int(Date().timeIntervalSince1970))-\(UInt32.random(in: 0...UInt32.max)):\(id)"
+        let moved = (try? withDB { db throws(SQLiteError) -> Bool in
+            try db.transaction { () throws(SQLiteError) -> Bool in
+                try db.query("UPDATE turns SET thread_id = ? WHERE thread_id = ?", [.text(aside), .text(id)])
+                try db.query("UPDATE threads SET id = ? WHERE id = ?", [.text(aside), .text(id)])
+                return true
+            }
+        }) == true
+        let fate = moved ? "it was moved aside in \(location)/\(Self.fileName) as '\(aside)'" : "moving it aside failed"
+        log(.error, "stored thread '\(id)' is unreadable: \(why); \(fate)")
+        return WispError(.internal, "stored thread '\(id)' could not be read: \(why); \(fate). "
+                         + "Call respond again to start thread '\(id)' afresh.")
+    }
+
+    fileprivate func commit(_ id: String, _ thread: StoredThread, kept: Int, after seen: StoreVersion?, usage: Usage,
+                            written: Double = Date().timeIntervalSince1970) throws(WispError) -> StoreVersion {
+        let version = try write { db throws(SQLiteError) -> Int64 in
+            try db.transaction { () throws(SQLiteError) -> Int64 in
+                try self.store(db, id, thread, kept: kept, after: seen, usage: usage, at: written)
+            }
+        }
+        _ = closedMeanwhile.withLock { $0.remove(id) }
+        return StoreVersion(version)
+    }
+
+    /// One thread's write, inside the caller's transaction.
+    private func store(_ db: SQLiteDatabase, _ id: String, _ thread: StoredThread, kept: Int, after seen: StoreVersion?,
+                       usage: Usage, at now: Double) throws(SQLiteError) -> Int64 {
+        var old: (version: Int64, created: Double, turns: Int64, usage: Usage)?
+        let head = "SELECT version, created_at, turns, input_tokens, output_tokens, reasoning_tokens "
+            + "FROM threads WHERE id = ?"
+        try db.query(head, [.text(id)]) { r in
+            old = (r.int(0) ?? -1, r.double(1) ?? now, r.int(2) ?? 0, StoreSchema.usage(r, from: 3))
+        }
+        // Only the turns after `kept` are written when the stored thread is the one the holder saw.
+        let from = old.map { $0.version == seen?.value && kept >= 0 && Int64(kept) <= $0.turns } == true ? kept : 0
+        try db.query("DELETE FROM turns WHERE thread_id = ? AND seq >= ?", [.text(id), .int(Int64(from))])
+        for (seq, turn) in thread.history.enumerated().dropFirst(from) {
+            try db.query("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
+                .text(id), .int(Int64(seq)), .text(turn.prompt), .text(turn.response),
+                turn.reasoning.map { .text($0) } ?? .null,
+                .int(Int64(turn.tokens)), StoreSchema.json(turn.toolExchanges).map { .text($0) } ?? .null,
+                .int(turn.structured ? 1 : 0),
+            ])
+        }
+        var version: Int64 = 0
+        try db.query("UPDATE clock SET now = now + 1 RETURNING now") { r in version = r.int(0) ?? 0 }
+        let totals = old.map { StoreSchema.add($0.usage, usage) } ?? usage
+        func count(_ n: Int?) -> SQLiteValue { n.map { .int(Int64($0)) } ?? .null }
+        try db.query("INSERT OR REPLACE INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+            .text(id), .int(version), thread.instructions.map { .text($0) } ?? .null,
+            .text(StoreSchema.json(thread.tools)), .text(StoreSchema.json(thread.roots)),
+            .int(Int64(thread.history.count)), .double(old?.created ?? now), .double(now),
+            .text(ThreadSummary.preview(thread.history.first?.prompt ?? "")),
+            .text(ThreadSummary.preview(thread.history.last?.response ?? "")),
+            count(totals.inputTokens), count(totals.outputTokens), count(totals.reasoningTokens),
+        ])
+        if old == nil { try enforceCap(db, keeping: id) }
+        return version
+    }
+
+    /// Deletes the least recently updated threads over `maxStored`, skipping any a call holds
+    /// (here or in another process).
+    private func enforceCap(_ db: SQLiteDatabase, keeping id: String) throws(SQLiteError) {
+        var count: Int64 = 0
+        try db.query("SELECT count(*) FROM threads WHERE id NOT LIKE '!%'") { r in count = r.int(0) ?? 0 }
+        guard count > Int64(maxStored) else { return }
+        var victims: [String] = []
+        try db.query("SELECT id FROM threads WHERE id NOT LIKE '!%' AND id != ? ORDER BY updated_at LIMIT ?",
+                     [.text(id), .int(count - Int64(maxStored) + 16)]) { r in
+            if let v = r.text(0) { victims.append(v) }
+        }
+        var excess = count - Int64(maxStored)
+        for victim in victims where excess > 0 && leases.tryTake(victim) {
+            defer { leases.release(victim) }
+            guard directory.lockShare(victim) else { continue }
+            defer { directory.unlockShare(victim) }
+            try db.query("DELETE FROM turns WHERE thread_id = ?", [.text(victim)])
+            try db.query("DELETE FROM threads WHERE id = ?", [.text(victim)])
+            log(.info, "stored thread '\(victim)' deleted: over --max-stored-threads \(maxStored), least recently used")
+            excess -= 1
+        }
+    }
+
+    /// An earlier wisp's thread, stored whole once (its file is then marked imported).
+    func importThread(_ id: String, _ thread: StoredThread, written: Double, file: String) throws(WispError) {
+        _ = try withDB { db throws(SQLiteError) in
+            try db.transaction { () throws(SQLiteError) in
+                var done = false
+                try db.query("SELECT 1 FROM imported WHERE name = ?", [.text(file)]) { _ in done = true }
+                guard !done else { return }
+                let none = Usage(inputTokens: 0, outputTokens: 0, reasoningTokens: 0)
+                _ = try self.store(db, id, thread, kept: 0, after: nil, usage: none, at: written)
+                try db.query("INSERT INTO imported VALUES (?, ?)", [.text(file), .double(Date().timeIntervalSince1970)])
+            }
+        }
+    }
+
+    /// Whether the earlier wisp's file `name` was imported already.
+    func wasImported(_ name: String) -> Bool {
+        var done = false
+        _ = try? withDB { db throws(SQLiteError) in
+            try db.query("SELECT 1 FROM imported WHERE name = ?", [.text(name)]) { _ in done = true }
+        }
+        return done
+    }
+
+    fileprivate func deleteStored(_ id: String) throws(WispError) -> Bool {
+        var existed = false
+        do {
+            try write { db throws(SQLiteError) in
+                try db.query("SELECT 1 FROM threads WHERE id = ?", [.text(id)]) { _ in existed = true }
+                try Self.remove(id, db)
+            }
+        } catch {
+            // Deleted once the store can be written; not read meanwhile.
+            _ = try? withDB { db throws(SQLiteError) in
+                try db.query("SELECT 1 FROM threads WHERE id = ?", [.text(id)]) { _ in existed = true }
+            }
+            if existed { closedMeanwhile.withLock { _ = $0.insert(id) } }
+            return existed
+        }
+        _ = closedMeanwhile.withLock { $0.remove(id) }
+        return existed
+    }
+
+    private final class Lease: ThreadLease {
+        let id: String
+        let store: SQLiteThreadStore
+        init(id: String, store: SQLiteThreadStore) { self.id = id; self.store = store }
+
+        func load(unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded {
+            try await store.blocking { () throws(WispError) -> Loaded in try self.store.load(self.id, unlessAt: seen) }
+        }
+
+        func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
+                    usage: Usage) async throws(WispError) -> StoreVersion {
+            try await store.blocking { () throws(WispError) -> StoreVersion in
+                try self.store.commit(self.id, thread, kept: kept, after: seen, usage: usage)
+            }
+        }
+
+        func delete() async throws(WispError) -> Bool {
+            try await store.blocking { () throws(WispError) -> Bool in try self.store.deleteStored(self.id) }
+        }
+
+        func setAside(_ why: String) async -> WispError {
+            await offPipeLoop { self.store.corrupt(self.id, why) }
+        }
+
+        func release() async {
+            store.directory.unlockShare(id)
+            store.leases.release(id)
+        }
+    }
+}
