@@ -26,7 +26,7 @@ core:
 	swift build -c release --product wisp-core
 
 ## facts: copy what the core states of itself (`wisp-core --facts`: pipe version, frame limit, backends,
-# flag minimums, thread-id rule, reasoning levels, model tools, error codes) into the shim's
+# flag ranges, thread-id rule, reasoning levels, model tools, error codes) into the shim's
 # python/wisp_shim/core_facts.json; tests/python/test_agreement.py fails while the copy is stale
 facts: core
 	$(CORE) --facts | $(PYTHON) -m json.tool --indent 2 > python/wisp_shim/core_facts.json
@@ -123,7 +123,8 @@ fuzz: venv core
 		swift/WispInfrastructure/Support/OutsideNumber.swift swift/WispInfrastructure/HTTP/SSELineSplitter.swift \
 		-emit-module-path $(FUZZ_OUT)/WispInfrastructure.swiftmodule -o $(FUZZ_OUT)/libWispInfrastructure.a
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/FrameFuzz.swift \
-		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
+		swift/WispCore/Pipe/Requests.swift swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift \
+		swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
 		$(FUZZ_OUT)/libWispInfrastructure.a -module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
 	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/OpenAIFuzz.swift \

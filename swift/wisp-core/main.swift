@@ -72,8 +72,11 @@ let stdoutLock = Mutex(())
     }
 }
 
-let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots, allowHardLinks: config.allowHardLinks)
-if roots.paths.count < max(1, config.roots.count) { log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)") }
+let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots,
+                  allowHardLinks: config.allowHardLinks)
+if roots.paths.count < max(1, config.roots.count) {
+    log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)")
+}
 var store: SQLiteThreadStore?
 var storeError: String?
 if let dir = config.stateDir {

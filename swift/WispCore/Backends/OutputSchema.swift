@@ -80,11 +80,17 @@ public struct OutputSchema: Sendable, Equatable {
                 WispError(.invalidArgument, "schema: `\(keyword)` at \(path) \(why)")
             }
             guard depth <= OutputSchema.maxDepth else {
-                throw WispError(.invalidArgument, "schema is nested more than \(OutputSchema.maxDepth) levels deep (at \(path)); use a flatter schema")
+                throw WispError(.invalidArgument,
+                        "schema is nested more than \(OutputSchema.maxDepth) " +
+                        "levels deep (at \(path)); use a flatter schema")
             }
-            guard case .object = s else { throw WispError(.invalidArgument, "schema at \(path) must be an object (a schema)") }
+            guard case .object = s else {
+                throw WispError(.invalidArgument, "schema at \(path) must be an object (a schema)")
+            }
             if let t = s["type"] {
-                guard let name = t.string, let k = Kind(rawValue: name) else { throw bad("type", "must be one of object, array, string, integer, number, boolean, null") }
+                guard let name = t.string, let k = Kind(rawValue: name) else {
+                    throw bad("type", "must be one of object, array, string, integer, number, boolean, null")
+                }
                 kind = k
             } else {
                 kind = nil
@@ -98,9 +104,13 @@ public struct OutputSchema: Sendable, Equatable {
             }
             func branches(_ keyword: String) throws(WispError) -> [Node]? {
                 guard let b = s[keyword] else { return nil }
-                guard let list = b.array, !list.isEmpty else { throw bad(keyword, "must be a non-empty array of schemas") }
+                guard let list = b.array, !list.isEmpty else {
+                    throw bad(keyword, "must be a non-empty array of schemas")
+                }
                 var out: [Node] = []
-                for (k, item) in list.enumerated() { out.append(try Node(item, path: "\(path)/\(keyword)/\(k)", depth: depth + 1)) }
+                for (k, item) in list.enumerated() {
+                    out.append(try Node(item, path: "\(path)/\(keyword)/\(k)", depth: depth + 1))
+                }
                 return out
             }
             anyOf = try branches("anyOf")
@@ -121,7 +131,8 @@ public struct OutputSchema: Sendable, Equatable {
             self.properties = properties
             self.index = index
             if let r = s["required"] {
-                guard let names = r.array, let strings = Optional(names.compactMap(\.string)), strings.count == names.count else {
+                guard let names = r.array, let strings = Optional(names.compactMap(\.string)),
+                      strings.count == names.count else {
                     throw bad("required", "must be an array of property names")
                 }
                 required = strings
@@ -137,7 +148,8 @@ public struct OutputSchema: Sendable, Equatable {
             if let i = s["items"] { items = try Node(i, path: "\(path)/items", depth: depth + 1) } else { items = nil }
             func count(_ keyword: String) throws(WispError) -> Int? {
                 guard let v = s[keyword] else { return nil }
-                guard let n = v.number, n.isInteger, !(n.decimal?.negative ?? true) || (n.decimal?.isZero ?? false) else {
+                guard let n = v.number, n.isInteger,
+                      !(n.decimal?.negative ?? true) || (n.decimal?.isZero ?? false) else {
                     throw bad(keyword, "must be a whole number of items, at least 0")
                 }
                 // Past Int, a bound is beyond any reply: saturated.
@@ -150,7 +162,8 @@ public struct OutputSchema: Sendable, Equatable {
                 do {
                     pattern = (text, try LinearRegex(text, dialect: .ecma))
                 } catch {
-                    throw WispError(.invalidArgument, "schema: `pattern` at \(path) is not a regular expression wisp can use: \(error.message)")
+                    throw WispError(.invalidArgument,
+                            "schema: `pattern` at \(path) is not a regular expression wisp can use: \(error.message)")
                 }
             } else {
                 pattern = nil
@@ -159,12 +172,15 @@ public struct OutputSchema: Sendable, Equatable {
                 guard let v = s[keyword] else { return nil }
                 guard let n = v.number, let d = n.decimal else { throw bad(keyword, "must be a number") }
                 // Echo writes a whole bound out in digits: a number of thousands of digits is no bound anyone means.
-                guard d.magnitude <= 400, d.magnitude >= -400 else { throw bad(keyword, "is \(n.text.prefix(40)), too large or too small a number for wisp") }
+                guard d.magnitude <= 400, d.magnitude >= -400 else {
+                    throw bad(keyword, "is \(n.text.prefix(40)), too large or too small a number for wisp")
+                }
                 return n
             }
             minimum = try bound("minimum")
             maximum = try bound("maximum")
-            echoBytes = Self.echoSize(const: const, choices: choices, first: (anyOf ?? oneOf)?.first, kind: kind, properties: properties,
+            echoBytes = Self.echoSize(const: const, choices: choices, first: (anyOf ?? oneOf)?.first, kind: kind,
+                                      properties: properties,
                                       items: items, minItems: minItems, minimum: minimum)
         }
 
@@ -175,7 +191,8 @@ public struct OutputSchema: Sendable, Equatable {
         private static let cap = Int.max / 4
 
         private static func echoSize(const: JSONValue?, choices: [JSONValue]?, first: Node?, kind: Kind?,
-                                     properties: [(key: String, node: Node)], items: Node?, minItems: Int?, minimum: JSONNumber?) -> Int {
+                                     properties: [(key: String, node: Node)], items: Node?, minItems: Int?,
+                                     minimum: JSONNumber?) -> Int {
             func add(_ a: Int, _ b: Int) -> Int { min(cap, a + b) }
             if let const { return const.jsonText.utf8.count }
             if let first = choices?.first { return first.jsonText.utf8.count }
@@ -188,7 +205,8 @@ public struct OutputSchema: Sendable, Equatable {
                 let (total, overflow) = n.multipliedReportingOverflow(by: each)
                 return overflow ? cap : min(cap, add(total, 1))
             case .string: return 30
-            case .integer, .number: return minimum.map { $0.decimal.map { max($0.magnitude, 0) + $0.digits.count + 3 } ?? 24 } ?? 24
+            case .integer, .number:
+                return minimum.map { $0.decimal.map { max($0.magnitude, 0) + $0.digits.count + 3 } ?? 24 } ?? 24
             default: return 5
             }
         }

@@ -2,9 +2,9 @@ import WispInfrastructure
 
 /// The pipe's messages in JSON, through the core's one codec (WispInfrastructure/JSON/JSON.swift).
 ///
-/// A message's fields are declared once, in its `fields` table (Messages.swift, beside the
-/// struct): the reader and the writer both come from that table, so a new field is its property
-/// and one line there. Reading goes straight into the message's type (no tree is built); a
+/// A message's fields are declared once, in its `fields` table (beside the struct, in
+/// Requests.swift or Messages.swift): the reader and the writer both come from that table, so a
+/// new field is its property and one line there. Reading goes straight into the message's type (no tree is built); a
 /// request's `op` is read first (at once when it is the first key, as the shim writes it) and
 /// picks the table for the rest.
 ///

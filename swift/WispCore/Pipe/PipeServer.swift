@@ -31,7 +31,7 @@ public final class PipeServer: Sendable {
     private let watchdog = Locked<Task<Void, Never>?>(nil)
     /// `read_thread`'s bound on the turns' text when the request gives none.
     static let readThreadBytes = 64 * 1024
-    /// What `max_output_tokens` may be: a token count (the shim's `MAX_OUTPUT_TOKENS`).
+    /// What `max_output_tokens` may be: a token count (stated in the core's facts).
     static let maxOutputTokens = 1...TokenCount.range.upperBound
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
@@ -91,7 +91,8 @@ public final class PipeServer: Sendable {
             // In its own task: a stored thread is read from disk.
             Task {
                 do {
-                    let result = try await registry.read(m.thread_id, last: m.last, maxBytes: m.max_bytes ?? Self.readThreadBytes)
+                    let result = try await registry.read(m.thread_id, last: m.last,
+                                                         maxBytes: m.max_bytes ?? Self.readThreadBytes)
                     write(Reply.success(m.id, result))
                 } catch {
                     fail(m.id, WispError.from(error))
@@ -146,18 +147,21 @@ public final class PipeServer: Sendable {
         }
         if let level = r.options?.reasoning, ReasoningLevel(rawValue: level) == nil {
             let levels = ReasoningLevel.allCases.map(\.rawValue).joined(separator: ", ")
-            return fail(r.id, WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
+            return fail(r.id,
+                        WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
         }
         if let n = r.rewind, n < 1 {
             return fail(r.id, WispError(.invalidArgument, "rewind must be at least 1, got \(n)"))
         }
         if r.rewind != nil, r.thread_id == nil, r.fork_from == nil {
-            return fail(r.id, WispError(.invalidArgument, "rewind takes back turns of an existing thread: name it in thread_id"))
+            return fail(r.id,
+                    WispError(.invalidArgument, "rewind takes back turns of an existing thread: name it in thread_id"))
         }
         // The shim checks it too; the core trusts no number off the pipe (`max_tokens` goes to a server).
         if let n = r.options?.max_output_tokens, !Self.maxOutputTokens.contains(n) {
             let most = Self.maxOutputTokens.upperBound
-            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(most), got \(n)"))
+            return fail(r.id,
+                        WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(most), got \(n)"))
         }
         let deadline = Self.deadline(r.options)
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
@@ -170,7 +174,9 @@ public final class PipeServer: Sendable {
             c.byID[r.id] = CallState(deadline: deadline, admitted: c.phase == .serving)
             return false
         }
-        if known { return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight")) }
+        if known {
+            return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight"))
+        }
         if deadline != nil { startWatchdog() }
 
         // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a
@@ -189,7 +195,8 @@ public final class PipeServer: Sendable {
 
         let acceptance: ThreadRegistry.Acceptance
         do {
-            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots,
+            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools,
+                                                   roots: r.roots,
                                                    forkFrom: r.fork_from, rewinding: r.rewind != nil)
         } catch {
             return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, WispError.from(error))))
@@ -215,8 +222,9 @@ public final class PipeServer: Sendable {
     }
 
     private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance, schema: OutputSchema?) async {
-        let settings = GenerationSettings(temperature: r.options?.temperature, maxOutputTokens: r.options?.max_output_tokens,
-                                          schema: schema, reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
+        let settings = GenerationSettings(temperature: r.options?.temperature,
+                                          maxOutputTokens: r.options?.max_output_tokens, schema: schema,
+                                          reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
         var onPartial: PartialHandler?
         if r.progress == true {
             let id = r.id
@@ -246,7 +254,8 @@ public final class PipeServer: Sendable {
                 }
                 files = FileRequest(paths: paths, roots: roots)
             }
-            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial,
+            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files,
+                                                   settings: settings, onPartial: onPartial,
                                                    rewind: r.rewind ?? 0) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
@@ -268,7 +277,9 @@ public final class PipeServer: Sendable {
             var e = WispError.from(error)
             // Only a call that ended because it was stopped is reported as stopped; one that had
             // already failed for another reason keeps that reason.
-            if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) { e = stoppedError(stop, r, thread.id) }
+            if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) {
+                e = stoppedError(stop, r, thread.id)
+            }
             reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
         await registry.finished(acceptance, committed: committed != nil, usage: committed)
@@ -349,7 +360,13 @@ public final class PipeServer: Sendable {
     /// refuses such a reply before its turn is committed; this is the last guard.
     private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
         guard !Frame.fits(frame) else { return frame }
-        log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(maxFrameBytes)-byte frame limit; sent an error instead")
-        return Frame.encode(ErrorReply.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
+        log(.warning,
+            "request \(id): a reply of \(frame.count - 4) bytes is over " +
+            "the \(maxFrameBytes)-byte frame limit; sent an error instead")
+        return Frame.encode(ErrorReply.failure(id,
+                WispError(.internal,
+                        "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's " +
+                        "\(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter " +
+                        "reply (max_output_tokens), or use a new thread")))
     }
 }

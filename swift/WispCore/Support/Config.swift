@@ -68,7 +68,8 @@ public struct CoreConfig: Sendable, Equatable {
 
     public static let usage = """
     usage: wisp-core [options]   (speaks wisp's pipe protocol on stdin/stdout; started by `python -m wisp_shim`)
-      --backend NAME       \(BackendKind.allCases.map(\.rawValue).joined(separator: " | "))            (WISP_BACKEND, default \(BackendKind.auto.rawValue))
+      --backend NAME       \(BackendKind.allCases.map(\.rawValue).joined(separator: " | "))
+                                                                    (WISP_BACKEND, default \(BackendKind.auto.rawValue))
       --max-threads N      live threads before LRU eviction         (WISP_MAX_THREADS, default \(defaultMaxThreads))
       --max-queue N        calls waiting per thread before `busy`   (WISP_MAX_QUEUE, default \(defaultMaxQueue))
       --context-size N     context window in tokens                 (WISP_CONTEXT_SIZE)
@@ -80,7 +81,8 @@ public struct CoreConfig: Sendable, Equatable {
       --root DIR           directory model tools may read; repeat   (WISP_ROOTS, ':'-separated)
       --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
       --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
-      --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS, default \(defaultMaxStoredThreads))
+      --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS,
+                                                                     default \(defaultMaxStoredThreads))
       --keep-alive D       Ollama: keep the model loaded this long   (WISP_KEEP_ALIVE, default \(defaultKeepAlive);
                            an Ollama duration: 90s, 30m, 2h, -1 for ever)
       --condense-to F      condense down to this share of the context on servers without KV shifting
@@ -121,17 +123,21 @@ public struct CoreConfig: Sendable, Equatable {
             case "keep-alive":
                 guard OllamaKeepAlive(value) != nil else {
                     throw WispError(.invalidArgument,
-                                    "--keep-alive must be an Ollama duration such as 90s, 30m, 2h or -1, got '\(value.prefix(40))'")
+                                    "--keep-alive must be an Ollama duration such as " +
+                                    "90s, 30m, 2h or -1, got '\(value.prefix(40))'")
                 }
                 c.keepAlive = value
             case "condense-to":
                 guard let f = Double(value), f > 0, f < 1 else {
                     throw WispError(.invalidArgument,
-                                    "--condense-to must be a share of the context between 0 and 1, got '\(value.prefix(40))'")
+                                    "--condense-to must be a share of the context " +
+                                    "between 0 and 1, got '\(value.prefix(40))'")
                 }
                 c.condenseTo = f
             case "log-level":
-                guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
+                guard let l = LogLevel(rawValue: value) else {
+                    throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'")
+                }
                 c.logLevel = l
             default: throw WispError(.invalidArgument, "unknown option --\(key)")
             }
@@ -139,7 +145,8 @@ public struct CoreConfig: Sendable, Equatable {
         let env: [(String, String)] = [
             ("WISP_BACKEND", "backend"), ("WISP_MAX_THREADS", "max-threads"), ("WISP_MAX_QUEUE", "max-queue"),
             ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
-            ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_SLOTS", "slots"), ("WISP_LOG_LEVEL", "log-level"),
+            ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_SLOTS", "slots"),
+            ("WISP_LOG_LEVEL", "log-level"),
             ("WISP_STATE_DIR", "state-dir"), ("WISP_MAX_STORED_THREADS", "max-stored-threads"),
             ("WISP_KEEP_ALIVE", "keep-alive"), ("WISP_CONDENSE_TO", "condense-to"),
         ]
@@ -150,14 +157,18 @@ public struct CoreConfig: Sendable, Equatable {
             // Split by bytes: `String.split` would not split a ":" that a combining mark follows.
             c.roots = roots.utf8.split(separator: UInt8(ascii: ":")).map { String(decoding: $0, as: UTF8.self) }
         }
-        if let v = environment["WISP_ALLOW_HARDLINKS"], !v.isEmpty { c.allowHardLinks = !["0", "false", "no"].contains(v.lowercased()) }
+        if let v = environment["WISP_ALLOW_HARDLINKS"], !v.isEmpty {
+            c.allowHardLinks = !["0", "false", "no"].contains(v.lowercased())
+        }
         c.apiKey = environment["WISP_API_KEY"].flatMap { $0.isEmpty ? nil : $0 }
 
         var rootsFromFlags: [String] = []
         var i = 0
         while i < arguments.count {
             var arg = arguments[i]
-            guard arg.utf8.starts(with: "--".utf8) else { throw WispError(.invalidArgument, "unexpected argument '\(arg)'") }
+            guard arg.utf8.starts(with: "--".utf8) else {
+                throw WispError(.invalidArgument, "unexpected argument '\(arg)'")
+            }
             arg = String(decoding: arg.utf8.dropFirst(2), as: UTF8.self)
             // The one flag without a value.
             if arg == "allow-hardlinks" { c.allowHardLinks = true; i += 1; continue }

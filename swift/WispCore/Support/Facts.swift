@@ -9,6 +9,7 @@ public enum CoreFacts {
         [
             "protocol": .number(JSONNumber(protocolVersion)),
             "max_frame_bytes": .number(JSONNumber(maxFrameBytes)),
+            "max_output_tokens": .number(JSONNumber(PipeServer.maxOutputTokens.upperBound)),
             "error_codes": .array(WispError.Code.allCases.map { .string($0.rawValue) }),
             "backends": .array(BackendKind.allCases.map { .string($0.rawValue) }),
             "flags": .object(CoreConfig.ranges.map { flag, range in

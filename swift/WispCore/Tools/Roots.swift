@@ -32,7 +32,9 @@ public struct Roots: Sendable, Equatable {
         // A set, not `kept.contains`: that was quadratic (20,000 client roots took seconds).
         var seen = Set(resolved)
         for d in more {
-            if let real = Roots.realPath(FSPath(d)), Roots.isDirectory(real), seen.insert(real).inserted { kept.append(real) }
+            if let real = Roots.realPath(FSPath(d)), Roots.isDirectory(real), seen.insert(real).inserted {
+                kept.append(real)
+            }
         }
         self.directories = kept
         self.allowHardLinks = allowHardLinks
@@ -129,12 +131,16 @@ public struct Roots: Sendable, Equatable {
     /// `maxComponents`), and a cancelled call (cancel or time limit) stops the walk.
     public func open(_ path: String) throws(WispError) -> Opened {
         let shown = Self.shown(path)
-        guard let first = directories.first else { throw WispError(.invalidArgument, "no readable roots are configured (start wisp with --root DIR)") }
+        guard let first = directories.first else {
+            throw WispError(.invalidArgument, "no readable roots are configured (start wisp with --root DIR)")
+        }
         let given = FSPath(path)
         guard !given.bytes.contains(0) else { throw WispError(.invalidArgument, "path contains a NUL byte") }
         guard !given.bytes.isEmpty else { throw WispError(.invalidArgument, "path is empty") }
         guard given.bytes.count <= Self.maxPathBytes else {
-            throw WispError(.invalidArgument, "\(shown): the path is \(given.bytes.count) bytes, over this system's limit of \(Self.maxPathBytes) (PATH_MAX); give a shorter path")
+            throw WispError(.invalidArgument,
+                    "\(shown): the path is \(given.bytes.count) bytes, over this system's limit of " +
+                    "\(Self.maxPathBytes) (PATH_MAX); give a shorter path")
         }
         let joined = given.isAbsolute ? given : first.appending(given.bytes)
 
@@ -146,7 +152,9 @@ public struct Roots: Sendable, Equatable {
         while let name = todo.popLast() {
             steps += 1
             guard steps <= Self.maxComponents else {
-                throw WispError(.invalidArgument, "\(shown): over \(Self.maxComponents) path components to walk (counting its symlinks' targets); give a shorter path")
+                throw WispError(.invalidArgument,
+                        "\(shown): over \(Self.maxComponents) path components to walk (counting its symlinks' " +
+                        "targets); give a shorter path")
             }
             if Task.isCancelled { throw WispError.callCancelled }
             if name.elementsEqual(Self.dotDot) { try walk.up(roots: self, shown: shown); continue }
@@ -166,7 +174,8 @@ public struct Roots: Sendable, Equatable {
             case S_IFLNK:
                 symlinks += 1
                 guard symlinks <= Self.maxSymlinks else {
-                    throw WispError(.invalidArgument, "\(shown): no such file or directory (too many levels of symbolic links)")
+                    throw WispError(.invalidArgument,
+                                    "\(shown): no such file or directory (too many levels of symbolic links)")
                 }
                 guard let target = Self.readLink(walk.fd, name) else { throw Self.failure(shown, errno) }
                 if target.isAbsolute {
@@ -176,17 +185,26 @@ public struct Roots: Sendable, Equatable {
                 }
             case S_IFDIR:
                 guard inside || (towardARoot && !isLast) else { throw outside(shown) }
-                let fd = FSPath.withCString(name) { openat(walk.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) }
+                let fd = FSPath.withCString(name) {
+                    openat(walk.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+                }
                 guard fd >= 0 else {
                     // Swapped for a symlink since the fstatat: look again (bounded like any symlink).
-                    if errno == ELOOP || errno == ENOTDIR, symlinks < Self.maxSymlinks { symlinks += 1; todo.append(name); continue }
+                    if errno == ELOOP || errno == ENOTDIR, symlinks < Self.maxSymlinks {
+                        symlinks += 1; todo.append(name); continue
+                    }
                     throw Self.failure(shown, errno)
                 }
                 walk.push(fd, next, inside: inside)
             case S_IFREG:
                 guard inside else { throw outside(shown) }
-                guard isLast else { throw WispError(.invalidArgument, "\(shown): \(Self.shown(String(decoding: name, as: UTF8.self))) is a file, not a directory") }
-                let fd = FSPath.withCString(name) { openat(walk.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC) }
+                guard isLast else {
+                    throw WispError(.invalidArgument,
+                            "\(shown): \(Self.shown(String(decoding: name, as: UTF8.self))) is a file, not a directory")
+                }
+                let fd = FSPath.withCString(name) {
+                    openat(walk.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+                }
                 guard fd >= 0 else {
                     if errno == ELOOP, symlinks < Self.maxSymlinks { symlinks += 1; todo.append(name); continue }
                     throw Self.failure(shown, errno)
@@ -217,7 +235,9 @@ public struct Roots: Sendable, Equatable {
         let real = dir.real.appending(name)
         switch dir.kind(of: name) {
         case S_IFDIR?:
-            let fd = FSPath.withCString(name) { openat(dir.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) }
+            let fd = FSPath.withCString(name) {
+                openat(dir.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+            }
             return fd >= 0 ? Opened(fd: fd, real: real, isDirectory: true) : nil
         case S_IFREG?:
             let fd = FSPath.withCString(name) { openat(dir.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC) }
@@ -243,7 +263,8 @@ public struct Roots: Sendable, Equatable {
     }
 
     static func hardLinkRefusal(_ shown: String, links: Int) -> String {
-        "\(shown) has \(links) hard links, so it may be a file from outside the readable roots; refused (start wisp with --allow-hardlinks, or WISP_ALLOW_HARDLINKS=1, to read hard-linked files)"
+        "\(shown) has \(links) hard links, so it may be a file from outside the readable roots; refused (start wisp " +
+        "with --allow-hardlinks, or WISP_ALLOW_HARDLINKS=1, to read hard-linked files)"
     }
 
     /// Roots named in an error: a few, each short (a client may offer hundreds).
@@ -294,7 +315,8 @@ public struct Roots: Sendable, Equatable {
             var used = 0
             for root in roots.directories {
                 let r = root.components
-                if r.count >= used, components.count >= r.count, zip(components, r).allSatisfy({ $0.elementsEqual($1) }) {
+                if r.count >= used, components.count >= r.count,
+                   zip(components, r).allSatisfy({ $0.elementsEqual($1) }) {
                     base = root
                     used = r.count
                 }
@@ -325,7 +347,11 @@ public struct Roots: Sendable, Equatable {
             for entry in stack { close(entry.fd) }
             stack.removeAll()
             let fd = directory.withCString { systemOpen($0, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
-            guard fd >= 0 else { throw WispError(.invalidArgument, "\(shown): cannot open \(Roots.shown(directory.description)) (\(String(cString: strerror(errno))))") }
+            guard fd >= 0 else {
+                throw WispError(.invalidArgument,
+                        "\(shown): cannot open \(Roots.shown(directory.description)) " +
+                        "(\(String(cString: strerror(errno))))")
+            }
             stack.append((fd, directory, roots.contains(directory)))
         }
     }
