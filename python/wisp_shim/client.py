@@ -89,7 +89,8 @@ class Core:
                 # this core (the stream cannot be trusted, nor the shim's view of its threads), and
                 # every pending call, this one included, fails as in a crash.
                 if not isinstance(result, call.result_type):
-                    raise protocol.ProtocolError(f"reply {msg.id} carries a {type(result).__name__}, not the {call.result_type.__name__} its request wants")
+                    raise protocol.ProtocolError(f"reply {msg.id} carries a {type(result).__name__}, not the "
+                                                 f"{call.result_type.__name__} its request wants")
                 self._track(run, result)
                 if isinstance(result, protocol.RespondResult):
                     self._known[result.thread_id] = None
@@ -151,7 +152,8 @@ class Core:
                 )
             else:
                 tail = "No thread was created for this call: call respond again to start one."
-            self._fail(call, ShimError(errors.CORE_CRASHED, f"the wisp core crashed ({how}) while this call was running and has been restarted. {tail}"))
+            crashed = f"the wisp core crashed ({how}) while this call was running and has been restarted. {tail}"
+            self._fail(call, ShimError(errors.CORE_CRASHED, crashed))
         run.pending.clear()
         # Callers whose own call failed above were told already; everyone else
         # learns on their next call.
@@ -197,13 +199,15 @@ class Core:
                        on_progress: OnProgress | None = None,
                        stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None) -> Answer:
         if run.dead:
-            raise ShimError(errors.CORE_CRASHED, "the wisp core crashed just before this call was sent and is restarting; call again.")
+            raise ShimError(errors.CORE_CRASHED,
+                            "the wisp core crashed just before this call was sent and is restarting; call again.")
         run.pending[call.id] = call
         # A timer handle rather than asyncio.wait_for: this path is on every call's round trip.
         timer = asyncio.get_running_loop().call_later(timeout, _expire, call)
         pump = None
         if on_progress is not None and call.progress_event is not None:
-            pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress, self.launch.progress_every_s))
+            pump = asyncio.get_running_loop().create_task(
+                _pump_progress(call, on_progress, self.launch.progress_every_s))
         try:
             try:
                 # Inside the try: once the frame may be queued, a cancellation must reach the core.
@@ -312,7 +316,8 @@ class Core:
         if len(payload) > protocol.MAX_FRAME_BYTES:
             raise ShimError(
                 errors.INVALID_ARGUMENT,
-                f"the request is {len(payload)} bytes, over wisp's {protocol.MAX_FRAME_BYTES // (1024 * 1024)} MiB limit; "
+                f"the request is {len(payload)} bytes, over wisp's {protocol.MAX_FRAME_BYTES // (1024 * 1024)} MiB "
+                "limit; "
                 "send a shorter prompt (or split the work across several calls).",
             )
 
@@ -352,7 +357,8 @@ class Core:
         assert isinstance(result, protocol.CloseThreadResult)
         return result
 
-    async def status(self, query: str | None = None, limit: int | None = None, cursor: str | None = None) -> protocol.StatusResult:
+    async def status(self, query: str | None = None, limit: int | None = None,
+                     cursor: str | None = None) -> protocol.StatusResult:
         call = PendingCall(self.next_id(), None, False, protocol.StatusResult)
         result = await self._quick(call, protocol.Status(id=call.id, query=query, limit=limit, cursor=cursor), "status")
         assert isinstance(result, protocol.StatusResult)
@@ -360,7 +366,8 @@ class Core:
 
     async def read_thread(self, thread_id: str, last: int | None, max_bytes: int) -> protocol.ReadThreadResult:
         call = PendingCall(self.next_id(), None, False, protocol.ReadThreadResult)
-        result = await self._quick(call, protocol.ReadThread(id=call.id, thread_id=thread_id, last=last, max_bytes=max_bytes), "read_thread")
+        asked = protocol.ReadThread(id=call.id, thread_id=thread_id, last=last, max_bytes=max_bytes)
+        result = await self._quick(call, asked, "read_thread")
         assert isinstance(result, protocol.ReadThreadResult)
         return result
 
@@ -386,7 +393,8 @@ def _expire(call: PendingCall) -> None:
 
 
 def _quick_timeout(op: str) -> Callable[[], ShimError]:
-    return lambda: ShimError(errors.TIMEOUT, f"wisp-core did not answer `{op}` within {QUICK_CALL_TIMEOUT_S:g} s; call again.")
+    return lambda: ShimError(errors.TIMEOUT,
+                             f"wisp-core did not answer `{op}` within {QUICK_CALL_TIMEOUT_S:g} s; call again.")
 
 
 # Called with a strictly increasing count, what the call is doing for a person to read, and the

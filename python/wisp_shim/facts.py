@@ -17,13 +17,16 @@ FACTS = json.loads(Path(__file__).with_name("core_facts.json").read_text(encodin
 # The pipe: its version (what `Ready.protocol` must say) and the largest frame either side reads.
 PROTOCOL_VERSION: int = FACTS["protocol"]
 MAX_FRAME_BYTES: int = FACTS["max_frame_bytes"]
+# The most a call's `max_output_tokens` may ask for (a token count the core holds).
+MAX_OUTPUT_TOKENS: int = FACTS["max_output_tokens"]
 # Every code a core error reply may carry.
 CORE_CODES: frozenset[str] = frozenset(FACTS["error_codes"])
 # `--backend`'s words, and each integer flag's least and largest value (and default, where it has one).
 BACKENDS: tuple[str, ...] = tuple(FACTS["backends"])
 FLAG_MINIMUMS: dict[str, int] = {flag: f["minimum"] for flag, f in FACTS["flags"].items()}
 FLAG_MAXIMUMS: dict[str, int] = {flag: f["maximum"] for flag, f in FACTS["flags"].items()}
-DEFAULT_MAX_THREADS: int = FACTS["flags"]["--max-threads"]["default"]
+FLAG_DEFAULTS: dict[str, int] = {flag: f["default"] for flag, f in FACTS["flags"].items() if "default" in f}
+DEFAULT_MAX_THREADS: int = FLAG_DEFAULTS["--max-threads"]
 # The thread-id rule: the pattern, and the sentence that states it.
 THREAD_ID_CHARS = f"[{FACTS['thread_id']['bytes']}]{{1,{FACTS['thread_id']['max_length']}}}"
 THREAD_ID_RE = re.compile(THREAD_ID_CHARS)

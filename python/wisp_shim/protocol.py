@@ -1,8 +1,8 @@
 """The pipe protocol between the shim and wisp-core, version 2 (ARCHITECTURE.md).
 
 One msgspec Struct per message, under the same names as the Swift side
-(swift/WispCore/Pipe/Messages.swift); keep the two in step. Frames are a 4-byte
-unsigned big-endian length followed by that many bytes of UTF-8 JSON.
+(swift/WispCore/Pipe/Requests.swift and Messages.swift); keep the two in step. Frames are a
+4-byte unsigned big-endian length followed by that many bytes of UTF-8 JSON.
 
 Every message is tagged, so each direction decodes in one pass: shim -> core messages
 by `op` (respond, close_thread, cancel, status, read_thread, ping); core -> shim messages by `event`
@@ -47,7 +47,7 @@ class RespondOptions(msgspec.Struct, omit_defaults=True):
 
 def monotonic_now() -> float:
     """The pipe's clock for RespondOptions.deadline: CLOCK_MONOTONIC, which the core reads too
-    (Messages.swift's monotonicSeconds says why that one). Not time.monotonic(), which on macOS
+    (Requests.swift's monotonicSeconds says why that one). Not time.monotonic(), which on macOS
     is another clock (mach_absolute_time, stopped while the machine sleeps)."""
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
@@ -309,7 +309,8 @@ def decode_message(payload: bytes | memoryview) -> CoreMessage:
         raise ProtocolError(f"undecodable {_meant(payload)} from the core: {exc}") from None
 
 
-_RESULT_NAMES = {t.__struct_config__.tag: t.__name__ for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult, ReadThreadResult)}
+_RESULT_NAMES = {t.__struct_config__.tag: t.__name__
+                 for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult, ReadThreadResult)}
 
 
 def _meant(payload: bytes | memoryview) -> str:
@@ -323,7 +324,8 @@ def _meant(payload: bytes | memoryview) -> str:
     result = value.get("result")
     if value.get("event") == "reply" and isinstance(result, dict) and result.get("op") in _RESULT_NAMES:
         return f"reply (a {_RESULT_NAMES[result['op']]})"
-    return f"{value['event']} message" if isinstance(value.get("event"), str) and len(value["event"]) < 40 else "message"
+    event = value.get("event")
+    return f"{event} message" if isinstance(event, str) and len(event) < 40 else "message"
 
 
 class FrameDecoder:
