@@ -22,6 +22,7 @@ private func pipeLoop() -> PipeLoop {
     return loop
 }
 
+extension WholePool {
 @Suite struct StoreOffThePipe {
     /// A hung store (a simulated one: the memory store's `beforeLease` fault waits) under one
     /// thread stalls no call on another. Its reply comes while the hung call is still hung.
@@ -64,4 +65,5 @@ private func pipeLoop() -> PipeLoop {
         await registry.finished(a, committed: true)
         #expect(o.text == "echo 1: tool read_file -> from the client\n")
     }
+}
 }

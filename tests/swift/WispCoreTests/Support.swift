@@ -17,6 +17,11 @@ extension ConversationThread {
     }
 }
 
+/// Suites whose tests hold workers of the shared blocking pool until a call that needs one is
+/// answered: one at a time (`.serialized` reaches the suites nested in it), or each could hold the
+/// worker the other's call waits for. The other suites' pool jobs end by themselves.
+@Suite(.serialized) enum WholePool {}
+
 extension Frame {
     /// A message as Foundation's `JSONEncoder` writes it: the tests frame shim → core messages so.
     static func encodeWithJSONEncoder<T: Encodable>(_ message: T) throws -> [UInt8] {
