@@ -231,24 +231,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _env_int(name: str) -> int | None:
+def _env_number(name: str, parse: Callable[[str], Any], what: str) -> Any:
+    """Variable `name` read by `parse`; None when it is unset or empty."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return None
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError:
-        raise SystemExit(f"wisp: {name}={raw!r} is not an integer") from None
+        raise SystemExit(f"wisp: {name}={raw!r} is not {what}") from None
 
 
 def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SystemExit(f"wisp: {name}={raw!r} is not a number") from None
+    value = _env_number(name, float, "a number")
+    return default if value is None else value
 
 
 def _seconds(said: str, value: float) -> float:
@@ -288,7 +284,7 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
 
 
 def max_threads(ns: argparse.Namespace) -> int:
-    return ns.max_threads or _env_int("WISP_MAX_THREADS") or DEFAULT_MAX_THREADS
+    return ns.max_threads or _env_number("WISP_MAX_THREADS", int, "an integer") or DEFAULT_MAX_THREADS
 
 
 def log_level(ns: argparse.Namespace) -> str:
