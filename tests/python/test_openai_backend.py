@@ -6,6 +6,7 @@ test_real_model.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import anyio
@@ -57,11 +58,19 @@ async def test_context_size_from_server_else_flag():
 
 async def test_streaming_gives_progress():
     seen: list[tuple[float, str | None]] = []
+    # The stub streams nothing until the client has heard what the call waits for: newer text
+    # would otherwise rightly replace it before it was sent (the latest progress wins).
+    stage_heard = threading.Event()
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append((progress, message))
+        if message and message.startswith("reading the prompt"):
+            stage_heard.set()
 
-    with OpenAIStub(StubConfig(chunk_delay_s=0.05, words=12)) as stub:
+    def hold_until_heard(_index: int) -> None:
+        stage_heard.wait(30)  # bounded: never heard, the assertion below says so
+
+    with OpenAIStub(StubConfig(chunk_delay_s=0.05, words=12, on_chat=hold_until_heard)) as stub:
         async with openai(stub) as c:
             r = ok(await c.call_tool("respond", {"prompt": "stream please"}, progress_callback=on_progress))
     assert r["text"].startswith("reply 1: stream please filler")

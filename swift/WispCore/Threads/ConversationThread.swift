@@ -276,7 +276,7 @@ public actor ConversationThread {
             outcome.created = true
             forked = false
         }
-        guard let durability, let lease, !closed else { return outcome }
+        guard durability != nil, let lease, !closed else { return outcome }
         let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
                                   roots: roots,
                                   history: conversation.history)

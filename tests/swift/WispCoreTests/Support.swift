@@ -174,7 +174,9 @@ final class Wire: Sendable {
         var replies: [Int: Int] = [:]
         /// A test waiting for the reply to an id (woken, not polling: the race tests must not
         /// take the cooperative pool from the timing tests that run beside them).
-        var waiters: [Int: CheckedContinuation<Void, Never>] = [:]
+        /// Each with the wait it belongs to: a finished wait's timer must not end a later one.
+        var waiters: [Int: (wait: Int, continuation: CheckedContinuation<Void, Never>)] = [:]
+        var waits = 0
     }
     /// `Locked`, not `Mutex`: ThreadSanitizer cannot see a `Mutex` on Linux.
     private let state = Locked(State())
@@ -187,7 +189,7 @@ final class Wire: Sendable {
             defer { s.frames.append(text) }
             guard let reply, s.replies[reply] == nil else { return nil }
             s.replies[reply] = s.frames.count
-            return s.waiters.removeValue(forKey: reply)
+            return s.waiters.removeValue(forKey: reply)?.continuation
         }
         waiter?.resume()
     }
@@ -202,14 +204,25 @@ final class Wire: Sendable {
     /// failing test only: the wait ends when the reply comes).
     func replyIndex(_ id: Int, within: Duration = .seconds(60)) async -> Int? {
         if let found = state.withLock({ $0.replies[id] }) { return found }
+        let clock = ContinuousClock()
+        let deadline = clock.now + within
+        let wait = state.withLock { s in
+            s.waits += 1
+            return s.waits
+        }
         let timer = Task {
-            try? await Task.sleep(for: within)
-            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume()
+            try? await Task.sleep(until: deadline, clock: clock)
+            state.withLock { s -> CheckedContinuation<Void, Never>? in
+                guard s.waiters[id]?.wait == wait else { return nil }
+                return s.waiters.removeValue(forKey: id)?.continuation
+            }?.resume()
         }
         await withCheckedContinuation { (c: CheckedContinuation<Void, Never>) in
+            // A timer that fired before this wait was registered found nothing to end: the
+            // deadline, checked here, ends it instead.
             let there = state.withLock { s -> Bool in
-                if s.replies[id] != nil { return true }
-                s.waiters[id] = c
+                if s.replies[id] != nil || clock.now >= deadline { return true }
+                s.waiters[id] = (wait, c)
                 return false
             }
             if there { c.resume() }
