@@ -10,7 +10,7 @@ BACKEND ?= auto
 # Extra flags for `make run`, e.g. ARGS="--max-threads 8" (see `python -m wisp_shim --help`).
 ARGS    ?=
 
-.PHONY: build core venv local-model local-model-native run serve check test test-swift test-python check-apple \
+.PHONY: build core facts venv local-model local-model-native run serve check test test-swift test-python check-apple \
 	check-portable bench stress fuzz sanitize clean
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
@@ -25,6 +25,12 @@ build: core venv
 
 core:
 	swift build -c release --product wisp-core
+
+## facts: copy what the core states of itself (`wisp-core --facts`: pipe version, frame limit, backends,
+# flag ranges, thread-id rule, reasoning levels, model tools, error codes) into the shim's
+# python/wisp_shim/core_facts.json; tests/python/test_agreement.py fails while the copy is stale
+facts: core
+	$(CORE) --facts | $(PYTHON) -m json.tool --indent 2 > python/wisp_shim/core_facts.json
 
 venv: $(VENV)/.installed
 
@@ -84,11 +90,10 @@ check:
 ## test: Swift unit tests, then the end-to-end Python suite against the release core
 test: check-apple check-portable test-swift test-python
 
-# One test at a time (each test's own concurrency still runs in parallel): the timed tests
-# (threads overlap, stop within its grace) must not share the machine's few pool threads with
-# the CPU-bound ones (races against the file system, a 9 MB reply).
+# In parallel, as plain `swift test` runs: the tests prove overlap and order by meeting points
+# and recorded sequences, not by the clock, so a loaded machine slows them but fails none.
 test-swift:
-	swift test --no-parallel
+	swift test
 
 test-python: build $(TEST_VENV)
 	$(VPY) -m pytest
@@ -125,7 +130,8 @@ fuzz: venv core $(TEST_VENV)
 		swift/WispInfrastructure/Support/OutsideNumber.swift swift/WispInfrastructure/HTTP/SSELineSplitter.swift \
 		-emit-module-path $(FUZZ_OUT)/WispInfrastructure.swiftmodule -o $(FUZZ_OUT)/libWispInfrastructure.a
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/FrameFuzz.swift \
-		swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
+		swift/WispCore/Pipe/Requests.swift swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift \
+		swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
 		$(FUZZ_OUT)/libWispInfrastructure.a -module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
 	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/OpenAIFuzz.swift \
@@ -133,12 +139,11 @@ fuzz: venv core $(TEST_VENV)
 	$(FUZZ_OUT)/openai-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-openai fuzz/corpus-openai
 	WISP_SCHEMA_CASES=$(SCHEMA_CASES) $(VPY) -m pytest -q tests/python/test_schema_differential.py
 
-## sanitize: the Swift tests under ThreadSanitizer, then AddressSanitizer (own build dirs)
-# One test at a time, as in test-swift (each test's own concurrency is what the sanitizers watch).
+## sanitize: the Swift tests under ThreadSanitizer, then AddressSanitizer (own build dirs), in parallel
 sanitize:
-	swift test --sanitize=thread --scratch-path .build/sanitize-thread --no-parallel
+	swift test --sanitize=thread --scratch-path .build/sanitize-thread
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/swift/lsan-suppressions.txt \
-		swift test --sanitize=address --scratch-path .build/sanitize-address --no-parallel
+		swift test --sanitize=address --scratch-path .build/sanitize-address
 
 clean:
 	rm -rf .build $(VENV)

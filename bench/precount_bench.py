@@ -1,4 +1,4 @@
-"""The pre-count's error (issue 29): how far the tokens wisp counts for a request before sending it
+"""The pre-count's error: how far the tokens wisp counts for a request before sending it
 are from the `prompt_tokens` llama-server reports for it, on 20 calls of mixed length (fresh
 threads and threads with history, with and without instructions), SmolLM2 on llama-server.
 

@@ -1,4 +1,4 @@
-"""Record real pipe traffic into the fuzz seed corpora (issue 8).
+"""Record real pipe traffic into the fuzz seed corpora.
 
     .venv/bin/python fuzz/record_corpus.py          # rewrites fuzz/corpus-swift/real-* and fuzz/corpus-python/real-*
 

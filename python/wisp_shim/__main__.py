@@ -1,4 +1,5 @@
-"""`python -m wisp_shim`: flags, logging (stderr only), and the stdio server's run."""
+"""`python -m wisp_shim`: logging (stderr only), the local model's use, the stdio server's run and
+`--check`; the flags and variables are config.py's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import os
 import signal
 import sys
@@ -22,200 +22,16 @@ from . import errors
 from .client import Core
 from .errors import ShimError
 from .loop import WispEventLoop
-from .core_process import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MAXIMUMS, FLAG_MINIMUMS, PROGRESS_EVERY_S, CoreLaunch
+from .config import core_launch, http_options, log_level, max_threads, parse_args
+from .core_process import CoreLaunch
 
 log = logging.getLogger("wisp")
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-DESCRIPTION = """\
-wisp: an MCP server (stdio) that hands work to a local language model and keeps
-conversation threads with it. An MCP client starts it; you normally don't run it by hand.
-
-It starts the wisp-core process (Swift) in the background. Every option below can also
-be set with the environment variable shown; a flag wins over the environment.
-"""
-
-EPILOG = """\
-examples:
-  python -m wisp_shim --check                      is a model available? (prints status, exit 0 if so)
-  python -m wisp_shim --backend echo               no model: replies "echo N: <prompt>" (for trying wisp)
-  python -m wisp_shim --backend openai --endpoint http://127.0.0.1:8080/v1 --model qwen3
-                                                   any OpenAI-compatible server (llama.cpp, Ollama, vLLM)
-
-environment (a flag wins over its variable):
-  WISP_BACKEND, WISP_MODEL, WISP_ENDPOINT, WISP_MAX_THREADS, WISP_MAX_QUEUE,
-  WISP_CONTEXT_SIZE, WISP_LLAMA_SERVER, WISP_MODEL_PATH, WISP_ECHO_DELAY_MS, WISP_TIMEOUT,
-  WISP_CORE, WISP_LOG_LEVEL    the flags above
-  WISP_ROOTS                   --root: directories the model's file tools may read, ':'-separated
-  WISP_API_KEY                 API key for --endpoint (environment only: it stays out of process listings)
-  WISP_LOCAL_MODEL             0: never start the local model; 1: start it even on macOS
-  WISP_LOCAL_CPU_THREADS       local model: the server's CPU threads (default half the available CPUs, at
-                               most 4; WISP_LOCAL_THREADS, its old name, still works)
-  WISP_CACHE_DIR               where `make local-model-native` caches llama-server (default ~/.cache/wisp)
-  WISP_HTTP                    --http
-  WISP_HTTP_TOKEN              --http: the bearer token (environment only: it stays out of process listings)
-  WISP_TASK_TTL                MCP tasks: the longest a task's result is kept, in seconds (default 3600)
-  WISP_MAX_TASKS               MCP tasks: tasks one client may hold, running or kept (default 32, at most 256)
-  WISP_SLOTS                   llama-server's parallel slots, each live thread kept on one (default:
-                               what its /props says; the local model's: one per live thread, as
-                               memory allows; 0: name no slot)
-  WISP_KEEP_ALIVE              Ollama: keep the model loaded this long between turns (default 30m)
-  WISP_CONDENSE_TO             share of the context a thread is condensed down to on servers that
-                               cannot shift their cache (default 0.5)
-  WISP_PROGRESS_EVERY_S        progress notifications at least this often during a call (default 5)
-
-wisp-core not found? Run `make build` in the wisp repository.
-stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT
-stop running calls and the core, and wisp exits.
-
-shared server: python -m wisp_shim --http 127.0.0.1:8765 serves every MCP client on the
-machine from one core and one model; clients send `Authorization: Bearer <token>` (docs/http.md).
-"""
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise SystemExit(f"wisp: {name}={raw!r} is not an integer") from None
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SystemExit(f"wisp: {name}={raw!r} is not a number") from None
-
-
-# Above any count anyone means (--max-sessions): the core's flags have their own (FLAG_MAXIMUMS).
-MAX_FLAG_VALUE = 2**31 - 1
-# The longest time a setting takes, in seconds (11.5 days): far above any use, far below what a
-# monotonic deadline can hold.
-MAX_SECONDS = 1_000_000.0
-
-
-def _at_least(minimum: int, maximum: int = MAX_FLAG_VALUE) -> Callable[[str], int]:
-    """An argparse type: an integer from minimum to maximum, so a bad value is refused here with
-    a clear message instead of by a core that would then fail to start again and again."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
-        return value
-
-    return parse
-
-
-def _core_flag(flag: str) -> Callable[[str], int]:
-    return _at_least(FLAG_MINIMUMS[flag], FLAG_MAXIMUMS[flag])
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m wisp_shim",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument("--backend", choices=BACKENDS, help="model backend (WISP_BACKEND; default auto: apple where available, else openai)")
-    ap.add_argument("--model", metavar="NAME", help="model name for the backend (WISP_MODEL)")
-    ap.add_argument("--endpoint", metavar="URL", help="OpenAI-compatible base URL for --backend openai (WISP_ENDPOINT)")
-    ap.add_argument("--max-threads", type=_core_flag("--max-threads"), metavar="N", help=f"live threads kept before the least recently used is evicted; also the local model's parallel slots unless WISP_SLOTS says, as memory allows (WISP_MAX_THREADS; default {DEFAULT_MAX_THREADS})")
-    ap.add_argument("--max-queue", type=_core_flag("--max-queue"), metavar="N", help="calls waiting on one thread before new ones get `busy` (WISP_MAX_QUEUE)")
-    ap.add_argument("--context-size", type=_core_flag("--context-size"), metavar="N", help="context window in tokens, when the backend cannot tell; the local model's per thread (WISP_CONTEXT_SIZE)")
-    ap.add_argument("--llama-server", metavar="PATH",
-                    help="local model: a compiled llama-server binary (WISP_LLAMA_SERVER; default: the one "
-                         "`make local-model-native` built, else llama-server on PATH, else the xllamacpp wheel)")
-    ap.add_argument("--model-path", "--local-model", metavar="GGUF",
-                    help="local model: serve this GGUF instead of SmolLM2-135M-Instruct, with its own chat template "
-                         "and its trained context as the bound (WISP_MODEL_PATH)")
-    ap.add_argument("--root", action="append", metavar="DIR", help="directory the model's file tools may use; repeat for more (WISP_ROOTS, ':'-separated)")
-    ap.add_argument("--allow-hardlinks", action="store_true", help="let the model's file tools read files with more than one hard link (WISP_ALLOW_HARDLINKS=1; default: refused, as such a file may be one from outside the roots)")
-    ap.add_argument("--state-dir", metavar="DIR", help="durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none (WISP_STATE_DIR; default: memory only)")
-    ap.add_argument("--max-stored-threads", type=_core_flag("--max-stored-threads"), metavar="N", help="stored threads kept before the least recently used is deleted (WISP_MAX_STORED_THREADS; default 1000)")
-    ap.add_argument("--echo-delay-ms", type=_core_flag("--echo-delay-ms"), metavar="N", help="echo backend: extra delay per reply (WISP_ECHO_DELAY_MS)")
-    ap.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit for one respond call (WISP_TIMEOUT; default 300)")
-    ap.add_argument("--core", metavar="PATH", help="the wisp-core binary (WISP_CORE; default: bundled copy, then .build/release/wisp-core)")
-    ap.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level for wisp and wisp-core (WISP_LOG_LEVEL; default info)")
-    ap.add_argument("--check", action="store_true", help="start the core, print backend, model and availability, and exit (0 if a model is available)")
-    http = ap.add_argument_group("shared server (MCP over streamable HTTP instead of stdio, for every client on the machine)")
-    http.add_argument("--http", metavar="HOST:PORT", help=f"serve MCP at http://HOST:PORT/mcp (WISP_HTTP; e.g. {http_server.DEFAULT_HTTP}); every request needs the bearer token")
-    http.add_argument("--token-file", metavar="PATH", help="--http: read the token from PATH (mode 0600) when WISP_HTTP_TOKEN is not set (default: a generated one in $XDG_CONFIG_HOME/wisp/http-token)")
-    http.add_argument("--allow-remote", action="store_true", help="--http: allow an address that is not loopback (put a TLS proxy in front)")
-    http.add_argument("--eager", action="store_true", help="--http: start the core and the local model at once, not with the first request")
-    http.add_argument("--max-sessions", type=_at_least(1), metavar="N", help=f"--http: 2025-11-25 MCP sessions open at once; 2026-07-28 clients open none (default {http_server.DEFAULT_MAX_SESSIONS})")
-    http.add_argument("--session-idle-timeout", type=float, metavar="SECONDS", help=f"--http: a session without a request this long is closed (default {http_server.DEFAULT_SESSION_IDLE_S:g})")
-    return ap.parse_args(argv)
-
-
-ENV_FLAGS = {"WISP_" + flag[2:].replace("-", "_").upper(): flag for flag in FLAG_MINIMUMS}
-
-
-def core_launch(ns: argparse.Namespace) -> CoreLaunch:
-    # Flags become core flags; WISP_* variables reach the core through the inherited environment,
-    # so they are checked here: a core refusing its configuration would only be restarted in vain.
-    for name, flag in ENV_FLAGS.items():
-        raw = os.environ.get(name)
-        if raw:
-            try:
-                _core_flag(flag)(raw)
-            except argparse.ArgumentTypeError as exc:
-                raise SystemExit(f"wisp: {name}: {exc}") from None
-    args: list[str] = []
-    for flag, value in (
-        ("--backend", ns.backend),
-        ("--model", ns.model),
-        ("--endpoint", ns.endpoint),
-        ("--max-threads", ns.max_threads),
-        ("--max-queue", ns.max_queue),
-        ("--context-size", ns.context_size),
-        ("--echo-delay-ms", ns.echo_delay_ms),
-        ("--state-dir", ns.state_dir),
-        ("--max-stored-threads", ns.max_stored_threads),
-        ("--log-level", ns.log_level),
-    ):
-        if value is not None:
-            args += [flag, str(value)]
-    for root in ns.root or ():
-        args += ["--root", root]
-    if ns.allow_hardlinks:
-        args.append("--allow-hardlinks")
-    timeout = ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", 300.0)
-    if not (math.isfinite(timeout) and 0 < timeout <= MAX_SECONDS):
-        raise SystemExit(f"wisp: --timeout / WISP_TIMEOUT must be a finite number of seconds above 0 and at most "
-                         f"{MAX_SECONDS:g}, got {timeout}")
-    every = _env_float("WISP_PROGRESS_EVERY_S", PROGRESS_EVERY_S)
-    if not (math.isfinite(every) and 0 < every <= MAX_SECONDS):
-        raise SystemExit(f"wisp: WISP_PROGRESS_EVERY_S must be a finite number of seconds above 0 and at most "
-                         f"{MAX_SECONDS:g}, got {every}")
-    # As the core reads it: the flag wins over the variable, and an empty value means none.
-    state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
-    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout, state_dir=state_dir,
-                      progress_every_s=every)
-
 
 APPLE_ALTERNATIVES = (
     "Without Apple's model, wisp can use its own local model: run `make local-model` in the wisp repository "
     "(then `--backend auto` starts it whenever Apple's model is unavailable), or point --endpoint at an "
     "OpenAI-compatible server."
 )
-
-
-def max_threads(ns: argparse.Namespace) -> int:
-    return ns.max_threads or _env_int("WISP_MAX_THREADS") or DEFAULT_MAX_THREADS
 
 
 class LocalModelUse:
@@ -337,7 +153,8 @@ async def _serve(config: CoreLaunch, max_threads: int) -> None:
             tg.cancel_scope.cancel()
 
 
-async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[protocol.StatusResult, str]:
+async def _status(config: CoreLaunch,
+                  then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[protocol.StatusResult, str]:
     """The core's status; with `then`, also what it says while the core still runs (None: fine)."""
     core = Core(config)
     core.start()
@@ -356,29 +173,8 @@ async def _status(config: CoreLaunch, then: Callable[[], Awaitable[str | None]] 
             await core.aclose()
 
 
-def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_server.HttpOptions | None:
-    """--http's settings, checked before anything starts (None: serve stdio)."""
-    where = ns.http or os.environ.get("WISP_HTTP") or None
-    if where is None:
-        for flag, value in (("--token-file", ns.token_file), ("--allow-remote", ns.allow_remote), ("--eager", ns.eager),
-                            ("--max-sessions", ns.max_sessions), ("--session-idle-timeout", ns.session_idle_timeout)):
-            if value:
-                raise SystemExit(f"wisp: {flag} is for the shared server: add --http HOST:PORT (or set WISP_HTTP)")
-        return None
-    idle = ns.session_idle_timeout if ns.session_idle_timeout is not None else http_server.DEFAULT_SESSION_IDLE_S
-    if not (math.isfinite(idle) and idle > 0):
-        raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0, got {idle}")
-    try:
-        bind = http_server.parse_bind(where)
-        http_server.check_bind(bind, ns.allow_remote)
-        token = http_server.load_token(ns.token_file, generate=generate_token)
-    except http_server.HttpConfigError as exc:
-        raise SystemExit(f"wisp: {exc}") from None
-    return http_server.HttpOptions(bind=bind, token=token, eager=ns.eager,
-                                   max_sessions=ns.max_sessions or http_server.DEFAULT_MAX_SESSIONS, session_idle_s=idle)
-
-
-async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: http_server.HttpOptions | None = None) -> int:
+async def _check(config: CoreLaunch, use: LocalModelUse | None = None,
+                 http: http_server.HttpOptions | None = None) -> int:
     async def decode() -> str | None:
         # /health and the core's status never make the server compute: one short decode does.
         if use is not None and use.active and use.lm is not None:
@@ -392,7 +188,8 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
         apple = None
         if st.backend != "apple":
             # Say why Apple's model is not the one in use: it is the default wherever it can run.
-            apple, _ = await _status(CoreLaunch(core=config.core, args=_with_backend(config.args, "apple"), env=config.env))
+            apple_only = CoreLaunch(core=config.core, args=_with_backend(config.args, "apple"), env=config.env)
+            apple, _ = await _status(apple_only)
     except ShimError as exc:
         print(f"wisp: {exc}", file=sys.stderr)
         return 1
@@ -405,7 +202,8 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None, http: htt
     if st.state_dir or st.state_error:
         print(f"state dir:    {st.state_dir or 'not in use: ' + (st.state_error or '')}")
     if apple is not None:
-        print(f"apple model:  {'available' if apple.available else 'not available'}" + (f" ({apple.reason})" if apple.reason else ""))
+        why = f" ({apple.reason})" if apple.reason else ""
+        print(f"apple model:  {'available' if apple.available else 'not available'}{why}")
     if use is not None:
         print(f"local model:  {_local_model_line(use)}")
         if use.plan.facts is not None and use.lm is not None:
@@ -442,15 +240,13 @@ def _imports_done() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse_args(argv)
-    level = ns.log_level or os.environ.get("WISP_LOG_LEVEL") or "info"
-    if level not in LOG_LEVELS:
-        level = "info"
+    level = log_level(ns)
     logs.setup(level)  # stderr only, through a bounded buffer that never blocks (logs.py)
     if level != "debug":
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
     config = core_launch(ns)
-    from .tasks import TaskLimits  # after the SDK's server side is in (start)
+    from .task_records import TaskLimits  # after the SDK's server side is in (start)
 
     try:
         TaskLimits.from_env()  # refused here, before anything starts, rather than at the first call
@@ -465,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     # wisp's event loop polls briefly for the core's reply before sleeping (loop.py).
     if http is not None:
         try:
-            anyio.run(http_server.serve, config, max_threads(ns), http, _exit_now, backend_options={"loop_factory": WispEventLoop})
+            anyio.run(http_server.serve, config, max_threads(ns), http, _exit_now,
+                      backend_options={"loop_factory": WispEventLoop})
         except http_server.HttpConfigError as exc:
             raise SystemExit(f"wisp: {exc}") from None
     else:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 from . import errors
@@ -22,6 +22,7 @@ from . import protocol
 from .errors import ShimError
 from .core_process import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess
 from .pending import PendingCall, Answer
+from .progress import OnProgress, pump_progress
 from .supervisor import Supervisor
 
 log = logging.getLogger("wisp.core")
@@ -31,9 +32,6 @@ log = logging.getLogger("wisp.core")
 CANCEL_GRACE_S = 0.25
 # close_thread and status never wait for a model.
 QUICK_CALL_TIMEOUT_S = 30.0
-# Progress notifications at most this often: the partial text is cumulative, so
-# skipped events lose nothing.
-PROGRESS_INTERVAL_S = 0.1
 
 
 class Core:
@@ -89,7 +87,8 @@ class Core:
                 # this core (the stream cannot be trusted, nor the shim's view of its threads), and
                 # every pending call, this one included, fails as in a crash.
                 if not isinstance(result, call.result_type):
-                    raise protocol.ProtocolError(f"reply {msg.id} carries a {type(result).__name__}, not the {call.result_type.__name__} its request wants")
+                    raise protocol.ProtocolError(f"reply {msg.id} carries a {type(result).__name__}, not the "
+                                                 f"{call.result_type.__name__} its request wants")
                 self._track(run, result)
                 if isinstance(result, protocol.RespondResult):
                     self._known[result.thread_id] = None
@@ -151,7 +150,8 @@ class Core:
                 )
             else:
                 tail = "No thread was created for this call: call respond again to start one."
-            self._fail(call, ShimError(errors.CORE_CRASHED, f"the wisp core crashed ({how}) while this call was running and has been restarted. {tail}"))
+            crashed = f"the wisp core crashed ({how}) while this call was running and has been restarted. {tail}"
+            self._fail(call, ShimError(errors.CORE_CRASHED, crashed))
         run.pending.clear()
         # Callers whose own call failed above were told already; everyone else
         # learns on their next call.
@@ -197,13 +197,15 @@ class Core:
                        on_progress: OnProgress | None = None,
                        stop: asyncio.Future[None] | None = None, on_sent: Callable[[], None] | None = None) -> Answer:
         if run.dead:
-            raise ShimError(errors.CORE_CRASHED, "the wisp core crashed just before this call was sent and is restarting; call again.")
+            raise ShimError(errors.CORE_CRASHED,
+                            "the wisp core crashed just before this call was sent and is restarting; call again.")
         run.pending[call.id] = call
         # A timer handle rather than asyncio.wait_for: this path is on every call's round trip.
         timer = asyncio.get_running_loop().call_later(timeout, _expire, call)
         pump = None
         if on_progress is not None and call.progress_event is not None:
-            pump = asyncio.get_running_loop().create_task(_pump_progress(call, on_progress, self.launch.progress_every_s))
+            pump = asyncio.get_running_loop().create_task(
+                pump_progress(call, on_progress, self.launch.progress_every_s))
         try:
             try:
                 # Inside the try: once the frame may be queued, a cancellation must reach the core.
@@ -312,7 +314,8 @@ class Core:
         if len(payload) > protocol.MAX_FRAME_BYTES:
             raise ShimError(
                 errors.INVALID_ARGUMENT,
-                f"the request is {len(payload)} bytes, over wisp's {protocol.MAX_FRAME_BYTES // (1024 * 1024)} MiB limit; "
+                f"the request is {len(payload)} bytes, over wisp's {protocol.MAX_FRAME_BYTES // (1024 * 1024)} MiB "
+                "limit; "
                 "send a shorter prompt (or split the work across several calls).",
             )
 
@@ -352,7 +355,8 @@ class Core:
         assert isinstance(result, protocol.CloseThreadResult)
         return result
 
-    async def status(self, query: str | None = None, limit: int | None = None, cursor: str | None = None) -> protocol.StatusResult:
+    async def status(self, query: str | None = None, limit: int | None = None,
+                     cursor: str | None = None) -> protocol.StatusResult:
         call = PendingCall(self.next_id(), None, False, protocol.StatusResult)
         result = await self._quick(call, protocol.Status(id=call.id, query=query, limit=limit, cursor=cursor), "status")
         assert isinstance(result, protocol.StatusResult)
@@ -360,7 +364,8 @@ class Core:
 
     async def read_thread(self, thread_id: str, last: int | None, max_bytes: int) -> protocol.ReadThreadResult:
         call = PendingCall(self.next_id(), None, False, protocol.ReadThreadResult)
-        result = await self._quick(call, protocol.ReadThread(id=call.id, thread_id=thread_id, last=last, max_bytes=max_bytes), "read_thread")
+        asked = protocol.ReadThread(id=call.id, thread_id=thread_id, last=last, max_bytes=max_bytes)
+        result = await self._quick(call, asked, "read_thread")
         assert isinstance(result, protocol.ReadThreadResult)
         return result
 
@@ -386,60 +391,5 @@ def _expire(call: PendingCall) -> None:
 
 
 def _quick_timeout(op: str) -> Callable[[], ShimError]:
-    return lambda: ShimError(errors.TIMEOUT, f"wisp-core did not answer `{op}` within {QUICK_CALL_TIMEOUT_S:g} s; call again.")
-
-
-# Called with a strictly increasing count, what the call is doing for a person to read, and the
-# partial reply so far ("" while waiting).
-OnProgress = Callable[[int, str, str], Awaitable[None]]
-
-
-def describe_stage(stage: tuple[str, int | None] | None) -> str:
-    """What a call waits for (the core's Stage), in words for a tool row."""
-    what, count = stage if stage is not None else ("queue", 0)
-    if what == "queue" and count:
-        return f"queued behind {count} call{'s' if count != 1 else ''} on this thread"
-    if what == "slot":
-        return "waiting for a model slot (all are busy with other threads)"
-    if what == "prompt":
-        return f"reading the prompt: about {count:,} tokens" if count else "reading the prompt"
-    return "waiting for the model"
-
-
-async def _pump_progress(call: PendingCall, on_progress: OnProgress, every_s: float) -> None:
-    """Forward what the call is doing: the latest partial text (its tokens strictly increasing,
-    rate-limited) or what it waits for, and, when nothing new came for `every_s`, the same again
-    with the time waited; once the reply is in, send what is left and stop."""
-    assert call.progress_event is not None and call.answered is not None
-    loop = asyncio.get_running_loop()
-    started = last = loop.time()
-    count = 0
-    shown: tuple[str, int | None] | None = None
-    while True:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(call.progress_event.wait(), max(0.0, last + every_s - loop.time()))
-        call.progress_event.clear()
-        status = text = None
-        if call.newest == "text" and call.latest is not None and call.latest[0] > call.sent:
-            tokens, text = call.latest
-            status = f"writing: {tokens:,} tokens"
-            call.sent = tokens
-        elif call.newest == "stage" and call.stage != shown and not call.answered.is_set():
-            shown = call.stage
-            status, text = describe_stage(shown), ""
-        elif loop.time() - last >= every_s and not call.answered.is_set():
-            if call.newest == "text" and call.latest is not None:
-                status, text = f"writing: {call.latest[0]:,} tokens", call.latest[1]
-            else:
-                status, text = f"{describe_stage(call.stage)} ({loop.time() - started:.0f} s)", ""
-        if status is not None:
-            count += 1
-            last = loop.time()
-            try:
-                await on_progress(count, status, text or "")
-            except Exception as exc:  # a progress hiccup must not fail the call itself
-                log.debug("progress notification failed: %s", exc)
-        if call.answered.is_set():
-            return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(call.answered.wait(), PROGRESS_INTERVAL_S)
+    return lambda: ShimError(errors.TIMEOUT,
+                             f"wisp-core did not answer `{op}` within {QUICK_CALL_TIMEOUT_S:g} s; call again.")

@@ -30,14 +30,6 @@ BUILD_HINT = (
     "or point --core / WISP_CORE at an existing wisp-core binary."
 )
 
-# What the core's flags accept, for the shim to refuse a bad value before starting it (a core
-# that refuses its flags would fail to start again and again); a test checks they agree.
-BACKENDS = ("auto", "apple", "openai", "echo")
-DEFAULT_MAX_THREADS = 32
-FLAG_MINIMUMS = {"--max-threads": 1, "--max-queue": 0, "--context-size": 1, "--max-stored-threads": 1, "--echo-delay-ms": 0}
-# The largest each takes (the core's Config ranges; test_outside_numbers.py starts the core with each).
-FLAG_MAXIMUMS = {"--max-threads": 1_000_000, "--max-queue": 1_000_000, "--context-size": 2**31 - 1,
-                 "--max-stored-threads": 100_000_000, "--echo-delay-ms": 86_400_000}
 
 # Bounds for the shim's memory of thread ids, which must not grow without limit
 # across a long session.
@@ -47,6 +39,9 @@ MAX_REMEMBERED_IDS = 4096
 EOF_GRACE_S = 0.5
 TERM_GRACE_S = 1.0
 
+
+# A respond call's time limit when none is configured (--timeout / WISP_TIMEOUT).
+DEFAULT_TIMEOUT_S = 300.0
 
 # Progress at least this often, from a call's start to its end, whatever it waits for: clients
 # that reset their time limit on progress (Claude Code) keep a slow call alive; half the 10 s
@@ -60,7 +55,7 @@ class CoreLaunch:
 
     core: str | None = None
     args: list[str] = field(default_factory=list)
-    timeout_s: float = 300.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     env: dict[str, str] | None = None
     # The state dir configured (--state-dir / WISP_STATE_DIR), for what wisp tells callers about
     # retention; whether the core could use it, its Ready (durable) and status say.
@@ -86,7 +81,8 @@ def find_core(explicit: str | None = None) -> Path:
         path = Path(explicit).expanduser()
         if path.is_file() and os.access(path, os.X_OK):
             return path
-        raise ShimError(errors.CORE_MISSING, f"the wisp-core binary named by --core/WISP_CORE ({path}) is not an executable file. {BUILD_HINT}")
+        raise ShimError(errors.CORE_MISSING, f"the wisp-core binary named by --core/WISP_CORE ({path}) is not an "
+                                             f"executable file. {BUILD_HINT}")
     here = Path(__file__).resolve().parent
     candidates = [here / "bin" / CORE_NAME]
     seen: set[Path] = set()
@@ -99,7 +95,8 @@ def find_core(explicit: str | None = None) -> Path:
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return c
-    raise ShimError(errors.CORE_MISSING, f"the wisp-core binary was not found (looked for {candidates[0]} and .build/release/{CORE_NAME} above {here} and {Path.cwd()}). {BUILD_HINT}")
+    raise ShimError(errors.CORE_MISSING, f"the wisp-core binary was not found (looked for {candidates[0]} and "
+                                         f".build/release/{CORE_NAME} above {here} and {Path.cwd()}). {BUILD_HINT}")
 
 
 class CoreProcess:

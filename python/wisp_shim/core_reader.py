@@ -89,7 +89,8 @@ class _CoreStdout(asyncio.Protocol):
             if ready.done():
                 raise protocol.ProtocolError("a second ready frame")
             if msg.protocol != protocol.PROTOCOL_VERSION:
-                raise protocol.ProtocolError(f"wisp-core speaks pipe protocol {msg.protocol}, this shim speaks {protocol.PROTOCOL_VERSION}; rebuild both (`make build`)")
+                raise protocol.ProtocolError(f"wisp-core speaks pipe protocol {msg.protocol}, this shim speaks "
+                                             f"{protocol.PROTOCOL_VERSION}; rebuild both (`make build`)")
             ready.set_result(msg)
         elif not ready.done():
             raise protocol.ProtocolError("the first frame was not ready")

@@ -1,13 +1,16 @@
 """Every error code a wisp tool error can carry, and ShimError, the exception that carries one.
 
-A tool error reads `code: message`. The core's codes come in its error replies (the Swift
-side declares them in `WispError.Code`; a test checks the two lists agree); the shim adds
-its own for what only it can see: the core process itself failing, or the shim stopping.
+A tool error reads `code: message`. The core's codes come in its error replies (the core
+states them, facts.CORE_CODES; the names below are the ones the shim acts on, each one of
+them); the shim adds its own for what only it can see: the core process itself failing, or
+the shim stopping.
 """
 
 from __future__ import annotations
 
-# --- the core's codes (swift/WispCore/Support/Errors.swift) --------------------------------
+from .facts import CORE_CODES
+
+# --- the core's codes that the shim names --------------------------------------------------
 INVALID_ARGUMENT = "invalid_argument"
 CONTEXT_OVERFLOW = "context_overflow"
 MODEL_UNAVAILABLE = "model_unavailable"
@@ -20,7 +23,7 @@ TIMEOUT = "timeout"
 BUSY = "busy"
 INTERNAL = "internal"
 
-CORE_CODES = frozenset(
+NAMED_CORE_CODES = frozenset(
     {
         INVALID_ARGUMENT,
         CONTEXT_OVERFLOW,
@@ -34,6 +37,7 @@ CORE_CODES = frozenset(
         INTERNAL,
     }
 )
+assert NAMED_CORE_CODES <= CORE_CODES, NAMED_CORE_CODES - CORE_CODES
 
 # --- the shim's own -------------------------------------------------------------------------
 # The core died while the call ran (or just before it was sent); it has been restarted.

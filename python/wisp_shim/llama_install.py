@@ -74,7 +74,8 @@ def find_llama_server(explicit: str | None = None) -> Path | None:
     if explicit:
         path = Path(explicit).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise LocalModelError(f"the llama-server named by --llama-server/WISP_LLAMA_SERVER ({path}) is not an executable file")
+            raise LocalModelError(f"the llama-server named by --llama-server/WISP_LLAMA_SERVER ({path}) is not an "
+                                  "executable file")
         return path
     path = cached_llama_server()
     if path.is_file() and os.access(path, os.X_OK):

@@ -303,7 +303,8 @@ class LocalModel:
                     log.info("local model ready in %.2f s at %s", self.ready_after_s, self.endpoint)
                 return
             if time.monotonic() > deadline:
-                raise LocalModelError(f"the local model server did not become healthy within {timeout:.0f} s at {self.endpoint}")
+                raise LocalModelError(f"the local model server did not become healthy within {timeout:.0f} s at "
+                                      f"{self.endpoint}")
             await asyncio.sleep(0.05)
 
     async def _watch(self) -> None:

@@ -50,9 +50,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError, ServerProgram,
-                            cached_llama_server, find_llama_server, find_model, find_server, find_xllamacpp,
-                            libgomp_missing)
+from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError,
+                            ServerProgram, cached_llama_server, find_llama_server, find_model, find_server,
+                            find_xllamacpp, libgomp_missing)
 from .llama_server import DEFAULT_CONTEXT, MODEL_ALIAS, VERIFY_TOKENS, LocalModel, available_cpus, verify
 
 log = logging.getLogger("wisp.local_model")
@@ -103,12 +103,13 @@ def slots_wanted(max_threads: int) -> int:
 
 def slot_count(wanted: int, thread_context: int, kv_bytes_per_token: int | None,
                memory_bytes: int | None, cpus: int | None = None) -> int:
-    """How many parallel slots llama-server gets: `wanted` (slots_wanted()), each with the full per-thread context (-c is slots x that:
-    without --kv-unified llama-server gives each slot -c / slots of its own), and no more than
-    fit in KV_RAM_SHARE of memory. The per-thread context never shrinks to make room: memory
-    limits the slots, and threads beyond them take the least recently used thread's slot (the
-    core decides). SmolLM2-135M needs 22.5 KiB of KV per token, 90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit
-    from 23.5 GiB of memory up, 11 in 8 GiB."""
+    """How many parallel slots llama-server gets: `wanted` (slots_wanted()), each with the full
+    per-thread context (-c is slots x that: without --kv-unified llama-server gives each slot
+    -c / slots of its own), and no more than fit in KV_RAM_SHARE of memory. The per-thread context
+    never shrinks to make room: memory limits the slots, and threads beyond them take the least
+    recently used thread's slot (the core decides). SmolLM2-135M needs 22.5 KiB of KV per token,
+    90 MiB per 4096-token slot: 32 slots take 2.9 GiB, so 32 fit from 23.5 GiB of memory up, 11
+    in 8 GiB."""
     wanted = max(1, min(wanted, MAX_SLOTS, SLOTS_PER_CPU * cpus if cpus else MAX_SLOTS))
     if not kv_bytes_per_token or not memory_bytes:
         return min(wanted, FALLBACK_SLOTS)

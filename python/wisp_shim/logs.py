@@ -54,8 +54,8 @@ class BufferedStderrHandler(logging.Handler):
             line = line[:MAX_LINE_BYTES] + " …(cut)".encode()
         line += b"\n"
         with self._cond:
-            notice = (f"wisp WARNING wisp.logs: {self.dropped} log line(s) dropped: stderr was not being read\n".encode()
-                      if self.dropped else b"")
+            notice = (f"wisp WARNING wisp.logs: {self.dropped} log line(s) dropped: stderr was not being "
+                      "read\n".encode() if self.dropped else b"")
             if self._bytes + len(notice) + len(line) > self._max_bytes:
                 self.dropped += 1
                 return

@@ -11,10 +11,11 @@ from . import protocol
 
 
 class PendingCall:
-    __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "stage", "newest", "progress_event", "sent",
-                 "answered")
+    __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "stage", "newest", "progress_event",
+                 "sent", "answered")
 
-    def __init__(self, call_id: int, thread_id: str | None, want_progress: bool, result_type: type[protocol.Result]) -> None:
+    def __init__(self, call_id: int, thread_id: str | None, want_progress: bool,
+                 result_type: type[protocol.Result]) -> None:
         self.id = call_id
         self.thread_id = thread_id
         # What an ok reply's result must be (checked as the frame arrives: dispatch).

@@ -1,8 +1,8 @@
 """The pipe protocol between the shim and wisp-core, version 2 (ARCHITECTURE.md).
 
 One msgspec Struct per message, under the same names as the Swift side
-(swift/WispCore/Pipe/Messages.swift); keep the two in step. Frames are a 4-byte
-unsigned big-endian length followed by that many bytes of UTF-8 JSON.
+(swift/WispCore/Pipe/Requests.swift and Messages.swift); keep the two in step. Frames are a
+4-byte unsigned big-endian length followed by that many bytes of UTF-8 JSON.
 
 Every message is tagged, so each direction decodes in one pass: shim -> core messages
 by `op` (respond, close_thread, cancel, status, read_thread, ping); core -> shim messages by `event`
@@ -18,12 +18,10 @@ import time
 import msgspec
 
 from . import errors
-
-PROTOCOL_VERSION = 2
-
-# The core treats a larger frame as a protocol error and exits, so the shim must
-# refuse to send one rather than let a single oversized prompt kill every thread.
-MAX_FRAME_BYTES = 16 * 1024 * 1024
+# The pipe's version and frame limit are the core's (facts.py). The core treats a frame over
+# the limit as a protocol error and exits, so the shim must refuse to send one rather than let
+# a single oversized prompt kill every thread.
+from .facts import MAX_FRAME_BYTES, PROTOCOL_VERSION  # noqa: F401 (the pipe's own names)
 
 # The codes an error reply may carry (errors.py).
 ERROR_CODES = errors.CORE_CODES
@@ -43,13 +41,13 @@ class RespondOptions(msgspec.Struct, omit_defaults=True):
     # When that limit runs out, in monotonic_now() seconds: the core neither runs nor commits the
     # call after it, however late it reads the request.
     deadline: float | None = None
-    # light | moderate | deep (tool_models.REASONING_LEVELS); None: the backend's default.
+    # light | moderate | deep (facts.REASONING_LEVELS); None: the backend's default.
     reasoning: str | None = None
 
 
 def monotonic_now() -> float:
     """The pipe's clock for RespondOptions.deadline: CLOCK_MONOTONIC, which the core reads too
-    (Messages.swift's monotonicSeconds says why that one). Not time.monotonic(), which on macOS
+    (Requests.swift's monotonicSeconds says why that one). Not time.monotonic(), which on macOS
     is another clock (mach_absolute_time, stopped while the machine sleeps)."""
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
@@ -311,7 +309,8 @@ def decode_message(payload: bytes | memoryview) -> CoreMessage:
         raise ProtocolError(f"undecodable {_meant(payload)} from the core: {exc}") from None
 
 
-_RESULT_NAMES = {t.__struct_config__.tag: t.__name__ for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult, ReadThreadResult)}
+_RESULT_NAMES = {t.__struct_config__.tag: t.__name__
+                 for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult, ReadThreadResult)}
 
 
 def _meant(payload: bytes | memoryview) -> str:
@@ -325,7 +324,8 @@ def _meant(payload: bytes | memoryview) -> str:
     result = value.get("result")
     if value.get("event") == "reply" and isinstance(result, dict) and result.get("op") in _RESULT_NAMES:
         return f"reply (a {_RESULT_NAMES[result['op']]})"
-    return f"{value['event']} message" if isinstance(value.get("event"), str) and len(value["event"]) < 40 else "message"
+    event = value.get("event")
+    return f"{event} message" if isinstance(event, str) and len(event) < 40 else "message"
 
 
 class FrameDecoder:

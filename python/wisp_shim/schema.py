@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # jsonschema is imported by the first call that passes a schema, not at start: it is a
-# noticeable share of the shim's start-up (bench/README.md) (referencing, attrs, the meta-schemas) that most sessions never use.
+# noticeable share of the shim's start-up (bench/README.md) (referencing, attrs, the
+# meta-schemas) that most sessions never use.
 
 # A schema is sent to the model with every call that uses it and takes room in its context.
 MAX_SCHEMA_BYTES = 16 * 1024
@@ -90,7 +91,8 @@ def check_schema(schema: Any) -> CheckedSchema:
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     size = len(text.encode())
     if size > MAX_SCHEMA_BYTES:
-        raise SchemaError(f"`schema` is {size} bytes of JSON, over wisp's {MAX_SCHEMA_BYTES}-byte limit; use a smaller schema.")
+        raise SchemaError(f"`schema` is {size} bytes of JSON, over wisp's {MAX_SCHEMA_BYTES}-byte limit; use a "
+                          "smaller schema.")
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -140,7 +142,8 @@ def _check_shape(schema: dict[str, Any]) -> None:
         elif isinstance(node, list):
             stack.extend((v, f"{path}/{k}", depth + 1) for k, v in enumerate(node))
         elif isinstance(node, float) and not (math.isfinite(node) and abs(node) <= MAX_NUMBER):
-            raise SchemaError(f"the number at {path} is {'too large' if not math.isnan(node) else 'not a number'} for wisp "
+            what = "too large" if not math.isnan(node) else "not a number"
+            raise SchemaError(f"the number at {path} is {what} for wisp "
                               f"(numbers in a schema must be within ±{MAX_NUMBER:g}).")
         elif isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_NUMBER:
             raise SchemaError(f"the number at {path} has {len(str(abs(node)))} digits, too large for wisp "
@@ -194,12 +197,14 @@ def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
         raise SchemaError(f"schema is nested more than {MAX_DEPTH} levels deep (at {path}); use a flatter schema.")
     for keyword in node:
         if keyword in HINTS:
-            raise SchemaError(f"schema keyword `{keyword}` at {path} is not supported: {HINTS[keyword]}. Supported: {SUPPORTED}.")
+            raise SchemaError(f"schema keyword `{keyword}` at {path} is not supported: {HINTS[keyword]}. "
+                              f"Supported: {SUPPORTED}.")
         if keyword not in KNOWN and not (root and keyword == "$schema"):
             raise SchemaError(f"schema keyword `{keyword}` at {path} is not supported. Supported: {SUPPORTED}.")
     kind = node.get("type")
     if isinstance(kind, list):
-        raise SchemaError(f"`type` at {path} is a list; wisp takes one type per schema: use anyOf with one schema per type.")
+        raise SchemaError(f"`type` at {path} is a list; wisp takes one type per schema: use anyOf with one schema "
+                          "per type.")
     if kind is not None and kind not in TYPES:
         raise SchemaError(f"`type` at {path} is {kind!r}; use one of {', '.join(TYPES)}.")
 
@@ -213,11 +218,13 @@ def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
     elif kind is not None:
         allowed |= {"type"} | BY_TYPE[kind]
     else:
-        raise SchemaError(f"schema at {path} says nothing about its value: give it a `type`, `enum`, `const` or `anyOf`.")
+        raise SchemaError(f"schema at {path} says nothing about its value: give it a `type`, `enum`, `const` or "
+                          "`anyOf`.")
     extra = [k for k in node if k not in allowed]
     if extra:
         keyword = extra[0]
-        raise SchemaError(f"schema keyword `{keyword}` at {path} is not supported{_why(keyword, kind, choice, fixed)}. Supported: {SUPPORTED}.")
+        raise SchemaError(f"schema keyword `{keyword}` at {path} is not supported{_why(keyword, kind, choice, fixed)}. "
+                          f"Supported: {SUPPORTED}.")
 
     if choice:
         branches = node[choice]
@@ -231,7 +238,8 @@ def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
         for k, m in enumerate(members):
             where = f"{path}/const" if fixed == "const" else f"{path}/enum/{k}"
             if not (m is None or isinstance(m, str) or (isinstance(m, (int, float)) and not isinstance(m, bool))):
-                raise SchemaError(f"`{fixed}` value at {where} is {_kind(m)}; wisp's {fixed} holds strings, numbers and null only.")
+                raise SchemaError(f"`{fixed}` value at {where} is {_kind(m)}; wisp's {fixed} holds strings, numbers "
+                                  "and null only.")
             if kind is not None and not _fits(m, kind):
                 raise SchemaError(f"`{fixed}` value {json.dumps(m)} at {where} is not of the schema's type {kind}.")
         return
@@ -244,14 +252,16 @@ def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
             if name not in properties:
                 raise SchemaError(f"`required` at {path} names {name!r}, which is not in `properties`.")
         if node.get("additionalProperties", False) is not False:
-            raise SchemaError(f"`additionalProperties` at {path} must be false (or left out): wisp generates only the listed properties.")
+            raise SchemaError(f"`additionalProperties` at {path} must be false (or left out): wisp generates only the "
+                              "listed properties.")
     elif kind == "array":
         if "items" not in node:
             raise SchemaError(f"schema at {path} is an array without `items`: say what each item is.")
         _check_node(node["items"], f"{path}/items", depth + 1)
         lo, hi = node.get("minItems"), node.get("maxItems")
         if lo is not None and lo > MAX_MIN_ITEMS:
-            raise SchemaError(f"`minItems` at {path} is {lo}, over wisp's bound of {MAX_MIN_ITEMS} items; use a smaller minItems.")
+            raise SchemaError(f"`minItems` at {path} is {lo}, over wisp's bound of {MAX_MIN_ITEMS} items; use a "
+                              "smaller minItems.")
         if lo is not None and hi is not None and lo > hi:
             raise SchemaError(f"`minItems` ({lo}) is above `maxItems` ({hi}) at {path}.")
     elif kind == "string" and "pattern" in node:
@@ -259,7 +269,8 @@ def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
         # the same whole-string match on every backend.
         pattern = node["pattern"]
         if not (len(pattern) >= 2 and pattern.startswith("^") and pattern.endswith("$")):
-            raise SchemaError(f"`pattern` at {path} must match the whole string: start it with ^ and end it with $ (e.g. ^[a-z_]+$).")
+            raise SchemaError(f"`pattern` at {path} must match the whole string: start it with ^ and end it with $ "
+                              "(e.g. ^[a-z_]+$).")
     elif kind in ("integer", "number"):
         lo, hi = node.get("minimum"), node.get("maximum")
         for name, bound in (("minimum", lo), ("maximum", hi)):

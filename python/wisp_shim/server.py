@@ -12,20 +12,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from urllib.parse import unquote, urlsplit
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ValidationError
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
-from mcp.shared.message import ServerMessageMetadata
 from mcp.types import (
     INVALID_PARAMS,
     CallToolRequestParams,
     CallToolResult,
-    ListRootsRequest,
     ListToolsResult,
     PaginatedRequestParams,
     TextContent,
@@ -39,7 +35,9 @@ from . import schema as output_schema
 from . import errors
 from .client import Core
 from .errors import ShimError
-from .tasks import Job, TaskLimits, Tasks
+from .client_roots import client_roots
+from .task_records import Job, TaskLimits
+from .tasks import Tasks
 from .transport import charge, json_size
 from .tool_models import (
     ArgumentError,
@@ -62,11 +60,6 @@ from .tool_models import (
 
 log = logging.getLogger("wisp.server")
 
-# How long a call waits for the client to list its roots before going on without them.
-ROOTS_TIMEOUT_S = 2.0
-# More roots than any real workspace offers; past this a call that binds tools is refused
-# (rather than some roots dropped without the caller knowing which).
-MAX_CLIENT_ROOTS = 256
 # After tools/list, the core starts this much later (see list_tools).
 LISTED_START_DELAY_S = 0.02
 # Progress messages are shown to people in a status line, not read by the model.
@@ -112,12 +105,13 @@ def _respond_tool(max_threads: int, state_dir: str | None = None) -> Tool:
             "thread; pass a result's thread_id to continue that conversation (the model sees the earlier turns). "
             "An unknown thread_id starts a new thread under that id (created=true). instructions and tools bind "
             "when a thread is created: passing them for an existing thread is an error, even empty. Calls on one "
-            "thread run in order, threads in parallel. A thread that outgrows the model's context loses its oldest turns "
-            f"(condensed=true). Retention: {_retention(max_threads, state_dir)}."
+            "thread run in order, threads in parallel. A thread that outgrows the model's context loses its oldest "
+            f"turns (condensed=true). Retention: {_retention(max_threads, state_dir)}."
         ),
         input_schema=tool_schema(RespondArgs),
         output_schema=tool_schema(RespondOutput),
-        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False),
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False,
+                                    open_world_hint=False),
     )
 
 
@@ -130,7 +124,8 @@ CLOSE_THREAD = Tool(
     ),
     input_schema=tool_schema(CloseThreadArgs),
     output_schema=tool_schema(CloseThreadOutput),
-    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
+    annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                                open_world_hint=False),
 )
 
 LIST_THREADS = Tool(
@@ -142,16 +137,21 @@ LIST_THREADS = Tool(
     ),
     input_schema=tool_schema(ListThreadsArgs),
     output_schema=tool_schema(ListThreadsOutput),
-    annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+    annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
+                                open_world_hint=False),
 )
 
 READ_THREAD = Tool(
     name="read_thread",
     title="Reread a thread",
-    description=f"A thread's instructions, tools and last turns (at most {READ_THREAD_BYTES // 1024} KB of text; says what it left out).",
+    description=(
+        f"A thread's instructions, tools and last turns (at most {READ_THREAD_BYTES // 1024} KB of text; says what "
+        "it left out)."
+    ),
     input_schema=tool_schema(ReadThreadArgs),
     output_schema=tool_schema(ReadThreadOutput),
-    annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+    annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
+                                open_world_hint=False),
 )
 
 
@@ -188,14 +188,16 @@ def _usage(u: protocol.UsageBody | None) -> UsageOutput | None:
     if u is None:
         return None
     return UsageOutput(input_tokens=u.input_tokens, output_tokens=u.output_tokens, reasoning_tokens=u.reasoning_tokens,
-                       cached_tokens=u.cached_tokens, first_token_ms=u.first_token_ms, output_tokens_per_s=u.output_tokens_per_s)
+                       cached_tokens=u.cached_tokens, first_token_ms=u.first_token_ms,
+                       output_tokens_per_s=u.output_tokens_per_s)
 
 
 def _usage_text(u: protocol.UsageBody | None) -> str:
     """A thread's total as list_threads' text shows it: only the counts reported."""
     if u is None:
         return ""
-    counts = ((u.input_tokens, "in"), (u.cached_tokens, "cached"), (u.output_tokens, "out"), (u.reasoning_tokens, "reasoning"))
+    counts = ((u.input_tokens, "in"), (u.cached_tokens, "cached"), (u.output_tokens, "out"),
+              (u.reasoning_tokens, "reasoning"))
     parts = [f"{n} {what}" for n, what in counts if n is not None]
     return f", tokens {' / '.join(parts)}" if parts else ""
 
@@ -208,91 +210,10 @@ def _respond_content(r: protocol.RespondResult, restarted: bool) -> str:
     if r.condensed:
         lines.append(f"[note: {r.dropped} older turn(s) were dropped to fit the model's context]")
     if r.store_error:
-        lines.append(f"[warning: this turn was answered but not stored, so a crash or restart would lose the thread: {r.store_error}]")
+        lines.append("[warning: this turn was answered but not stored, so a crash or restart would lose the thread: "
+                     f"{r.store_error}]")
     lines.append(f"[thread_id: {r.thread_id}]")
     return "\n".join(lines)
-
-
-class _OfferedRoots(BaseModel):
-    """A roots/list result as the client sent it: only the uri strings are used, checked by
-    _root_paths. The SDK has already checked the result's shape against the protocol's schema
-    (cheap); its typed ListRootsResult would validate every root again against pydantic URL types,
-    slowly, before anyone can count them (test_hostile times 20,000), and would rewrite
-    `file:relative` to `file:///relative`, hiding a root that is not absolute."""
-
-    roots: list[Any]
-
-
-async def _client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
-    """The roots of the client that made this call, for a call that binds tools or attaches
-    files; None when it offers none.
-
-    Asked on this request's own channel (over streamable HTTP, the call's own response stream,
-    which the client is reading), so every session of a shared server is asked for its own.
-    Roots are deprecated in the 2026-07-28 protocol, which has no server-to-client requests, but
-    they are still what Claude Code, Cursor and VS Code send; a client without them (or without
-    a back-channel) simply gets wisp's own.
-    """
-    caps = ctx.session.client_capabilities
-    if caps is None or caps.roots is None or not ctx.session.can_send_request:
-        return None
-    try:
-        with anyio.fail_after(ROOTS_TIMEOUT_S):
-            offered = await ctx.session.send_request(
-                ListRootsRequest(), _OfferedRoots, metadata=ServerMessageMetadata(related_request_id=ctx.request_id),
-            )
-    except anyio.get_cancelled_exc_class():
-        raise
-    except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(part) for part in first.get("loc", ())) or "the result"
-        raise ShimError(
-            errors.INVALID_ARGUMENT,
-            f"the MCP client's answer to roots/list is not what MCP specifies ({where}: {first.get('msg', 'invalid')}); "
-            "fix the client's roots, or start wisp with --root for the directories the model needs.",
-        ) from None
-    except Exception as exc:  # no back-channel, a slow client, or a client error: go on without
-        log.debug("client roots unavailable: %s", exc)
-        return None
-    listed = offered.roots
-    uris = [r.get("uri") if isinstance(r, dict) else r for r in listed[: MAX_CLIENT_ROOTS + 1]]
-    return _root_paths(uris, offered=len(listed)) or None
-
-
-def _root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
-    """The local directories named by the client's file:// roots, each once, in order.
-
-    A root that does not decode to one absolute local path (a NUL inside, which the core's
-    file calls would cut the path at; a relative path; another host; bytes that are not
-    UTF-8) is refused rather than guessed at: the caller must not get a directory the client
-    never offered. Linear in the number of roots."""
-    offered = len(uris) if offered is None else offered
-    if offered > MAX_CLIENT_ROOTS:
-        raise ShimError(
-            errors.INVALID_ARGUMENT,
-            f"the MCP client offered {offered} roots, more than wisp's limit of {MAX_CLIENT_ROOTS}; offer fewer "
-            "roots to wisp, or start it with --root for the directories the model needs.",
-        )
-    paths: dict[str, None] = {}
-    for uri in uris:
-        if not isinstance(uri, str):
-            raise ShimError(errors.INVALID_ARGUMENT, f"the MCP client offered a root whose uri is not a string ({short(uri)}); fix that root in the client.")
-        url = urlsplit(uri)
-        if url.scheme != "file":
-            continue  # not a directory on this machine: nothing for the file tools
-        try:
-            path = unquote(url.path, errors="strict")
-        except UnicodeDecodeError:
-            path = ""
-        if url.netloc not in ("", "localhost") or not path.startswith("/") or "\x00" in path:
-            raise ShimError(
-                errors.INVALID_ARGUMENT,
-                f"the MCP client offered the root {short(uri)}, which does not decode to an absolute local path "
-                "(file:///absolute/path, with no NUL and UTF-8 percent-escapes); fix that root in the client, or start "
-                "wisp with --root instead.",
-            )
-        paths[path] = None
-    return list(paths)
 
 
 def _progress_message(status: str, text: str) -> str:
@@ -349,7 +270,7 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
 
     async def respond_prepare(ctx: ServerRequestContext[Any], args: dict[str, Any]) -> _RespondCall:
         a: RespondArgs = parse_args(RespondArgs, args)
-        roots = await _client_roots(ctx) if a.tools or a.files else None
+        roots = await client_roots(ctx) if a.tools or a.files else None
         if roots:
             charge(ctx.request, json_size(roots))  # held while the call runs, like its arguments
         # Asked before the call, which makes the id known: a new caller-chosen id was never lost.
@@ -375,8 +296,9 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
         )
         # With a schema the reply is its value: `output` alone carries it.
         out = RespondOutput(
-            thread_id=r.thread_id, created=r.created, text=None if checked else r.text, condensed=r.condensed, turns=r.turns,
-            dropped=r.dropped, store_error=r.store_error, usage=_usage(r.usage) or UsageOutput(), reasoning=a.reasoning,
+            thread_id=r.thread_id, created=r.created, text=None if checked else r.text, condensed=r.condensed,
+            turns=r.turns, dropped=r.dropped, store_error=r.store_error, usage=_usage(r.usage) or UsageOutput(),
+            reasoning=a.reasoning,
         )
         structured = out.model_dump(exclude_none=True)
         if checked is not None:
@@ -412,12 +334,13 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
         a: ListThreadsArgs = parse_args(ListThreadsArgs, args)
         s = await core.status(query=a.query, limit=a.limit or DEFAULT_PAGE, cursor=a.cursor)
         structured = ListThreadsOutput(
-            backend=s.backend, model=s.model, available=s.available, context_size=s.context_size, max_threads=s.max_threads,
+            backend=s.backend, model=s.model, available=s.available, context_size=s.context_size,
+            max_threads=s.max_threads,
             threads=[
                 ThreadEntry(
-                    thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored, usage=_usage(t.usage),
-                    created_at=_iso(t.created_at), updated_at=_iso(t.updated_at), first_prompt=t.first_prompt,
-                    last_reply=t.last_reply, instructions=t.instructions,
+                    thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored,
+                    usage=_usage(t.usage), created_at=_iso(t.created_at), updated_at=_iso(t.updated_at),
+                    first_prompt=t.first_prompt, last_reply=t.last_reply, instructions=t.instructions,
                 )
                 for t in s.threads
             ],
@@ -425,9 +348,11 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
             state_dir=s.state_dir or None, reason=s.reason or None, next_cursor=s.next_cursor,
             context_note=s.context_note, usage=_usage(s.usage),
         ).model_dump(exclude_none=True)
-        lines = [f"backend {s.backend}, model {s.model}, " + ("available" if s.available else f"unavailable: {s.reason or 'unknown reason'}")]
+        health = "available" if s.available else f"unavailable: {s.reason or 'unknown reason'}"
+        lines = [f"backend {s.backend}, model {s.model}, {health}"]
         found = f"{len(s.threads)} thread(s) matching {a.query!r}" if a.query else f"{len(s.threads)} thread(s)"
-        lines.append(found + (f" (threads are stored in {s.state_dir})" if s.state_dir else "") + (":" if s.threads else "."))
+        where = f" (threads are stored in {s.state_dir})" if s.state_dir else ""
+        lines.append(found + where + (":" if s.threads else "."))
         if s.state_error:
             lines.append(f"threads are not stored: {s.state_error}")
         if s.context_note:
@@ -435,7 +360,8 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
         if s.usage is not None:
             lines.append(f"since wisp started{_usage_text(s.usage)}")
         for t in s.threads:
-            what = f"{t.turns} turn(s){f', {t.pending} call(s) pending' if t.pending else ''}{_usage_text(t.usage)}{'' if t.live else ' (stored)'}"
+            pending = f", {t.pending} call(s) pending" if t.pending else ""
+            what = f"{t.turns} turn(s){pending}{_usage_text(t.usage)}{'' if t.live else ' (stored)'}"
             when = f", updated {_iso(t.updated_at)}" if t.updated_at is not None else ""
             lines.append(f"- {t.thread_id}: {what}{when}")
             if t.first_prompt is not None:
@@ -457,7 +383,8 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
                 del item["reply"]
                 item["output"] = _output(t.reply, r.thread_id)
         first = r.turns - len(r.items) + 1
-        lines = [f"thread {r.thread_id}: {r.turns} turn(s)" + (f", showing {first}-{r.turns} ({r.omitted} earlier left out)" if r.omitted else "")]
+        shown = f", showing {first}-{r.turns} ({r.omitted} earlier left out)" if r.omitted else ""
+        lines = [f"thread {r.thread_id}: {r.turns} turn(s){shown}"]
         if r.condensed:
             lines.append(f"[{r.condensed} earlier turn(s) were condensed away]")
         lines.append(f"instructions: {r.instructions!r}" if r.instructions is not None else "no instructions")
@@ -467,7 +394,8 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
             lines += [f"--- turn {n}{' (shortened)' if t.cut else ''}", f"prompt: {t.prompt}", f"reply: {t.reply}"]
         return CallToolResult(content=[TextContent(type="text", text="\n".join(lines))], structured_content=structured)
 
-    handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads, "read_thread": read_thread}
+    handlers = {"respond": respond, "close_thread": close_thread, "list_threads": list_threads,
+                "read_thread": read_thread}
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: CallToolRequestParams,

@@ -156,7 +156,8 @@ class Supervisor:
         run.stdout_fd = out_r
         run.reader = asyncio.get_running_loop().create_task(read_frames(run, self._listener), name="wisp-core reader")
         try:
-            done, _ = await asyncio.wait({run.ready, run.reader}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({run.ready, run.reader}, timeout=READY_TIMEOUT_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             self._starting = None
             await stop_process(proc)
@@ -171,7 +172,8 @@ class Supervisor:
             self._notify()
             return run
         # Died or hung before Ready: nothing was running on it, so nothing was lost.
-        detail = "it exited before it was ready" if done else f"it did not say it was ready within {READY_TIMEOUT_S:.0f} s"
+        detail = ("it exited before it was ready" if done
+                  else f"it did not say it was ready within {READY_TIMEOUT_S:.0f} s")
         await stop_process(proc)
         try:
             rc, reason = await run.reader

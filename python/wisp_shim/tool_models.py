@@ -9,7 +9,6 @@ structured result.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -17,24 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import GenerateJsonSchema
 
 from . import schema as output_schema
+from .facts import (  # noqa: F401
+    MAX_OUTPUT_TOKENS,
+    MODEL_TOOLS,
+    REASONING_LEVELS,
+    THREAD_ID_CHARS,
+    THREAD_ID_RE,
+    THREAD_ID_RULE,
+)
 
-# The thread-id rule, as the core enforces it too (a test checks they agree).
-THREAD_ID_CHARS = "[A-Za-z0-9._-]{1,64}"
-THREAD_ID_RE = re.compile(THREAD_ID_CHARS)
-THREAD_ID_RULE = "1-64 characters of A-Z a-z 0-9 . _ -"
-# The core's model-tool catalogue (swift/WispCore/Tools/Catalogue.swift), named here because
-# tools/list is answered before the core is up; a test checks the two agree.
-MODEL_TOOLS = {
-    "read_file": "read a text file, optionally a line range",
-    "list_directory": "list a directory",
-    "search_text": "find lines matching a literal or regex pattern, as file:line: text",
-}
-# Above any model's reply length, and inside the core's 64-bit integers.
-MAX_OUTPUT_TOKENS = 2**31 - 1
+# The thread-id rule, the model-tool catalogue and the largest token count are the core's
+# (facts.py): tools/list is answered before the core is up.
 # OpenAI-compatible servers take 0-2; Apple's model clamps to 0-1.
 MAX_TEMPERATURE = 2
-# `reasoning`'s levels, as the core's ReasoningLevel (a test checks they agree).
-REASONING_LEVELS = ("light", "moderate", "deep")
 # list_threads' page size when the caller names none, and the most it may name.
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
@@ -93,7 +87,9 @@ class _Arguments(BaseModel):
 
 
 class RespondArgs(_Arguments):
-    prompt: Annotated[str, ErrorWording("a string", required="`prompt` is required: the message for the model.")] = Field(
+    prompt: Annotated[
+        str, ErrorWording("a string", required="`prompt` is required: the message for the model.")
+    ] = Field(
         description="The message for the model: the task, with whatever context it needs.",
     )
     thread_id: Annotated[ThreadId | None, ErrorWording("a string")] = Field(
@@ -113,13 +109,18 @@ class RespondArgs(_Arguments):
     )
     instructions: Annotated[str | None, ErrorWording("a string")] = Field(
         None,
-        description="System instructions for a NEW thread (role, rules, output format). Only allowed when the call creates the thread.",
+        description=(
+            "System instructions for a NEW thread (role, rules, output format). Only allowed when the call creates "
+            "the thread."
+        ),
     )
-    tools: Annotated[list[str] | None, ErrorWording("a list of tool names", items="`tools` must be a list of tool names (strings).")] = Field(
+    tools: Annotated[
+        list[str] | None, ErrorWording("a list of tool names", items="`tools` must be a list of tool names (strings).")
+    ] = Field(
         None,
         description=(
             "Tools the model may call in a NEW thread (only allowed when the call creates it): "
-            + "; ".join(f"{name}: {what}" for name, what in MODEL_TOOLS.items())
+            + "; ".join(f"{name}: {what.rstrip('.')}" for name, what in MODEL_TOOLS.items())
             + ". Read-only, confined to wisp's roots (--root, the client's roots, else the directory wisp started in)."
         ),
     )
@@ -140,7 +141,9 @@ class RespondArgs(_Arguments):
     max_output_tokens: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
         None, ge=1, le=MAX_OUTPUT_TOKENS, description="Upper bound on the reply's length in tokens for this call.",
     )
-    reasoning: Annotated[Literal[REASONING_LEVELS] | None, ErrorWording("one of " + ", ".join(f'"{x}"' for x in REASONING_LEVELS))] = Field(
+    reasoning: Annotated[
+        Literal[REASONING_LEVELS] | None, ErrorWording("one of " + ", ".join(f'"{x}"' for x in REASONING_LEVELS))
+    ] = Field(
         None,
         description=(
             "How hard a reasoning model thinks for this call: light, moderate or deep; omit for the model's default "
@@ -163,21 +166,29 @@ class RespondArgs(_Arguments):
 
 
 class UsageOutput(BaseModel):
-    input_tokens: int | None = Field(None, description="Tokens the model read, all model requests (tool rounds too) added up.")
+    input_tokens: int | None = Field(
+        None, description="Tokens the model read, all model requests (tool rounds too) added up.")
     output_tokens: int | None = Field(None, description="Tokens it wrote, reasoning included.")
     reasoning_tokens: int | None = Field(None, description="Of output_tokens, those spent reasoning.")
-    cached_tokens: int | None = Field(None, description="Of input_tokens, those the server took from its prompt cache instead of reading them again.")
-    first_token_ms: int | None = Field(None, description="respond only: milliseconds from sending the request to the model's first token (wisp's measure).")
-    output_tokens_per_s: float | None = Field(None, description="respond only: output tokens a second while the model wrote (wisp's measure).")
+    cached_tokens: int | None = Field(
+        None, description="Of input_tokens, those the server took from its prompt cache instead of reading them again.")
+    first_token_ms: int | None = Field(
+        None,
+        description="respond only: milliseconds from sending the request to the model's first token (wisp's measure).",
+    )
+    output_tokens_per_s: float | None = Field(
+        None, description="respond only: output tokens a second while the model wrote (wisp's measure).")
 
 
 class CloseThreadArgs(_Arguments):
-    thread_id: Annotated[ThreadId, ErrorWording("a string", required="`thread_id` is required.")] = Field(description="The thread to close.")
+    thread_id: Annotated[ThreadId, ErrorWording("a string", required="`thread_id` is required.")] = Field(
+        description="The thread to close.")
 
 
 class ListThreadsArgs(_Arguments):
     query: Annotated[str | None, ErrorWording(f"a string of 1 to {MAX_QUERY_CHARS} characters")] = Field(
-        None, min_length=1, max_length=MAX_QUERY_CHARS, description="Words to find in threads' prompts and replies; best match first.",
+        None, min_length=1, max_length=MAX_QUERY_CHARS,
+        description="Words to find in threads' prompts and replies; best match first.",
     )
     limit: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_PAGE}")] = Field(
         None, ge=1, le=MAX_PAGE, description=f"Threads per page (default {DEFAULT_PAGE}).",
@@ -186,7 +197,8 @@ class ListThreadsArgs(_Arguments):
 
 
 class ReadThreadArgs(_Arguments):
-    thread_id: Annotated[ThreadId, ErrorWording("a string", required="`thread_id` is required.")] = Field(description="The thread to read.")
+    thread_id: Annotated[ThreadId, ErrorWording("a string", required="`thread_id` is required.")] = Field(
+        description="The thread to read.")
     last: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
         None, ge=1, le=MAX_OUTPUT_TOKENS, description="Only its last N turns (default: all that fit).",
     )
@@ -201,9 +213,13 @@ class RespondOutput(BaseModel):
     dropped: int = Field(description="Turns dropped by condensing during this call.")
     # May be JSON null, when the schema allows it: present whenever the call had a schema.
     output: Any = Field(None, description="With `schema`: the reply as a JSON value that matches it.")
-    store_error: str | None = Field(None, description="With --state-dir: why this turn could not be stored (the thread is in memory only).")
+    store_error: str | None = Field(
+        None, description="With --state-dir: why this turn could not be stored (the thread is in memory only).")
     usage: UsageOutput = Field(
-        description="What this call cost, as the backend reported it; a count the backend does not report is absent, never guessed.",
+        description=(
+            "What this call cost, as the backend reported it; a count the backend does not report is absent, never "
+            "guessed."
+        ),
     )
     reasoning: str | None = Field(None, description="With `reasoning`: the level this call was answered with.")
 
@@ -224,7 +240,8 @@ class ThreadEntry(BaseModel):
     first_prompt: str | None = Field(None, description="The start of its first prompt.")
     last_reply: str | None = Field(None, description="The start of its last reply.")
     instructions: str | None = Field(None, description="Its instructions, shortened.")
-    usage: UsageOutput | None = Field(None, description="Live threads: tokens their calls cost since created or resumed.")
+    usage: UsageOutput | None = Field(
+        None, description="Live threads: tokens their calls cost since created or resumed.")
 
 
 class ListThreadsOutput(BaseModel):
@@ -235,7 +252,8 @@ class ListThreadsOutput(BaseModel):
     context_size: int = Field(description="The model's context window in tokens.")
     max_threads: int = Field(description="Live threads kept at most.")
     state_dir: str | None = Field(None, description="Where threads are stored, when they are.")
-    context_note: str | None = Field(None, description="Set when the server was found to cut prompts: the window wisp now uses.")
+    context_note: str | None = Field(
+        None, description="Set when the server was found to cut prompts: the window wisp now uses.")
     usage: UsageOutput | None = Field(None, description="What this wisp's calls cost since it started, summed.")
     threads: list[ThreadEntry]
     next_cursor: str | None = Field(None, description="Pass as cursor for the next page; absent on the last.")
@@ -316,7 +334,8 @@ def parse_args(model: type[_Arguments], args: dict[str, Any]) -> Any:
         # Name a few, each shortened: a hostile call may carry thousands, or huge names.
         named = ", ".join(short(x) if len(x) > 60 else x for x in extra[:5])
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
-        raise ArgumentError(f"unknown argument(s) {named}{more}; this tool takes {', '.join(allowed) or 'no arguments'}.")
+        takes = ", ".join(allowed) or "no arguments"
+        raise ArgumentError(f"unknown argument(s) {named}{more}; this tool takes {takes}.")
     for name, wording in fields:
         if wording.required is not None and args.get(name) is None:
             raise ArgumentError(wording.required)
@@ -341,7 +360,8 @@ def _message(exc: ValidationError, wording: dict[str, ErrorWording], given: dict
     if len(error["loc"]) > 1 and rule.items is not None:
         return rule.items
     if error["type"] == "string_pattern_mismatch":
-        return f"`{name}` {short(value)} is not a valid thread id: use {THREAD_ID_RULE} (or omit it to start a new thread)."
+        return (f"`{name}` {short(value)} is not a valid thread id: use {THREAD_ID_RULE} (or omit it to start a new "
+                "thread).")
     if error["type"].endswith("_type") or error["type"] in ("int_from_float", "float_parsing", "int_parsing"):
         return f"`{name}` must be {rule.what}, got {_got(value)}."
     return f"`{name}` must be {rule.what}, got {short(value)}."

@@ -1,4 +1,4 @@
-"""Guards between the stdio transport and the MCP server loop (issue 8, hostile input).
+"""Guards between the stdio transport and the MCP server loop (hostile input).
 
 - Answers what the SDK drops. A line that is not JSON, or not a JSON-RPC message, reaches
   the server loop as an exception item that the SDK only logs, so a client waiting on that
@@ -8,7 +8,8 @@
   writes replies with a blocking write to stdout: a client that keeps sending and stops
   reading would grow the shim without bound. Here a request is only handed on while fewer
   than MAX_IN_FLIGHT requests (and MAX_IN_FLIGHT_BYTES of their arguments, every value
-  counted, plus the client's roots fetched for them) await their replies; past that, stdin is simply not read, and the client's writes block.
+  counted, plus the client's roots fetched for them) await their replies; past that, stdin is
+  simply not read, and the client's writes block.
 - Request ids. The budget counts requests, keyed exactly as the SDK correlates ids
   (`coerce_request_id`: "05" and 5 are one id), and a slot is freed when its request ends,
   answered or not (the SDK's `on_request_unanswered` hook covers a cancelled one, however
@@ -120,7 +121,8 @@ def _answer_for(exc: Exception) -> JSONRPCError | None:
         rid = _id_from_line(raw) if raw is not None else None
         return JSONRPCError(
             jsonrpc="2.0", id=rid,
-            error=ErrorData(code=PARSE_ERROR, message=f"Parse error: the line is not valid JSON ({bad.why}); nothing was done."),
+            error=ErrorData(code=PARSE_ERROR,
+                            message=f"Parse error: the line is not valid JSON ({bad.why}); nothing was done."),
         )
     # Well-formed JSON that is not a JSON-RPC message.
     obj = bad.value if bad is not None else None
@@ -138,7 +140,8 @@ def _answer_for(exc: Exception) -> JSONRPCError | None:
         )
     return JSONRPCError(
         jsonrpc="2.0", id=None,
-        error=ErrorData(code=INVALID_REQUEST, message="Invalid Request: a message must be one JSON-RPC 2.0 object; nothing was done."),
+        error=ErrorData(code=INVALID_REQUEST,
+                        message="Invalid Request: a message must be one JSON-RPC 2.0 object; nothing was done."),
     )
 
 
@@ -266,8 +269,9 @@ class GuardedReadStream:
                         jsonrpc="2.0", id=msg.id,
                         error=ErrorData(
                             code=INVALID_REQUEST,
-                            message=f"Invalid Request: request id {_short_id(msg.id)} is already in flight; a request's id "
-                            "must differ from those of the client's requests still awaiting a reply. Nothing was done.",
+                            message=f"Invalid Request: request id {_short_id(msg.id)} is already in flight; a "
+                            "request's id must differ from those of the client's requests still awaiting a reply. "
+                            "Nothing was done.",
                         ),
                     )))
                     continue

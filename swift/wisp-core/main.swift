@@ -21,6 +21,11 @@ if arguments.contains("--help") || arguments.contains("-h") {
     FileHandle.standardError.write(Data((CoreConfig.usage + "\n").utf8))
     exit(0)
 }
+if arguments == ["--facts"] {
+    // Not the pipe: a one-off answer for `make facts` and the agreement test.
+    print(CoreFacts.json.jsonText)
+    exit(0)
+}
 if arguments == ["--check-replies"] {
     // A test aid (see OutputSchema.verdictLine), before any backend starts.
     while let line = readLine(strippingNewline: true) { print(OutputSchema.verdictLine(line)) }
@@ -67,8 +72,11 @@ let stdoutLock = Mutex(())
     }
 }
 
-let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots, allowHardLinks: config.allowHardLinks)
-if roots.paths.count < max(1, config.roots.count) { log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)") }
+let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPath] : config.roots,
+                  allowHardLinks: config.allowHardLinks)
+if roots.paths.count < max(1, config.roots.count) {
+    log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)")
+}
 var store: SQLiteThreadStore?
 var storeError: String?
 if let dir = config.stateDir {

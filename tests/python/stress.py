@@ -1,4 +1,4 @@
-"""Stress (issue 8): many `respond` calls across more thread ids than wisp keeps, with many
+"""Stress: many `respond` calls across more thread ids than wisp keeps, with many
 in flight, through the real shim and core (echo backend), checked for:
 
 - every call answered exactly once (raw JSON-RPC, so a duplicate or stray reply is seen);

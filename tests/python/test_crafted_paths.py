@@ -1,4 +1,4 @@
-"""A crafted `files` path (issue 25.3): 540 KB of `sub/..` then `/.` is refused at once, as the
+"""A crafted `files` path: 540 KB of `sub/..` then `/.` is refused at once, as the
 OS refuses a path over PATH_MAX, quoting only a short prefix of it; while two such calls run a
 plain `files` call on another thread is answered, and the core is idle once they are done."""
 

@@ -1,4 +1,4 @@
-"""Durable threads (issue 18): `--state-dir` through the real shim and core, echo backend.
+"""Durable threads: `--state-dir` through the real shim and core, echo backend.
 
 The echo backend's `echo N:` is the number of prompts the thread's context holds, so a thread
 that continues with its full history after a crash or restart says so in its reply.

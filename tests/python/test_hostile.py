@@ -1,4 +1,4 @@
-"""Hostile MCP input (issue 8): a table of bad inputs, each answered with a clear error (a
+"""Hostile MCP input: a table of bad inputs, each answered with a clear error (a
 tool error with isError: true, or a JSON-RPC error where the spec says so), the server alive
 afterwards, and another thread's state untouched.
 

@@ -236,7 +236,7 @@ def test_a_number_past_what_wisp_takes_is_refused_at_start(args, env, says):
                                   "--echo-delay-ms"])
 def test_the_shims_bound_of_each_core_flag_is_the_cores(flag):
     from harness import core_path
-    from wisp_shim.core_process import FLAG_MAXIMUMS
+    from wisp_shim.facts import FLAG_MAXIMUMS
 
     def core_takes(value: int) -> bool:
         run = subprocess.run([core_path(), "--backend", "echo", flag, str(value)], stdin=subprocess.DEVNULL,

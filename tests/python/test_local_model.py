@@ -199,7 +199,8 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
     assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
     # The shim's --max-threads reaches the rule.
     from harness import core_path
-    from wisp_shim.__main__ import LocalModelUse, core_launch, parse_args
+    from wisp_shim.__main__ import LocalModelUse
+    from wisp_shim.config import core_launch, parse_args
 
     ns = parse_args(["--core", core_path(), "--max-threads", "3", "--llama-server", str(binary), "--model-path", str(model)])
     assert LocalModelUse(ns, core_launch(ns), platform="linux").lm.slots == 3
@@ -240,7 +241,8 @@ async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_loca
     """The macOS path, run here: this core's apple backend is unavailable, as on a Mac without
     Apple Intelligence, so the probe must pick the local model (and start it) instead."""
     from harness import core_path
-    from wisp_shim.__main__ import LocalModelUse, core_launch, parse_args
+    from wisp_shim.__main__ import LocalModelUse
+    from wisp_shim.config import core_launch, parse_args
     from wisp_shim.client import Core
 
     for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL"):
@@ -686,6 +688,6 @@ def test_plan_bounds_the_context_by_what_the_model_was_trained_for(tmp_path, mon
 
 
 def test_local_model_is_the_model_path_flag_under_its_other_name(tmp_path):
-    from wisp_shim.__main__ import parse_args
+    from wisp_shim.config import parse_args
 
     assert parse_args(["--local-model", str(tmp_path / "x.gguf")]).model_path == str(tmp_path / "x.gguf")

@@ -1,5 +1,4 @@
-"""One verdict, taken once, on exact data (issue 24 items 2-5, issue 25 items 1-2 and the reply
-encoding of 4), end to end through the shim and the real core (echo backend unless said):
+"""One verdict, taken once, on exact data, end to end through the shim and the real core (echo backend unless said):
 
 - a structured reply is judged by the core alone, before the turn is kept: big integers, NFC
   and NFD keys and `$` before a final newline no longer make the caller hear "failed" about a

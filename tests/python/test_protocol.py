@@ -227,8 +227,7 @@ def test_the_budget_keys_ids_as_the_sdk_correlates_them():
     [[[[]]], {}, None, True, 10**30, "é" * 50],
 ])
 def test_the_in_flight_budget_weighs_a_request_about_as_its_json(value):
-    """Every argument counts, nested ones included, at about its JSON length (issue 25.7: a
-    `files` list of 750 KB weighed two bytes)."""
+    """Every argument counts, nested ones included, at about its JSON length."""
     from wisp_shim.transport import json_size
 
     written = len(json.dumps(value, ensure_ascii=False))

@@ -1,4 +1,4 @@
-"""The short stress run inside `make test` (issue 8): 1,000 respond calls over 64 thread ids,
+"""The short stress run inside `make test`: 1,000 respond calls over 64 thread ids,
 capacity 32, 50 in flight, !sleep 0-20 ms each. `make stress` runs 10,000 (stress.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a call cost and how hard the model thinks (issue 29): `usage` in every respond result and
+"""What a call cost and how hard the model thinks: `usage` in every respond result and
 each live thread's total in list_threads, the `reasoning` argument, reasoning kept out of the
 reply, and the exact pre-count on an OpenAI-compatible server, through a real MCP client, shim and
 core: the echo backend by its contract, the openai backend against a scripted server

@@ -1,6 +1,7 @@
 /// Chooses the backend for a configuration. Each backend lives in its own folder beside this
 /// file. `echoCrash` is what the echo backend's `!crash` does (see `EchoBackend`).
-public func makeBackend(_ config: CoreConfig, echoCrash: @escaping @Sendable () -> Never) throws(WispError) -> any ModelBackend {
+public func makeBackend(_ config: CoreConfig,
+                        echoCrash: @escaping @Sendable () -> Never) throws(WispError) -> any ModelBackend {
     switch config.backend {
     case .echo:
         return EchoBackend(contextSize: config.contextSize, delayMs: config.echoDelayMs, crash: echoCrash)
@@ -10,7 +11,8 @@ public func makeBackend(_ config: CoreConfig, echoCrash: @escaping @Sendable () 
         #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
         if #available(macOS 26.0, *) { return AppleBackend() }
         #endif
-        throw WispError(.modelUnavailable, "the apple backend needs macOS 26+ with FoundationModels; it is not available on this system")
+        throw WispError(.modelUnavailable,
+                        "the apple backend needs macOS 26+ with FoundationModels; it is not available on this system")
     case .auto:
         #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
         // With no endpoint to fall back to, apple still: its availability() says why it cannot answer.
@@ -21,7 +23,9 @@ public func makeBackend(_ config: CoreConfig, echoCrash: @escaping @Sendable () 
             c.backend = .openai
             return try makeBackend(c, echoCrash: echoCrash)
         }
-        throw WispError(.modelUnavailable, "no model backend is available: set --endpoint (an OpenAI-compatible server), or use --backend echo to try wisp without a model")
+        throw WispError(.modelUnavailable,
+                "no model backend is available: set --endpoint (an OpenAI-compatible server), or use --backend echo " +
+                "to try wisp without a model")
     }
 }
 
@@ -50,7 +54,8 @@ final class UnavailableSession: ModelSession {
     init(reason: String) { self.reason = reason }
 
     nonisolated(nonsending)
-    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+    func respond(to prompt: String, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Generation {
         throw WispError(.modelUnavailable, reason)
     }
 }

@@ -41,7 +41,8 @@ public struct Usage: Sendable, Equatable {
     /// Seconds spent generating, from each request's first token to its last, as wisp measured it.
     public var generationSeconds: Double?
 
-    public init(inputTokens: Int? = nil, outputTokens: Int? = nil, reasoningTokens: Int? = nil, cachedTokens: Int? = nil,
+    public init(inputTokens: Int? = nil, outputTokens: Int? = nil, reasoningTokens: Int? = nil,
+                cachedTokens: Int? = nil,
                 firstTokenSeconds: Double? = nil, generationSeconds: Double? = nil) {
         self.inputTokens = inputTokens
         self.outputTokens = outputTokens
@@ -176,7 +177,8 @@ public protocol ModelBackend: Sendable {
     /// The same, for the thread `affinity` names: a backend that keeps a conversation's state on
     /// the model's side (llama-server's slots) keeps it for the thread across the sessions the
     /// thread rebuilds. Default: `affinity` is not needed.
-    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) -> any ModelSession
+    func makeSession(instructions: String?, tools: [ModelTool], history: [Turn],
+                     affinity: SessionAffinity) -> any ModelSession
 }
 
 extension ModelBackend {
@@ -187,7 +189,8 @@ extension ModelBackend {
     public func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
                              settings: GenerationSettings) async throws -> Int? { nil }
 
-    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) -> any ModelSession {
+    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn],
+                            affinity: SessionAffinity) -> any ModelSession {
         makeSession(instructions: instructions, tools: tools, history: history)
     }
 }
@@ -237,7 +240,8 @@ public protocol ModelSession: AnyObject {
     /// A prompt with attached files. Default: the rendered text, as any other prompt (the echo
     /// backend answers from its parts, as its contract says).
     nonisolated(nonsending)
-    func respond(to prompt: ModelPrompt, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation
+    func respond(to prompt: ModelPrompt, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Generation
 
     /// Warm the model after a rebuild, where the backend can. Default: nothing.
     nonisolated(nonsending)
@@ -248,7 +252,8 @@ extension ModelSession {
     public nonisolated(nonsending) func prewarm() async {}
 
     public nonisolated(nonsending)
-    func respond(to prompt: ModelPrompt, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+    func respond(to prompt: ModelPrompt, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Generation {
         try await respond(to: prompt.rendered, settings: settings, onPartial: onPartial)
     }
 }

@@ -149,7 +149,8 @@ public final class Lifecycle: Sendable {
             if hungUp == nil, fds[0].revents & Int16(POLLHUP | POLLERR | POLLNVAL) != 0 { hungUp = clock.now }
 
             if let hungUp, clock.now >= hungUp + escalation.backstop {
-                end(.backstop, .warning, "stdin closed \(Self.shown(escalation.backstop)) ago and the pipe loop has not exited; exiting")
+                end(.backstop, .warning,
+                    "stdin closed \(Self.shown(escalation.backstop)) ago and the pipe loop has not exited; exiting")
             }
             if shutdown == nil, state.withLock({ $0.inputEnded }) {
                 log(.info, "stdin closed: stopping \(server.callsInFlight) call(s) in flight and exiting")
@@ -167,7 +168,8 @@ public final class Lifecycle: Sendable {
         while server.callsInFlight > 0, clock.now >= until {
             guard let step = rest.popFirst() else {
                 let total = escalation.steps.reduce(.zero) { $0 + $1.time }
-                end(.inputEnded, .warning, "\(server.callsInFlight) call(s) did not stop within \(Self.shown(total)); exiting anyway")
+                end(.inputEnded, .warning,
+                    "\(server.callsInFlight) call(s) did not stop within \(Self.shown(total)); exiting anyway")
             }
             switch step {
             case .drain: server.drain()

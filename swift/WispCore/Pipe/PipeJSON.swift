@@ -1,8 +1,12 @@
 import WispInfrastructure
 
-/// The pipe's messages in JSON, through the core's one codec (WispInfrastructure/JSON/JSON.swift): requests
-/// read straight into their types by `JSONFields` tables (no tree is built), replies written by
-/// `JSONWriter`.
+/// The pipe's messages in JSON, through the core's one codec (WispInfrastructure/JSON/JSON.swift).
+///
+/// A message's fields are declared once, in its `fields` table (beside the struct, in
+/// Requests.swift or Messages.swift): the reader and the writer both come from that table, so a
+/// new field is its property and one line there. Reading goes straight into the message's type (no tree is built); a
+/// request's `op` is read first (at once when it is the first key, as the shim writes it) and
+/// picks the table for the rest.
 ///
 /// The reader alone decides: a frame it does not read as a request is answered by
 /// `RequestReader` (rejected with the reason, or a protocol error). Unknown keys are skipped, as
@@ -12,15 +16,27 @@ public enum PipeJSON {
     /// The request in `bytes`, or why it is not one.
     public static func request(_ bytes: UnsafeRawBufferPointer) throws(JSONError) -> Request {
         var r = JSONReader(bytes)
-        var fields = RequestFields()
-        try r.object(into: &fields, RequestFields.table)
+        guard let op = try r.member("op", Request.Op.read) else { throw JSONError.missing("op") }
+        let request: Request
+        switch op {
+        case .respond: request = .respond(try Respond.read(&r))
+        case .close_thread: request = .closeThread(try CloseThread.read(&r))
+        case .cancel: request = .cancel(try Cancel.read(&r))
+        case .status: request = .status(try Status.read(&r))
+        case .read_thread: request = .readThread(try ReadThread.read(&r))
+        case .ping: request = .ping(try Ping.read(&r))
+        }
         try r.end()
-        return try fields.message()
+        return request
     }
 
     public static func request(_ bytes: some Collection<UInt8>) throws(JSONError) -> Request {
         let result: Result<Request, JSONError>? = bytes.withContiguousStorageIfAvailable { b in
-            do throws(JSONError) { return .success(try request(UnsafeRawBufferPointer(b))) } catch { return .failure(error) }
+            do throws(JSONError) {
+                return .success(try request(UnsafeRawBufferPointer(b)))
+            } catch {
+                return .failure(error)
+            }
         }
         if let result { return try result.get() }
         return try Array(bytes).withUnsafeBytes { b in catching { () throws(JSONError) in try request(b) } }.get()
@@ -33,82 +49,150 @@ public enum PipeJSON {
     }
 }
 
-extension RespondOptions {
-    /// One line per field.
-    static let table = JSONFields<RespondOptions>([
-        "temperature": { r, o throws(JSONError) in o.temperature = try r.nullable { r throws(JSONError) in try r.double() } },
-        "max_output_tokens": { r, o throws(JSONError) in o.max_output_tokens = try r.nullable { r throws(JSONError) in try r.int() } },
-        "timeout_s": { r, o throws(JSONError) in o.timeout_s = try r.nullable { r throws(JSONError) in try r.double() } },
-        "deadline": { r, o throws(JSONError) in o.deadline = try r.nullable { r throws(JSONError) in try r.double() } },
-        "reasoning": { r, o throws(JSONError) in o.reasoning = try r.nullable { r throws(JSONError) in try r.string() } },
-    ])
+// MARK: field tables
+
+/// A value a pipe field holds, read and written by the core's one codec.
+public protocol PipeValue: SendableMetatype {
+    static func read(_ r: inout JSONReader) throws(JSONError) -> Self
+    func write(to w: inout JSONWriter)
 }
 
-/// Every field a request of any op may carry; `request()` builds the op's message from it.
-private struct RequestFields {
-    var op: String?, id: Int?, request: Int?
-    var prompt: String?, threadID: String?, instructions: String?, schema: String?
-    var tools: [String]?, roots: [String]?, files: [String]?
-    var options: RespondOptions?, progress: Bool?
-    var forkFrom: String?, rewind: Int?, query: String?, limit: Int?, cursor: String?, last: Int?, maxBytes: Int?
+/// A pipe message, or an object inside one, whose fields are declared once in `fields`.
+public protocol PipeMessage: PipeValue, JSONWritable {
+    static var fields: PipeFields<Self> { get }
+    /// Where reading starts: a field the frame leaves out keeps this value (only an optional
+    /// field may be left out).
+    static var blank: Self { get }
+}
 
-    static let table = JSONFields<RequestFields>([
-        "op": { r, f throws(JSONError) in f.op = try r.string() },
-        "id": { r, f throws(JSONError) in f.id = try r.int() },
-        "request": { r, f throws(JSONError) in f.request = try r.int() },
-        "prompt": { r, f throws(JSONError) in f.prompt = try r.nullable { r throws(JSONError) in try r.string() } },
-        "thread_id": { r, f throws(JSONError) in f.threadID = try r.nullable { r throws(JSONError) in try r.string() } },
-        "instructions": { r, f throws(JSONError) in f.instructions = try r.nullable { r throws(JSONError) in try r.string() } },
-        "schema": { r, f throws(JSONError) in f.schema = try r.nullable { r throws(JSONError) in try r.string() } },
-        "tools": { r, f throws(JSONError) in f.tools = try r.nullable { r throws(JSONError) in try r.strings() } },
-        "roots": { r, f throws(JSONError) in f.roots = try r.nullable { r throws(JSONError) in try r.strings() } },
-        "files": { r, f throws(JSONError) in f.files = try r.nullable { r throws(JSONError) in try r.strings() } },
-        "options": { r, f throws(JSONError) in
-            f.options = try r.nullable { r throws(JSONError) in
-                var o = RespondOptions()
-                try r.object(into: &o, RespondOptions.table)
-                return o
-            }
-        },
-        "progress": { r, f throws(JSONError) in f.progress = try r.nullable { r throws(JSONError) in try r.bool() } },
-        "fork_from": { r, f throws(JSONError) in f.forkFrom = try r.nullable { r throws(JSONError) in try r.string() } },
-        "rewind": { r, f throws(JSONError) in f.rewind = try r.nullable { r throws(JSONError) in try r.int() } },
-        "query": { r, f throws(JSONError) in f.query = try r.nullable { r throws(JSONError) in try r.string() } },
-        "limit": { r, f throws(JSONError) in f.limit = try r.nullable { r throws(JSONError) in try r.int() } },
-        "cursor": { r, f throws(JSONError) in f.cursor = try r.nullable { r throws(JSONError) in try r.string() } },
-        "last": { r, f throws(JSONError) in f.last = try r.nullable { r throws(JSONError) in try r.int() } },
-        "max_bytes": { r, f throws(JSONError) in f.maxBytes = try r.nullable { r throws(JSONError) in try r.int() } },
-    ])
-
-    func required<T>(_ value: T?, _ name: String) throws(JSONError) -> T {
-        guard let value else { throw JSONError("field '\(name)' is missing", at: 0).noOffset }
-        return value
+extension PipeMessage {
+    public static func read(_ r: inout JSONReader) throws(JSONError) -> Self {
+        let table = fields
+        var message = blank
+        let seen = try r.object(into: &message, table.reads)
+        if let missing = table.firstMissing(seen) { throw JSONError.missing(missing) }
+        return message
     }
 
-    func message() throws(JSONError) -> Request {
-        let op = try required(op, "op"), id = try required(id, "id")
-        switch op {
-        case "respond":
-            return .respond(Respond(id: id, prompt: try required(prompt, "prompt"), thread_id: threadID, instructions: instructions,
-                                    tools: tools, options: options, progress: progress, roots: roots, files: files, schema: schema,
-                                    fork_from: forkFrom, rewind: rewind))
-        case "close_thread": return .closeThread(CloseThread(id: id, thread_id: try required(threadID, "thread_id")))
-        case "cancel": return .cancel(Cancel(id: id, request: try required(request, "request")))
-        case "status": return .status(Status(id: id, query: query, limit: limit, cursor: cursor))
-        case "read_thread":
-            return .readThread(ReadThread(id: id, thread_id: try required(threadID, "thread_id"), last: last, max_bytes: maxBytes))
-        case "ping": return .ping(Ping(id: id))
-        default:
-            var e = JSONError("unknown op '\(op.prefix(40))' (respond, close_thread, cancel, status, read_thread or ping)", at: -1)
-            e.path = ["op"]
-            throw e
-        }
+    public func write(to w: inout JSONWriter) {
+        let table = Self.fields
+        w.object { w in for write in table.writes { write(self, &w) } }
+    }
+}
+
+/// One field of a message `M`: its name, whether a frame must hold it, how it is read into `M`
+/// and written from it.
+public struct PipeField<M>: Sendable {
+    let name: StaticString
+    let required: Bool
+    let read: JSONFields<M>.Read
+    let write: @Sendable (M, inout JSONWriter) -> Void
+
+    /// A field every message holds.
+    public static func field<T: PipeValue>(_ name: StaticString, _ path: WritableKeyPath<M, T> & Sendable) -> Self {
+        Self(name: name, required: true,
+             read: { r, m throws(JSONError) in m[keyPath: path] = try T.read(&r) },
+             write: { m, w in w.key(name); m[keyPath: path].write(to: &w) })
+    }
+
+    /// A field that may be absent or null (both read as nil); nil is left out when written.
+    public static func field<T: PipeValue>(_ name: StaticString, _ path: WritableKeyPath<M, T?> & Sendable) -> Self {
+        Self(name: name, required: false,
+             read: { r, m throws(JSONError) in
+                 m[keyPath: path] = try r.nullable { r throws(JSONError) in try T.read(&r) }
+             },
+             write: { m, w in
+                 guard let value = m[keyPath: path] else { return }
+                 w.key(name)
+                 value.write(to: &w)
+             })
+    }
+
+    /// A field whose value is fixed for `M` (a request's `op`): written as `value`, and read only
+    /// as `value`.
+    public static func constant<T: PipeValue & Equatable & Sendable>(_ name: StaticString, _ value: T) -> Self {
+        Self(name: name, required: true,
+             read: { r, _ throws(JSONError) in
+                 guard try T.read(&r) == value else { throw JSONError("must be \(value)", at: -1) }
+             },
+             write: { _, w in w.key(name); value.write(to: &w) })
+    }
+}
+
+/// A message's fields, in the order they are written.
+public struct PipeFields<M>: Sendable {
+    let names: [StaticString]
+    let reads: JSONFields<M>
+    let writes: [@Sendable (M, inout JSONWriter) -> Void]
+    /// The fields a frame must hold, a bit per place.
+    let required: UInt64
+
+    public init(_ fields: [PipeField<M>]) {
+        names = fields.map(\.name)
+        reads = JSONFields(names: names, reads: fields.map(\.read))
+        writes = fields.map(\.write)
+        required = fields.indices.reduce(0) { mask, i in fields[i].required ? mask | 1 << UInt64(i) : mask }
+    }
+
+    /// The first required field `seen` lacks.
+    func firstMissing(_ seen: UInt64) -> StaticString? {
+        let lacking = required & ~seen
+        guard lacking != 0 else { return nil }
+        return names[lacking.trailingZeroBitCount]
     }
 }
 
 extension JSONError {
-    /// An error about a message as a whole, not a place in its text.
-    var noOffset: JSONError { var e = self; e.offset = -1; return e }
+    /// A message as a whole lacks `field`.
+    static func missing(_ field: StaticString) -> JSONError { JSONError("field '\(field)' is missing", at: -1) }
+}
+
+extension String: PipeValue {
+    public static func read(_ r: inout JSONReader) throws(JSONError) -> String { try r.string() }
+    public func write(to w: inout JSONWriter) { w.string(self) }
+}
+
+extension Int: PipeValue {
+    public static func read(_ r: inout JSONReader) throws(JSONError) -> Int { try r.int() }
+    public func write(to w: inout JSONWriter) { w.int(self) }
+}
+
+extension Int32: PipeValue {
+    public static func read(_ r: inout JSONReader) throws(JSONError) -> Int32 {
+        guard let n = Int32(exactly: try r.int()) else { throw JSONError("must fit in 32 bits", at: -1) }
+        return n
+    }
+    public func write(to w: inout JSONWriter) { w.int(Int(self)) }
+}
+
+extension Double: PipeValue {
+    public static func read(_ r: inout JSONReader) throws(JSONError) -> Double { try r.double() }
+    public func write(to w: inout JSONWriter) { w.double(self) }
+}
+
+extension Bool: PipeValue {
+    public static func read(_ r: inout JSONReader) throws(JSONError) -> Bool { try r.bool() }
+    public func write(to w: inout JSONWriter) { w.bool(self) }
+}
+
+extension Array: PipeValue where Element: PipeValue {
+    public static func read(_ r: inout JSONReader) throws(JSONError) -> [Element] {
+        try r.array { r throws(JSONError) in try Element.read(&r) }
+    }
+    public func write(to w: inout JSONWriter) { w.array(self) { w, item in item.write(to: &w) } }
+}
+
+extension Request.Op: PipeValue {
+    public static func read(_ r: inout JSONReader) throws(JSONError) -> Request.Op {
+        let name = try r.string()
+        guard let op = Request.Op(rawValue: name) else {
+            let all = Request.Op.allCases.map(\.rawValue)
+            let listed = all.dropLast().joined(separator: ", ") + " or " + all.last!
+            throw JSONError("unknown op '\(name.prefix(40))' (\(listed))", at: -1)
+        }
+        return op
+    }
+    public func write(to w: inout JSONWriter) { w.string(rawValue) }
 }
 
 // MARK: writing
@@ -119,134 +203,5 @@ extension Frame {
         var w = JSONWriter(framed: true)
         message.write(to: &w)
         return w.frame()
-    }
-}
-
-extension Ready: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object {
-            $0.field("id", id); $0.field("event", event); $0.field("protocol", `protocol`); $0.field("backend", backend)
-            $0.field("model", model); $0.field("pid", pid); $0.field("durable", durable)
-        }
-    }
-}
-
-extension Progress: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object { $0.field("id", id); $0.field("event", event); $0.field("text", text); $0.field("tokens", tokens) }
-    }
-}
-
-extension Stage: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object { $0.field("id", id); $0.field("event", event); $0.field("stage", stage); $0.field("count", count) }
-    }
-}
-
-extension Evicted: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object { $0.field("id", id); $0.field("event", event); $0.field("thread_id", thread_id) }
-    }
-}
-
-extension ErrorBody: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object { $0.field("code", code); $0.field("message", message) }
-    }
-}
-
-extension RespondResult: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object {
-            $0.field("op", op.rawValue); $0.field("thread_id", thread_id); $0.field("created", created); $0.field("text", text)
-            $0.field("condensed", condensed); $0.field("turns", turns); $0.field("dropped", dropped)
-            $0.field("prompt_tokens", prompt_tokens); $0.field("output_tokens", output_tokens); $0.field("store_error", store_error)
-            if let usage { $0.field("usage", usage) }
-        }
-    }
-}
-
-extension UsageBody: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object {
-            $0.field("input_tokens", input_tokens); $0.field("output_tokens", output_tokens)
-            $0.field("reasoning_tokens", reasoning_tokens); $0.field("cached_tokens", cached_tokens)
-            $0.field("first_token_ms", first_token_ms); $0.field("output_tokens_per_s", output_tokens_per_s)
-        }
-    }
-}
-
-extension CloseThreadResult: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object { $0.field("op", op.rawValue); $0.field("thread_id", thread_id); $0.field("closed", closed) }
-    }
-}
-
-extension CancelResult: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object { $0.field("op", op.rawValue); $0.field("cancelled", cancelled) }
-    }
-}
-
-extension PingResult: JSONWritable {
-    public func write(to w: inout JSONWriter) { w.object { $0.field("op", op.rawValue) } }
-}
-
-extension Empty: JSONWritable {
-    public func write(to w: inout JSONWriter) { w.object { _ in } }
-}
-
-extension ThreadInfo: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object {
-            $0.field("thread_id", thread_id); $0.field("turns", turns); $0.field("pending", pending)
-            $0.field("live", live); $0.field("stored", stored)
-            if let usage { $0.field("usage", usage) }
-            $0.field("created_at", created_at); $0.field("updated_at", updated_at)
-            $0.field("first_prompt", first_prompt); $0.field("last_reply", last_reply); $0.field("instructions", instructions)
-        }
-    }
-}
-
-extension StatusResult: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object {
-            $0.field("op", op.rawValue); $0.field("backend", backend); $0.field("model", model); $0.field("available", available)
-            $0.field("reason", reason)
-            $0.field("context_size", context_size); $0.field("max_threads", max_threads); $0.field("max_queue", max_queue)
-            $0.key("threads"); $0.array(threads) { w, t in t.write(to: &w) }
-            $0.field("tools", tools); $0.field("state_dir", state_dir); $0.field("state_error", state_error)
-            $0.field("next_cursor", next_cursor)
-            if let usage { $0.field("usage", usage) }
-            $0.field("context_note", context_note)
-        }
-    }
-}
-
-extension TurnItem: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object {
-            $0.field("prompt", prompt); $0.field("reply", reply); $0.field("structured", structured); $0.field("cut", cut)
-        }
-    }
-}
-
-extension ReadThreadResult: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object {
-            $0.field("op", op.rawValue); $0.field("thread_id", thread_id); $0.field("instructions", instructions)
-            $0.field("tools", tools); $0.field("turns", turns); $0.field("omitted", omitted); $0.field("condensed", condensed)
-            $0.key("items"); $0.array(items) { w, t in t.write(to: &w) }
-        }
-    }
-}
-
-extension Reply: JSONWritable where Result: JSONWritable {
-    public func write(to w: inout JSONWriter) {
-        w.object {
-            $0.field("id", id); $0.field("event", event); $0.field("ok", ok)
-            if let result { $0.field("result", result) }
-            if let error { $0.field("error", error) }
-        }
     }
 }

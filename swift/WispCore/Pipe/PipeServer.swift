@@ -29,11 +29,9 @@ public final class PipeServer: Sendable {
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
     private let watchdog = Locked<Task<Void, Never>?>(nil)
-    /// Replies up to this many bytes of text are encoded on the pipe loop: less than a hop to the pool costs.
-    private static let encodeInPlace = 64 * 1024
     /// `read_thread`'s bound on the turns' text when the request gives none.
     static let readThreadBytes = 64 * 1024
-    /// What `max_output_tokens` may be: a token count (the shim's `MAX_OUTPUT_TOKENS`).
+    /// What `max_output_tokens` may be: a token count (stated in the core's facts).
     static let maxOutputTokens = 1...TokenCount.range.upperBound
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
@@ -93,7 +91,8 @@ public final class PipeServer: Sendable {
             // In its own task: a stored thread is read from disk.
             Task {
                 do {
-                    let result = try await registry.read(m.thread_id, last: m.last, maxBytes: m.max_bytes ?? Self.readThreadBytes)
+                    let result = try await registry.read(m.thread_id, last: m.last,
+                                                         maxBytes: m.max_bytes ?? Self.readThreadBytes)
                     write(Reply.success(m.id, result))
                 } catch {
                     fail(m.id, WispError.from(error))
@@ -148,18 +147,21 @@ public final class PipeServer: Sendable {
         }
         if let level = r.options?.reasoning, ReasoningLevel(rawValue: level) == nil {
             let levels = ReasoningLevel.allCases.map(\.rawValue).joined(separator: ", ")
-            return fail(r.id, WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
+            return fail(r.id,
+                        WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
         }
         if let n = r.rewind, n < 1 {
             return fail(r.id, WispError(.invalidArgument, "rewind must be at least 1, got \(n)"))
         }
         if r.rewind != nil, r.thread_id == nil, r.fork_from == nil {
-            return fail(r.id, WispError(.invalidArgument, "rewind takes back turns of an existing thread: name it in thread_id"))
+            return fail(r.id,
+                    WispError(.invalidArgument, "rewind takes back turns of an existing thread: name it in thread_id"))
         }
         // The shim checks it too; the core trusts no number off the pipe (`max_tokens` goes to a server).
         if let n = r.options?.max_output_tokens, !Self.maxOutputTokens.contains(n) {
             let most = Self.maxOutputTokens.upperBound
-            return fail(r.id, WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(most), got \(n)"))
+            return fail(r.id,
+                        WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(most), got \(n)"))
         }
         let deadline = Self.deadline(r.options)
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
@@ -172,7 +174,9 @@ public final class PipeServer: Sendable {
             c.byID[r.id] = CallState(deadline: deadline, admitted: c.phase == .serving)
             return false
         }
-        if known { return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight")) }
+        if known {
+            return fail(r.id, WispError(.invalidArgument, "protocol error: request id \(r.id) is already in flight"))
+        }
         if deadline != nil { startWatchdog() }
 
         // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a
@@ -191,7 +195,8 @@ public final class PipeServer: Sendable {
 
         let acceptance: ThreadRegistry.Acceptance
         do {
-            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools, roots: r.roots,
+            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools,
+                                                   roots: r.roots,
                                                    forkFrom: r.fork_from, rewinding: r.rewind != nil)
         } catch {
             return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, WispError.from(error))))
@@ -217,8 +222,9 @@ public final class PipeServer: Sendable {
     }
 
     private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance, schema: OutputSchema?) async {
-        let settings = GenerationSettings(temperature: r.options?.temperature, maxOutputTokens: r.options?.max_output_tokens,
-                                          schema: schema, reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
+        let settings = GenerationSettings(temperature: r.options?.temperature,
+                                          maxOutputTokens: r.options?.max_output_tokens, schema: schema,
+                                          reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
         var onPartial: PartialHandler?
         if r.progress == true {
             let id = r.id
@@ -248,7 +254,8 @@ public final class PipeServer: Sendable {
                 }
                 files = FileRequest(paths: paths, roots: roots)
             }
-            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files, settings: settings, onPartial: onPartial,
+            let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files,
+                                                   settings: settings, onPartial: onPartial,
                                                    rewind: r.rewind ?? 0) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
@@ -259,7 +266,7 @@ public final class PipeServer: Sendable {
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
                     store_error: o.storeError, usage: UsageBody(o.usage))
                 // A long reply is encoded off the pipe loop (milliseconds per megabyte).
-                reply = o.text.utf8.count < Self.encodeInPlace
+                reply = o.text.utf8.count < onPipeLoopBytes
                     ? Frame.encode(Reply.success(r.id, result))
                     : await offPipeLoop { Frame.encode(Reply.success(r.id, result)) }
             } else {
@@ -270,7 +277,9 @@ public final class PipeServer: Sendable {
             var e = WispError.from(error)
             // Only a call that ended because it was stopped is reported as stopped; one that had
             // already failed for another reason keeps that reason.
-            if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) { e = stoppedError(stop, r, thread.id) }
+            if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) {
+                e = stoppedError(stop, r, thread.id)
+            }
             reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
         await registry.finished(acceptance, committed: committed != nil, usage: committed)
@@ -351,113 +360,13 @@ public final class PipeServer: Sendable {
     /// refuses such a reply before its turn is committed; this is the last guard.
     private func fitting(_ frame: [UInt8], id: Int) -> [UInt8] {
         guard !Frame.fits(frame) else { return frame }
-        log(.warning, "request \(id): a reply of \(frame.count - 4) bytes is over the \(maxFrameBytes)-byte frame limit; sent an error instead")
-        return Frame.encode(ErrorReply.failure(id, WispError(.internal, "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's \(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter reply (max_output_tokens), or use a new thread")))
+        log(.warning,
+            "request \(id): a reply of \(frame.count - 4) bytes is over " +
+            "the \(maxFrameBytes)-byte frame limit; sent an error instead")
+        return Frame.encode(ErrorReply.failure(id,
+                WispError(.internal,
+                        "the reply came to \(frame.count - 4) bytes once encoded, over the pipe's " +
+                        "\(maxFrameBytes / (1024 * 1024)) MiB limit, so it could not be delivered; ask for a shorter " +
+                        "reply (max_output_tokens), or use a new thread")))
     }
-}
-
-/// One call's state in the pipe server, from the moment its request id is taken to its reply.
-/// Each stage holds what it needs, and the transitions below are the only way to change it;
-/// the server runs them under one lock, so a cancel, the time limit and the commit decision
-/// are taken one at a time. A transition the server never makes traps in a debug build.
-struct CallState {
-    enum Stage: Equatable {
-        /// Taken; its schema and its thread are being prepared, and it has no task yet.
-        case preparing(deadline: Double?)
-        /// Its task runs (or waits for its turn on the thread).
-        case running(Task<Void, Never>, deadline: Double?)
-        /// Stopped (`cancelled` or `timeout`) before its turn was committed: the first reason
-        /// stays. Its task, once it has one.
-        case stopped(WispError.Code, Task<Void, Never>?)
-        /// Its turn is being committed: too late to stop it.
-        case committing
-    }
-
-    /// What `stop` did.
-    enum Stop: Equatable {
-        /// The call is stopped; its task, if it has one, is to be cancelled.
-        case stopped(Task<Void, Never>?)
-        /// Its turn is being committed: it ends as if the stop had come after its reply.
-        case tooLate
-    }
-
-    private(set) var stage: Stage
-
-    /// `deadline`: when the call's time limit runs out, in `monotonicSeconds()`. A call that is
-    /// not `admitted` (read once the shutdown began) starts stopped.
-    init(deadline: Double?, admitted: Bool) {
-        stage = admitted ? .preparing(deadline: deadline) : .stopped(.cancelled, nil)
-    }
-
-    /// The call's task has started. True when it must be cancelled at once (it was stopped first).
-    mutating func started(_ task: Task<Void, Never>) -> Bool {
-        switch stage {
-        case .preparing(let deadline):
-            stage = .running(task, deadline: deadline)
-            return false
-        case .stopped(let code, nil):
-            stage = .stopped(code, task)
-            return true
-        case .committing:
-            // Its task ran on the global pool (no pipe loop: unit tests) and reached its commit first.
-            return false
-        case .running, .stopped(_, .some):
-            assertionFailure("a call's task starts once")
-            return false
-        }
-    }
-
-    mutating func stop(_ code: WispError.Code) -> Stop {
-        switch stage {
-        case .preparing:
-            stage = .stopped(code, nil)
-            return .stopped(nil)
-        case .running(let task, _):
-            stage = .stopped(code, task)
-            return .stopped(task)
-        case .stopped(_, let task):
-            return .stopped(task)
-        case .committing:
-            return .tooLate
-        }
-    }
-
-    /// Asked once the model has answered: true (and `committing`) when the turn is to be kept,
-    /// false when the call was stopped first or its deadline has passed by `now` (it is then
-    /// stopped as timed out, whether or not the watchdog has looked).
-    mutating func commit(at now: Double) -> Bool {
-        switch stage {
-        case .preparing(let deadline?) where deadline <= now:
-            stage = .stopped(.timeout, nil)
-            return false
-        case .running(let task, let deadline?) where deadline <= now:
-            stage = .stopped(.timeout, task)
-            return false
-        case .preparing, .running:
-            stage = .committing
-            return true
-        case .stopped:
-            return false
-        case .committing:
-            assertionFailure("a call's turn is committed once")
-            return true
-        }
-    }
-
-    /// Why the call was stopped, if it was.
-    var stopReason: WispError.Code? {
-        if case .stopped(let code, _) = stage { return code }
-        return nil
-    }
-
-    /// The deadline of a call that can still time out (not stopped, not committing).
-    var deadline: Double? {
-        switch stage {
-        case .preparing(let deadline), .running(_, let deadline): deadline
-        case .stopped, .committing: nil
-        }
-    }
-
-    /// Whether the call can still time out and its deadline has passed by `now`.
-    func isOverdue(at now: Double) -> Bool { deadline.map { $0 <= now } ?? false }
 }

@@ -33,7 +33,8 @@ public struct RequestReader {
                 items.append(.request(try PipeJSON.request(payload)))
             } catch {
                 guard let id = PipeJSON.requestID(payload), id > 0 else {
-                    throw PipeProtocolError("a frame of \(payload.count) bytes is not a JSON request with an integer id")
+                    throw PipeProtocolError("a frame of \(payload.count) bytes is " +
+                                            "not a JSON request with an integer id")
                 }
                 items.append(.rejected(id: id, message: error.description))
             }

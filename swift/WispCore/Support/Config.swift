@@ -44,10 +44,6 @@ public struct CoreConfig: Sendable, Equatable {
     /// Durable threads: the directory they are stored in; nil keeps them in memory only.
     public var stateDir: String?
     public var maxStoredThreads = defaultMaxStoredThreads
-    /// The largest count a flag takes (the shim's `MAX_FLAG_VALUE`): far above any use, and far
-    /// below what an `Int` could not add to or triple. `--slots` takes less (`OpenAIReplies.slotCounts`):
-    /// each slot is allocated up front.
-    public static let maxCount = Int(Int32.max)
     /// What the counting flags take. Each thread and each queued call holds memory, so their
     /// bounds are far above any use and far below what could be allocated or added without overflow.
     public static let maxThreadsRange = 1...1_000_000
@@ -63,9 +59,17 @@ public struct CoreConfig: Sendable, Equatable {
 
     public init() {}
 
+    /// What each integer flag takes, read by parsing and stated by `--facts`.
+    public static let ranges: KeyValuePairs<String, ClosedRange<Int>> = [
+        "max-threads": maxThreadsRange, "max-queue": maxQueueRange, "context-size": 1...TokenCount.range.upperBound,
+        "echo-delay-ms": EchoDirective.sleepRange, "slots": OpenAIReplies.slotCounts,
+        "max-stored-threads": maxStoredThreadsRange,
+    ]
+
     public static let usage = """
     usage: wisp-core [options]   (speaks wisp's pipe protocol on stdin/stdout; started by `python -m wisp_shim`)
-      --backend NAME       \(BackendKind.allCases.map(\.rawValue).joined(separator: " | "))            (WISP_BACKEND, default \(BackendKind.auto.rawValue))
+      --backend NAME       \(BackendKind.allCases.map(\.rawValue).joined(separator: " | "))
+                                                                    (WISP_BACKEND, default \(BackendKind.auto.rawValue))
       --max-threads N      live threads before LRU eviction         (WISP_MAX_THREADS, default \(defaultMaxThreads))
       --max-queue N        calls waiting per thread before `busy`   (WISP_MAX_QUEUE, default \(defaultMaxQueue))
       --context-size N     context window in tokens                 (WISP_CONTEXT_SIZE)
@@ -77,22 +81,25 @@ public struct CoreConfig: Sendable, Equatable {
       --root DIR           directory model tools may read; repeat   (WISP_ROOTS, ':'-separated)
       --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
       --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
-      --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS, default \(defaultMaxStoredThreads))
+      --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS,
+                                                                     default \(defaultMaxStoredThreads))
       --keep-alive D       Ollama: keep the model loaded this long   (WISP_KEEP_ALIVE, default \(defaultKeepAlive);
                            an Ollama duration: 90s, 30m, 2h, -1 for ever)
       --condense-to F      condense down to this share of the context on servers without KV shifting
                                                                     (WISP_CONDENSE_TO, default \(defaultCondenseTo))
       --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
+      --facts              print the facts the shim takes from this core, as JSON, and exit
       API key: WISP_API_KEY (env only).
     """
 
     /// Parses env then flags. Throws a message fit to print beside `usage`.
     public static func parse(arguments: [String], environment: [String: String]) throws(WispError) -> CoreConfig {
         var c = CoreConfig()
-        func int(_ name: String, _ value: String, _ range: ClosedRange<Int>) throws(WispError) -> Int {
+        func int(_ key: String, _ value: String) throws(WispError) -> Int {
+            let range = ranges.first { $0.key == key }!.value
             guard let n = OutsideNumber.int(value, in: range) else {
                 let bounds = "≥ \(range.lowerBound) and ≤ \(range.upperBound)"
-                throw WispError(.invalidArgument, "\(name) must be an integer \(bounds), got '\(value)'")
+                throw WispError(.invalidArgument, "--\(key) must be an integer \(bounds), got '\(value)'")
             }
             return n
         }
@@ -103,28 +110,34 @@ public struct CoreConfig: Sendable, Equatable {
                     throw WispError(.invalidArgument, "backend must be \(BackendKind.listed), got '\(value)'")
                 }
                 c.backend = kind
-            case "max-threads": c.maxThreads = try int("--max-threads", value, Self.maxThreadsRange)
-            case "max-queue": c.maxQueue = try int("--max-queue", value, Self.maxQueueRange)
-            case "context-size": c.contextSize = try int("--context-size", value, 1...Self.maxCount)
-            case "echo-delay-ms": c.echoDelayMs = try int("--echo-delay-ms", value, EchoDirective.sleepRange)
+            case "max-threads": c.maxThreads = try int("max-threads", value)
+            case "max-queue": c.maxQueue = try int("max-queue", value)
+            case "context-size": c.contextSize = try int("context-size", value)
+            case "echo-delay-ms": c.echoDelayMs = try int("echo-delay-ms", value)
             case "endpoint": c.endpoint = value.isEmpty ? nil : value
             case "model": c.model = value.isEmpty ? nil : value
-            case "slots": c.slots = try int("--slots", value, OpenAIReplies.slotCounts)
+            case "slots": c.slots = try int("slots", value)
             case "root": c.roots.append(value)
             case "state-dir": c.stateDir = value.isEmpty ? nil : value
-            case "max-stored-threads": c.maxStoredThreads = try int("--max-stored-threads", value, Self.maxStoredThreadsRange)
+            case "max-stored-threads": c.maxStoredThreads = try int("max-stored-threads", value)
             case "keep-alive":
                 guard OllamaKeepAlive(value) != nil else {
-                    throw WispError(.invalidArgument, "--keep-alive must be an Ollama duration such as 90s, 30m, 2h or -1, got '\(value.prefix(40))'")
+                    throw WispError(.invalidArgument,
+                                    "--keep-alive must be an Ollama duration such as " +
+                                    "90s, 30m, 2h or -1, got '\(value.prefix(40))'")
                 }
                 c.keepAlive = value
             case "condense-to":
                 guard let f = Double(value), f > 0, f < 1 else {
-                    throw WispError(.invalidArgument, "--condense-to must be a share of the context between 0 and 1, got '\(value.prefix(40))'")
+                    throw WispError(.invalidArgument,
+                                    "--condense-to must be a share of the context " +
+                                    "between 0 and 1, got '\(value.prefix(40))'")
                 }
                 c.condenseTo = f
             case "log-level":
-                guard let l = LogLevel(rawValue: value) else { throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'") }
+                guard let l = LogLevel(rawValue: value) else {
+                    throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'")
+                }
                 c.logLevel = l
             default: throw WispError(.invalidArgument, "unknown option --\(key)")
             }
@@ -132,7 +145,8 @@ public struct CoreConfig: Sendable, Equatable {
         let env: [(String, String)] = [
             ("WISP_BACKEND", "backend"), ("WISP_MAX_THREADS", "max-threads"), ("WISP_MAX_QUEUE", "max-queue"),
             ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
-            ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_SLOTS", "slots"), ("WISP_LOG_LEVEL", "log-level"),
+            ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_SLOTS", "slots"),
+            ("WISP_LOG_LEVEL", "log-level"),
             ("WISP_STATE_DIR", "state-dir"), ("WISP_MAX_STORED_THREADS", "max-stored-threads"),
             ("WISP_KEEP_ALIVE", "keep-alive"), ("WISP_CONDENSE_TO", "condense-to"),
         ]
@@ -143,14 +157,18 @@ public struct CoreConfig: Sendable, Equatable {
             // Split by bytes: `String.split` would not split a ":" that a combining mark follows.
             c.roots = roots.utf8.split(separator: UInt8(ascii: ":")).map { String(decoding: $0, as: UTF8.self) }
         }
-        if let v = environment["WISP_ALLOW_HARDLINKS"], !v.isEmpty { c.allowHardLinks = !["0", "false", "no"].contains(v.lowercased()) }
+        if let v = environment["WISP_ALLOW_HARDLINKS"], !v.isEmpty {
+            c.allowHardLinks = !["0", "false", "no"].contains(v.lowercased())
+        }
         c.apiKey = environment["WISP_API_KEY"].flatMap { $0.isEmpty ? nil : $0 }
 
         var rootsFromFlags: [String] = []
         var i = 0
         while i < arguments.count {
             var arg = arguments[i]
-            guard arg.utf8.starts(with: "--".utf8) else { throw WispError(.invalidArgument, "unexpected argument '\(arg)'") }
+            guard arg.utf8.starts(with: "--".utf8) else {
+                throw WispError(.invalidArgument, "unexpected argument '\(arg)'")
+            }
             arg = String(decoding: arg.utf8.dropFirst(2), as: UTF8.self)
             // The one flag without a value.
             if arg == "allow-hardlinks" { c.allowHardLinks = true; i += 1; continue }

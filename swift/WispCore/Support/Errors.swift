@@ -30,7 +30,8 @@ public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
     /// A call stopped by cancellation, wherever it was stopped.
     public static let callCancelled = WispError(.cancelled, "The call was cancelled.")
     /// A call cancelled before its turn on the thread came.
-    public static let cancelledWhileWaiting = WispError(.cancelled, "The call was cancelled while waiting for its thread.")
+    public static let cancelledWhileWaiting = WispError(.cancelled,
+                                                        "The call was cancelled while waiting for its thread.")
 
     /// Any error, as a WispError: Swift cancellation becomes `cancelled`, anything foreign `internal`.
     public static func from(_ error: any Error) -> WispError {

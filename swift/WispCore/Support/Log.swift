@@ -15,6 +15,18 @@ public enum LogLevel: String, Sendable, Comparable {
     public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rank < b.rank }
 }
 
+extension String {
+    /// Characters of a value from outside that a message or a log line shows.
+    static let previewLength = 80
+
+    /// The first `previewLength` characters, "…" after them when there were more; costs no more
+    /// than those characters, however long the string.
+    var preview: String {
+        let head = prefix(Self.previewLength + 1)
+        return head.count > Self.previewLength ? String(head.dropLast()) + "…" : String(head)
+    }
+}
+
 /// Logs to stderr, never stdout: stdout carries protocol bytes only. A line is queued, never
 /// written by the caller (see `LogSink`), so no protocol work ever waits on stderr.
 public struct Log: Sendable {

@@ -80,7 +80,8 @@ public final class Conversation {
         // Attached files become part of this turn's prompt: counted once, kept with the turn.
         let attached: [AttachedFile]
         if let files {
-            attached = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in  // reads the disk
+            // Off the pipe loop: it reads the disk.
+            attached = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
                 try FileAttachments.read(files, context: window)
             }
         } else {
@@ -104,7 +105,7 @@ public final class Conversation {
         // reserve: the whole request as the model's template counts it, else the sum of its parts.
         // Once something must go, condensing goes down to its target (`Condensing`).
         let promptTokens = try await backend.tokenCount(prompt)
-        let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
+        let reserve = Self.replyReserve(settings, context: context)
         let target = condensing.target(context)
         if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: sent(),
                                                       prompt: prompt, settings: settings) {
@@ -116,12 +117,14 @@ public final class Conversation {
                     kept.removeFirst()
                     dropped += 1
                 }
-                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools, history: sent(),
-                                                                   prompt: prompt, settings: settings) else { break }
+                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools,
+                                                                   history: sent(), prompt: prompt,
+                                                                   settings: settings) else { break }
                 whole = recount
             }
         } else if let promptTokens {
-            var total = [try await countInstructions(), promptTokens, reserve, sent().map(\.tokens).clampedSum()].clampedSum()
+            var total = [try await countInstructions(), promptTokens, reserve,
+                         sent().map(\.tokens).clampedSum()].clampedSum()
             if total > context {
                 while total > target, let oldest = kept.first {
                     total = total.subtractingClamped(oldest.tokens)
@@ -139,7 +142,8 @@ public final class Conversation {
                 active = session
             } else {
                 let history = Array(sent())
-                active = backend.makeSession(instructions: instructions, tools: tools, history: history, affinity: affinity)
+                active = backend.makeSession(instructions: instructions, tools: tools, history: history,
+                                             affinity: affinity)
                 if !history.isEmpty { await active.prewarm() }
                 session = active
             }
@@ -150,10 +154,12 @@ public final class Conversation {
                 // Before the turn is committed: a reply that misses the schema, or could not be
                 // delivered, never joins the history.
                 try await OutputSchema.checkReply(g.text, settings: settings)
-                let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text, reasoning: g.reasoning,
+                let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text,
+                                reasoning: g.reasoning,
                                 tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g),
                                 structured: settings.schema != nil)
-                return Staged(turn: turn, rewound: rewind, dropFrom: dropFrom, dropped: dropped, promptTokens: g.promptTokens,
+                return Staged(turn: turn, rewound: rewind, dropFrom: dropFrom, dropped: dropped,
+                              promptTokens: g.promptTokens,
                               outputTokens: g.outputTokens, usage: g.usage)
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
@@ -166,7 +172,8 @@ public final class Conversation {
                     dropFrom = 0
                 }
                 guard !kept.isEmpty else {
-                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context, settings: settings,
+                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context,
+                                          settings: settings,
                                          rewind: rewind)
                 }
                 overflows += 1
@@ -195,7 +202,8 @@ public final class Conversation {
     nonisolated(nonsending)
     private func unfit(_ error: WispError, prompt: String, promptTokens: Int?, context: Int,
                        settings: GenerationSettings, rewind: Int) async throws -> WispError {
-        let alone = try await backend.promptTokens(instructions: instructions, tools: tools, history: [], prompt: prompt, settings: settings)
+        let alone = try await backend.promptTokens(instructions: instructions, tools: tools, history: [],
+                                                   prompt: prompt, settings: settings)
         var own = alone ?? 0
         if alone == nil { own = try await countInstructions().addingClamped(promptTokens ?? estimatedTokens(prompt)) }
         let fresh = history.count == rewind
@@ -229,7 +237,8 @@ public final class Conversation {
         if staged.dropped > 0 { history.removeSubrange(staged.dropFrom..<staged.dropFrom + staged.dropped) }
         condensedAway += staged.dropped
         history.append(staged.turn)
-        return Outcome(text: staged.turn.response, created: created, condensed: staged.dropped > 0, turns: history.count,
+        return Outcome(text: staged.turn.response, created: created, condensed: staged.dropped > 0,
+                       turns: history.count,
                        dropped: staged.dropped, promptTokens: staged.promptTokens, outputTokens: staged.outputTokens,
                        usage: staged.usage, rewound: staged.rewound)
     }
@@ -237,6 +246,11 @@ public final class Conversation {
     /// Forgets a staged turn. The live session heard it, so it goes too, rebuilt from the history next time.
     public func discard(_ staged: Staged) {
         session = nil
+    }
+
+    /// The tokens kept free for the reply: what the call allows it, at most a quarter of the context.
+    static func replyReserve(_ settings: GenerationSettings, context: Int) -> Int {
+        min(settings.maxOutputTokens ?? 512, context / 4)
     }
 
     /// Refuses, before the model is called, files that cannot fit even with every earlier turn
@@ -249,7 +263,7 @@ public final class Conversation {
         }
         let text = try await backend.tokenCount(message.text) ?? estimatedTokens(message.text)
         let own = try await countInstructions().addingClamped(text)
-        let reserve = min(settings.maxOutputTokens ?? 512, context / 4)
+        let reserve = Self.replyReserve(settings, context: context)
         let total = [own, reserve, sizes.map(\.1).clampedSum()].clampedSum()
         guard total > context else { return }
         let each = sizes.map { "\($0.0) (\($0.1) tokens)" }.joined(separator: ", ")
@@ -261,12 +275,14 @@ public final class Conversation {
     }
 
     /// How many of the oldest turns to drop after the model reported an overflow: the first
-    /// time, enough for the estimate of what remains to fit `context` (condensing's target); after that, a quarter (at least
+    /// time, enough for the estimate of what remains to fit `context` (condensing's target); after that, a quarter (at
+    /// least
     /// one), so a model whose tokens run larger than the estimate converges in few retries.
     /// `fixed`: the tokens of the turns kept before `kept` (the first turn, condensing in steps).
     private func dropCount(kept: ArraySlice<Turn>, fixed: Int, prompt: String, context: Int, overflows: Int) -> Int {
         guard overflows == 1 else { return max(1, kept.count / 4) }
-        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), fixed, kept.map(\.tokens).clampedSum()].clampedSum()
+        var total = [estimatedTokens(instructions ?? ""), estimatedTokens(prompt), fixed,
+                     kept.map(\.tokens).clampedSum()].clampedSum()
         var n = 0
         for turn in kept where total > context {
             total = total.subtractingClamped(turn.tokens)

@@ -37,7 +37,8 @@ public actor ConversationThread {
     public struct Durability: Sendable {
         public let store: any ThreadStore
         public let resolve: @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]
-        public init(store: any ThreadStore, resolve: @escaping @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]) {
+        public init(store: any ThreadStore,
+                resolve: @escaping @Sendable (_ tools: [String], _ roots: [String]) throws(WispError) -> [ModelTool]) {
             self.store = store
             self.resolve = resolve
         }
@@ -103,10 +104,12 @@ public actor ConversationThread {
         self.backend = backend
         self.affinity = SessionAffinity(key: id)
         if let copy {
-            self.conversation = Conversation(backend: backend, instructions: copy.binding.instructions, tools: copy.binding.tools,
+            self.conversation = Conversation(backend: backend, instructions: copy.binding.instructions,
+                                             tools: copy.binding.tools,
                                              history: copy.history, affinity: affinity, condensedAway: copy.condensed)
         } else {
-            self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools, affinity: affinity)
+            self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools,
+                                             affinity: affinity)
         }
         self.forked = copy != nil
         self.maxQueue = maxQueue
@@ -132,7 +135,8 @@ public actor ConversationThread {
         if let durability, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0 {
             if case .loaded(let stored, _) = try await durability.store.read(id, unlessAt: version) {
                 let tools = try durability.resolve(stored.tools, stored.roots)
-                return Copy(binding: Binding(instructions: stored.instructions, tools: tools, roots: stored.roots), history: stored.history)
+                return Copy(binding: Binding(instructions: stored.instructions, tools: tools, roots: stored.roots),
+                            history: stored.history)
             }
         }
         return Copy(binding: Binding(instructions: conversation.instructions, tools: conversation.tools, roots: roots),
@@ -146,16 +150,17 @@ public actor ConversationThread {
             guard let s = query.score(conversation.history) else { return nil }
             score = s
         }
-        let info = ThreadViews.info(id: id, instructions: conversation.instructions, history: conversation.history, pending: pending,
-                                    live: true, stored: stored, usage: usage.map { UsageBody(totals: $0) }, created: createdAt,
-                                    updated: updatedAt)
+        let info = ThreadViews.info(id: id, instructions: conversation.instructions, history: conversation.history,
+                                    pending: pending, live: true, stored: stored,
+                                    usage: usage.map { UsageBody(totals: $0) }, created: createdAt, updated: updatedAt)
         return (info, ListPlace(score: score, updated: updatedAt ?? .infinity, id: id))
     }
 
     /// The thread's last turns as `read_thread` gives them.
     public func read(last: Int?, maxBytes: Int) -> ReadThreadResult {
         ThreadViews.read(id: id, instructions: conversation.instructions, tools: conversation.tools.map(\.name),
-                         history: conversation.history, condensed: conversation.condensedAway, last: last, maxBytes: maxBytes)
+                         history: conversation.history, condensed: conversation.condensedAway, last: last,
+                         maxBytes: maxBytes)
     }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
@@ -166,17 +171,12 @@ public actor ConversationThread {
     public func enqueue(start: Binding? = nil, binds: [String] = []) throws(WispError) -> Ticket {
         let waiting = pending - (pending > 0 ? 1 : 0)
         guard pending == 0 || waiting < maxQueue else {
-            throw WispError(.busy, "thread '\(id)' already has \(waiting) calls waiting (limit \(maxQueue)); wait for one to finish, or use another thread")
+            throw WispError(.busy,
+                    "thread '\(id)' already has \(waiting) calls waiting (limit \(maxQueue)); wait for one to " +
+                    "finish, or use another thread")
         }
         defer { issued += 1 }
         return Ticket(number: issued, start: start, binds: binds)
-    }
-
-    /// Waits for `ticket`'s turn, then answers and commits the turn.
-    public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?, rewind: Int = 0) async throws -> Conversation.Outcome {
-        // `keep` always says yes, so there is always an outcome.
-        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind, keep: { true })!
     }
 
     /// Waits for `ticket`'s turn, then answers; the turn is committed only if `keep()`, asked once
@@ -190,7 +190,8 @@ public actor ConversationThread {
         try await waitForTurn(ticket.number, watcher: onPartial)
         defer { advance() }
         do {
-            return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind,
+            return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial,
+                                   rewind: rewind,
                                    keep: keep)
         } catch {
             await release()
@@ -199,10 +200,12 @@ public actor ConversationThread {
     }
 
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
-                       onPartial: PartialHandler?, rewind: Int, keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
+                       onPartial: PartialHandler?, rewind: Int,
+                       keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         if let durability, !closed {
             // Turns the store missed (`unstored`), or a fork not stored yet, make this memory the
-            // thread, whatever is stored; a store that cannot be read now serves the call from memory (its commit says why).
+            // thread, whatever is stored; a store that cannot be read now serves the call from memory (its commit says
+            // why).
             // Taken as one job that is dropped if the call ends while it waits for a worker (the
             // store's own trips off the pipe loop run inside it).
             let store = durability.store, id = self.id, seen = version, load = !holdsUnstoredTurns && !forked
@@ -223,7 +226,8 @@ public actor ConversationThread {
         if conversation.history.isEmpty {
             // As if the calls before it never happened: the thread starts with this call's binding.
             if let start = ticket.start {
-                conversation = Conversation(backend: backend, instructions: start.instructions, tools: start.tools, affinity: affinity)
+                conversation = Conversation(backend: backend, instructions: start.instructions, tools: start.tools,
+                                            affinity: affinity)
                 roots = start.roots
             }
         } else if !ticket.binds.isEmpty {
@@ -231,10 +235,12 @@ public actor ConversationThread {
         }
         guard rewind <= conversation.history.count else {
             let has = conversation.history.count
-            throw WispError(.invalidArgument, "rewind \(rewind) is more than thread '\(id)' holds (\(has) turn\(has == 1 ? "" : "s")); "
+            throw WispError(.invalidArgument,
+                            "rewind \(rewind) is more than thread '\(id)' holds (\(has) turn\(has == 1 ? "" : "s")); "
                             + "nothing was dropped. Rewind at most \(has).")
         }
-        let staged = try await conversation.respond(to: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind)
+        let staged = try await conversation.respond(to: prompt, files: files, settings: settings, onPartial: onPartial,
+                                                    rewind: rewind)
         guard keep() else {
             conversation.discard(staged)
             await release()
@@ -271,7 +277,8 @@ public actor ConversationThread {
             forked = false
         }
         guard durability != nil, let lease, !closed else { return outcome }
-        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots,
+        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
+                                  roots: roots,
                                   history: conversation.history)
         // The store holds the history but this turn (a rewind's kept turns are a prefix of it)
         // unless turns were dropped, kept in memory only, or the thread is a new fork.
@@ -293,8 +300,11 @@ public actor ConversationThread {
         guard holdsUnstoredTurns, let durability, let ticket = try? enqueue() else { return !holdsUnstoredTurns }
         guard (try? await waitForTurn(ticket.number)) != nil else { return false }
         defer { advance() }
-        guard holdsUnstoredTurns, !closed, let lease = try? await durability.store.lease(id) else { return !holdsUnstoredTurns }
-        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots,
+        guard holdsUnstoredTurns, !closed, let lease = try? await durability.store.lease(id) else {
+            return !holdsUnstoredTurns
+        }
+        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
+                                  roots: roots,
                                   history: conversation.history)
         if let written = try? await lease.commit(thread, kept: 0, after: version, usage: Usage()) {
             version = written
@@ -311,7 +321,8 @@ public actor ConversationThread {
         switch found {
         case .unchanged, .unavailable: return
         case .none:
-            conversation = Conversation(backend: backend, instructions: conversation.instructions, tools: conversation.tools, affinity: affinity)
+            conversation = Conversation(backend: backend, instructions: conversation.instructions,
+                                        tools: conversation.tools, affinity: affinity)
             version = nil
         case .loaded(let stored, let loaded):
             let tools: [ModelTool]
@@ -320,7 +331,8 @@ public actor ConversationThread {
             } catch {
                 throw await lease?.setAside("it is bound to tools this wisp cannot give it (\(error.message))") ?? error
             }
-            conversation = Conversation(backend: backend, instructions: stored.instructions, tools: tools, history: stored.history, affinity: affinity)
+            conversation = Conversation(backend: backend, instructions: stored.instructions, tools: tools,
+                                        history: stored.history, affinity: affinity)
             roots = stored.roots
             version = loaded
         }
@@ -344,11 +356,14 @@ public actor ConversationThread {
     /// what the thread is bound to, so the caller sees why its arguments do not apply.
     public func bindingError(passed: [String]) -> WispError {
         let what = passed.joined(separator: " and ")
-        let instructions = conversation.instructions.map { $0.count > 80 ? String($0.prefix(80)) + "…" : $0 }
+        let instructions = conversation.instructions.map(\.preview)
         let tools = conversation.tools.map(\.name)
         let binding = (instructions.map { "instructions \($0.debugDescription)" } ?? "no instructions") + " and "
             + (tools.isEmpty ? "no tools" : "tools [\(tools.joined(separator: ", "))]")
-        return WispError(.invalidArgument, "thread '\(id)' already exists and is bound to \(binding); instructions and tools bind only when a thread is created. Omit \(what) (even an empty value) to continue it, or close_thread it (or use a new thread_id) to start over with new ones.")
+        return WispError(.invalidArgument,
+                "thread '\(id)' already exists and is bound to \(binding); instructions and tools bind only when a " +
+                "thread is created. Omit \(what) (even an empty value) to continue it, or close_thread it (or use a " +
+                "new thread_id) to start over with new ones.")
     }
 
     /// `watcher` hears how many calls are ahead, now and whenever that changes.

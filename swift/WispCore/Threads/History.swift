@@ -38,17 +38,20 @@ public struct Turn: Sendable, Codable, Equatable {
     /// The call had a `schema`: `response` is the JSON text of its value.
     public var structured: Bool
 
-    public init(prompt: String, toolExchanges: [ToolExchange] = [], response: String, reasoning: String? = nil, tokens: Int? = nil,
+    public init(prompt: String, toolExchanges: [ToolExchange] = [], response: String, reasoning: String? = nil,
+                tokens: Int? = nil,
                 structured: Bool = false) {
         self.structured = structured
         self.prompt = prompt
         self.toolExchanges = toolExchanges
         self.response = response
         self.reasoning = reasoning
-        self.tokens = tokens ?? Turn.estimateTokens(prompt: prompt, toolExchanges: toolExchanges, response: response, reasoning: reasoning)
+        self.tokens = tokens ?? Turn.estimateTokens(prompt: prompt, toolExchanges: toolExchanges, response: response,
+                                                    reasoning: reasoning)
     }
 
-    static func estimateTokens(prompt: String, toolExchanges: [ToolExchange], response: String, reasoning: String? = nil) -> Int {
+    static func estimateTokens(prompt: String, toolExchanges: [ToolExchange], response: String,
+                               reasoning: String? = nil) -> Int {
         var n = estimatedTokens(prompt) + estimatedTokens(response) + estimatedTokens(reasoning ?? "")
         for t in toolExchanges { n += t.estimatedTokens }
         return n

@@ -18,7 +18,8 @@ import WispInfrastructure
 /// - `rewind` takes back a thread's last turns in the call's own commit (`ConversationThread`).
 /// - `close_thread` frees a thread; closing an unknown id is not an error (`closed: false`).
 /// - At most `capacity` live threads. Creating one more evicts the least recently used,
-///   preferring one with no call in flight (and says which, in `Acceptance.evicted`). Calls already accepted for an evicted or closed
+///   preferring one with no call in flight (and says which, in `Acceptance.evicted`). Calls already accepted for an
+///   evicted or closed
 ///   thread still finish: they hold the thread itself, not its id.
 /// - Calls on one thread run one at a time in arrival order (the gate in `ConversationThread`);
 ///   calls on different threads run concurrently.
@@ -60,11 +61,16 @@ public actor ThreadRegistry {
     /// Why `--state-dir` was given but could not be used from the start.
     private nonisolated let startError: String?
     /// Why `--state-dir` was given but is not in use: from the start, or since it failed (for now).
-    public nonisolated var storeError: String? { startError ?? store?.trouble.map { "\(store?.location ?? ""): \($0); threads are served in memory until it works again" } }
+    public nonisolated var storeError: String? {
+        startError ?? store?.trouble.map {
+            "\(store?.location ?? ""): \($0); threads are served in memory until it works again"
+        }
+    }
     /// A task storing threads that hold turns the store missed, while one runs.
     private var storing: Task<Void, Never>?
 
-    public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads, maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
+    public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads,
+                maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
                 toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
                 store: (any ThreadStore)? = nil, storeError: String? = nil) {
         self.store = store
@@ -82,18 +88,31 @@ public actor ThreadRegistry {
     /// The thread-id rule (the shim checks the same): 1 to `maxIDLength` characters from A-Z a-z 0-9 . _ -
     public static let maxIDLength = 64
 
+    /// The bytes an id is made of: A-Z a-z 0-9 . _ -
+    public static let idBytes: [ClosedRange<UInt8>] = [
+        UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+        UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: ".")...UInt8(ascii: "."),
+        UInt8(ascii: "_")...UInt8(ascii: "_"), UInt8(ascii: "-")...UInt8(ascii: "-"),
+    ]
+
+    /// The rule as a sentence says it: "1 to 64 characters from A-Z a-z 0-9 . _ -".
+    public static let idRule = "1 to \(maxIDLength) characters from " + idBytes.map { r in
+        let (a, b) = (String(UnicodeScalar(r.lowerBound)), String(UnicodeScalar(r.upperBound)))
+        return r.count == 1 ? a : a + "-" + b
+    }.joined(separator: " ")
+
     public static func isValidID(_ id: String) -> Bool {
         let bytes = id.utf8
         guard (1...maxIDLength).contains(bytes.count) else { return false }
-        return bytes.allSatisfy { b in
-            (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2E || b == 0x5F || b == 0x2D
-        }
+        return bytes.allSatisfy { b in idBytes.contains { $0.contains(b) } }
     }
 
     public static func validate(_ id: String) throws(WispError) {
         guard isValidID(id) else {
-            let shown = id.count > 80 ? String(id.prefix(80)) + "…" : id
-            throw WispError(.invalidArgument, "thread_id \(shown.debugDescription) is not valid: use 1 to \(maxIDLength) characters from A-Z a-z 0-9 . _ - (or omit it to start a new thread)")
+            let shown = id.preview
+            throw WispError(.invalidArgument,
+                    "thread_id \(shown.debugDescription) is not valid: " +
+                    "use \(idRule) (or omit it to start a new thread)")
         }
     }
 
@@ -111,13 +130,16 @@ public actor ThreadRegistry {
     /// `forkFrom`: the thread to copy (see the rules above); `rewinding`: the call takes back
     /// turns, so the thread must exist.
     public func accept(threadID: String?, instructions: String?, tools toolNames: [String]?,
-                       roots: [String]? = nil, forkFrom: String? = nil, rewinding: Bool = false) async throws(WispError) -> Acceptance {
+                       roots: [String]? = nil, forkFrom: String? = nil,
+                       rewinding: Bool = false) async throws(WispError) -> Acceptance {
         if let threadID { try Self.validate(threadID) }
         if let roots { try Self.validate(roots: roots) }
         let binds = [instructions != nil ? "instructions" : nil, toolNames != nil ? "tools" : nil].compactMap { $0 }
         if let forkFrom { return try await fork(forkFrom, into: threadID, binds: binds) }
         if rewinding, let threadID, entries[threadID] == nil, try await !isStored(threadID) {
-            throw WispError(.invalidArgument, "rewind: no thread '\(threadID)' (not live\(store != nil ? " or stored" : "")); nothing to take back")
+            throw WispError(.invalidArgument,
+                    "rewind: no thread '\(threadID)' (not " +
+                    "live\(store != nil ? " or stored" : "")); nothing to take back")
         }
 
         clock += 1
@@ -132,7 +154,8 @@ public actor ThreadRegistry {
             entry.inFlight += 1
             entries[threadID] = entry
             do {
-                return Acceptance(thread: thread, ticket: try await thread.enqueue(start: start, binds: binds), evicted: nil)
+                return Acceptance(thread: thread, ticket: try await thread.enqueue(start: start, binds: binds),
+                                  evicted: nil)
             } catch {
                 // The registry may have changed during that await (a close, say): undo only on the same thread.
                 if var now = entries[threadID], now.thread === thread {
@@ -149,22 +172,27 @@ public actor ThreadRegistry {
         while threadID == nil && entries[id] != nil { id = Self.generateID() }
         let evicted = entries.count >= capacity ? evictOne() : nil
         // No await between the lookup above and the insert below, so creation is atomic.
-        let thread = ConversationThread(id: id, backend: backend, instructions: start.instructions, tools: start.tools, maxQueue: maxQueue,
-                                        roots: start.roots, durability: durability)
+        let thread = ConversationThread(id: id, backend: backend, instructions: start.instructions, tools: start.tools,
+                                        maxQueue: maxQueue, roots: start.roots, durability: durability)
         entries[id] = Entry(thread: thread, lastUsed: clock, inFlight: 1)
         // A stored thread is loaded when its call's turn comes (under its lock), and only then
         // can binding arguments be told apart from a new thread's.
-        let ticket = durability != nil && threadID != nil ? ConversationThread.firstTicket(binds: binds) : ConversationThread.firstTicket
+        let ticket = durability != nil && threadID != nil
+            ? ConversationThread.firstTicket(binds: binds) : ConversationThread.firstTicket
         return Acceptance(thread: thread, ticket: ticket, evicted: evicted)
     }
 
     private func fork(_ source: String, into threadID: String?, binds: [String]) async throws(WispError) -> Acceptance {
         try Self.validate(source)
         guard binds.isEmpty else {
-            throw WispError(.invalidArgument, "fork_from copies thread '\(source)''s instructions and tools; omit \(binds.joined(separator: " and ")) (a fork's binding is its source's)")
+            throw WispError(.invalidArgument,
+                    "fork_from copies thread '\(source)''s instructions and tools; omit " +
+                    "\(binds.joined(separator: " and ")) (a fork's binding is its source's)")
         }
         func taken(_ id: String) -> WispError {
-            WispError(.invalidArgument, "thread '\(id)' already exists; a fork creates its thread: name a new thread_id, or omit it for a generated one")
+            WispError(.invalidArgument,
+                    "thread '\(id)' already exists; a fork creates its thread: " +
+                    "name a new thread_id, or omit it for a generated one")
         }
         if let threadID {
             if entries[threadID] != nil { throw taken(threadID) }
@@ -192,9 +220,12 @@ public actor ThreadRegistry {
         }
         if let durability, let thread = try await stored(id) {
             let tools = try durability.resolve(thread.tools, thread.roots)
-            return .init(binding: .init(instructions: thread.instructions, tools: tools, roots: thread.roots), history: thread.history)
+            return .init(binding: .init(instructions: thread.instructions, tools: tools, roots: thread.roots),
+                         history: thread.history)
         }
-        throw WispError(.invalidArgument, "fork_from: no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
+        throw WispError(.invalidArgument,
+                "fork_from: no thread '\(id)' (not live\(store != nil ? " or stored" : "")); " +
+                "list_threads shows the threads there are")
     }
 
     /// The stored thread `id`, if there is one, read under a lease of its own (the store reads
@@ -233,7 +264,8 @@ public actor ThreadRegistry {
     }
 
     /// What a thread created by this call is bound to; empty means none.
-    private func binding(instructions: String?, tools toolNames: [String]?, roots: [String]?) throws(WispError) -> ConversationThread.Binding {
+    private func binding(instructions: String?, tools toolNames: [String]?,
+                         roots: [String]?) throws(WispError) -> ConversationThread.Binding {
         var tools = try resolve(toolNames ?? [])
         if !tools.isEmpty, let roots, !roots.isEmpty, let catalogueWithRoots {
             let names = Set(tools.map(\.name))
@@ -246,10 +278,12 @@ public actor ThreadRegistry {
     private var durability: ConversationThread.Durability? {
         guard let store else { return nil }
         let catalogue = catalogue, catalogueWithRoots = catalogueWithRoots
-        return ConversationThread.Durability(store: store) { (names: [String], roots: [String]) throws(WispError) -> [ModelTool] in
+        return ConversationThread.Durability(store: store) { (names: [String],
+                                                              roots: [String]) throws(WispError) -> [ModelTool] in
             var tools: [ModelTool] = []
             for name in names {
-                guard let tool = catalogue[name] else { throw WispError(.invalidArgument, "unknown tool \(name.debugDescription)") }
+                guard let tool = catalogue[name] else { throw WispError(.invalidArgument,
+                                                                        "unknown tool \(name.debugDescription)") }
                 tools.append(tool)
             }
             if !tools.isEmpty, !roots.isEmpty, let catalogueWithRoots {
@@ -263,12 +297,16 @@ public actor ThreadRegistry {
     /// Client roots must be absolute paths a model tool can be confined to, and not too many.
     static func validate(roots: [String]) throws(WispError) {
         guard roots.count <= maxRoots else {
-            throw WispError(.invalidArgument, "the client offered \(roots.count) roots; wisp takes at most \(maxRoots) per call. Offer fewer roots (a common parent directory covers its subdirectories).")
+            throw WispError(.invalidArgument,
+                    "the client offered \(roots.count) roots; wisp takes at most \(maxRoots) per call. Offer fewer " +
+                    "roots (a common parent directory covers its subdirectories).")
         }
         // By bytes: to `String.hasPrefix` a "/" followed by a combining mark is no "/".
         for root in roots where root.utf8.first != UInt8(ascii: "/") || root.utf8.contains(0) {
             // Bounded in bytes: a single Character may be any number of combining marks.
-            throw WispError(.invalidArgument, "client root \(Roots.shown(root).debugDescription) is not usable: a root must be an absolute path without NUL bytes")
+            throw WispError(.invalidArgument,
+                    "client root \(Roots.shown(root).debugDescription) is not " +
+                    "usable: a root must be an absolute path without NUL bytes")
         }
     }
 
@@ -303,7 +341,8 @@ public actor ThreadRegistry {
         let storedIDs = Set(all.map(\.id))
         var rows: [(place: ListPlace, info: ThreadInfo)] = []
         for (id, entry) in entries {
-            if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight, stored: storedIDs.contains(id)) {
+            if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight,
+                                                             stored: storedIDs.contains(id)) {
                 rows.append((place, info))
             }
         }
@@ -311,13 +350,16 @@ public actor ThreadRegistry {
         if let query, let store {
             // The store finds the threads that hold every word (its full-text index); each found is
             // read to rank it as a live thread is ranked.
-            let found = await store.summaries(matching: query.words.sorted().joined(separator: " "), limit: store.maxStored)
+            let found = await store.summaries(matching: query.words.sorted().joined(separator: " "),
+                                              limit: store.maxStored)
             for s in found where !liveIDs.contains(s.id) {
                 guard let thread = try? await stored(s.id), let score = query.score(thread.history) else { continue }
                 rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), Self.info(s)))
             }
         } else if query == nil {
-            rows += all.filter { !liveIDs.contains($0.id) }.map { (ListPlace(score: 0, updated: $0.updatedAt, id: $0.id), Self.info($0)) }
+            rows += all.filter { !liveIDs.contains($0.id) }.map {
+                (ListPlace(score: 0, updated: $0.updatedAt, id: $0.id), Self.info($0))
+            }
         }
         rows.sort { $0.place < $1.place }
         let start = after.map { a in rows.firstIndex { a < $0.place } ?? rows.count } ?? 0
@@ -327,9 +369,11 @@ public actor ThreadRegistry {
     }
 
     private static func info(_ s: ThreadSummary) -> ThreadInfo {
-        ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true, usage: UsageBody(totals: s.usage),
+        ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true,
+                   usage: UsageBody(totals: s.usage),
                    created_at: s.createdAt, updated_at: s.updatedAt,
-                   first_prompt: s.turns > 0 ? ThreadViews.clip(s.firstPrompt, bytes: ThreadViews.previewBytes).text : nil,
+                   first_prompt: s.turns > 0
+                       ? ThreadViews.clip(s.firstPrompt, bytes: ThreadViews.previewBytes).text : nil,
                    last_reply: s.turns > 0 ? ThreadViews.clip(s.lastReply, bytes: ThreadViews.previewBytes).text : nil,
                    instructions: s.instructions.map { ThreadViews.clip($0, bytes: ThreadViews.instructionsBytes).text })
     }
@@ -348,10 +392,13 @@ public actor ThreadRegistry {
             if result.turns > 0 { return result }
         }
         if let thread = try await stored(id) {
-            return ThreadViews.read(id: id, instructions: thread.instructions, tools: thread.tools, history: thread.history,
+            return ThreadViews.read(id: id, instructions: thread.instructions, tools: thread.tools,
+                                    history: thread.history,
                                     condensed: 0, last: last, maxBytes: maxBytes)
         }
-        throw WispError(.invalidArgument, "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
+        throw WispError(.invalidArgument,
+                "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); " +
+                "list_threads shows the threads there are")
     }
 
     /// Stores, in the background, the threads holding turns the store missed (one task at a time;
@@ -373,8 +420,9 @@ public actor ThreadRegistry {
         for name in names {
             guard let tool = catalogue[name] else {
                 let valid = catalogue.keys.sorted()
-                let listed = valid.isEmpty ? "this wisp has no model tools" : "valid tools: \(valid.joined(separator: ", "))"
-                let shown = name.count > 80 ? String(name.prefix(80)) + "…" : name
+                let listed = valid.isEmpty
+                    ? "this wisp has no model tools" : "valid tools: \(valid.joined(separator: ", "))"
+                let shown = name.preview
                 throw WispError(.invalidArgument, "unknown tool \(shown.debugDescription); \(listed)")
             }
             if !tools.contains(where: { $0.name == name }) { tools.append(tool) }

@@ -53,9 +53,11 @@ public enum ThreadViews {
                 used += size
             } else {
                 if items.isEmpty {
-                    let prompt = clip(turn.prompt, bytes: budget / 4), reply = clip(turn.response, bytes: budget - budget / 4)
+                    let prompt = clip(turn.prompt, bytes: budget / 4), reply = clip(turn.response,
+                                                                                    bytes: budget - budget / 4)
                     // A clipped value is not a value: its turn is shown as text.
-                    items.append(TurnItem(prompt: prompt.text, reply: reply.text, structured: turn.structured && !reply.cut, cut: true))
+                    items.append(TurnItem(prompt: prompt.text, reply: reply.text,
+                                          structured: turn.structured && !reply.cut, cut: true))
                 }
                 break
             }
@@ -90,7 +92,9 @@ public struct ThreadQuery: Sendable, Equatable {
         var counts: [String: Int] = [:]
         for turn in history {
             for text in [turn.prompt, turn.response] {
-                for word in Self.words(in: text) where words.contains(String(word)) { counts[String(word), default: 0] += 1 }
+                for word in Self.words(in: text) where words.contains(String(word)) {
+                    counts[String(word), default: 0] += 1
+                }
             }
         }
         guard counts.count == words.count else { return nil }
@@ -131,7 +135,8 @@ public struct ListPlace: Sendable, Comparable {
         let parts = cursor.split(separator: "-", maxSplits: 2, omittingEmptySubsequences: false)
         guard parts.count == 3, let score = Int(parts[0], radix: 16), let bits = UInt64(parts[1], radix: 16),
               ThreadRegistry.isValidID(String(parts[2])) else {
-            throw WispError(.invalidArgument, "cursor is not one list_threads returned; omit it to start from the first page")
+            throw WispError(.invalidArgument,
+                            "cursor is not one list_threads returned; omit it to start from the first page")
         }
         self.init(score: score, updated: Double(bitPattern: bits), id: String(parts[2]))
     }

@@ -47,7 +47,8 @@ public enum ToolCatalogue {
                           .integer("start_line", minimum: 1), .integer("end_line", minimum: 1),
                       ], required: ["path"]).json) { json in
                 let a = try arguments(ReadFileArguments.self, json)
-                return try readFile(roots: resolving(), path: a.path, start: a.start_line, end: a.end_line, limits: limits)
+                return try readFile(roots: resolving(), path: a.path, start: a.start_line, end: a.end_line,
+                                    limits: limits)
             },
             ModelTool(name: "list_directory", description: "List a directory's entries (directories end with /).",
                       parametersSchema: ToolSchema(properties: [
@@ -56,24 +57,29 @@ public enum ToolCatalogue {
                 let a = try arguments(ListDirectoryArguments.self, json)
                 return try listDirectory(roots: resolving(), path: a.path, limits: limits)
             },
-            ModelTool(name: "search_text", description: "Find lines matching a literal or regex pattern under a path; prints file:line: text.",
+            ModelTool(name: "search_text",
+                    description: "Find lines matching a literal or regex pattern under a path; prints file:line: text.",
                       parametersSchema: ToolSchema(properties: [
                           .string("pattern"),
                           .string("path", "file or directory to search; '.' for the root"),
                           .boolean("regex", "treat pattern as a regular expression (default false: literal)"),
                       ], required: ["pattern"]).json) { json in
                 let a = try arguments(SearchTextArguments.self, json)
-                return try searchText(roots: resolving(), pattern: a.pattern, path: a.path ?? ".", regex: a.regex ?? false, limits: limits)
+                return try searchText(roots: resolving(), pattern: a.pattern, path: a.path ?? ".",
+                                      regex: a.regex ?? false, limits: limits)
             },
         ]
     }
 
     // MARK: read_file
 
-    static func readFile(roots: Roots, path: String, start: Int?, end: Int?, limits: Limits) throws(WispError) -> String {
+    static func readFile(roots: Roots, path: String, start: Int?, end: Int?,
+                         limits: Limits) throws(WispError) -> String {
         if let n = start ?? end, n < 1 { throw WispError(.invalidArgument, "line numbers start at 1") }
         let file = try roots.open(path)
-        guard !file.isDirectory else { throw WispError(.invalidArgument, "\(Roots.shown(path)) is a directory; use list_directory") }
+        guard !file.isDirectory else {
+            throw WispError(.invalidArgument, "\(Roots.shown(path)) is a directory; use list_directory")
+        }
         // Read what a capped answer can use, and one byte more to know whether there was more.
         let wantsRange = start != nil || end != nil
         let budget = wantsRange ? limits.maxScanBytes : limits.maxOutputBytes * 4
@@ -83,16 +89,22 @@ public enum ToolCatalogue {
         }
         let lines = TextLines.split(text)
         let first = max(1, start ?? 1)
-        guard first <= max(lines.count, 1) else { throw WispError(.invalidArgument, "\(Roots.shown(path)) has \(lines.count) lines; start_line \(first) is past the end") }
+        guard first <= max(lines.count, 1) else {
+            throw WispError(.invalidArgument,
+                            "\(Roots.shown(path)) has \(lines.count) lines; start_line \(first) is past the end")
+        }
         let last = min(lines.count, end ?? Int.max)
-        guard last >= first || lines.isEmpty else { throw WispError(.invalidArgument, "end_line \(last) is before start_line \(first)") }
+        guard last >= first || lines.isEmpty else {
+            throw WispError(.invalidArgument, "end_line \(last) is before start_line \(first)")
+        }
         var out = ""
         var shown = 0
         var cut: String?
         for i in (first - 1)..<max(first - 1, last) {
             let line = lines[i]
             if shown >= limits.maxLines || out.utf8.count + line.utf8.count + 1 > limits.maxOutputBytes {
-                cut = "[cut at line \(i) of \(lines.count)\(complete ? "" : "+"): output limit \(limits.maxLines) lines / \(limits.maxOutputBytes) bytes; ask for start_line \(i + 1)]"
+                cut = "[cut at line \(i) of \(lines.count)\(complete ? "" : "+"): output limit \(limits.maxLines) " +
+                      "lines / \(limits.maxOutputBytes) bytes; ask for start_line \(i + 1)]"
                 break
             }
             out += line
@@ -118,7 +130,9 @@ public enum ToolCatalogue {
             let kind = dir.kind(of: name)
             lines.append(String(decoding: name, as: UTF8.self) + (kind == S_IFDIR ? "/" : kind == S_IFLNK ? "@" : ""))
         }
-        if names.count > limits.maxEntries { lines.append("[\(names.count - limits.maxEntries) more entries not shown]") }
+        if names.count > limits.maxEntries {
+            lines.append("[\(names.count - limits.maxEntries) more entries not shown]")
+        }
         if names.isEmpty { return "(empty directory)" }
         return lines.joined(separator: "\n")
     }
@@ -128,7 +142,8 @@ public enum ToolCatalogue {
     /// Directories search_text descends below its start (each level holds one descriptor).
     static let maxSearchDepth = 64
 
-    static func searchText(roots: Roots, pattern: String, path: String, regex: Bool, limits: Limits) throws(WispError) -> String {
+    static func searchText(roots: Roots, pattern: String, path: String, regex: Bool,
+                           limits: Limits) throws(WispError) -> String {
         guard !pattern.isEmpty else { throw WispError(.invalidArgument, "pattern is empty") }
         let deadline = ContinuousClock.now + .milliseconds(Int(limits.maxScanSeconds * 1000))
         let matcher: (Substring) -> Bool?
@@ -165,7 +180,8 @@ public enum ToolCatalogue {
         // Descends by descriptor, never by name: what is scanned is inside the directory that was
         // opened, however the names under it are swapped meanwhile. Symlinks are not followed.
         func walk(_ dir: Roots.Opened, depth: Int) {
-            for name in dir.entries().sorted(by: { $0.lexicographicallyPrecedes($1) }) where name.first != UInt8(ascii: ".") {
+            let names = dir.entries().sorted(by: { $0.lexicographicallyPrecedes($1) })
+            for name in names where name.first != UInt8(ascii: ".") {
                 if stoppedBy != nil { return }
                 if ContinuousClock.now > deadline || Task.isCancelled { stoppedBy = timeLimit; return }
                 if scanned >= limits.maxScanBytes { stoppedBy = "scan limit \(limits.maxScanBytes) bytes"; return }
@@ -178,7 +194,10 @@ public enum ToolCatalogue {
 
         if start.isDirectory { walk(start, depth: 0) } else { scan(start) }
         var out = results.isEmpty ? "no matches" : results.joined(separator: "\n")
-        if hardLinked > 0 { out += "\n[\(hardLinked) hard-linked or changing files skipped; wisp reads hard-linked files only with --allow-hardlinks]" }
+        if hardLinked > 0 {
+            out += "\n[\(hardLinked) hard-linked or changing files skipped; " +
+                   "wisp reads hard-linked files only with --allow-hardlinks]"
+        }
         if let stoppedBy { out += "\n[search stopped at the \(stoppedBy); narrow the path or pattern]" }
         return out
     }
@@ -192,8 +211,12 @@ func arguments<T: Decodable>(_ type: T.Type, _ json: String) throws(WispError) -
     } catch let DecodingError.keyNotFound(key, _) {
         throw WispError(.invalidArgument, "'\(key.stringValue)' is required")
     } catch let DecodingError.typeMismatch(expected, context) {
-        guard let key = context.codingPath.last else { throw WispError(.invalidArgument, "arguments must be a JSON object") }
-        let kind = expected == String.self ? "a string" : expected == Bool.self ? "true or false" : expected == Int.self ? "a whole number" : "\(expected)"
+        guard let key = context.codingPath.last else {
+            throw WispError(.invalidArgument, "arguments must be a JSON object")
+        }
+        let kind = expected == String.self ? "a string"
+            : expected == Bool.self ? "true or false"
+            : expected == Int.self ? "a whole number" : "\(expected)"
         throw WispError(.invalidArgument, "'\(key.stringValue)' must be \(kind)")
     } catch let DecodingError.valueNotFound(_, context) {
         throw WispError(.invalidArgument, "'\(context.codingPath.last?.stringValue ?? "?")' must not be null")

@@ -74,11 +74,15 @@ public enum FileAttachments {
                 throw error.code == .cancelled ? error : WispError(.invalidArgument, "files: \(error.message)")
             }
             let shown = Roots.shown(path)
-            guard !opened.isDirectory else { throw WispError(.invalidArgument, "files: \(shown) is a directory; attach the files in it one by one") }
+            guard !opened.isDirectory else {
+                throw WispError(.invalidArgument, "files: \(shown) is a directory; attach the files in it one by one")
+            }
             let (data, complete) = opened.read(upTo: perFile)
             if Task.isCancelled { throw WispError.callCancelled }
             guard complete else {
-                throw WispError(.invalidArgument, "files: \(shown) is over the per-file limit of \(perFile) bytes (for this model's \(context)-token context); attach a smaller file or an excerpt in the prompt")
+                throw WispError(.invalidArgument,
+                        "files: \(shown) is over the per-file limit of \(perFile) bytes (for this model's " +
+                        "\(context)-token context); attach a smaller file or an excerpt in the prompt")
             }
             guard !data.contains(0), let text = String(validating: data, as: UTF8.self) else {
                 throw WispError(.invalidArgument, "files: \(shown) is a binary file; files takes UTF-8 text only")
@@ -89,7 +93,9 @@ public enum FileAttachments {
         let total = sizes.reduce(0) { $0 + $1.1 }
         guard total <= perCall else {
             let each = sizes.map { "\(Roots.shown($0.0)) (\($0.1) bytes)" }.joined(separator: ", ")
-            throw WispError(.invalidArgument, "files: \(total) bytes in all, over the per-call limit of \(perCall) bytes (for this model's \(context)-token context): \(each)")
+            throw WispError(.invalidArgument,
+                    "files: \(total) bytes in all, over the per-call limit of \(perCall) bytes (for this model's " +
+                    "\(context)-token context): \(each)")
         }
         return files
     }

@@ -1,71 +1,11 @@
 import Foundation
+import WispInfrastructure
 
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-
-/// A file-system path as the bytes the OS takes and gives (the UTF-8 it was given, never
-/// normalised), compared, hashed, prefixed and sorted as bytes. Swift's `String` `==`,
-/// `hasPrefix`, `split`, `Set` and `Dictionary` work on canonical equivalence and grapheme
-/// clusters: to them `café` (NFC) and `cafe\u{301}` (NFD), two directories to Linux, are one
-/// name, and a `/` followed by a combining mark is not a separator. So no file-system name is
-/// ever compared as a `String`; a `String` is made from one only to show it.
-public struct FSPath: Hashable, Sendable, Comparable, CustomStringConvertible {
-    public let bytes: [UInt8]
-
-    public init(bytes: some Sequence<UInt8>) { self.bytes = Array(bytes) }
-    /// The path a caller wrote: its UTF-8, as it came.
-    public init(_ string: String) { bytes = Array(string.utf8) }
-
-    static let slash = UInt8(ascii: "/")
-    public static let root = FSPath(bytes: [slash])
-
-    /// For messages and the model: invalid UTF-8 shows as U+FFFD (never used to open anything).
-    public var description: String { String(decoding: bytes, as: UTF8.self) }
-    public var isAbsolute: Bool { bytes.first == Self.slash }
-
-    public static func < (a: FSPath, b: FSPath) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
-
-    /// This path is `directory` or lies below it, component by component.
-    public func isWithin(_ directory: FSPath) -> Bool {
-        if directory.bytes == [Self.slash] { return isAbsolute }
-        guard bytes.count >= directory.bytes.count, bytes.starts(with: directory.bytes) else { return false }
-        return bytes.count == directory.bytes.count || bytes[directory.bytes.count] == Self.slash
-    }
-
-    /// This path lies strictly below `directory`.
-    public func isBelow(_ directory: FSPath) -> Bool { bytes.count > directory.bytes.count && isWithin(directory) }
-
-    public func appending(_ name: some Collection<UInt8>) -> FSPath {
-        var b = bytes
-        b.reserveCapacity(b.count + name.count + 1)
-        if b != [Self.slash] { b.append(Self.slash) }
-        b.append(contentsOf: name)
-        return FSPath(bytes: b)
-    }
-
-    /// The lexical parent ("/" for "/"): the real parent of a canonical path.
-    var parent: FSPath {
-        guard let i = bytes.lastIndex(of: Self.slash), i > 0 else { return .root }
-        return FSPath(bytes: bytes[..<i])
-    }
-
-    /// The non-empty components between `/` bytes.
-    var components: [ArraySlice<UInt8>] { bytes.split(separator: Self.slash, omittingEmptySubsequences: true) }
-
-    func withCString<R>(_ body: (UnsafePointer<CChar>) throws -> R) rethrows -> R {
-        try Self.withCString(bytes, body)
-    }
-
-    /// `name` (bytes without a NUL) as the C string a syscall takes.
-    static func withCString<R>(_ name: some Collection<UInt8>, _ body: (UnsafePointer<CChar>) throws -> R) rethrows -> R {
-        var c = [UInt8](name)
-        c.append(0)
-        return try c.withUnsafeBufferPointer { b in try b.withMemoryRebound(to: CChar.self) { try body($0.baseAddress!) } }
-    }
-}
 
 /// The directories model tools (and `respond`'s `files`) may read, and the one way anything
 /// under them is opened: `open(_:)`, which walks the path one component at a time from a
@@ -92,7 +32,9 @@ public struct Roots: Sendable, Equatable {
         // A set, not `kept.contains`: that was quadratic (20,000 client roots took seconds).
         var seen = Set(resolved)
         for d in more {
-            if let real = Roots.realPath(FSPath(d)), Roots.isDirectory(real), seen.insert(real).inserted { kept.append(real) }
+            if let real = Roots.realPath(FSPath(d)), Roots.isDirectory(real), seen.insert(real).inserted {
+                kept.append(real)
+            }
         }
         self.directories = kept
         self.allowHardLinks = allowHardLinks
@@ -189,12 +131,16 @@ public struct Roots: Sendable, Equatable {
     /// `maxComponents`), and a cancelled call (cancel or time limit) stops the walk.
     public func open(_ path: String) throws(WispError) -> Opened {
         let shown = Self.shown(path)
-        guard let first = directories.first else { throw WispError(.invalidArgument, "no readable roots are configured (start wisp with --root DIR)") }
+        guard let first = directories.first else {
+            throw WispError(.invalidArgument, "no readable roots are configured (start wisp with --root DIR)")
+        }
         let given = FSPath(path)
         guard !given.bytes.contains(0) else { throw WispError(.invalidArgument, "path contains a NUL byte") }
         guard !given.bytes.isEmpty else { throw WispError(.invalidArgument, "path is empty") }
         guard given.bytes.count <= Self.maxPathBytes else {
-            throw WispError(.invalidArgument, "\(shown): the path is \(given.bytes.count) bytes, over this system's limit of \(Self.maxPathBytes) (PATH_MAX); give a shorter path")
+            throw WispError(.invalidArgument,
+                    "\(shown): the path is \(given.bytes.count) bytes, over this system's limit of " +
+                    "\(Self.maxPathBytes) (PATH_MAX); give a shorter path")
         }
         let joined = given.isAbsolute ? given : first.appending(given.bytes)
 
@@ -206,7 +152,9 @@ public struct Roots: Sendable, Equatable {
         while let name = todo.popLast() {
             steps += 1
             guard steps <= Self.maxComponents else {
-                throw WispError(.invalidArgument, "\(shown): over \(Self.maxComponents) path components to walk (counting its symlinks' targets); give a shorter path")
+                throw WispError(.invalidArgument,
+                        "\(shown): over \(Self.maxComponents) path components to walk (counting its symlinks' " +
+                        "targets); give a shorter path")
             }
             if Task.isCancelled { throw WispError.callCancelled }
             if name.elementsEqual(Self.dotDot) { try walk.up(roots: self, shown: shown); continue }
@@ -226,7 +174,8 @@ public struct Roots: Sendable, Equatable {
             case S_IFLNK:
                 symlinks += 1
                 guard symlinks <= Self.maxSymlinks else {
-                    throw WispError(.invalidArgument, "\(shown): no such file or directory (too many levels of symbolic links)")
+                    throw WispError(.invalidArgument,
+                                    "\(shown): no such file or directory (too many levels of symbolic links)")
                 }
                 guard let target = Self.readLink(walk.fd, name) else { throw Self.failure(shown, errno) }
                 if target.isAbsolute {
@@ -236,17 +185,26 @@ public struct Roots: Sendable, Equatable {
                 }
             case S_IFDIR:
                 guard inside || (towardARoot && !isLast) else { throw outside(shown) }
-                let fd = FSPath.withCString(name) { openat(walk.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) }
+                let fd = FSPath.withCString(name) {
+                    openat(walk.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+                }
                 guard fd >= 0 else {
                     // Swapped for a symlink since the fstatat: look again (bounded like any symlink).
-                    if errno == ELOOP || errno == ENOTDIR, symlinks < Self.maxSymlinks { symlinks += 1; todo.append(name); continue }
+                    if errno == ELOOP || errno == ENOTDIR, symlinks < Self.maxSymlinks {
+                        symlinks += 1; todo.append(name); continue
+                    }
                     throw Self.failure(shown, errno)
                 }
                 walk.push(fd, next, inside: inside)
             case S_IFREG:
                 guard inside else { throw outside(shown) }
-                guard isLast else { throw WispError(.invalidArgument, "\(shown): \(Self.shown(String(decoding: name, as: UTF8.self))) is a file, not a directory") }
-                let fd = FSPath.withCString(name) { openat(walk.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC) }
+                guard isLast else {
+                    throw WispError(.invalidArgument,
+                            "\(shown): \(Self.shown(String(decoding: name, as: UTF8.self))) is a file, not a directory")
+                }
+                let fd = FSPath.withCString(name) {
+                    openat(walk.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+                }
                 guard fd >= 0 else {
                     if errno == ELOOP, symlinks < Self.maxSymlinks { symlinks += 1; todo.append(name); continue }
                     throw Self.failure(shown, errno)
@@ -277,7 +235,9 @@ public struct Roots: Sendable, Equatable {
         let real = dir.real.appending(name)
         switch dir.kind(of: name) {
         case S_IFDIR?:
-            let fd = FSPath.withCString(name) { openat(dir.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) }
+            let fd = FSPath.withCString(name) {
+                openat(dir.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+            }
             return fd >= 0 ? Opened(fd: fd, real: real, isDirectory: true) : nil
         case S_IFREG?:
             let fd = FSPath.withCString(name) { openat(dir.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC) }
@@ -303,7 +263,8 @@ public struct Roots: Sendable, Equatable {
     }
 
     static func hardLinkRefusal(_ shown: String, links: Int) -> String {
-        "\(shown) has \(links) hard links, so it may be a file from outside the readable roots; refused (start wisp with --allow-hardlinks, or WISP_ALLOW_HARDLINKS=1, to read hard-linked files)"
+        "\(shown) has \(links) hard links, so it may be a file from outside the readable roots; refused (start wisp " +
+        "with --allow-hardlinks, or WISP_ALLOW_HARDLINKS=1, to read hard-linked files)"
     }
 
     /// Roots named in an error: a few, each short (a client may offer hundreds).
@@ -354,7 +315,8 @@ public struct Roots: Sendable, Equatable {
             var used = 0
             for root in roots.directories {
                 let r = root.components
-                if r.count >= used, components.count >= r.count, zip(components, r).allSatisfy({ $0.elementsEqual($1) }) {
+                if r.count >= used, components.count >= r.count,
+                   zip(components, r).allSatisfy({ $0.elementsEqual($1) }) {
                     base = root
                     used = r.count
                 }
@@ -385,7 +347,11 @@ public struct Roots: Sendable, Equatable {
             for entry in stack { close(entry.fd) }
             stack.removeAll()
             let fd = directory.withCString { systemOpen($0, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
-            guard fd >= 0 else { throw WispError(.invalidArgument, "\(shown): cannot open \(Roots.shown(directory.description)) (\(String(cString: strerror(errno))))") }
+            guard fd >= 0 else {
+                throw WispError(.invalidArgument,
+                        "\(shown): cannot open \(Roots.shown(directory.description)) " +
+                        "(\(String(cString: strerror(errno))))")
+            }
             stack.append((fd, directory, roots.contains(directory)))
         }
     }
@@ -400,24 +366,6 @@ public struct Roots: Sendable, Equatable {
         var s = stat()
         return path.withCString { stat($0, &s) } == 0 && (s.st_mode & S_IFMT) == S_IFDIR
     }
-}
-
-/// The names in the directory open at `fd` (without . and ..), as the bytes readdir gave,
-/// unsorted; empty if it cannot be read. The descriptor stays open and is not moved.
-func directoryEntries(_ fd: Int32) -> [[UInt8]] {
-    // fdopendir takes over the descriptor it is given: hand it a copy, rewound.
-    let copy = dup(fd)
-    guard copy >= 0 else { return [] }
-    guard let dir = fdopendir(copy) else { close(copy); return [] }
-    defer { closedir(dir) }
-    rewinddir(dir)
-    var names: [[UInt8]] = []
-    while let entry = readdir(dir) {
-        // d_name is a fixed-size C array on both systems (256 bytes on Linux, 1024 on macOS).
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in Array(raw.prefix { $0 != 0 }) }
-        if name != [0x2E] && name != [0x2E, 0x2E] { names.append(name) }
-    }
-    return names
 }
 
 // The libc calls under names that members called open/read cannot shadow.

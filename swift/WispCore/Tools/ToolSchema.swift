@@ -33,7 +33,8 @@ struct ToolSchema {
             if let m = p.minimum { fields.append(JSONMember("minimum", .number(JSONNumber(m)))) }
             return JSONMember(p.name, .object(fields))
         }
-        let schema: JSONValue = ["type": "object", "properties": .object(props), "required": .array(required.map { .string($0) }),
+        let schema: JSONValue = ["type": "object", "properties": .object(props),
+                                 "required": .array(required.map { .string($0) }),
                                  "additionalProperties": false]
         return schema.jsonText
     }

@@ -59,7 +59,8 @@ private final class Connection: Sendable {
     }
 
     private func exchange(_ request: URLRequest, _ out: AsyncThrowingStream<HTTPEvent, any Error>.Continuation) throws {
-        guard let url = request.url, let host = url.host, let parts = URLComponents(url: url, resolvingAgainstBaseURL: false) else {
+        guard let url = request.url, let host = url.host,
+              let parts = URLComponents(url: url, resolvingAgainstBaseURL: false) else {
             throw URLError(.badURL)
         }
         let port = url.port ?? 80
@@ -137,13 +138,16 @@ private final class Connection: Sendable {
     private static func sendAll(_ fd: Int32, _ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + offset, bytes.count - offset, Int32(MSG_NOSIGNAL)) }
+            let n = bytes.withUnsafeBytes {
+                send(fd, $0.baseAddress! + offset, bytes.count - offset, Int32(MSG_NOSIGNAL))
+            }
             if n > 0 {
                 offset += n
             } else if n < 0 && errno == EINTR {
                 continue
             } else {
-                throw (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) ? URLError(.timedOut) : URLError(.networkConnectionLost)
+                let timedOut = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)
+                throw timedOut ? URLError(.timedOut) : URLError(.networkConnectionLost)
             }
         }
     }

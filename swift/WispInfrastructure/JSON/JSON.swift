@@ -68,7 +68,12 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
         if !it.isEmpty {
             it = it.dropFirst()
             var expNegative = false
-            if it.first == UInt8(ascii: "-") { expNegative = true; it = it.dropFirst() } else if it.first == UInt8(ascii: "+") { it = it.dropFirst() }
+            if it.first == UInt8(ascii: "-") {
+                expNegative = true
+                it = it.dropFirst()
+            } else if it.first == UInt8(ascii: "+") {
+                it = it.dropFirst()
+            }
             var e = 0
             for c in it {
                 let (m, o1) = e.multipliedReportingOverflow(by: 10)
@@ -124,7 +129,8 @@ public struct JSONNumber: Sendable, CustomStringConvertible {
         var v = 0
         for c in d.digits {
             let (m, o1) = v.multipliedReportingOverflow(by: 10)
-            let (a, o2) = d.negative ? m.subtractingReportingOverflow(Int(c &- 0x30)) : m.addingReportingOverflow(Int(c &- 0x30))
+            let (a, o2) = d.negative
+                ? m.subtractingReportingOverflow(Int(c &- 0x30)) : m.addingReportingOverflow(Int(c &- 0x30))
             guard !o1, !o2 else { return nil }
             v = a
         }
@@ -210,7 +216,9 @@ public struct JSONMember: Sendable, Equatable {
 
 extension JSONValue: ExpressibleByDictionaryLiteral, ExpressibleByStringLiteral, ExpressibleByIntegerLiteral,
     ExpressibleByBooleanLiteral, ExpressibleByArrayLiteral, ExpressibleByNilLiteral {
-    public init(dictionaryLiteral elements: (String, JSONValue)...) { self = .object(elements.map { JSONMember($0.0, $0.1) }) }
+    public init(dictionaryLiteral elements: (String, JSONValue)...) {
+        self = .object(elements.map { JSONMember($0.0, $0.1) })
+    }
     public init(stringLiteral value: String) { self = .string(value) }
     public init(integerLiteral value: Int) { self = .number(JSONNumber(value)) }
     public init(booleanLiteral value: Bool) { self = .bool(value) }
@@ -226,7 +234,9 @@ extension JSONValue {
     /// Parses JSON text (RFC 8259; whitespace around the value is allowed). The error says where it failed.
     public static func parse(_ text: String) throws(JSONError) -> JSONValue {
         var text = text
-        return try text.withUTF8 { bytes in catching { () throws(JSONError) in try parse(UnsafeRawBufferPointer(bytes)) } }.get()
+        return try text.withUTF8 { bytes in
+            catching { () throws(JSONError) in try parse(UnsafeRawBufferPointer(bytes)) }
+        }.get()
     }
 
     public static func parse(_ bytes: UnsafeRawBufferPointer) throws(JSONError) -> JSONValue {
@@ -238,7 +248,11 @@ extension JSONValue {
 
     public static func parse(_ bytes: some Collection<UInt8>) throws(JSONError) -> JSONValue {
         let result: Result<JSONValue, JSONError>? = bytes.withContiguousStorageIfAvailable { b in
-            do throws(JSONError) { return .success(try parse(UnsafeRawBufferPointer(b))) } catch { return .failure(error) }
+            do throws(JSONError) {
+                return .success(try parse(UnsafeRawBufferPointer(b)))
+            } catch {
+                return .failure(error)
+            }
         }
         if let result { return try result.get() }
         return try Array(bytes).withUnsafeBytes { b in catching { () throws(JSONError) in try parse(b) } }.get()
@@ -413,7 +427,8 @@ public struct JSONReader {
         let number = try number()
         guard let v = number.int else {
             i = start
-            throw error(number.isInteger ? "the number \(number.text) does not fit a 64-bit integer" : "expected a whole number, found \(number.text)")
+            throw error(number.isInteger ? "the number \(number.text) does not fit a 64-bit integer"
+                                         : "expected a whole number, found \(number.text)")
         }
         return v
     }
@@ -451,7 +466,9 @@ public struct JSONReader {
         var out = [UInt8](UnsafeRawBufferPointer(rebasing: b[start..<i]))
         try unescape(into: &out)
         let reader = self
-        return try out.withUnsafeBytes { bytes in catching { () throws(JSONError) in try reader.text(bytes, ascii: false, at: start) } }.get()
+        return try out.withUnsafeBytes { bytes in
+            catching { () throws(JSONError) in try reader.text(bytes, ascii: false, at: start) }
+        }.get()
     }
 
     /// The rest of a string with escapes, from `i` to just past its closing quote.
@@ -477,10 +494,14 @@ public struct JSONReader {
                     let unit = try hex4()
                     var scalar: UInt32
                     if (0xD800...0xDBFF).contains(unit) {
-                        guard i + 2 <= b.count, b[i] == 0x5C, b[i + 1] == 0x75 else { throw error("a lone surrogate (\\u\(String(unit, radix: 16))) is not a character") }
+                        guard i + 2 <= b.count, b[i] == 0x5C, b[i + 1] == 0x75 else {
+                            throw error("a lone surrogate (\\u\(String(unit, radix: 16))) is not a character")
+                        }
                         i += 2
                         let low = try hex4()
-                        guard (0xDC00...0xDFFF).contains(low) else { throw error("a lone surrogate (\\u\(String(unit, radix: 16))) is not a character") }
+                        guard (0xDC00...0xDFFF).contains(low) else {
+                            throw error("a lone surrogate (\\u\(String(unit, radix: 16))) is not a character")
+                        }
                         scalar = 0x10000 + ((UInt32(unit) - 0xD800) << 10) + (UInt32(low) - 0xDC00)
                     } else if (0xDC00...0xDFFF).contains(unit) {
                         throw error("a lone surrogate (\\u\(String(unit, radix: 16))) is not a character")
@@ -501,7 +522,9 @@ public struct JSONReader {
 
     private func text(_ bytes: UnsafeRawBufferPointer, ascii: Bool, at offset: Int) throws(JSONError) -> String {
         if ascii { return String(decoding: bytes, as: UTF8.self) }
-        guard let s = String(validating: bytes, as: UTF8.self) else { throw JSONError("a string is not valid UTF-8", at: offset) }
+        guard let s = String(validating: bytes, as: UTF8.self) else {
+            throw JSONError("a string is not valid UTF-8", at: offset)
+        }
         return s
     }
 
@@ -568,12 +591,14 @@ public struct JSONReader {
     }
 
     /// An object read into `value` through `fields`: each known key at most once (a key twice
-    /// is refused: which one would count is not defined), unknown keys skipped.
-    public mutating func object<T>(into value: inout T, _ fields: JSONFields<T>) throws(JSONError) {
+    /// is refused: which one would count is not defined), unknown keys skipped. Returns the keys
+    /// it held, as a bit per place in `fields`.
+    @discardableResult
+    public mutating func object<T>(into value: inout T, _ fields: JSONFields<T>) throws(JSONError) -> UInt64 {
         guard take(0x7B) else { throw expected("an object") }
         try enter()
         defer { depth -= 1 }
-        if take(0x7D) { return }
+        if take(0x7D) { return 0 }
         var seen: UInt64 = 0
         repeat {
             let k = try key(fields.names)
@@ -591,6 +616,32 @@ public struct JSONReader {
             }
         } while take(0x2C)
         guard take(0x7D) else { throw error("expected ',' or '}' in an object, \(what())") }
+        return seen
+    }
+
+    /// The value of member `name` of the object that starts here, read by `read`, without moving
+    /// this reader: for a tag that says how to read the rest (the pipe's `op`), found at once
+    /// when it comes first. Nil when the object has no such member; members before it are
+    /// checked only as far as passing over them takes.
+    public func member<T>(_ name: StaticString,
+                          _ read: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T? {
+        var r = self
+        guard r.take(0x7B) else { throw r.expected("an object") }
+        if r.take(0x7D) { return nil }
+        repeat {
+            let k = try r.key([name])
+            guard r.take(0x3A) else { throw r.error("expected ':' after a member name, \(r.what())") }
+            if k != nil {
+                do { return try read(&r) } catch {
+                    var e = error
+                    e.path.insert("\(name)", at: 0)
+                    throw e
+                }
+            }
+            try r.skip()
+        } while r.take(0x2C)
+        guard r.take(0x7D) else { throw r.error("expected ',' or '}' in an object, \(r.what())") }
+        return nil
     }
 
     /// A key, as its place in `names` (nil for any other key). Keys without escapes, the usual
@@ -658,8 +709,12 @@ public struct JSONFields<T>: Sendable {
     let reads: [Read]
 
     public init(_ fields: KeyValuePairs<StaticString, Read>) {
-        precondition(fields.count <= 64, "JSONFields: at most 64 keys")
-        names = fields.map(\.key)
-        reads = fields.map(\.value)
+        self.init(names: fields.map(\.key), reads: fields.map(\.value))
+    }
+
+    public init(names: [StaticString], reads: [Read]) {
+        precondition(names.count <= 64 && names.count == reads.count, "JSONFields: at most 64 keys, one read each")
+        self.names = names
+        self.reads = reads
     }
 }

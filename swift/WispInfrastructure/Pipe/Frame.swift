@@ -1,5 +1,3 @@
-import Foundation
-
 /// The limit on one frame's payload, both ways (the shim's `MAX_FRAME_BYTES`): a larger frame
 /// is a protocol error.
 public let maxFrameBytes = 16 * 1024 * 1024
@@ -25,12 +23,6 @@ public enum Frame {
         frame[1] = UInt8(truncatingIfNeeded: n >> 16)
         frame[2] = UInt8(truncatingIfNeeded: n >> 8)
         frame[3] = UInt8(truncatingIfNeeded: n)
-    }
-
-    /// A message as Foundation's `JSONEncoder` writes it (tests frame shim → core messages so);
-    /// the core writes its own with `encode(_:)` (PipeJSON.swift).
-    public static func encodeWithJSONEncoder<T: Encodable>(_ message: T) throws -> [UInt8] {
-        encode(payload: try JSONEncoder().encode(message))
     }
 }
 

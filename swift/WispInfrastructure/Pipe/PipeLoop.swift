@@ -126,3 +126,7 @@ public struct WakeUpPipe: Sendable {
         }
     }
 }
+
+/// Work on a text up to this many bytes (encoding a reply, checking one) stays on the pipe loop:
+/// less than a hop to the pool costs.
+public let onPipeLoopBytes = 64 * 1024

@@ -40,8 +40,10 @@ public struct LinearRegex: Sendable {
             try compiler.emit(tree)
         } catch {
             let supported = dialect == .search
-                ? "search_text supports literals, ., [...] classes, \\d \\w \\s \\b, * + ? {m,n}, |, (...) groups, ^ $ and a leading (?i)"
-                : "a schema pattern (ECMA-262) may use literals, ., [...] classes, \\d \\w \\s \\b, * + ? {m,n}, |, (...) groups, ^ and $"
+                ? "search_text supports literals, ., [...] classes, \\d \\w \\s " +
+                  "\\b, * + ? {m,n}, |, (...) groups, ^ $ and a leading (?i)"
+                : "a schema pattern (ECMA-262) may use literals, ., [...] classes, " +
+                  "\\d \\w \\s \\b, * + ? {m,n}, |, (...) groups, ^ and $"
             throw RegexError(message: "\(error.message); \(supported)")
         }
         self.dialect = dialect
@@ -65,7 +67,8 @@ public struct LinearRegex: Sendable {
 
     /// Whether `text` contains a match; nil if `deadline` passed or `stop` said so first (both
     /// are looked at every 1024 scalars).
-    public func matches(_ text: Substring, deadline: ContinuousClock.Instant? = nil, stop: (() -> Bool)? = nil) -> Bool? {
+    public func matches(_ text: Substring, deadline: ContinuousClock.Instant? = nil,
+                        stop: (() -> Bool)? = nil) -> Bool? {
         var scalars = ContiguousArray<Unicode.Scalar>()
         scalars.reserveCapacity(text.utf8.count)
         for s in text.unicodeScalars { scalars.append(s) }
@@ -101,7 +104,9 @@ public struct LinearRegex: Sendable {
                 while k < current.count {
                     let pc = current.dense[k]
                     k += 1
-                    if reads(program[pc], scalar), add(pc + 1, &next, stack, previous: scalar, scalar: following) { return true }
+                    if reads(program[pc], scalar), add(pc + 1, &next, stack, previous: scalar, scalar: following) {
+                        return true
+                    }
                 }
                 swap(&current, &next)
                 previous = scalar
@@ -136,7 +141,8 @@ public struct LinearRegex: Sendable {
             case .lineStart: if previous == nil { stack[top] = pc + 1; top += 1 }
             case .lineEnd: if scalar == nil { stack[top] = pc + 1; top += 1 }
             case .wordBoundary(let at):
-                let boundary = dialect == .ecma ? isASCIIWord(previous) != isASCIIWord(scalar) : isWord(previous) != isWord(scalar)
+                let boundary = dialect == .ecma
+                    ? isASCIIWord(previous) != isASCIIWord(scalar) : isWord(previous) != isWord(scalar)
                 if boundary == at { stack[top] = pc + 1; top += 1 }
             case .scalar, .set, .any: break
             }

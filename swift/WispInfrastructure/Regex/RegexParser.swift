@@ -48,7 +48,8 @@ struct RegexParser {
             var atom = try self.atom()
             while let q = peek(), let (min, max) = try quantifier(q) {
                 switch atom {
-                case .empty, .lineStart, .lineEnd, .wordBoundary: throw .refusing("nothing to repeat before \(q) at position \(i)")
+                case .empty, .lineStart, .lineEnd, .wordBoundary:
+                    throw .refusing("nothing to repeat before \(q) at position \(i)")
                 default: break
                 }
                 if peek() == "?" { i += 1 } // lazy: the same for a yes/no match
@@ -71,14 +72,18 @@ struct RegexParser {
             var j = i + 1
             func number() -> Int? {
                 var n: Int?
-                while j < s.count, let d = Int(String(s[j])), ("0"..."9").contains(s[j]) { n = min((n ?? 0) * 10 + d, 1_000_000); j += 1 }
+                while j < s.count, let d = Int(String(s[j])), ("0"..."9").contains(s[j]) {
+                    n = min((n ?? 0) * 10 + d, 1_000_000); j += 1
+                }
                 return n
             }
             guard let m = number() else { return nil }
             var n: Int? = m
             if j < s.count && s[j] == "," { j += 1; n = number() }
             guard j < s.count && s[j] == "}" else { return nil }
-            guard m <= LinearRegex.maxRepeat, (n ?? 0) <= LinearRegex.maxRepeat else { throw .refusing("repeat count above \(LinearRegex.maxRepeat)") }
+            guard m <= LinearRegex.maxRepeat, (n ?? 0) <= LinearRegex.maxRepeat else {
+                throw .refusing("repeat count above \(LinearRegex.maxRepeat)")
+            }
             if let n, n < m { throw .refusing("{\(m),\(n)}: the maximum is below the minimum") }
             i = j + 1
             return (m, n)
@@ -100,8 +105,12 @@ struct RegexParser {
             if peek() == "?" {
                 let rest = String(String.UnicodeScalarView(s[i..<min(s.count, i + 3)]))
                 if rest.hasPrefix("?:") { i += 2 }
-                else if rest.hasPrefix("?=") || rest.hasPrefix("?!") { throw .refusing("lookahead (\(rest.prefix(2)) is not supported") }
-                else if rest.hasPrefix("?<=") || rest.hasPrefix("?<!") { throw .refusing("lookbehind (\(rest) is not supported") }
+                else if rest.hasPrefix("?=") || rest.hasPrefix("?!") {
+                    throw .refusing("lookahead (\(rest.prefix(2)) is not supported")
+                }
+                else if rest.hasPrefix("?<=") || rest.hasPrefix("?<!") {
+                    throw .refusing("lookbehind (\(rest) is not supported")
+                }
                 else if rest.hasPrefix("?>") { throw .refusing("atomic group (?> is not supported") }
                 else if rest.hasPrefix("?<") || (!ecma && rest.hasPrefix("?P<")) {
                     // A named group matches as a plain group (names only matter to captures).
@@ -111,7 +120,9 @@ struct RegexParser {
                 else { throw .refusing("inline flags (\(rest)… are not supported (only a leading (?i))") }
             }
             nesting += 1
-            guard nesting <= LinearRegex.maxNesting else { throw .refusing("groups nested more than \(LinearRegex.maxNesting) deep") }
+            guard nesting <= LinearRegex.maxNesting else {
+                throw .refusing("groups nested more than \(LinearRegex.maxNesting) deep")
+            }
             let inner = try alternation()
             nesting -= 1
             guard peek() == ")" else { throw .refusing("missing ) for the group opened at position \(i)") }
@@ -170,14 +181,18 @@ struct RegexParser {
                 digits = String(String.UnicodeScalarView(s[i..<(i + width)]))
                 i += width
             }
-            guard let v = UInt32(digits, radix: 16), let scalar = Unicode.Scalar(v) else { throw .refusing("\\\(c)\(digits) is not a valid code point") }
+            guard let v = UInt32(digits, radix: 16), let scalar = Unicode.Scalar(v) else {
+                throw .refusing("\\\(c)\(digits) is not a valid code point")
+            }
             return .scalar(scalar)
         case "1"..."9": throw .refusing("backreference \\\(c) is not supported")
         case "k": throw .refusing("named backreference \\k is not supported")
         case "p", "P": throw .refusing("Unicode property class \\\(c){…} is not supported")
         case "Q": throw .refusing("quoting \\Q…\\E is not supported; escape each character")
         default:
-            if c.properties.isAlphabetic || ("0"..."9").contains(c) { throw .refusing("escape \\\(c) is not supported") }
+            if c.properties.isAlphabetic || ("0"..."9").contains(c) {
+                throw .refusing("escape \\\(c) is not supported")
+            }
             return .scalar(c)
         }
     }
@@ -191,7 +206,9 @@ struct RegexParser {
             if c == "]" && !first { i += 1; break }
             first = false
             if c == "[" {
-                throw .refusing(peek(1) == ":" ? "POSIX class [: … :] is not supported; use a range such as [a-z]" : "nested class [ inside [...] is not supported; escape it as \\[")
+                throw .refusing(peek(1) == ":"
+                                ? "POSIX class [: … :] is not supported; use a range such as [a-z]"
+                                : "nested class [ inside [...] is not supported; escape it as \\[")
             }
             let low: Unicode.Scalar
             i += 1
@@ -209,7 +226,9 @@ struct RegexParser {
                 var high = after
                 i += 1
                 if after == "\\" {
-                    guard case .scalar(let s) = try escape(inClass: true) else { throw .refusing("a class cannot end a range in [...]") }
+                    guard case .scalar(let s) = try escape(inClass: true) else {
+                        throw .refusing("a class cannot end a range in [...]")
+                    }
                     high = s
                 }
                 guard low.value <= high.value else { throw .refusing("range \(low)-\(high) is out of order") }

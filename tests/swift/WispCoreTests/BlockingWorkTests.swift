@@ -8,6 +8,7 @@ import Testing
 @testable import WispCore
 import WispInfrastructure
 
+extension WholePool {
 @Suite(.serialized) struct BlockingWork {
     /// Jobs that block one of the pool's OS threads until `open` (or, for a broken pool, until
     /// `failAfter` has passed, so that the test fails rather than hangs).
@@ -74,4 +75,5 @@ import WispInfrastructure
         let served = await wire.reply(2)
         #expect(served.ok && served.body["text"] as? String == "echo 1: read it\nfile small.txt: one small line", "\(served.body)")
     }
+}
 }

@@ -135,8 +135,7 @@ import Testing
         #expect(condensedAt > 0)
         // Pre-flight dropping means the model never had to report an overflow: every session
         // build after the first came from a pre-flight trim, one per condensed call at most.
-        let spans = probe.spans.withLock { $0.count }
-        #expect(spans == 12)
+        #expect(probe.prompts.count == 12)
     }
 }
 

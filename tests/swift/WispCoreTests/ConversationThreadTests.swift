@@ -22,22 +22,20 @@ import Testing
             return out
         }
         for i in 0..<5 { #expect(texts[i] == "echo \(i + 1): !sleep 60 call\(i)") }
-        let spans = probe.spans.withLock { $0 }
-        #expect(spans.map(\.prompt) == (0..<5).map { "!sleep 60 call\($0)" })
-        for (a, b) in zip(spans, spans.dropFirst()) { #expect(a.end <= b.start, "calls on one thread overlapped") }
+        let events = probe.events.withLock { $0 }
+        let expected = (0..<5).flatMap { i -> [Probe.Event] in [.enter("!sleep 60 call\(i)"), .exit("!sleep 60 call\(i)")] }
+        #expect(events == expected, "calls on one thread overlapped or ran out of order")
     }
 
+    /// Eight calls on eight threads are all inside the backend at once: each meets the other seven.
     @Test func differentThreadsOverlap() async throws {
-        let registry = ThreadRegistry(backend: EchoBackend())
-        let clock = ContinuousClock()
-        let elapsed = try await clock.measure {
-            try await withThrowingTaskGroup(of: Void.self) { group in
-                for i in 0..<8 { group.addTask { try await call(registry, "t\(i)", "!sleep 300 x") } }
-                try await group.waitForAll()
-            }
+        let probe = Probe(barrier: Barrier(parties: 8))
+        let registry = ThreadRegistry(backend: ProbeBackend(probe: probe))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for i in 0..<8 { group.addTask { try await call(registry, "t\(i)", "x") } }
+            try await group.waitForAll()
         }
-        // Serialised would take 2.4 s; overlapped is about 0.3 s. The margin is generous on purpose.
-        #expect(seconds(elapsed) < 1.2)
+        #expect(probe.met.withLock { $0 } == Array(repeating: true, count: 8), "the calls did not overlap")
     }
 
     @Test func queueLimitGivesBusy() async throws {
@@ -61,12 +59,12 @@ import Testing
     }
 
     @Test func cancelMidCallLeavesThreadUsableAndHistoryUnchanged() async throws {
-        let registry = ThreadRegistry(backend: EchoBackend())
+        let probe = Probe()
+        let registry = ThreadRegistry(backend: ProbeBackend(probe: probe))
         try await call(registry, "t", "first")
-        let clock = ContinuousClock()
-        let start = clock.now
-        let slow = Task { try await call(registry, "t", "!sleep 5000 never") }
-        try await Task.sleep(for: .milliseconds(100))
+        // Far longer than any test run: a cancel that did not reach the model would be seen.
+        let slow = Task { try await call(registry, "t", "!sleep 600000 never") }
+        while !probe.events.withLock({ $0.contains(.enter("!sleep 600000 never")) }) { await Task.yield() }
         slow.cancel()
         do {
             _ = try await slow.value
@@ -74,24 +72,26 @@ import Testing
         } catch let e as WispError {
             #expect(e.code == .cancelled)
         }
-        #expect(seconds(clock.now - start) < 2)
         let next = try await call(registry, "t", "second")
         #expect(next.outcome.text == "echo 2: second")
         #expect(next.outcome.turns == 2)
     }
 
     @Test func cancelWhileWaitingLeavesTheLineAndOthersKeepOrder() async throws {
-        let registry = ThreadRegistry(backend: EchoBackend())
+        let gate = Gate()
+        let registry = ThreadRegistry(backend: GateBackend(gate: gate))
         let a = try await registry.accept(threadID: "t", instructions: nil, tools: nil)
         let b = try await registry.accept(threadID: "t", instructions: nil, tools: nil)
         let c = try await registry.accept(threadID: "t", instructions: nil, tools: nil)
-        let ta = Task { try await a.thread.respond(a.ticket, prompt: "!sleep 300 a", settings: .init(), onPartial: nil) }
+        let ta = Task { try await a.thread.respond(a.ticket, prompt: "gate a", settings: .init(), onPartial: nil) }
         let tb = Task { try await b.thread.respond(b.ticket, prompt: "b", settings: .init(), onPartial: nil) }
         let tc = Task { try await c.thread.respond(c.ticket, prompt: "c", settings: .init(), onPartial: nil) }
-        try await Task.sleep(for: .milliseconds(50))
+        // a holds the thread until the gate opens, so b is still waiting for its turn when cancelled.
+        await gate.waitUntilEntered()
         tb.cancel()
         await #expect(throws: WispError.self) { try await tb.value }
-        #expect(try await ta.value.text == "echo 1: !sleep 300 a")
+        gate.open()
+        #expect(try await ta.value.text == "echo 1: gate a")
         #expect(try await tc.value.text == "echo 2: c")
         #expect(await a.thread.pending == 0)
     }

@@ -2,6 +2,7 @@
 import Foundation
 import Testing
 @testable import WispCore
+import WispInfrastructure
 
 @Suite struct EchoContract {
     @Test func directives() async throws {
@@ -42,11 +43,11 @@ import Testing
 
     @Test func progressGivesAtLeastTwoCumulativePartials() async throws {
         let registry = ThreadRegistry(backend: EchoBackend())
-        let seen = Probe()
+        let seen = Locked<[String]>([])
         let r = try await call(registry, nil, "stream me", onPartial: { p in
-            seen.spans.withLock { $0.append(.init(prompt: "\(p.tokens)|\(p.text)", start: .now, end: .now)) }
+            seen.withLock { $0.append("\(p.tokens)|\(p.text)") }
         })
-        let partials = seen.spans.withLock { $0.map(\.prompt) }
+        let partials = seen.withLock { $0 }
         #expect(partials.count >= 2)
         #expect(partials.last == "\(estimatedTokens(r.outcome.text))|\(r.outcome.text)")
         let tokens = partials.map { Int($0.split(separator: "|")[0])! }

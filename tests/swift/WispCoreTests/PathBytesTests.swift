@@ -153,7 +153,7 @@ private func json(_ object: [String: String]) -> String {
     }
 }
 
-/// Issue 25.3: a crafted path is bounded as the OS bounds one, walked in linear time, quoted
+/// A crafted path is bounded as the OS bounds one, walked in linear time, quoted
 /// short, and stops when its call does.
 @Suite struct CraftedPaths {
     static func workspace() throws -> String {

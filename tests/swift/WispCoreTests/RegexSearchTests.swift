@@ -28,7 +28,7 @@ extension ModelTools {
             let out = try found.get()
             print("search_text (a+)+$ over a 100 KB line: \(elapsed)")
             #expect(out == "no matches")
-            #expect(elapsed < .seconds(10))
+            if !underSanitizer { #expect(elapsed < .seconds(10)) }
             await #expect(throws: WispError.self) { try await search.call(#"{"pattern": "(a)\\1", "regex": true}"#) }
         }
 

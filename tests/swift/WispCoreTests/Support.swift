@@ -7,6 +7,28 @@ import Testing
 @testable import WispCore
 import WispInfrastructure
 
+extension ConversationThread {
+    /// Waits for `ticket`'s turn, then answers and commits the turn (`keep` always says yes, so
+    /// there is always an outcome).
+    func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
+                 onPartial: PartialHandler?, rewind: Int = 0) async throws -> Conversation.Outcome {
+        try await respond(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial, rewind: rewind,
+                          keep: { true })!
+    }
+}
+
+/// Suites whose tests hold workers of the shared blocking pool until a call that needs one is
+/// answered: one at a time (`.serialized` reaches the suites nested in it), or each could hold the
+/// worker the other's call waits for. The other suites' pool jobs end by themselves.
+@Suite(.serialized) enum WholePool {}
+
+extension Frame {
+    /// A message as Foundation's `JSONEncoder` writes it: the tests frame shim → core messages so.
+    static func encodeWithJSONEncoder<T: Encodable>(_ message: T) throws -> [UInt8] {
+        encode(payload: try JSONEncoder().encode(message))
+    }
+}
+
 /// One call through the registry, as the pipe server makes it.
 @discardableResult
 func call(_ registry: ThreadRegistry, _ threadID: String?, _ prompt: String,
@@ -35,15 +57,27 @@ func startCall(_ registry: ThreadRegistry, _ threadID: String, _ prompt: String)
     }
 }
 
-/// What a probe session saw: when each call ran, and how each session was built.
+/// What a probe session saw: each call's entry and exit in the order they happened (a recorded
+/// sequence, not clock readings), and how each session was built. With a `barrier`, every call
+/// first meets the others there; what each meeting returned is in `met`.
 final class Probe: Sendable {
-    struct Span: Sendable { var prompt: String; var start: ContinuousClock.Instant; var end: ContinuousClock.Instant }
+    enum Event: Sendable, Equatable { case enter(String), exit(String) }
     struct Build: Sendable { var instructions: String?; var historyCount: Int }
-    let spans = Mutex<[Span]>([])
-    let builds = Mutex<[Build]>([])
+    let events = Locked<[Event]>([])
+    let builds = Locked<[Build]>([])
+    let barrier: Barrier?
+    let met = Locked<[Bool]>([])
+
+    init(barrier: Barrier? = nil) { self.barrier = barrier }
+
+    /// The prompts of the calls that finished, in the order they finished.
+    var prompts: [String] {
+        events.withLock { $0.compactMap { if case .exit(let p) = $0 { p } else { nil } } }
+    }
 }
 
-/// The echo backend, watched: records call spans and session builds; can pretend to count tokens.
+/// The echo backend, watched: records call entries and exits and session builds; can pretend
+/// to count tokens.
 struct ProbeBackend: ModelBackend {
     let name = "probe"
     let model = "probe"
@@ -62,7 +96,8 @@ struct ProbeBackend: ModelBackend {
     func tokenCount(_ text: String) async throws -> Int? { counts ? estimatedTokens(text) : nil }
     func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
         probe.builds.withLock { $0.append(.init(instructions: instructions, historyCount: history.count)) }
-        return ProbeSession(inner: echo.makeSession(instructions: instructions, tools: tools, history: history), probe: probe)
+        let inner = echo.makeSession(instructions: instructions, tools: tools, history: history)
+        return ProbeSession(inner: inner, probe: probe)
     }
 }
 
@@ -73,9 +108,57 @@ final class ProbeSession: ModelSession {
 
     nonisolated(nonsending)
     func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
-        let start = ContinuousClock.now
-        defer { let end = ContinuousClock.now; probe.spans.withLock { $0.append(.init(prompt: prompt, start: start, end: end)) } }
+        probe.events.withLock { $0.append(.enter(prompt)) }
+        if let barrier = probe.barrier {
+            let met = await barrier.arrive()
+            probe.met.withLock { $0.append(met) }
+        }
+        defer { probe.events.withLock { $0.append(.exit(prompt)) } }
         return try await inner.respond(to: prompt, settings: settings, onPartial: onPartial)
+    }
+}
+
+/// A meeting point for `parties` calls: each `arrive` waits until all have arrived, so a call
+/// that returns `true` was inside at the same time as every other. Overlap is proven by the
+/// meeting itself; `within` only bounds how long a failing test (calls that never overlap)
+/// waits before it says so.
+final class Barrier: Sendable {
+    private struct State {
+        var arrived = 0
+        var next = 0
+        var waiting: [Int: CheckedContinuation<Bool, Never>] = [:]
+    }
+    private let parties: Int
+    private let within: Duration
+    private let state = Locked(State())
+
+    init(parties: Int, within: Duration = .seconds(60)) {
+        self.parties = parties
+        self.within = within
+    }
+
+    var arrived: Int { state.withLock { $0.arrived } }
+
+    func arrive() async -> Bool {
+        let ticket = state.withLock { s -> Int in
+            s.next += 1
+            return s.next
+        }
+        let timer = Task { [within] in
+            try? await Task.sleep(for: within)
+            state.withLock { $0.waiting.removeValue(forKey: ticket) }?.resume(returning: false)
+        }
+        defer { timer.cancel() }
+        return await withCheckedContinuation { (c: CheckedContinuation<Bool, Never>) in
+            let all = state.withLock { s -> [CheckedContinuation<Bool, Never>]? in
+                s.arrived += 1
+                s.waiting[ticket] = c
+                guard s.arrived >= parties else { return nil }
+                defer { s.waiting = [:] }
+                return Array(s.waiting.values)
+            }
+            for w in all ?? [] { w.resume(returning: true) }
+        }
     }
 }
 
@@ -117,8 +200,9 @@ final class Wire: Sendable {
         (try? JSONSerialization.jsonObject(with: Data(frame.utf8))) as? [String: Any] ?? [:]
     }
 
-    /// Where the reply to request `id` sits in `all`, waiting for it up to `within`.
-    func replyIndex(_ id: Int, within: Duration = .seconds(10)) async -> Int? {
+    /// Where the reply to request `id` sits in `all`, waiting for it up to `within` (a bound for a
+    /// failing test only: the wait ends when the reply comes).
+    func replyIndex(_ id: Int, within: Duration = .seconds(60)) async -> Int? {
         if let found = state.withLock({ $0.replies[id] }) { return found }
         let clock = ContinuousClock()
         let deadline = clock.now + within
@@ -148,7 +232,7 @@ final class Wire: Sendable {
     }
 
     /// The reply to request `id`: its `result` when ok, else its `error`, with `ok` alongside.
-    func reply(_ id: Int, within: Duration = .seconds(10)) async -> (ok: Bool, body: [String: Any]) {
+    func reply(_ id: Int, within: Duration = .seconds(60)) async -> (ok: Bool, body: [String: Any]) {
         guard let i = await replyIndex(id, within: within) else {
             Issue.record("no reply to request \(id)")
             return (false, [:])
@@ -250,13 +334,15 @@ final class RefusingSession: ModelSession {
     }
 }
 
-/// A backend that takes its time to say whether it is available (an endpoint that does not answer).
+/// A backend that says whether it is available only once its gate opens (an endpoint that does
+/// not answer).
 struct SlowToAnswerBackend: ModelBackend {
     let name = "slow"
     let model = "slow"
+    let gate: Gate
     let echo = EchoBackend()
     func availability() async -> Availability {
-        try? await Task.sleep(for: .seconds(2))
+        await gate.pass()
         return .ready
     }
     func contextSize() async -> Int { 4096 }
@@ -265,6 +351,14 @@ struct SlowToAnswerBackend: ModelBackend {
         echo.makeSession(instructions: instructions, tools: tools, history: history)
     }
 }
+
+/// Whether this test process runs under a sanitizer, which slows code many times over: a time
+/// bound then says nothing about the code under test, so the timed tests do not check theirs.
+let underSanitizer: Bool = {
+    guard let me = dlopen(nil, RTLD_NOW) else { return false }
+    defer { dlclose(me) }
+    return dlsym(me, "__tsan_init") != nil || dlsym(me, "__asan_init") != nil
+}()
 
 /// Runs a blocking call on an OS thread of its own, so it takes no thread from the cooperative pool.
 func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {

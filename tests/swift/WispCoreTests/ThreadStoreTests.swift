@@ -203,7 +203,10 @@ private func leased<T>(_ s: any ThreadStore, _ id: String, _ body: (any ThreadLe
         #expect(next.outcome.text == "echo 6: after" && !next.created)
         memory.failWrites(nil)
         try await call(registry, "d", "x")  // a new thread: the registry stores waiting threads meanwhile
-        for _ in 0..<200 where memory.stored("kept")?.history.count != 6 { try await Task.sleep(for: .milliseconds(10)) }
+        // Stored by a later call's pass, off this task: waited for, with room for a loaded machine.
+        for _ in 0..<6000 where memory.stored("kept")?.history.count != 6 {
+            try await Task.sleep(for: .milliseconds(10))
+        }
         #expect(memory.stored("kept")?.history.count == 6)
     }
 }

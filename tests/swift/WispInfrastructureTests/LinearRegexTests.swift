@@ -143,7 +143,7 @@ extension Regex {
                 #expect(re.matches(line[...]) == false, "\(pattern)")
                 let elapsed = clock.now - start
                 print("linear regex: \(pattern) over a 100 KB line: \(elapsed)")
-                #expect(elapsed < .seconds(3), "\(pattern) took \(elapsed)")
+                if !underSanitizer { #expect(elapsed < .seconds(3), "\(pattern) took \(elapsed)") }
             }
         }
 
@@ -155,8 +155,10 @@ extension Regex {
                 let start = clock.now
                 return (re.matches(line[...], deadline: clock.now + .milliseconds(50)), clock.now - start)
             }
-            #expect(result == nil)
-            #expect(elapsed < .seconds(1))
+            #expect(result == nil, "the match ran to its end past its deadline")
+            // How late it stops depends on the machine's load too: the bound only catches a check
+            // that comes far too seldom.
+            if !underSanitizer { #expect(elapsed < .seconds(10)) }
         }
     }
 }
@@ -168,3 +170,11 @@ func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async thro
         Thread { done.resume(with: Result { try body() }) }.start()
     }
 }
+
+/// Whether this test process runs under a sanitizer, which slows code many times over: a time
+/// bound then says nothing about the code under test, so the timed tests do not check theirs.
+let underSanitizer: Bool = {
+    guard let me = dlopen(nil, RTLD_NOW) else { return false }
+    defer { dlclose(me) }
+    return dlsym(me, "__tsan_init") != nil || dlsym(me, "__asan_init") != nil
+}()

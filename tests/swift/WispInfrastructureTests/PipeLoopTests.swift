@@ -76,17 +76,23 @@ func currentOSThread() -> ObjectIdentifier { ObjectIdentifier(Thread.current) }
 
     @Test func aStreamOfJobsDoesNotStarveTheInput() async throws {
         let (loop, input, seen) = startLoop()
-        // A task that keeps the loop's queue full (it yields, never sleeps) until the input is read.
+        let running = DispatchSemaphore(value: 0)
+        // A task that keeps the loop's queue full (it yields, never sleeps) until the input is
+        // read; its time bound is for a failing test only.
         let busy = Task(executorPreference: loop) { () -> Bool in
-            let cap = ContinuousClock.now.advanced(by: .seconds(5))
+            running.signal()
+            let cap = ContinuousClock.now.advanced(by: .seconds(60))
             while ContinuousClock.now < cap {
                 if !seen.withLock({ $0.bytes.isEmpty }) { return true }
                 await Task.yield()
             }
             return false
         }
-        try await Task.sleep(for: .milliseconds(50))
-        #expect(write(input, "x", 1) == 1)
+        // Written once the jobs are coming, from an OS thread of its own (no pool thread needed).
+        Thread.detachNewThread {
+            running.wait()
+            _ = write(input, "x", 1)
+        }
         #expect(await busy.value, "the input was read while jobs kept coming")
         close(input)
     }

@@ -35,13 +35,17 @@ public struct AppleBackend: ModelBackend {
     static func describe(_ reason: SystemLanguageModel.Availability.UnavailableReason) -> String {
         switch reason {
         case .deviceNotEligible:
-            "Apple's on-device model cannot run on this device (Apple Intelligence needs a Mac with Apple silicon). Use --backend openai with --endpoint instead."
+            "Apple's on-device model cannot run on this device (Apple Intelligence needs a Mac with Apple silicon). " +
+            "Use --backend openai with --endpoint instead."
         case .appleIntelligenceNotEnabled:
-            "Apple Intelligence is turned off. Turn it on in System Settings > Apple Intelligence & Siri, then try again (or use --backend openai with --endpoint)."
+            "Apple Intelligence is turned off. Turn it on in System Settings > Apple Intelligence & Siri, then try " +
+            "again (or use --backend openai with --endpoint)."
         case .modelNotReady:
-            "Apple's on-device model is not ready: it is still downloading or being prepared. Keep the Mac online and on power, and try again in a few minutes."
+            "Apple's on-device model is not ready: it is still downloading or being prepared. Keep the Mac online " +
+            "and on power, and try again in a few minutes."
         @unknown default:
-            "Apple's on-device model is not available (\(reason)). Check System Settings > Apple Intelligence & Siri, or use --backend openai with --endpoint."
+            "Apple's on-device model is not available (\(reason)). Check System Settings > Apple Intelligence & " +
+            "Siri, or use --backend openai with --endpoint."
         }
     }
 
@@ -74,7 +78,8 @@ public struct AppleBackend: ModelBackend {
     public func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
                              settings: GenerationSettings) async throws -> Int? {
         guard #available(macOS 26.4, *), let fmTools = try? AppleSession.tools(tools) else { return nil }
-        let entries = AppleSession.entries(instructions: instructions, tools: fmTools, history: history) + [AppleSession.prompt(prompt)]
+        let entries = AppleSession.entries(instructions: instructions, tools: fmTools,
+                                           history: history) + [AppleSession.prompt(prompt)]
         do {
             return try await systemModel.tokenCount(for: entries)
         } catch let error as CancellationError {
@@ -91,7 +96,8 @@ public struct AppleBackend: ModelBackend {
         #else
         let why = "this wisp-core was built with an SDK before macOS 27's (build it with Xcode 27 or later)"
         #endif
-        return WispError(.invalidArgument, "reasoning: Apple's model takes a reasoning level on macOS 27 or later only; \(why). Omit `reasoning`.")
+        return WispError(.invalidArgument,
+                "reasoning: Apple's model takes a reasoning level on macOS 27 or later only; \(why). Omit `reasoning`.")
     }
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {

@@ -20,10 +20,12 @@ extension AppleBackend {
         if let e = error as? LanguageModelSession.GenerationError { return wispError(from: e) }
         if let e = error as? LanguageModelSession.ToolCallError {
             if e.underlyingError is CancellationError { return .callCancelled }
-            return WispError(.generationFailed, "tool '\(e.tool.name)' failed: \(e.underlyingError.localizedDescription)")
+            return WispError(.generationFailed,
+                             "tool '\(e.tool.name)' failed: \(e.underlyingError.localizedDescription)")
         }
         let ns = error as NSError
-        return WispError(.generationFailed, "Apple's model failed (\(ns.domain) \(ns.code)): \(ns.localizedDescription)")
+        return WispError(.generationFailed,
+                         "Apple's model failed (\(ns.domain) \(ns.code)): \(ns.localizedDescription)")
     }
 
     /// A reply the framework could not decode into the requested structure.
@@ -39,21 +41,32 @@ extension AppleBackend {
     static func wispError(from error: LanguageModelSession.GenerationError) -> WispError {
         switch error {
         case .exceededContextWindowSize(let c):
-            WispError(.contextOverflow, "The conversation no longer fits in the model's context window. (\(c.debugDescription))")
+            WispError(.contextOverflow,
+                      "The conversation no longer fits in the model's context window. (\(c.debugDescription))")
         case .assetsUnavailable(let c):
-            WispError(.modelUnavailable, "Apple's on-device model assets are not available (downloading or removed); try again in a few minutes. (\(c.debugDescription))")
+            WispError(.modelUnavailable,
+                    "Apple's on-device model assets are not available (downloading or removed); try again in a few " +
+                    "minutes. (\(c.debugDescription))")
         case .guardrailViolation(let c):
-            WispError(.generationFailed, "guardrail: Apple's safety guardrails blocked the prompt or the reply; rephrase it. (\(c.debugDescription))")
+            WispError(.generationFailed,
+                    "guardrail: Apple's safety guardrails blocked the prompt " +
+                    "or the reply; rephrase it. (\(c.debugDescription))")
         case .refusal(_, let c):
-            WispError(.generationFailed, "refusal: the model declined to answer; rephrase the request. (\(c.debugDescription))")
+            WispError(.generationFailed,
+                      "refusal: the model declined to answer; rephrase the request. (\(c.debugDescription))")
         case .unsupportedLanguageOrLocale(let c):
-            WispError(.generationFailed, "unsupported language: the model does not support this language or locale. (\(c.debugDescription))")
+            WispError(.generationFailed,
+                    "unsupported language: the model does not support this language or locale. (\(c.debugDescription))")
         case .unsupportedGuide(let c):
-            WispError(.generationFailed, "unsupported guide: a generation guide in a tool schema is not supported. (\(c.debugDescription))")
+            WispError(.generationFailed,
+                    "unsupported guide: a generation guide in a tool schema is not supported. (\(c.debugDescription))")
         case .decodingFailure(let c):
-            WispError(.generationFailed, "decoding failure: the model's output could not be decoded. (\(c.debugDescription))")
+            WispError(.generationFailed,
+                      "decoding failure: the model's output could not be decoded. (\(c.debugDescription))")
         case .rateLimited(let c):
-            WispError(.busy, "Apple's model is rate-limited (this happens to background processes); try again shortly. (\(c.debugDescription))")
+            WispError(.busy,
+                    "Apple's model is rate-limited (this happens to background " +
+                    "processes); try again shortly. (\(c.debugDescription))")
         case .concurrentRequests(let c):
             WispError(.busy, "This session is already answering a request. (\(c.debugDescription))")
         @unknown default:
@@ -68,22 +81,33 @@ extension AppleBackend {
         if let e = error as? LanguageModelError {
             switch e {
             case .contextSizeExceeded(let i):
-                return WispError(.contextOverflow, "The conversation no longer fits in the model's context window (\(i.tokenCount) tokens, window \(i.contextSize)).")
+                return WispError(.contextOverflow,
+                        "The conversation no longer fits in the model's context " +
+                        "window (\(i.tokenCount) tokens, window \(i.contextSize)).")
             case .rateLimited(let i):
                 let retry = i.resetDate.map { " after \($0)" } ?? " shortly"
                 return WispError(.busy, "Apple's model is rate-limited; try again\(retry). (\(i.debugDescription))")
             case .guardrailViolation(let i):
-                return WispError(.generationFailed, "guardrail: Apple's safety guardrails blocked the prompt or the reply; rephrase it. (\(i.debugDescription))")
+                return WispError(.generationFailed,
+                        "guardrail: Apple's safety guardrails blocked the prompt " +
+                        "or the reply; rephrase it. (\(i.debugDescription))")
             case .refusal(let i):
-                return WispError(.generationFailed, "refusal: the model declined to answer; rephrase the request. (\(i.debugDescription))")
+                return WispError(.generationFailed,
+                                 "refusal: the model declined to answer; rephrase the request. (\(i.debugDescription))")
             case .unsupportedLanguageOrLocale(let i):
-                return WispError(.generationFailed, "unsupported language: the model does not support '\(i.languageCode.identifier)'. (\(i.debugDescription))")
+                return WispError(.generationFailed,
+                        "unsupported language: the model does not support " +
+                        "'\(i.languageCode.identifier)'. (\(i.debugDescription))")
             case .unsupportedGenerationGuide(let i):
-                return WispError(.generationFailed, "unsupported guide: a generation guide in a tool schema is not supported. (\(i.debugDescription))")
+                return WispError(.generationFailed,
+                        "unsupported guide: a generation guide in a tool " +
+                        "schema is not supported. (\(i.debugDescription))")
             case .unsupportedCapability(let i):
-                return WispError(.generationFailed, "unsupported capability: the model cannot do what was asked. (\(i.debugDescription))")
+                return WispError(.generationFailed,
+                                 "unsupported capability: the model cannot do what was asked. (\(i.debugDescription))")
             case .unsupportedTranscriptContent(let i):
-                return WispError(.internal, "wisp rebuilt a transcript the model does not accept. (\(i.debugDescription))")
+                return WispError(.internal,
+                                 "wisp rebuilt a transcript the model does not accept. (\(i.debugDescription))")
             case .timeout(let i):
                 return WispError(.timeout, "Apple's model timed out. (\(i.debugDescription))")
             @unknown default:
@@ -103,13 +127,17 @@ extension AppleBackend {
         if let e = error as? SystemLanguageModel.Error {
             switch e {
             case .assetsUnavailable(let i):
-                return WispError(.modelUnavailable, "Apple's on-device model assets are not available (downloading or removed); try again in a few minutes. (\(i.debugDescription))")
+                return WispError(.modelUnavailable,
+                        "Apple's on-device model assets are not available (downloading or removed); try again in a " +
+                        "few minutes. (\(i.debugDescription))")
             @unknown default:
-                return WispError(.modelUnavailable, "Apple's on-device model is not available: \(e.localizedDescription)")
+                return WispError(.modelUnavailable,
+                                 "Apple's on-device model is not available: \(e.localizedDescription)")
             }
         }
         if let e = error as? GeneratedContent.ParsingError {
-            return WispError(.generationFailed, "decoding failure: the model's output could not be parsed. (\(e.debugDescription))")
+            return WispError(.generationFailed,
+                             "decoding failure: the model's output could not be parsed. (\(e.debugDescription))")
         }
         return nil
     }

@@ -28,12 +28,14 @@ enum AppleOutputSchema {
             if strings.count == members.count {
                 return DynamicGenerationSchema(name: name, description: description, anyOf: strings)
             }
-            return DynamicGenerationSchema(name: name, description: description, anyOf: try members.enumerated().map { k, m in
+            return DynamicGenerationSchema(name: name, description: description,
+                                           anyOf: try members.enumerated().map { k, m in
                 try constant(m, name: "\(name)_\(k)")
             })
         }
         if let branches = (s["anyOf"] ?? s["oneOf"])?.array {
-            return DynamicGenerationSchema(name: name, description: description, anyOf: try branches.enumerated().map { k, b in
+            return DynamicGenerationSchema(name: name, description: description,
+                                           anyOf: try branches.enumerated().map { k, b in
                 try node(b, name: "\(name)_\(k)")
             })
         }
@@ -41,7 +43,8 @@ enum AppleOutputSchema {
         case "object":
             // Names as code points (UTF-8 bytes): NFC and NFD "café" are two properties.
             let required = Set((s["required"]?.array?.compactMap(\.string) ?? []).map { Array($0.utf8) })
-            return DynamicGenerationSchema(name: name, description: description, properties: try (s["properties"]?.members ?? []).map { m in
+            return DynamicGenerationSchema(name: name, description: description,
+                                           properties: try (s["properties"]?.members ?? []).map { m in
                 DynamicGenerationSchema.Property(name: m.key, description: m.value["description"]?.string,
                                                  schema: try node(m.value, name: "\(name)_\(m.key)"),
                                                  isOptional: !required.contains(Array(m.key.utf8)))
@@ -82,16 +85,21 @@ enum AppleOutputSchema {
         case .string(let s): return DynamicGenerationSchema(type: String.self, guides: [.constant(s)])
         case .number(let n):
             if let i = n.int { return DynamicGenerationSchema(type: Int.self, guides: [.range(i...i)]) }
-            guard let d = n.double else { throw WispError(.invalidArgument, "schema: the number \(n.text.prefix(40)) at \(name) is out of range for Apple's model") }
+            guard let d = n.double else {
+                throw WispError(.invalidArgument,
+                                "schema: the number \(n.text.prefix(40)) at \(name) is out of range for Apple's model")
+            }
             return DynamicGenerationSchema(type: Double.self, guides: [.range(d...d)])
         case .null: return try null(at: name)
-        default: throw WispError(.invalidArgument, "schema: `enum`/`const` at \(name) may hold strings, numbers and null only")
+        default: throw WispError(.invalidArgument,
+                                 "schema: `enum`/`const` at \(name) may hold strings, numbers and null only")
         }
     }
 
     static func null(at name: String) throws -> DynamicGenerationSchema {
         guard #available(macOS 26.4, *) else {
-            throw WispError(.invalidArgument, "schema: `null` (at \(name)) needs macOS 26.4 or later with Apple's model")
+            throw WispError(.invalidArgument,
+                            "schema: `null` (at \(name)) needs macOS 26.4 or later with Apple's model")
         }
         return .null
     }

@@ -41,7 +41,8 @@ final class AppleSession: ModelSession {
 
     /// The transcript a session rebuilt from `history` starts with. A turn's reasoning is not put
     /// back: the model signs its reasoning, and wisp keeps the text only.
-    static func entries(instructions: String?, tools: [any FoundationModels.Tool], history: ArraySlice<Turn>) -> [Transcript.Entry] {
+    static func entries(instructions: String?, tools: [any FoundationModels.Tool],
+                        history: ArraySlice<Turn>) -> [Transcript.Entry] {
         var entries: [Transcript.Entry] = []
         if instructions != nil || !tools.isEmpty {
             entries.append(.instructions(Transcript.Instructions(
@@ -57,11 +58,15 @@ final class AppleSession: ModelSession {
         var entries: [Transcript.Entry] = [prompt(turn.prompt)]
         for exchange in turn.toolExchanges {
             let id = UUID().uuidString
-            let arguments = (try? GeneratedContent(json: exchange.arguments)) ?? GeneratedContent(kind: .string(exchange.arguments))
-            entries.append(.toolCalls(Transcript.ToolCalls([Transcript.ToolCall(id: id, toolName: exchange.name, arguments: arguments)])))
-            entries.append(.toolOutput(Transcript.ToolOutput(id: id, toolName: exchange.name, segments: [.text(Transcript.TextSegment(content: exchange.output))])))
+            let arguments = (try? GeneratedContent(json: exchange.arguments))
+                ?? GeneratedContent(kind: .string(exchange.arguments))
+            entries.append(.toolCalls(Transcript.ToolCalls([Transcript.ToolCall(id: id, toolName: exchange.name,
+                                                                                arguments: arguments)])))
+            entries.append(.toolOutput(Transcript.ToolOutput(id: id, toolName: exchange.name,
+                    segments: [.text(Transcript.TextSegment(content: exchange.output))])))
         }
-        entries.append(.response(Transcript.Response(assetIDs: [], segments: [.text(Transcript.TextSegment(content: turn.response))])))
+        entries.append(.response(Transcript.Response(assetIDs: [],
+                segments: [.text(Transcript.TextSegment(content: turn.response))])))
         return entries
     }
 
@@ -70,7 +75,8 @@ final class AppleSession: ModelSession {
     }
 
     nonisolated(nonsending)
-    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+    func respond(to prompt: String, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Generation {
         if let setupError { throw setupError }
         var options = GenerationOptions()
         if let t = settings.temperature { options.temperature = min(max(t, 0), 1) }
@@ -85,9 +91,12 @@ final class AppleSession: ModelSession {
             if Task.isCancelled { throw WispError.callCancelled }
             // Guided output that cannot be decoded was cut off (maximumResponseTokens) or went astray.
             if settings.schema != nil, AppleBackend.isDecodingFailure(error) {
-                if settings.maxOutputTokens != nil { throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens) }
+                if settings.maxOutputTokens != nil {
+                    throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens)
+                }
                 throw WispError(.invalidOutput, OutputSchema.invalidOutputMessage(
-                    "Apple's model produced output that could not be decoded into the schema (\(error))", maxOutputTokens: nil))
+                    "Apple's model produced output that could not be decoded into the schema " +
+                    "(\(error))", maxOutputTokens: nil))
             }
             throw AppleBackend.wispError(from: error)
         }
@@ -101,7 +110,8 @@ final class AppleSession: ModelSession {
                 pending += calls
             case .toolOutput(let output):
                 // Its call: the same id, else the first pending call of that tool.
-                let i = pending.firstIndex { $0.id == output.id } ?? pending.firstIndex { $0.toolName == output.toolName }
+                let i = pending.firstIndex { $0.id == output.id }
+                    ?? pending.firstIndex { $0.toolName == output.toolName }
                 let call = i.map { pending.remove(at: $0) }
                 let result = Self.text(output.segments)
                 exchanges.append(ToolExchange(name: output.toolName, arguments: call?.arguments.jsonString ?? "{}",
@@ -116,7 +126,8 @@ final class AppleSession: ModelSession {
         if text.isEmpty, let lastResponse { text = lastResponse }
         // Below 27 the model reports no usage; from 26.4 its tokenizer counts what was read and written.
         if usage == Usage(), #available(macOS 26.4, *) { usage = await counted(since: start) }
-        return Generation(text: text, toolExchanges: exchanges, promptTokens: usage.inputTokens, outputTokens: usage.outputTokens,
+        return Generation(text: text, toolExchanges: exchanges, promptTokens: usage.inputTokens,
+                          outputTokens: usage.outputTokens,
                           usage: usage, reasoning: reasoning(since: start))
     }
 
@@ -136,10 +147,13 @@ final class AppleSession: ModelSession {
                 // Guided generation: the model can only produce values of this schema.
                 let guided = try AppleOutputSchema.generationSchema(schema)
                 guard let onPartial else {
-                    let response = try await session.respond(to: prompt, schema: guided, options: options, contextOptions: context)
+                    let response = try await session.respond(to: prompt, schema: guided, options: options,
+                                                             contextOptions: context)
                     return (response.content.jsonString, Self.usage(response.usage))
                 }
-                for try await snapshot in session.streamResponse(to: prompt, schema: guided, options: options, contextOptions: context) {
+                let stream = session.streamResponse(to: prompt, schema: guided, options: options,
+                                                    contextOptions: context)
+                for try await snapshot in stream {
                     text = snapshot.content.jsonString
                     usage = Self.usage(snapshot.usage)
                     onPartial(PartialReply(text: text, tokens: estimatedTokens(text)))
@@ -163,7 +177,8 @@ final class AppleSession: ModelSession {
         if let schema = settings.schema {
             let guided = try AppleOutputSchema.generationSchema(schema)
             guard let onPartial else {
-                return (try await session.respond(to: prompt, schema: guided, options: options).content.jsonString, Usage())
+                return (try await session.respond(to: prompt, schema: guided,
+                                                  options: options).content.jsonString, Usage())
             }
             for try await snapshot in session.streamResponse(to: prompt, schema: guided, options: options) {
                 text = snapshot.content.jsonString
@@ -226,7 +241,8 @@ final class AppleSession: ModelSession {
 
     @available(macOS 27.0, *)
     static func usage(_ u: LanguageModelSession.Usage) -> Usage {
-        Usage(inputTokens: u.input.totalTokenCount, outputTokens: u.output.totalTokenCount, reasoningTokens: u.output.reasoningTokenCount)
+        Usage(inputTokens: u.input.totalTokenCount, outputTokens: u.output.totalTokenCount,
+              reasoningTokens: u.output.reasoningTokenCount)
     }
     #endif
 

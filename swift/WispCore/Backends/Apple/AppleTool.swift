@@ -28,7 +28,8 @@ struct AppleTool: FoundationModels.Tool {
             let json = try JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))
             parameters = try GenerationSchema(root: Self.schema(json, name: tool.name), dependencies: [])
         } catch {
-            throw WispError(.internal, "tool '\(tool.name)': its parameters schema cannot be given to Apple's model: \(error)")
+            throw WispError(.internal,
+                            "tool '\(tool.name)': its parameters schema cannot be given to Apple's model: \(error)")
         }
     }
 
@@ -43,7 +44,8 @@ struct AppleTool: FoundationModels.Tool {
         case "object":
             let properties = node["properties"] as? [String: Any] ?? [:]
             let required = Set(node["required"] as? [String] ?? [])
-            return DynamicGenerationSchema(name: name, description: description, properties: properties.keys.sorted().map { key in
+            return DynamicGenerationSchema(name: name, description: description,
+                                           properties: properties.keys.sorted().map { key in
                 let sub = properties[key] ?? [:]
                 return DynamicGenerationSchema.Property(
                     name: key, description: (sub as? [String: Any])?["description"] as? String,
@@ -51,7 +53,8 @@ struct AppleTool: FoundationModels.Tool {
             })
         case "array":
             return DynamicGenerationSchema(arrayOf: schema(node["items"] ?? [:], name: "\(name)_item"),
-                                           minimumElements: node["minItems"] as? Int, maximumElements: node["maxItems"] as? Int)
+                                           minimumElements: node["minItems"] as? Int,
+                                           maximumElements: node["maxItems"] as? Int)
         case "integer": return DynamicGenerationSchema(type: Int.self)
         case "number": return DynamicGenerationSchema(type: Double.self)
         case "boolean": return DynamicGenerationSchema(type: Bool.self)

@@ -28,7 +28,8 @@ public struct EchoBackend: ModelBackend {
     public func tokenCount(_ text: String) async throws -> Int? { nil }
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
-        EchoSession(instructions: instructions, tools: tools, turns: history, context: context, delayMs: delayMs, crash: crash)
+        EchoSession(instructions: instructions, tools: tools, turns: history, context: context, delayMs: delayMs,
+                    crash: crash)
     }
 }
 
@@ -40,7 +41,8 @@ final class EchoSession: ModelSession {
     private let delayMs: Int
     private let crash: @Sendable () -> Never
 
-    init(instructions: String?, tools: [ModelTool], turns: [Turn], context: Int, delayMs: Int, crash: @escaping @Sendable () -> Never) {
+    init(instructions: String?, tools: [ModelTool], turns: [Turn], context: Int, delayMs: Int,
+         crash: @escaping @Sendable () -> Never) {
         self.crash = crash
         self.instructions = instructions
         self.tools = Dictionary(tools.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
@@ -50,14 +52,16 @@ final class EchoSession: ModelSession {
     }
 
     nonisolated(nonsending)
-    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+    func respond(to prompt: String, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Generation {
         try await respond(to: ModelPrompt(text: prompt), settings: settings, onPartial: onPartial)
     }
 
     /// Directives are read from the caller's prompt; attached files are listed after the reply
     /// (`file F: first line`) and count towards the context as part of the turn's prompt.
     nonisolated(nonsending)
-    func respond(to message: ModelPrompt, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+    func respond(to message: ModelPrompt, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Generation {
         let n = turns.count + 1
         var sleepMs = 0
         var exchanges: [ToolExchange] = []
@@ -175,7 +179,9 @@ enum EchoDirective: Equatable {
             self = .fail(code)
         case "!tool":
             guard !argument.isEmpty else {
-                throw WispError(.invalidArgument, "echo: !tool needs a tool name and JSON arguments, e.g. `!tool read_file {\"path\": \"README.md\"}`")
+                throw WispError(.invalidArgument,
+                        "echo: !tool needs a tool name and JSON arguments, " +
+                        "e.g. `!tool read_file {\"path\": \"README.md\"}`")
             }
             let json = words.count > 2 ? String(words[2]) : "{}"
             self = .tool(name: argument, arguments: json)

@@ -34,16 +34,21 @@ public struct OpenAIBackend: ModelBackend {
 
     /// Throws when `endpoint` is not an http(s) URL.
     public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
-                keepAlive: String? = CoreConfig.defaultKeepAlive, condenseTo: Double = CoreConfig.defaultCondenseTo) throws(WispError) {
-        server = try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize, slots: slots,
+                keepAlive: String? = CoreConfig.defaultKeepAlive,
+                condenseTo: Double = CoreConfig.defaultCondenseTo) throws(WispError) {
+        server = try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize,
+                                  slots: slots,
                                   keepAlive: keepAlive.flatMap(OllamaKeepAlive.init), lowWater: condenseTo)
     }
 
     public init(_ config: CoreConfig) throws(WispError) {
         guard let endpoint = config.endpoint else {
-            throw WispError(.modelUnavailable, "the openai backend needs --endpoint (an OpenAI-compatible base URL such as http://127.0.0.1:8080/v1)")
+            throw WispError(.modelUnavailable,
+                    "the openai backend needs --endpoint (an OpenAI-compatible " +
+                    "base URL such as http://127.0.0.1:8080/v1)")
         }
-        try self.init(endpoint: endpoint, model: config.model, apiKey: config.apiKey, contextSize: config.contextSize, slots: config.slots,
+        try self.init(endpoint: endpoint, model: config.model, apiKey: config.apiKey, contextSize: config.contextSize,
+                      slots: config.slots,
                       keepAlive: config.keepAlive, condenseTo: config.condenseTo)
     }
 
@@ -70,7 +75,8 @@ public struct OpenAIBackend: ModelBackend {
         // Sampling and output settings do not change the prompt; the template's inputs do.
         let counted = GenerationSettings(reasoning: settings.reasoning)
         let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: messages,
-                                             tools: OpenAISession.offered(tools, settings), toolChoice: nil, settings: counted)
+                                             tools: OpenAISession.offered(tools, settings), toolChoice: nil,
+                                             settings: counted)
         return try await server.inputTokens(body: body)
     }
 
@@ -78,7 +84,8 @@ public struct OpenAIBackend: ModelBackend {
         OpenAISession(server: server, instructions: instructions, tools: tools, history: history, affinity: nil)
     }
 
-    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) -> any ModelSession {
+    public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn],
+                            affinity: SessionAffinity) -> any ModelSession {
         OpenAISession(server: server, instructions: instructions, tools: tools, history: history, affinity: affinity)
     }
 }

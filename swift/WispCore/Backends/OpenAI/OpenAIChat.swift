@@ -70,9 +70,11 @@ extension OpenAIServer {
         }
         if !tools.isEmpty {
             body["tools"] = tools.map { tool -> [String: Any] in
-                let schema = (try? JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))) ?? ["type": "object"]
+                let parsed = try? JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))
+                let schema = parsed ?? ["type": "object"]
                 return ["type": "function",
-                        "function": ["name": tool.name, "description": tool.description, "parameters": schema] as [String: Any]]
+                        "function": ["name": tool.name, "description": tool.description,
+                                     "parameters": schema] as [String: Any]]
             }
             if let toolChoice { body["tool_choice"] = toolChoice }
         }
@@ -112,7 +114,9 @@ extension OpenAIServer {
         func folded(_ line: String) throws -> Bool {
             let before = (reply.text.utf8.count, reply.reasoning.utf8.count, calls.count)
             let changed = try fold(line, into: &reply, calls: &calls)
-            if firstAt == nil, before != (reply.text.utf8.count, reply.reasoning.utf8.count, calls.count) { firstAt = .now }
+            if firstAt == nil, before != (reply.text.utf8.count, reply.reasoning.utf8.count, calls.count) {
+                firstAt = .now
+            }
             return changed
         }
         var received = 0

@@ -95,15 +95,18 @@ extension OpenAIServer {
         guard let object = await probeJSON("GET", root.appendingPathComponent("api/ps")),
               let running = object["models"] as? [[String: Any]] else { return nil }
         func named(_ m: [String: Any]) -> Bool {
-            [m["name"], m["model"]].contains { n in (n as? String).map { $0 == model || $0 == model + ":latest" } ?? false }
+            [m["name"], m["model"]].contains { n in
+                (n as? String).map { $0 == model || $0 == model + ":latest" } ?? false
+            }
         }
         return .some(running.first(where: named).flatMap { Self.positive($0["context_length"]) })
     }
 
     /// `num_ctx` in `POST /api/show`'s `parameters`, when the Modelfile sets it.
     func ollamaShownWindow(model: String) async -> Int? {
-        guard let (status, data) = try? await fetch("POST", root.appendingPathComponent("api/show"), json: ["model": model],
-                                                    timeout: Self.probeTimeout), status == 200 else { return nil }
+        guard let (status, data) = try? await fetch("POST", root.appendingPathComponent("api/show"),
+                                                    json: ["model": model], timeout: Self.probeTimeout),
+              status == 200 else { return nil }
         return OpenAIReplies.ollamaContext(data).flatMap { $0 > 0 ? $0 : nil }
     }
 
@@ -112,14 +115,17 @@ extension OpenAIServer {
     func keepModelLoaded() async {
         guard let keepAlive, facts.withLock({ $0.dialect }) == .ollama else { return }
         let due = facts.withLock { f -> Bool in
-            guard f.keptAliveAt.map({ ContinuousClock.now - $0 >= OllamaKeepAlive.refreshAfter }) ?? true else { return false }
+            guard f.keptAliveAt.map({ ContinuousClock.now - $0 >= OllamaKeepAlive.refreshAfter }) ?? true else {
+                return false
+            }
             f.keptAliveAt = .now
             return true
         }
         guard due else { return }
         let body: [String: Any] = ["model": await requestModel(), "keep_alive": keepAlive.value]
         // Loading a model can take a while; the chat would wait for it anyway.
-        _ = try? await fetch("POST", root.appendingPathComponent("api/generate"), json: body, timeout: Self.chatIdleTimeout)
+        _ = try? await fetch("POST", root.appendingPathComponent("api/generate"), json: body,
+                             timeout: Self.chatIdleTimeout)
     }
 
     // MARK: shared

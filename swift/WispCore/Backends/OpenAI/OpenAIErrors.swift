@@ -22,13 +22,17 @@ extension OpenAIServer {
         }
         switch status {
         case 401, 403:
-            return WispError(.modelUnavailable, "\(at) refused the credentials (HTTP \(status)): check WISP_API_KEY. \(message)")
+            return WispError(.modelUnavailable,
+                             "\(at) refused the credentials (HTTP \(status)): check WISP_API_KEY. \(message)")
         case 404:
-            return WispError(.modelUnavailable, "\(at) has no such model or path (HTTP 404): check --model, and that --endpoint is the API base (usually ending in /v1). \(message)")
+            return WispError(.modelUnavailable,
+                    "\(at) has no such model or path (HTTP 404): check --model, and that --endpoint is the API base " +
+                    "(usually ending in /v1). \(message)")
         case 429:
             return WispError(.busy, "\(at) is rate-limiting requests (HTTP 429): \(message)")
         case 503:
-            return WispError(.modelUnavailable, "\(at) is not ready (HTTP 503, e.g. still loading the model): \(message)")
+            return WispError(.modelUnavailable,
+                             "\(at) is not ready (HTTP 503, e.g. still loading the model): \(message)")
         case 500...:
             return WispError(.generationFailed, "\(at) failed (HTTP \(status)): \(message)")
         case 200..<300:
@@ -78,7 +82,8 @@ extension OpenAIServer {
         }
         switch code {
         case .cannotConnectToHost, .cannotFindHost, .dnsLookupFailed, .notConnectedToInternet:
-            return WispError(.modelUnavailable, "could not \(what) \(at): connection refused or host not found (\(detail)); is the server running?")
+            return WispError(.modelUnavailable,
+                    "could not \(what) \(at): connection refused or host not found (\(detail)); is the server running?")
         case .timedOut:
             return WispError(.generationFailed, "\(at) stopped sending for too long (timed out): \(detail)")
         case .networkConnectionLost:

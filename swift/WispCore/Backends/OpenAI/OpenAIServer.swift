@@ -60,7 +60,8 @@ final class OpenAIServer: Sendable {
         if text.hasSuffix("/chat/completions") { text.removeLast("/chat/completions".count) }
         guard var components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
               scheme == "http" || scheme == "https", components.host?.isEmpty == false else {
-            throw WispError(.invalidArgument, "--endpoint must be an http(s) URL such as http://127.0.0.1:8080/v1, got '\(endpoint)'")
+            throw WispError(.invalidArgument,
+                            "--endpoint must be an http(s) URL such as http://127.0.0.1:8080/v1, got '\(endpoint)'")
         }
         if components.path.isEmpty || components.path == "/" { components.path = "/v1" }
         guard let base = components.url else {
@@ -89,18 +90,22 @@ final class OpenAIServer: Sendable {
     func availability() async -> Availability {
         if let last = facts.withLock({ $0.lastReachable }), ContinuousClock.now - last < .seconds(10) { return .ready }
         do {
-            let (status, data) = try await fetch("GET", base.appendingPathComponent("models"), timeout: Self.probeTimeout)
+            let (status, data) = try await fetch("GET", base.appendingPathComponent("models"),
+                                                 timeout: Self.probeTimeout)
             switch status {
             case 200..<300, 404, 405:
                 learnModels(data)
                 facts.withLock { $0.lastReachable = .now }
                 return .ready
             case 401, 403:
-                return .unavailable("the model server at \(endpointDescription) refused the credentials (HTTP \(status)): check WISP_API_KEY")
+                return .unavailable("the model server at \(endpointDescription) refused the credentials (HTTP " +
+                                    "\(status)): check WISP_API_KEY")
             case 503:
-                return .unavailable("the model server at \(endpointDescription) is not ready yet (HTTP 503, e.g. still loading the model): \(Self.errorMessage(data) ?? "")")
+                return .unavailable("the model server at \(endpointDescription) is not ready yet (HTTP 503, e.g. " +
+                                    "still loading the model): \(Self.errorMessage(data) ?? "")")
             default:
-                return .unavailable("the model server at \(endpointDescription) answered HTTP \(status): \(Self.errorMessage(data) ?? "")")
+                return .unavailable("the model server at \(endpointDescription) answered HTTP \(status): " +
+                                    "\(Self.errorMessage(data) ?? "")")
             }
         } catch {
             return .unavailable(mapTransport(error, what: "reach").message)
@@ -111,7 +116,8 @@ final class OpenAIServer: Sendable {
     func requestModel() async -> String {
         if let configuredModel { return configuredModel }
         if let known = facts.withLock({ $0.model }) { return known }
-        if let (status, data) = try? await fetch("GET", base.appendingPathComponent("models"), timeout: Self.probeTimeout),
+        if let (status, data) = try? await fetch("GET", base.appendingPathComponent("models"),
+                                                 timeout: Self.probeTimeout),
            (200..<300).contains(status) {
             learnModels(data)
         }
@@ -136,7 +142,8 @@ final class OpenAIServer: Sendable {
     /// (Ollama, LM Studio: it may load with another window than any setting says).
     func contextSize() async -> Int {
         let known = facts.withLock { f -> Int? in
-            f.learned?.window ?? f.contextSize ?? (f.contextProbed ? (configuredContextSize ?? Self.fallbackContextSize) : nil)
+            f.learned?.window ?? f.contextSize
+                ?? (f.contextProbed ? (configuredContextSize ?? Self.fallbackContextSize) : nil)
         }
         if let known { return known }
         let model = await requestModel()
@@ -154,11 +161,18 @@ final class OpenAIServer: Sendable {
             found = window
             loaded = window != nil
         }
-        if dialect == nil || dialect == .vllm, let (status, data) = try? await fetch("GET", base.appendingPathComponent("models"),
-                                                                                    timeout: Self.probeTimeout), status == 200 {
+        if dialect == nil || dialect == .vllm,
+           let (status, data) = try? await fetch("GET", base.appendingPathComponent("models"),
+                                                 timeout: Self.probeTimeout),
+           status == 200 {
             learnModels(data)
             let d = facts.withLock { $0.dialect }
-            if d == .vllm { dialect = .vllm; found = facts.withLock { $0.contextSize } } else if dialect == nil { dialect = .generic }
+            if d == .vllm {
+                dialect = .vllm
+                found = facts.withLock { $0.contextSize }
+            } else if dialect == nil {
+                dialect = .generic
+            }
         }
         if dialect == nil || dialect == .generic || dialect == .ollama, let window = await probeOllama(model: model) {
             dialect = .ollama
@@ -232,7 +246,8 @@ final class OpenAIServer: Sendable {
         // llama.cpp reads `content`, vLLM `prompt` (+ `model`); each ignores the other's keys.
         let body: [String: Any] = ["content": text, "add_special": false,
                                    "prompt": text, "add_special_tokens": false, "model": await requestModel()]
-        return try await count(root.appendingPathComponent("tokenize"), body: try JSONSerialization.data(withJSONObject: body),
+        return try await count(root.appendingPathComponent("tokenize"),
+                               body: try JSONSerialization.data(withJSONObject: body),
                                offered: \.tokenize, read: OpenAIReplies.tokenCount)
     }
 
@@ -267,7 +282,8 @@ final class OpenAIServer: Sendable {
 
     // MARK: HTTP
 
-    func makeRequest(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval, streaming: Bool = false) -> URLRequest {
+    func makeRequest(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval,
+                     streaming: Bool = false) -> URLRequest {
         var r = URLRequest(url: url)
         r.httpMethod = method
         r.timeoutInterval = timeout
@@ -282,8 +298,10 @@ final class OpenAIServer: Sendable {
 
     /// One short request, whole answer collected. Throws only on transport failure.
     nonisolated(nonsending)
-    func fetch(_ method: String, _ url: URL, json: [String: Any]? = nil, timeout: TimeInterval) async throws -> (Int, Data) {
-        try await fetch(method, url, body: try json.map { try JSONSerialization.data(withJSONObject: $0) }, timeout: timeout)
+    func fetch(_ method: String, _ url: URL, json: [String: Any]? = nil,
+               timeout: TimeInterval) async throws -> (Int, Data) {
+        try await fetch(method, url, body: try json.map { try JSONSerialization.data(withJSONObject: $0) },
+                        timeout: timeout)
     }
 
     nonisolated(nonsending)

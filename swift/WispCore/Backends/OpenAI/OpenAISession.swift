@@ -14,7 +14,8 @@ final class OpenAISession: ModelSession {
     private(set) var messages: [ChatMessage]
     private var readCheck = ReadCheck()
 
-    init(server: OpenAIServer, instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity? = nil) {
+    init(server: OpenAIServer, instructions: String?, tools: [ModelTool], history: [Turn],
+         affinity: SessionAffinity? = nil) {
         self.server = server
         self.tools = tools
         self.affinity = affinity
@@ -46,7 +47,8 @@ final class OpenAISession: ModelSession {
     }
 
     nonisolated(nonsending)
-    func respond(to prompt: String, settings: GenerationSettings, onPartial: PartialHandler?) async throws -> Generation {
+    func respond(to prompt: String, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Generation {
         var added: [ChatMessage] = [.text("user", prompt)]
         var exchanges: [ToolExchange] = []
         var promptTokens: Int?
@@ -72,12 +74,14 @@ final class OpenAISession: ModelSession {
                                                  settings: settings, cache: pool.map { _ in PromptCache(slot: slot) })
             let floor = readCheck.floor(sent)
             // A thread of its own that found no free slot waits for the server to free one.
-            onPartial?(PartialReply(waiting: pool != nil && affinity != nil && slot == nil ? .slot : .prompt(tokens: floor.count)))
+            let noFreeSlot = pool != nil && affinity != nil && slot == nil
+            onPartial?(PartialReply(waiting: noFreeSlot ? .slot : .prompt(tokens: floor.count)))
             let tokensBefore = outputTokens
             let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
                 onPartial?(PartialReply(text: partial.text, tokens: tokensBefore.addingClamped(partial.tokens)))
             }
-            if let read = reply.readTokens, read < floor.tokens, await server.learnWindow(read: read, sent: floor.tokens, estimate: floor.count) {
+            if let read = reply.readTokens, read < floor.tokens,
+               await server.learnWindow(read: read, sent: floor.tokens, estimate: floor.count) {
                 throw WispError(.contextOverflow, """
                     the model server read \(read) tokens of a request of at least \(floor.tokens): it cut the prompt \
                     silently to fit its window
@@ -87,7 +91,8 @@ final class OpenAISession: ModelSession {
                              bytes: offerTools ? body.count : sent.map(\.bytes).clampedSum())
             if promptTokens == nil { promptTokens = reply.promptTokens }
             outputTokens = outputTokens.addingClamped(reply.outputTokens ?? reply.chunks)
-            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens, reasoningTokens: reply.reasoningTokens,
+            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens,
+                                 reasoningTokens: reply.reasoningTokens,
                                  cachedTokens: reply.cachedTokens, firstTokenSeconds: reply.firstTokenSeconds,
                                  generationSeconds: reply.generationSeconds)
             usage = usage.map { $0 + reported } ?? reported
@@ -146,7 +151,8 @@ final class OpenAISession: ModelSession {
     nonisolated(nonsending)
     private func run(_ call: ToolCall) async -> ToolExchange {
         let arguments = call.arguments.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty ? "{}" : call.arguments
-        return await ToolRun.exchange(tools.first(where: { $0.name == call.name }), name: call.name, arguments: arguments) {
+        return await ToolRun.exchange(tools.first(where: { $0.name == call.name }), name: call.name,
+                                      arguments: arguments) {
             "There is no tool named '\(call.name)'. Available tools: \(tools.map(\.name).joined(separator: ", "))."
         }
     }
@@ -180,7 +186,8 @@ struct ReadCheck {
         guard let known else { return Floor(tokens: Int(new / 8), count: Int(new / 4)) }
         let perByte = Double(known.read) / Double(known.bytes)
         let repeated = Double(known.read) * 0.99 - 8
-        return Floor(tokens: max(0, Int(repeated + 0.75 * perByte * new)), count: Int(Double(known.read) + perByte * new))
+        return Floor(tokens: max(0, Int(repeated + 0.75 * perByte * new)),
+                     count: Int(Double(known.read) + perByte * new))
     }
 
     /// The server read `read` tokens of a request of `messages` messages in a body of `bytes`.
@@ -219,7 +226,8 @@ enum ChatMessage: Sendable, Equatable {
         case let .toolCalls(calls):
             // content "" rather than null: llama-cpp-python answers null with HTTP 500.
             return ["role": "assistant", "content": "", "tool_calls": calls.map {
-                ["id": $0.id, "type": "function", "function": ["name": $0.name, "arguments": $0.arguments]] as [String: Any]
+                ["id": $0.id, "type": "function", "function": ["name": $0.name,
+                                                               "arguments": $0.arguments]] as [String: Any]
             }]
         case let .toolResult(id, output):
             return ["role": "tool", "tool_call_id": id, "content": output]

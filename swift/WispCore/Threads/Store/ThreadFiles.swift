@@ -24,12 +24,17 @@ enum ThreadFiles {
     static func importAll(from directory: StateDirectory, into store: SQLiteThreadStore, log: Log) {
         var imported = 0
         for name in directory.names() {
-            guard let id = id(in: name), case let file = String(decoding: name, as: UTF8.self), !store.wasImported(file) else { continue }
+            guard let id = id(in: name), case let file = String(decoding: name, as: UTF8.self),
+                  !store.wasImported(file) else { continue }
             let (data, unreadable) = directory.read(name, limit: maxFileBytes)
             do throws(Unreadable) {
                 guard let data else { throw Unreadable(why: unreadable ?? "it cannot be read") }
                 let (state, written, torn) = try decode(data, id: id)
-                if torn { log(.info, "thread file \(file): its last record was cut short (a crash while it was written) and is left out") }
+                if torn {
+                    log(.info,
+                        "thread file \(file): its last record was cut short " +
+                        "(a crash while it was written) and is left out")
+                }
                 try? store.importThread(id, state, written: written ?? Date().timeIntervalSince1970, file: file)
                 imported += 1
             } catch {
@@ -41,14 +46,19 @@ enum ThreadFiles {
             }
         }
         if imported > 0 {
-            log(.info, "imported \(imported) thread files of an earlier wisp into \(directory.path)/\(SQLiteThreadStore.fileName); the files are kept: delete them when you no longer want them")
+            log(.info,
+                "imported \(imported) thread files of an earlier wisp into " +
+                "\(directory.path)/\(SQLiteThreadStore.fileName); the " +
+                "files are kept: delete them when you no longer want them")
         }
     }
 
     /// The id in a file name `thread-<id>.json`, matched by bytes, if it is a valid id.
     static func id(in name: [UInt8]) -> String? {
         let p = Array("thread-".utf8), q = Array(".json".utf8)
-        guard name.count > p.count + q.count, name.starts(with: p), name.reversed().starts(with: q.reversed()) else { return nil }
+        guard name.count > p.count + q.count, name.starts(with: p), name.reversed().starts(with: q.reversed()) else {
+            return nil
+        }
         let id = String(decoding: name[p.count..<(name.count - q.count)], as: UTF8.self)
         return ThreadRegistry.isValidID(id) ? id : nil
     }
@@ -78,19 +88,33 @@ enum ThreadFiles {
     static func decode(_ data: [UInt8], id: String) throws(Unreadable) -> (state: State, written: Double?, torn: Bool) {
         guard let newline = data.firstIndex(of: 0x0A) else { throw Unreadable(why: "it has no header line") }
         let header: Header
-        do { header = try Header.read(data[..<newline]) } catch { throw Unreadable(why: "its header is not valid JSON (\(error))") }
+        do {
+            header = try Header.read(data[..<newline])
+        } catch {
+            throw Unreadable(why: "its header is not valid JSON (\(error))")
+        }
         guard header.format == 1 || header.format == format else {
             throw Unreadable(why: "it is in format \(header.format), this wisp reads formats 1 and \(format)")
         }
         guard header.id == id else { throw Unreadable(why: "its header names thread '\(header.id)'") }
         if header.format == 1 {
-            guard let turns = header.turns else { throw Unreadable(why: "its header is not valid JSON (field 'turns' is missing)") }
+            guard let turns = header.turns else {
+                throw Unreadable(why: "its header is not valid JSON (field 'turns' is missing)")
+            }
             let state: State
-            do { state = try State.read(data[(newline + 1)...]) } catch { throw Unreadable(why: "its state is not valid JSON (truncated?)") }
-            guard state.history.count == turns else { throw Unreadable(why: "its header says \(turns) turns, its history holds \(state.history.count)") }
+            do {
+                state = try State.read(data[(newline + 1)...])
+            } catch {
+                throw Unreadable(why: "its state is not valid JSON (truncated?)")
+            }
+            guard state.history.count == turns else {
+                throw Unreadable(why: "its header says \(turns) turns, its history holds \(state.history.count)")
+            }
             return (state, header.written, false)
         }
-        guard let tools = header.tools, let roots = header.roots else { throw Unreadable(why: "its header lacks the thread's tools or roots") }
+        guard let tools = header.tools, let roots = header.roots else {
+            throw Unreadable(why: "its header lacks the thread's tools or roots")
+        }
         var history: [Turn] = []
         var written = header.written
         var at = newline + 1
@@ -107,8 +131,11 @@ enum ThreadFiles {
             // Not whole: the torn last record when no more than its own two lines follow.
             var lines = 0
             for byte in data[at...] where byte == 0x0A { lines += 1; if lines > 2 { break } }
-            guard lines <= 2 else { throw Unreadable(why: "its record of turn \(history.count + 1) is not valid JSON, and more follows it") }
-            return (State(instructions: header.instructions, tools: tools, roots: roots, history: history), written, true)
+            guard lines <= 2 else {
+                throw Unreadable(why: "its record of turn \(history.count + 1) is not valid JSON, and more follows it")
+            }
+            return (State(instructions: header.instructions, tools: tools, roots: roots,
+                          history: history), written, true)
         }
         return (State(instructions: header.instructions, tools: tools, roots: roots, history: history), written, false)
     }
@@ -135,7 +162,10 @@ extension Turn: JSONWritable {
 
 extension ToolExchange: JSONWritable {
     public func write(to w: inout JSONWriter) {
-        w.object { $0.field("name", name); $0.field("arguments", arguments); $0.field("output", output); $0.field("failed", failed) }
+        w.object {
+            $0.field("name", name); $0.field("arguments", arguments); $0.field("output", output)
+            $0.field("failed", failed)
+        }
     }
 }
 
@@ -147,7 +177,8 @@ private func required<T>(_ value: T?, _ name: String) throws(JSONError) -> T {
     return value
 }
 
-private func readWhole<T>(_ bytes: ArraySlice<UInt8>, _ read: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T {
+private func readWhole<T>(_ bytes: ArraySlice<UInt8>,
+                          _ read: (inout JSONReader) throws(JSONError) -> T) throws(JSONError) -> T {
     let result: Result<T, JSONError> = bytes.withUnsafeBytes { b in
         var r = JSONReader(b)
         do throws(JSONError) {
@@ -162,13 +193,18 @@ private func readWhole<T>(_ bytes: ArraySlice<UInt8>, _ read: (inout JSONReader)
 }
 
 extension ThreadFiles.Header {
-    private struct Fields { var format: Int?, id: String?, turns: Int?, written: Double?, instructions: String?, tools: [String]?, roots: [String]? }
+    private struct Fields {
+        var format: Int?, id: String?, turns: Int?, written: Double?
+        var instructions: String?, tools: [String]?, roots: [String]?
+    }
     private static let table = JSONFields<Fields>([
         "format": { r, f throws(JSONError) in f.format = try r.int() },
         "id": { r, f throws(JSONError) in f.id = try r.string() },
         "turns": { r, f throws(JSONError) in f.turns = try r.int() },
         "written": { r, f throws(JSONError) in f.written = try r.nullable { r throws(JSONError) in try r.double() } },
-        "instructions": { r, f throws(JSONError) in f.instructions = try r.nullable { r throws(JSONError) in try r.string() } },
+        "instructions": { r, f throws(JSONError) in
+            f.instructions = try r.nullable { r throws(JSONError) in try r.string() }
+        },
         "tools": { r, f throws(JSONError) in f.tools = try r.strings() },
         "roots": { r, f throws(JSONError) in f.roots = try r.strings() },
     ])
@@ -177,7 +213,8 @@ extension ThreadFiles.Header {
         try readWhole(bytes) { r throws(JSONError) in
             var f = Fields()
             try r.object(into: &f, table)
-            return Self(format: try required(f.format, "format"), id: try required(f.id, "id"), turns: f.turns, written: f.written,
+            return Self(format: try required(f.format, "format"), id: try required(f.id, "id"), turns: f.turns,
+                        written: f.written,
                         instructions: f.instructions, tools: f.tools, roots: f.roots)
         }
     }
@@ -202,7 +239,9 @@ extension ThreadFiles.Commit {
 extension StoredThread {
     private struct Fields { var instructions: String?, tools: [String]?, roots: [String]?, history: [Turn]? }
     private static let table = JSONFields<Fields>([
-        "instructions": { r, f throws(JSONError) in f.instructions = try r.nullable { r throws(JSONError) in try r.string() } },
+        "instructions": { r, f throws(JSONError) in
+            f.instructions = try r.nullable { r throws(JSONError) in try r.string() }
+        },
         "tools": { r, f throws(JSONError) in f.tools = try r.strings() },
         "roots": { r, f throws(JSONError) in f.roots = try r.strings() },
         "history": { r, f throws(JSONError) in f.history = try r.array { r throws(JSONError) in try Turn.read(&r) } },
@@ -212,27 +251,36 @@ extension StoredThread {
         try readWhole(bytes) { r throws(JSONError) in
             var f = Fields()
             try r.object(into: &f, table)
-            return Self(instructions: f.instructions, tools: try required(f.tools, "tools"), roots: try required(f.roots, "roots"),
+            return Self(instructions: f.instructions, tools: try required(f.tools, "tools"),
+                        roots: try required(f.roots, "roots"),
                         history: try required(f.history, "history"))
         }
     }
 }
 
 extension Turn {
-    private struct Fields { var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int?, reasoning: String? }
+    private struct Fields {
+        var prompt: String?, toolExchanges: [ToolExchange]?, response: String?, tokens: Int?, reasoning: String?
+    }
     private static let table = JSONFields<Fields>([
         "prompt": { r, f throws(JSONError) in f.prompt = try r.string() },
-        "toolExchanges": { r, f throws(JSONError) in f.toolExchanges = try r.array { r throws(JSONError) in try ToolExchange.read(&r) } },
+        "toolExchanges": { r, f throws(JSONError) in
+            f.toolExchanges = try r.array { r throws(JSONError) in try ToolExchange.read(&r) }
+        },
         "response": { r, f throws(JSONError) in f.response = try r.string() },
         "tokens": { r, f throws(JSONError) in f.tokens = try r.int() },
-        "reasoning": { r, f throws(JSONError) in f.reasoning = try r.nullable { r throws(JSONError) in try r.string() } },
+        "reasoning": { r, f throws(JSONError) in
+            f.reasoning = try r.nullable { r throws(JSONError) in try r.string() }
+        },
     ])
 
     static func read(_ r: inout JSONReader) throws(JSONError) -> Turn {
         var f = Fields()
         try r.object(into: &f, table)
-        return .stored(prompt: try required(f.prompt, "prompt"), toolExchanges: try required(f.toolExchanges, "toolExchanges"),
-                       response: try required(f.response, "response"), reasoning: f.reasoning, tokens: Int64(try required(f.tokens, "tokens")))
+        return .stored(prompt: try required(f.prompt, "prompt"),
+                       toolExchanges: try required(f.toolExchanges, "toolExchanges"),
+                       response: try required(f.response,
+                               "response"), reasoning: f.reasoning, tokens: Int64(try required(f.tokens, "tokens")))
     }
 }
 
