@@ -955,36 +955,19 @@ async def _long(section: Callable[[bool], Any], quick: bool) -> dict[str, Any]:
         return {"long_reason": found}
     return await section(quick)
 
-# --- http: the shared server (bench/http_bench.py declares its keys, targets and rows) -------
+# Sections declared in modules of their own, each with its keys' targets and its report rows:
+# the shared server, the pre-count's error, fork and search, the local model's start per server.
 from http_bench import HTTP_ROWS, HTTP_TARGETS, http_section  # noqa: E402
-
-TARGETS.update(HTTP_TARGETS)
-ROWS += HTTP_ROWS
-SECTIONS += ("http",)
-# --- end http ------------------------------------------------------------------------------
-
-# --- precount: the pre-count's error against prompt_tokens (bench/precount_bench.py) --------
+from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
 from precount_bench import PRECOUNT_ROWS, PRECOUNT_TARGETS, precount_section  # noqa: E402
-
-TARGETS.update(PRECOUNT_TARGETS)
-ROWS += PRECOUNT_ROWS
-SECTIONS += ("precount",)
-# --- end precount --------------------------------------------------------------------------
-
-# --- threadops: fork and search (bench/threadops_bench.py) ---------------------------------
 from threadops_bench import THREADOPS_ROWS, THREADOPS_TARGETS, threadops_section  # noqa: E402
 
-TARGETS.update(THREADOPS_TARGETS)
-ROWS += THREADOPS_ROWS
-SECTIONS += ("threadops",)
-# --- end threadops -------------------------------------------------------------------------
-# --- first_answer: the local model's start per server (bench/local_server_bench.py) ---------
-from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
-
-TARGETS.update(FIRST_ANSWER_TARGETS)
-ROWS += FIRST_ANSWER_ROWS
-SECTIONS += ("first_answer",)
-# --- end first_answer ----------------------------------------------------------------------
+for _name, _targets, _rows in (("http", HTTP_TARGETS, HTTP_ROWS), ("precount", PRECOUNT_TARGETS, PRECOUNT_ROWS),
+                               ("threadops", THREADOPS_TARGETS, THREADOPS_ROWS),
+                               ("first_answer", FIRST_ANSWER_TARGETS, FIRST_ANSWER_ROWS)):
+    TARGETS.update(_targets)
+    ROWS += _rows
+    SECTIONS += (_name,)
 
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
