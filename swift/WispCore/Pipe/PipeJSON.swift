@@ -188,7 +188,7 @@ extension Request.Op: PipeValue {
         guard let op = Request.Op(rawValue: name) else {
             let all = Request.Op.allCases.map(\.rawValue)
             let listed = all.dropLast().joined(separator: ", ") + " or " + all.last!
-            throw JSONError("unknown op '\(name.prefix(40))' (\(listed))", at: -1)
+            throw JSONError("unknown op '\(name.preview)' (\(listed))", at: -1)
         }
         return op
     }

@@ -148,7 +148,7 @@ public final class PipeServer: Sendable {
         if let level = r.options?.reasoning, ReasoningLevel(rawValue: level) == nil {
             let levels = ReasoningLevel.allCases.map(\.rawValue).joined(separator: ", ")
             return fail(r.id,
-                        WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.prefix(40))'"))
+                        WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.preview)'"))
         }
         if let n = r.rewind, n < 1 {
             return fail(r.id, WispError(.invalidArgument, "rewind must be at least 1, got \(n)"))

@@ -124,14 +124,14 @@ public struct CoreConfig: Sendable, Equatable {
                 guard OllamaKeepAlive(value) != nil else {
                     throw WispError(.invalidArgument,
                                     "--keep-alive must be an Ollama duration such as " +
-                                    "90s, 30m, 2h or -1, got '\(value.prefix(40))'")
+                                    "90s, 30m, 2h or -1, got '\(value.preview)'")
                 }
                 c.keepAlive = value
             case "condense-to":
                 guard let f = Double(value), f > 0, f < 1 else {
                     throw WispError(.invalidArgument,
                                     "--condense-to must be a share of the context " +
-                                    "between 0 and 1, got '\(value.prefix(40))'")
+                                    "between 0 and 1, got '\(value.preview)'")
                 }
                 c.condenseTo = f
             case "log-level":

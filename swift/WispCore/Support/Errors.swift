@@ -1,3 +1,5 @@
+import WispInfrastructure
+
 /// The one error type that crosses the pipe. Its codes are the pipe protocol's (ARCHITECTURE.md),
 /// so every failure, from a bad thread id to a model refusal, reaches the caller as a code
 /// the shim can map and a message a person can act on.
@@ -20,9 +22,14 @@ public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
     public var code: Code
     public var message: String
 
+    /// Bytes a message may have, the cut mark included. Each message bounds what it quotes
+    /// (`String.preview`); this holds for the ones that quote a whole text from outside (a
+    /// server's error) and for any that forgets, so no error can carry a megabyte back.
+    public static let maxMessageBytes = 4096
+
     public init(_ code: Code, _ message: String) {
         self.code = code
-        self.message = message
+        self.message = message.bounded(toBytes: Self.maxMessageBytes)
     }
 
     public var description: String { "\(code.rawValue): \(message)" }

@@ -16,15 +16,11 @@ public enum LogLevel: String, Sendable, Comparable {
 }
 
 extension String {
-    /// Characters of a value from outside that a message or a log line shows.
-    static let previewLength = 80
+    /// Bytes of a value from outside that a message or a log line shows, the cut mark included.
+    static let previewBytes = 160
 
-    /// The first `previewLength` characters, "…" after them when there were more; costs no more
-    /// than those characters, however long the string.
-    var preview: String {
-        let head = prefix(Self.previewLength + 1)
-        return head.count > Self.previewLength ? String(head.dropLast()) + "…" : String(head)
-    }
+    /// The text bounded to `previewBytes` (`clipped(toBytes:)`: in bytes, whatever its clusters).
+    var preview: String { bounded(toBytes: Self.previewBytes) }
 }
 
 /// Logs to stderr, never stdout: stdout carries protocol bytes only. A line is queued, never

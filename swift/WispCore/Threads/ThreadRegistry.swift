@@ -107,12 +107,13 @@ public actor ThreadRegistry {
         return bytes.allSatisfy { b in idBytes.contains { $0.contains(b) } }
     }
 
-    public static func validate(_ id: String) throws(WispError) {
+    /// `field`: the argument that named the id, so the error says which one was wrong.
+    public static func validate(_ id: String, as field: String = "thread_id") throws(WispError) {
         guard isValidID(id) else {
             let shown = id.preview
             throw WispError(.invalidArgument,
-                    "thread_id \(shown.debugDescription) is not valid: " +
-                    "use \(idRule) (or omit it to start a new thread)")
+                    "\(field) \(shown.debugDescription) is not valid: " +
+                    "use \(idRule) " + (field == "thread_id" ? "(or omit it to start a new thread)" : "(a thread's id)"))
         }
     }
 
@@ -183,7 +184,7 @@ public actor ThreadRegistry {
     }
 
     private func fork(_ source: String, into threadID: String?, binds: [String]) async throws(WispError) -> Acceptance {
-        try Self.validate(source)
+        try Self.validate(source, as: "fork_from")
         guard binds.isEmpty else {
             throw WispError(.invalidArgument,
                     "fork_from copies thread '\(source)''s instructions and tools; omit " +
@@ -198,7 +199,14 @@ public actor ThreadRegistry {
             if entries[threadID] != nil { throw taken(threadID) }
             if try await isStored(threadID) { throw taken(threadID) }
         }
-        let copy = try await copy(of: source)
+        let copy: ConversationThread.Copy
+        do {
+            copy = try await self.copy(of: source)
+        } catch {
+            // Whatever went wrong (a store that cannot be read, tools gone), the caller learns which source it was.
+            throw error.message.contains("'\(source)'") ? error
+                : WispError(error.code, "fork_from '\(source)': \(error.message)")
+        }
         // The registry may have changed during those awaits.
         var id = threadID ?? Self.generateID()
         while threadID == nil && entries[id] != nil { id = Self.generateID() }
@@ -294,20 +302,15 @@ public actor ThreadRegistry {
         }
     }
 
-    /// Client roots must be absolute paths a model tool can be confined to, and not too many.
+    /// Client roots must be local paths a model tool can be confined to, and not too many:
+    /// judged here alone, before anything is bound (the shim only turns file:// URIs into paths).
     static func validate(roots: [String]) throws(WispError) {
         guard roots.count <= maxRoots else {
             throw WispError(.invalidArgument,
-                    "the client offered \(roots.count) roots; wisp takes at most \(maxRoots) per call. Offer fewer " +
-                    "roots (a common parent directory covers its subdirectories).")
+                    "the client offered more than \(maxRoots) roots; wisp takes at most \(maxRoots) per call. Offer " +
+                    "fewer roots (a common parent directory covers its subdirectories), or start wisp with --root.")
         }
-        // By bytes: to `String.hasPrefix` a "/" followed by a combining mark is no "/".
-        for root in roots where root.utf8.first != UInt8(ascii: "/") || root.utf8.contains(0) {
-            // Bounded in bytes: a single Character may be any number of combining marks.
-            throw WispError(.invalidArgument,
-                    "client root \(Roots.shown(root).debugDescription) is not " +
-                    "usable: a root must be an absolute path without NUL bytes")
-        }
+        for root in roots { try Roots.check(clientRoot: root) }
     }
 
     /// Frees a thread, and deletes it from the store. True when it existed (live or stored).

@@ -1,4 +1,5 @@
 import Foundation
+import WispInfrastructure
 
 /// What `list_threads` and `read_thread` show of a thread, made from its binding and history
 /// alone, so a live thread and a stored one are shown the same way: its preview, whether it
@@ -11,19 +12,9 @@ public enum ThreadViews {
     /// Threads one page holds at most, whatever the caller asks.
     public static let maxPage = 1000
 
-    /// `text` cut to at most `bytes` bytes of UTF-8 at a scalar boundary, with "…" where cut.
+    /// `text` in at most `bytes` bytes of UTF-8, "…" where cut (`String.clipped(toBytes:)`).
     public static func clip(_ text: String, bytes: Int) -> (text: String, cut: Bool) {
-        guard text.utf8.count > bytes else { return (text, false) }
-        let room = max(0, bytes - 3)  // "…" is three bytes
-        var used = 0
-        var end = text.unicodeScalars.startIndex
-        for scalar in text.unicodeScalars {
-            let n = UTF8.width(scalar)
-            if used + n > room { break }
-            used += n
-            end = text.unicodeScalars.index(after: end)
-        }
-        return (String(text.unicodeScalars[..<end]) + "…", true)
+        text.clipped(toBytes: bytes)
     }
 
     /// A listing's entry for a thread with this binding and history; the rest is the caller's.

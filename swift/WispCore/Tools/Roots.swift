@@ -69,13 +69,24 @@ public struct Roots: Sendable, Equatable {
     /// Bytes of a caller's path quoted in an error: enough to recognise it, never the whole of a crafted one.
     static let shownBytes = 160
 
-    /// `path` for a message: its first `shownBytes` bytes (cut at a character) and its size.
+    /// `path` for a message: its first `shownBytes` bytes (`String.clipped(toBytes:)`) and its size.
     static func shown(_ path: String) -> String {
-        let utf8 = path.utf8
-        guard utf8.count > shownBytes else { return path }
-        var end = utf8.index(utf8.startIndex, offsetBy: shownBytes)
-        while end > utf8.startIndex, UTF8.isContinuation(utf8[end]) { end = utf8.index(before: end) }
-        return String(path[..<end]) + "… (\(utf8.count) bytes)"
+        let clipped = path.clipped(toBytes: shownBytes)
+        return clipped.cut ? clipped.text + " (\(path.utf8.count) bytes)" : path
+    }
+
+    /// A root a client offers is taken only as one absolute local path the OS could open:
+    /// otherwise it is refused, named (bounded), with why; never resolved against some directory.
+    static func check(clientRoot root: String) throws(WispError) {
+        // By bytes: to `String.hasPrefix` a "/" followed by a combining mark is no "/".
+        let bytes = root.utf8
+        let why = bytes.first != UInt8(ascii: "/") ? "it does not start with \"/\""
+            : bytes.contains(0) ? "it holds a NUL byte"
+            : bytes.count > maxPathBytes ? "it is \(bytes.count) bytes, over the system's \(maxPathBytes)" : nil
+        guard let why else { return }
+        throw WispError(.invalidArgument,
+                "client root \(shown(root).debugDescription) is not an absolute local path (\(why)); fix that " +
+                "root in the client, or start wisp with --root instead")
     }
 
     // MARK: the confined open

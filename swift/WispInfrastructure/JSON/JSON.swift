@@ -376,7 +376,8 @@ public struct JSONReader {
     }
 
     /// Where the number at `i` ends, nil if there is none in JSON's grammar. Exponents are
-    /// bounded (the value must stay comparable exactly): over 18 digits is refused.
+    /// bounded (the value must stay comparable exactly): over 18 digits, not counting leading
+    /// zeros (1e0000000000000000000001 is 10), is refused.
     private func numberEnd() -> Int? {
         var j = i
         func digits(_ j: inout Int) -> Int {
@@ -395,8 +396,10 @@ public struct JSONReader {
         if j < b.count, b[j] == 0x65 || b[j] == 0x45 {
             j += 1
             if j < b.count, b[j] == 0x2B || b[j] == 0x2D { j += 1 }
+            let from = j
+            while j < b.count, b[j] == 0x30 { j += 1 }
             let e = digits(&j)
-            guard e > 0, e <= 18 else { return nil }
+            guard j > from, e <= 18 else { return nil }
         }
         return j
     }
@@ -427,22 +430,23 @@ public struct JSONReader {
         let number = try number()
         guard let v = number.int else {
             i = start
-            throw error(number.isInteger ? "the number \(number.text) does not fit a 64-bit integer"
-                                         : "expected a whole number, found \(number.text)")
+            let shown = number.text.bounded(toBytes: 40)
+            throw error(number.isInteger ? "the number \(shown) does not fit a 64-bit integer"
+                                         : "expected a whole number, found \(shown)")
         }
         return v
     }
 
-    /// A number as the nearest `Double`: finite, and not a non-zero value rounded to zero or
-    /// below the normal range (JSONDecoder refuses those too).
+    /// A number as the nearest `Double`, as Python's and JavaScript's parsers read it: subnormals
+    /// (5e-324) are numbers, and one below them reads as zero; only one past the range, which
+    /// no finite Double is nearest to, is refused.
     public mutating func double() throws(JSONError) -> Double {
         skipSpace()
         let start = i
         let n = try number()
-        guard let value = n.double, value == 0 || value.magnitude >= Double.leastNormalMagnitude,
-              value != 0 || (n.decimal?.isZero ?? false) else {
+        guard let value = n.double else {
             i = start
-            throw error("the number \(n.text) is out of range")
+            throw error("the number \(n.text.bounded(toBytes: 40)) is out of range")
         }
         return value
     }

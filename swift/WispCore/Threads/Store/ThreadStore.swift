@@ -128,14 +128,14 @@ public struct ThreadSummary: Sendable, Equatable {
     /// Unix seconds.
     public let createdAt: Double
     public let updatedAt: Double
-    /// The first prompt and the last reply, cut to `ThreadSummary.previewLength` characters.
+    /// The first prompt and the last reply, cut to `ThreadSummary.previewLength` bytes.
     public let firstPrompt: String
     public let lastReply: String
     /// What the thread's stored turns cost, added up (nil where some turn's backend did not say).
     public let usage: Usage
     /// Its instructions, whole (a listing shortens them).
     public let instructions: String?
-    /// How much of a prompt or reply a summary carries.
+    /// How much of a prompt or reply a summary carries, in bytes of UTF-8.
     public static let previewLength = 200
 
     public init(id: String, turns: Int, createdAt: Double, updatedAt: Double, firstPrompt: String, lastReply: String,
@@ -151,7 +151,7 @@ public struct ThreadSummary: Sendable, Equatable {
     }
 
     static func preview(_ text: String) -> String {
-        text.count > previewLength ? String(text.prefix(previewLength)) + "…" : text
+        text.bounded(toBytes: previewLength)
     }
 }
 
