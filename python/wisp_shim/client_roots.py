@@ -1,9 +1,11 @@
-"""The roots an MCP client offers a call: asked for on the call's own channel, and each
-checked to be one absolute local directory before the core is told of it."""
+"""The roots an MCP client offers a call: asked for on the call's own channel, and each file://
+URI turned into the local path it names. The core alone judges those paths (absolute, no NUL,
+within the system's length, how many) before it binds anything; the shim judges only the URIs."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -22,13 +24,14 @@ log = logging.getLogger("wisp.server")
 
 # How long a call waits for the client to list its roots before going on without them.
 ROOTS_TIMEOUT_S = 2.0
-# MAX_CLIENT_ROOTS (the core's fact): more roots than any real workspace offers; past it a call
-# that binds tools is refused (rather than some roots dropped without the caller knowing which).
+# MAX_CLIENT_ROOTS (the core's fact): more roots than any real workspace offers; past it the core
+# refuses the call (rather than some roots dropped without the caller knowing which), so one more
+# than that is all the shim ever converts and sends.
 
 
 class OfferedRoots(BaseModel):
     """A roots/list result as the client sent it: only the uri strings are used, checked by
-    _root_paths. The SDK has already checked the result's shape against the protocol's schema
+    root_paths. The SDK has already checked the result's shape against the protocol's schema
     (cheap); its typed ListRootsResult would validate every root again against pydantic URL types,
     slowly, before anyone can count them (test_hostile times 20,000), and would rewrite
     `file:relative` to `file:///relative`, hiding a root that is not absolute."""
@@ -68,26 +71,18 @@ async def client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
     except Exception as exc:  # no back-channel, a slow client, or a client error: go on without
         log.debug("client roots unavailable: %s", exc)
         return None
-    listed = offered.roots
-    uris = [r.get("uri") if isinstance(r, dict) else r for r in listed[: MAX_CLIENT_ROOTS + 1]]
-    return root_paths(uris, offered=len(listed)) or None
+    return root_paths(r.get("uri") if isinstance(r, dict) else r for r in offered.roots) or None
 
 
-def root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
-    """The local directories named by the client's file:// roots, each once, in order.
+def root_paths(uris: Iterable[Any]) -> list[str]:
+    """The local paths named by the client's file:// roots, in order, duplicates kept (they
+    count towards the core's limit, which counts what the client offered), and no more than one
+    past that limit: enough for the core to refuse the call.
 
-    A root that does not decode to one absolute local path (a NUL inside, which the core's
-    file calls would cut the path at; a relative path; another host; bytes that are not
-    UTF-8) is refused rather than guessed at: the caller must not get a directory the client
-    never offered. Linear in the number of roots."""
-    offered = len(uris) if offered is None else offered
-    if offered > MAX_CLIENT_ROOTS:
-        raise ShimError(
-            errors.INVALID_ARGUMENT,
-            f"the MCP client offered {offered} roots, more than wisp's limit of {MAX_CLIENT_ROOTS}; offer fewer "
-            "roots to wisp, or start it with --root for the directories the model needs.",
-        )
-    paths: dict[str, None] = {}
+    A file:// URI that does not name a path on this machine (another host, percent-escapes that
+    are not UTF-8) is refused rather than guessed at; what the path itself must be is the core's
+    judgement. Other schemes name no directory here: skipped. Linear in the number of roots."""
+    paths: list[str] = []
     for uri in uris:
         if not isinstance(uri, str):
             raise ShimError(errors.INVALID_ARGUMENT, f"the MCP client offered a root whose uri is not a string "
@@ -98,13 +93,15 @@ def root_paths(uris: list[Any], offered: int | None = None) -> list[str]:
         try:
             path = unquote(url.path, errors="strict")
         except UnicodeDecodeError:
-            path = ""
-        if url.netloc not in ("", "localhost") or not path.startswith("/") or "\x00" in path:
+            path = None
+        if url.netloc not in ("", "localhost") or path is None:
             raise ShimError(
                 errors.INVALID_ARGUMENT,
-                f"the MCP client offered the root {short(uri)}, which does not decode to an absolute local path "
-                "(file:///absolute/path, with no NUL and UTF-8 percent-escapes); fix that root in the client, or start "
-                "wisp with --root instead.",
+                f"the MCP client offered the root {short(uri)}, which does not name an absolute local path "
+                "(file:///absolute/path, on this host, with UTF-8 percent-escapes); fix that root in the client, or "
+                "start wisp with --root instead.",
             )
-        paths[path] = None
-    return list(paths)
+        paths.append(path)
+        if len(paths) > MAX_CLIENT_ROOTS:
+            break
+    return paths

@@ -8,8 +8,9 @@ extension String {
     public static let cutMark = "…"
 
     /// This text in at most `bytes` bytes of UTF-8 (the mark included) and whether it was cut.
-    /// A cut ends at a Character boundary when one fits, else (one cluster larger than the whole
-    /// bound) inside that cluster at a scalar boundary, so the result is valid text either way.
+    /// A cut ends at a Character boundary when one keeps at least half of what fits, else inside
+    /// the cluster at a scalar boundary (one cluster may be larger than any bound), so the result
+    /// is valid text either way.
     /// Costs O(`bytes`), however long the text or its clusters are.
     public func clipped(toBytes bytes: Int) -> (text: String, cut: Bool) {
         if utf8.count <= bytes { return (self, false) }
@@ -26,10 +27,13 @@ extension String {
         var head = String(scalars[..<end])
         if end < scalars.endIndex, let last = head.indices.last {
             // The next scalar joins head's last Character when adding it leaves the count alone:
-            // the cut is inside that cluster, so it goes back to the cluster's start, unless the
-            // cluster is all there is (then the bound wins over the cluster).
+            // the cut is inside that cluster, so it goes back to the cluster's start, unless that
+            // would drop most of what fits (one enormous cluster: then the bound wins over it, and
+            // a part of it still shows what it was).
             let withNext = head + String(scalars[end])
-            if withNext.count == head.count, last > head.startIndex { head = String(head[..<last]) }
+            if withNext.count == head.count, last > head.startIndex, head[..<last].utf8.count >= room / 2 {
+                head = String(head[..<last])
+            }
         }
         return (head + Self.cutMark, true)
     }

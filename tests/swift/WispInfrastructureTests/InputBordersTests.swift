@@ -29,10 +29,12 @@ import Testing
     }
 
     @Test func aCutEndsAtACharacterWhenOneFits() {
-        // "abcd" then one cluster of e and ten acute accents (21 bytes), then more.
-        let text = "abcd" + "e" + String(repeating: "\u{301}", count: 10) + "xyz"
-        #expect(text.clipped(toBytes: 12).text == "abcd…", "the cluster is left whole, not split")
-        #expect((text + "w").clipped(toBytes: 4 + 21 + 3).text == "abcd" + "e" + String(repeating: "\u{301}", count: 10) + "…")
+        // "abcdefgh" then one cluster of e and ten acute accents (21 bytes), then more.
+        let text = "abcdefgh" + "e" + String(repeating: "\u{301}", count: 10) + "xyz"
+        #expect(text.clipped(toBytes: 15).text == "abcdefgh…", "the cluster is left whole, not split")
+        #expect((text + "w").clipped(toBytes: 8 + 21 + 3).text == "abcdefgh" + "e" + String(repeating: "\u{301}", count: 10) + "…")
+        // Backing up to the cluster's start would keep less than half: the cluster is cut instead.
+        #expect(("a" + text.dropFirst(8)).clipped(toBytes: 12).text == "ae" + String(repeating: "\u{301}", count: 3) + "…")
         // Two flags (8 bytes each): room for three indicators must not leave half a flag.
         let flags = "\u{1F1EB}\u{1F1F7}\u{1F1E9}\u{1F1EA}x"
         #expect(flags.clipped(toBytes: 12 + 3).text == "\u{1F1EB}\u{1F1F7}…")
