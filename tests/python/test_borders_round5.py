@@ -7,14 +7,12 @@ fork's error names the source it was asked about."""
 from __future__ import annotations
 
 import json
-import subprocess
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from harness import INITIALIZED, REPO, jsonrpc, shim_command, shim_env
-from test_hostile import RawChannel, _call
+from harness import REPO, jsonrpc
+from test_hostile import RawChannel, _raw_roots_session
 
 # Shapes a bound on characters lets through whole: one "e" with 300,000 combining accents
 # (600 KB, a single grapheme cluster), a ZWJ chain of 100,000 emoji (one cluster too).
@@ -126,33 +124,13 @@ def test_a_fork_of_a_thread_lost_in_a_crash_names_it():
 # --- client roots -----------------------------------------------------------------------------
 
 
-def _with_roots(uris: list[str], thread: str = "r") -> tuple[dict, dict]:
+def _with_roots(uris: list[str]) -> tuple[dict, dict]:
     """A raw client offering `uris` as its roots: a call that binds tools, then a list_threads
     (was anything bound?)."""
-    init = jsonrpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"roots": {"listChanged": False}},
-                                  "clientInfo": {"name": "wisp-tests", "version": "0"}}, id=1)
-    proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO)
-    try:
-        proc.stdin.write(init)
-        proc.stdin.flush()
-        assert "result" in json.loads(proc.stdout.readline())
-        proc.stdin.write(INITIALIZED + _call(2, {"prompt": "p", "thread_id": thread, "tools": ["read_file"]}))
-        proc.stdin.flush()
-        ask = json.loads(proc.stdout.readline())
-        assert ask.get("method") == "roots/list", ask
-        proc.stdin.write((json.dumps({"jsonrpc": "2.0", "id": ask["id"],
-                                      "result": {"roots": [{"uri": u} for u in uris]}}) + "\n").encode())
-        proc.stdin.write(jsonrpc("tools/call", {"name": "list_threads", "arguments": {}}, id=3))
-        proc.stdin.flush()
-        replies: dict[Any, dict] = {}
-        while len(replies) < 2:
-            msg = json.loads(proc.stdout.readline())
-            replies[msg.get("id")] = msg
-        return replies[2], replies[3]
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
+    reply, _, listing = _raw_roots_session(uris, then=jsonrpc("tools/call", {"name": "list_threads", "arguments": {}},
+                                                              id=3))
+    assert listing is not None
+    return reply, listing
 
 
 @pytest.mark.parametrize("uri, words", [

@@ -631,6 +631,12 @@ async def test_a_client_root_that_is_not_an_absolute_path_is_refused(uri, why):
 def _raw_roots_call(uris: list[str]) -> tuple[dict, float]:
     """A raw client that offers roots: calls respond with tools, answers the shim's roots/list
     with `uris`, and returns the call's reply and the time from that answer to the reply."""
+    reply, took, _ = _raw_roots_session(uris)
+    return reply, took
+
+
+def _raw_roots_session(uris: list[str], then: bytes = b"") -> tuple[dict, float, dict | None]:
+    """`_raw_roots_call`, and the answer to the request `then` sent after its reply, if any."""
     init = jsonrpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"roots": {"listChanged": False}},
                                   "clientInfo": {"name": "wisp-tests", "version": "0"}}, id=1)
     proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -648,7 +654,11 @@ def _raw_roots_call(uris: list[str]) -> tuple[dict, float]:
         proc.stdin.flush()
         start = time.monotonic()
         reply = json.loads(proc.stdout.readline())
-        return reply, time.monotonic() - start
+        took = time.monotonic() - start
+        if then:
+            proc.stdin.write(then)
+            proc.stdin.flush()
+        return reply, took, json.loads(proc.stdout.readline()) if then else None
     finally:
         proc.stdin.close()
         proc.wait(10)

@@ -113,7 +113,8 @@ public actor ThreadRegistry {
             let shown = id.preview
             throw WispError(.invalidArgument,
                     "\(field) \(shown.debugDescription) is not valid: " +
-                    "use \(idRule) " + (field == "thread_id" ? "(or omit it to start a new thread)" : "(a thread's id)"))
+                    "use \(idRule) "
+                    + (field == "thread_id" ? "(or omit it to start a new thread)" : "(a thread's id)"))
         }
     }
 
