@@ -141,6 +141,8 @@ public enum ToolCatalogue {
 
     /// Directories search_text descends below its start (each level holds one descriptor).
     static let maxSearchDepth = 64
+    /// Bytes of a matching line search_text shows (200 of ASCII, then the cut mark), however its clusters are built.
+    static let matchLineBytes = 200 + String.cutMark.utf8.count
 
     static func searchText(roots: Roots, pattern: String, path: String, regex: Bool,
                            limits: Limits) throws(WispError) -> String {
@@ -172,7 +174,7 @@ public enum ToolCatalogue {
                 guard let hit = matcher(line) else { stoppedBy = timeLimit; return }
                 guard hit else { continue }
                 if results.count >= limits.maxMatches { stoppedBy = "match limit \(limits.maxMatches)"; return }
-                let shown = line.count > 200 ? line.prefix(200) + "…" : line
+                let shown = String(line).bounded(toBytes: Self.matchLineBytes)
                 results.append("\(roots.display(file.real)):\(n + 1): \(shown)")
             }
         }

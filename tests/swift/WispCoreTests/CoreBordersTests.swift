@@ -31,7 +31,8 @@ let hostileShapes: [(String, String)] = [
                     Issue.record("\(shape) is no thread id")
                 } catch {
                     #expect(error.message.hasPrefix(fork == nil ? "thread_id \"" : "fork_from \""), "\(shape)")
-                    #expect(error.message.utf8.count < 2 * String.previewBytes + 200, "\(shape): \(error.message.utf8.count)")
+                    let size = error.message.utf8.count
+                    #expect(size < 2 * String.previewBytes + 200, "\(shape): \(size)")
                 }
             }
         }
@@ -51,6 +52,19 @@ let hostileShapes: [(String, String)] = [
             #expect((item?.prompt.utf8.count ?? 0) + (item?.reply.utf8.count ?? 0) <= 1000, "\(shape)")
             #expect(ThreadSummary(id: "t", turns: 1, createdAt: 0, updatedAt: 0, firstPrompt: text, lastReply: text,
                                   usage: Usage()).firstPrompt.utf8.count <= ThreadSummary.previewLength, "\(shape)")
+        }
+    }
+
+    @Test func aMatchingLineIsShownBoundedWhateverItsClusters() throws {
+        let ws = try Workspace()
+        defer { ws.remove() }
+        for (shape, text) in hostileShapes {
+            try ("before\n" + text + "\nafter\n").write(toFile: ws.root + "/t.txt", atomically: true, encoding: .utf8)
+            // A regex: it matches code points, so one scalar finds a line made of one cluster.
+            let needle = String(text.unicodeScalars.prefix(1))
+            let found = try ToolCatalogue.searchText(roots: Roots([ws.root]), pattern: needle, path: "t.txt",
+                                                     regex: true, limits: ToolCatalogue.Limits())
+            #expect(found.contains("t.txt:2: ") && found.utf8.count < 1000, "\(shape): \(found.utf8.count) bytes")
         }
     }
 
@@ -83,14 +97,16 @@ let hostileShapes: [(String, String)] = [
         let long = "/" + String(repeating: "d", count: Roots.maxPathBytes)
         let e = try #require(await refusal(["/tmp", long]))
         #expect(e.code == .invalidArgument && e.message.contains("is not an absolute local path"), "\(e.message)")
-        #expect(e.message.contains("\(Roots.maxPathBytes + 1) bytes, over the system's \(Roots.maxPathBytes)"), "\(e.message)")
+        let over = "\(Roots.maxPathBytes + 1) bytes, over the system's \(Roots.maxPathBytes)"
+        #expect(e.message.contains(over), "\(e.message)")
         #expect(e.message.contains("/ddd") && e.message.utf8.count < 600, "\(e.message)")
         // One byte shorter is a path the OS could take: not refused (it need not exist).
         #expect(await refusal(["/tmp", String(long.dropLast())]) == nil)
     }
 
-    @Test(arguments: [("relative/dir", "does not start with"), ("", "does not start with"), ("~/x", "does not start with"),
-                      ("/tmp/x\u{0}y", "NUL byte"), ("\u{301}/tmp", "does not start with")])
+    @Test(arguments: [("relative/dir", "does not start with"), ("", "does not start with"),
+                      ("~/x", "does not start with"), ("/tmp/x\u{0}y", "NUL byte"),
+                      ("\u{301}/tmp", "does not start with")])
     func aRootThatIsNoLocalPathSaysWhy(_ root: String, _ why: String) async throws {
         let e = try #require(await refusal(["/tmp", root]))
         #expect(e.message.contains(root.debugDescription) && e.message.contains(why), "\(e.message)")
