@@ -228,8 +228,8 @@ public actor ThreadRegistry {
                 "list_threads shows the threads there are")
     }
 
-    /// The stored thread `id`, if there is one, read under a lease of its own (the store reads
-    /// off the pipe loop).
+    /// The stored thread `id` as committed, if there is one, read without its lease (the store
+    /// reads off the pipe loop, beside any writer).
     private func stored(_ id: String) async throws(WispError) -> StoredThread? {
         guard let store else { return nil }
         switch try await store.read(id) {
@@ -388,7 +388,8 @@ public actor ThreadRegistry {
         try Self.validate(id)
         // A live thread whose first call is still running has no turns yet: it may be stored.
         if let entry = entries[id] {
-            let result = await entry.thread.read(last: last, maxBytes: maxBytes)
+            // Nil: another process closed it; it starts afresh here too.
+            guard let result = try await entry.thread.read(last: last, maxBytes: maxBytes) else { throw noThread(id) }
             if result.turns > 0 { return result }
         }
         if let thread = try await stored(id) {
@@ -396,9 +397,12 @@ public actor ThreadRegistry {
                                     history: thread.history,
                                     condensed: 0, last: last, maxBytes: maxBytes)
         }
-        throw WispError(.invalidArgument,
-                "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); " +
-                "list_threads shows the threads there are")
+        throw noThread(id)
+    }
+
+    private func noThread(_ id: String) -> WispError {
+        WispError(.invalidArgument,
+                "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
     }
 
     /// Stores, in the background, the threads holding turns the store missed (one task at a time;
