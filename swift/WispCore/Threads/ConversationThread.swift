@@ -167,6 +167,13 @@ public actor ConversationThread {
         }
     }
 
+    /// Whether the store holds another version than this memory last saw (another process wrote it
+    /// since) while no call runs here: a listing then shows what is stored.
+    public func isBehind(_ stored: StoreVersion?) -> Bool {
+        guard durability != nil, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0 else { return false }
+        return stored != version
+    }
+
     /// What the store holds of this thread when it is not what this memory last saw of it (another
     /// process wrote or closed it): read without the lease. Only an idle thread's store is read: a
     /// running call holds the lease, and this memory is then what the store last had from it.

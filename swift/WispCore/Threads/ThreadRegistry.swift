@@ -338,15 +338,18 @@ public actor ThreadRegistry {
         let after = try cursor.map { text throws(WispError) in try ListPlace(cursor: text) }
         let size = min(max(1, limit ?? ThreadViews.maxPage), ThreadViews.maxPage)
         let all = await store?.summaries(matching: nil, limit: store?.maxStored ?? 0) ?? []
-        let storedIDs = Set(all.map(\.id))
+        let storedVersions = Dictionary(all.map { ($0.id, $0.version) }, uniquingKeysWith: { a, _ in a })
         var rows: [(place: ListPlace, info: ThreadInfo)] = []
+        // Live threads another process stored since are listed (and searched) as stored.
+        var liveIDs = Set<String>()
         for (id, entry) in entries {
+            if let version = storedVersions[id], await entry.thread.isBehind(version) { continue }
+            liveIDs.insert(id)
             if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight,
-                                                             stored: storedIDs.contains(id)) {
+                                                             stored: storedVersions[id] != nil) {
                 rows.append((place, info))
             }
         }
-        let liveIDs = Set(entries.keys)
         if let query, let store {
             // The store finds the threads that hold every word (its full-text index); each found is
             // read to rank it as a live thread is ranked.
@@ -354,11 +357,11 @@ public actor ThreadRegistry {
                                               limit: store.maxStored)
             for s in found where !liveIDs.contains(s.id) {
                 guard let thread = try? await stored(s.id), let score = query.score(thread.history) else { continue }
-                rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), Self.info(s)))
+                rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), info(s)))
             }
         } else if query == nil {
             rows += all.filter { !liveIDs.contains($0.id) }.map {
-                (ListPlace(score: 0, updated: $0.updatedAt, id: $0.id), Self.info($0))
+                (ListPlace(score: 0, updated: $0.updatedAt, id: $0.id), info($0))
             }
         }
         rows.sort { $0.place < $1.place }
@@ -368,8 +371,9 @@ public actor ThreadRegistry {
         return (page.map(\.info), next)
     }
 
-    private static func info(_ s: ThreadSummary) -> ThreadInfo {
-        ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true,
+    private func info(_ s: ThreadSummary) -> ThreadInfo {
+        ThreadInfo(thread_id: s.id, turns: s.turns, pending: entries[s.id]?.inFlight ?? 0, live: entries[s.id] != nil,
+                   stored: true,
                    usage: UsageBody(totals: s.usage),
                    created_at: s.createdAt, updated_at: s.updatedAt,
                    first_prompt: s.turns > 0

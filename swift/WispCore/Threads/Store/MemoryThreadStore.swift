@@ -103,7 +103,7 @@ public final class MemoryThreadStore: ThreadStore {
                 ThreadSummary(id: id, turns: row.thread.history.count, createdAt: row.createdAt,
                               updatedAt: row.updatedAt, firstPrompt: row.thread.history.first?.prompt ?? "",
                               lastReply: row.thread.history.last?.response ?? "", usage: row.usage,
-                              instructions: row.thread.instructions)
+                              instructions: row.thread.instructions, version: StoreVersion(row.version))
             }
         }
     }

@@ -149,12 +149,15 @@ public struct ThreadSummary: Sendable, Equatable {
     public let usage: Usage
     /// Its instructions, whole (a listing shortens them).
     public let instructions: String?
+    /// The version stored (a live thread behind it is listed from the store).
+    public let version: StoreVersion?
     /// How much of a prompt or reply a summary carries.
     public static let previewLength = 200
 
     public init(id: String, turns: Int, createdAt: Double, updatedAt: Double, firstPrompt: String, lastReply: String,
-                usage: Usage, instructions: String? = nil) {
+                usage: Usage, instructions: String? = nil, version: StoreVersion? = nil) {
         self.instructions = instructions
+        self.version = version
         self.id = id
         self.turns = turns
         self.createdAt = createdAt
