@@ -67,8 +67,9 @@ public final class SQLiteThreadStore: ThreadStore {
         let opened: (SQLiteDatabase, Bool)
         let reading: SQLiteDatabase
         do {
-            opened = try Self.open(directory)
-            reading = try Self.openReader(directory)
+            let end = ContinuousClock.now + .milliseconds(Int(Self.busyTimeoutMs))
+            opened = try Self.untilNotBusy(end) { () throws(SQLiteError) in try Self.open(directory) }
+            reading = try Self.untilNotBusy(end) { () throws(SQLiteError) in try Self.openReader(directory) }
         } catch {
             if error.message.hasPrefix(Self.newer) {
                 throw Self.setAside(directory, tag: "newer", "was written by \(error.message)", log)
@@ -97,6 +98,20 @@ public final class SQLiteThreadStore: ThreadStore {
     }
 
     private static let newer = "a newer wisp"
+
+    /// `body` tried again while busy until `end`: two wisps opening one new database at once meet
+    /// where SQLite's busy handler does not wait (the switch to the write-ahead log, its first
+    /// reading), so the opening is what waits.
+    private static func untilNotBusy<T>(_ end: ContinuousClock.Instant,
+                                        _ body: () throws(SQLiteError) -> sending T) throws(SQLiteError) -> sending T {
+        while true {
+            do {
+                return try body()
+            } catch where error.isBusy && ContinuousClock.now < end {
+                usleep(20_000)
+            }
+        }
+    }
 
     /// The readers' connection, opened once the schema is ready.
     private static func openReader(_ directory: StateDirectory) throws(SQLiteError) -> SQLiteDatabase {
