@@ -175,17 +175,12 @@ def test_after_a_clean_stop_the_database_file_alone_holds_every_answered_turn(tm
         read_until(proc, 99, lines)
         _stop(proc, how)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    shutil.copy(state / "threads.db", alone / "threads.db")
+        _reap(proc)
     want: dict[str, list[str]] = {}
     for tid, prompt in answered:
         if tid != "t2":
             want.setdefault(tid, []).append(prompt)
-    assert turns_in(alone / "threads.db") == want
+    assert _turns_in_db_alone(tmp_path, state) == want
     wal = state / "threads.db-wal"
     assert not wal.exists() or wal.stat().st_size == 0, wal.stat().st_size
 
@@ -205,13 +200,22 @@ def test_a_core_signalled_to_stop_folds_its_log_into_the_database_first(tmp_path
         proc.send_signal(sig)
         assert proc.wait(10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _reap(proc)
+    assert _turns_in_db_alone(tmp_path, state) == {"t0": ["p0", "p2", "p4"], "t1": ["p1", "p3", "p5"]}
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _turns_in_db_alone(tmp_path, state) -> dict:
+    """The turns threads.db holds copied without its -wal and -shm files."""
     alone = tmp_path / "alone"
     alone.mkdir()
     shutil.copy(state / "threads.db", alone / "threads.db")
-    assert turns_in(alone / "threads.db") == {"t0": ["p0", "p2", "p4"], "t1": ["p1", "p3", "p5"]}
+    return turns_in(alone / "threads.db")
 
 
 def read_frame(proc: subprocess.Popen) -> dict:
