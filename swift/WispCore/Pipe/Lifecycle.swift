@@ -81,6 +81,8 @@ public final class Lifecycle: Sendable {
         /// Whether the last log lines get their time: not when stdout broke, which ends the
         /// core at once (its stderr most likely went with the shim).
         var waitsForLastWords: Bool { self != .outputClosed }
+        /// Whether `atExit`'s work runs: on every end but the one that plays a crash.
+        var cleansUp: Bool { self != .crash }
     }
 
     private struct State {
@@ -96,6 +98,10 @@ public final class Lifecycle: Sendable {
     private let state = Locked(State())
     /// Wakes the lifecycle's OS thread: the input ended, or the last call did.
     private let wakeUp = WakeUpPipe(for: "the lifecycle")
+    /// What runs before the exit (the store's checkpoint), in order.
+    private let cleanUp = Locked<[@Sendable () -> Void]>([])
+    /// How long `atExit`'s work gets before the process exits anyway.
+    public static let cleanUpTime = Duration.seconds(3)
 
     /// `exit`: how the process exits (tests record the status instead).
     public init(log: Log, escalation: Escalation = .core,
@@ -110,6 +116,10 @@ public final class Lifecycle: Sendable {
     public func start(server: PipeServer, input: Int32) {
         Thread.detachNewThread { [self] in run(server, input) }
     }
+
+    /// `work` runs once, before the process exits (on every end but a played crash), for at most
+    /// `cleanUpTime` with the rest of that work.
+    public func atExit(_ work: @escaping @Sendable () -> Void) { cleanUp.withLock { $0.append(work) } }
 
     /// The pipe loop has read the end of stdin (after its last whole frame).
     public func inputEnded() {
@@ -129,8 +139,24 @@ public final class Lifecycle: Sendable {
             while true { sleep(60) }
         }
         if let why { log(level, why) }
+        if ending.cleansUp { runCleanUp() }
         if ending.waitsForLastWords { Log.flush(within: escalation.lastWords) }
         exitProcess(ending.status)
+    }
+
+    /// On an OS thread of its own, so that work stuck on a lock cannot keep the process alive.
+    private func runCleanUp() {
+        let work = cleanUp.withLock { w in defer { w = [] }; return w }
+        guard !work.isEmpty else { return }
+        let done = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            for w in work { w() }
+            done.signal()
+        }
+        let (seconds, attoseconds) = Self.cleanUpTime.components
+        if done.wait(timeout: .now() + Double(seconds) + Double(attoseconds) / 1e18) == .timedOut {
+            log(.warning, "the work before exit did not end within \(Self.shown(Self.cleanUpTime)); exiting anyway")
+        }
     }
 
     private func run(_ server: PipeServer, _ input: Int32) -> Never {

@@ -254,9 +254,10 @@ public final class PipeServer: Sendable {
                 }
                 files = FileRequest(paths: paths, roots: roots)
             }
+            let deadline = calls.withLock { $0.byID[id]?.deadline }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files,
                                                    settings: settings, onPartial: onPartial,
-                                                   rewind: r.rewind ?? 0) {
+                                                   rewind: r.rewind ?? 0, deadline: deadline) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {
@@ -280,6 +281,8 @@ public final class PipeServer: Sendable {
             if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) {
                 e = stoppedError(stop, r, thread.id)
             }
+            // Its time ran out while its turn was stored: taken back, so it reads as any time limit.
+            if e == .commitPastDeadline { e = stoppedError(.timeout, r, thread.id) }
             reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
         await registry.finished(acceptance, committed: committed != nil, usage: committed)

@@ -248,6 +248,30 @@ public final class Conversation {
         session = nil
     }
 
+    /// What `commit(staged)` takes out of the history (the turns rewound and dropped), captured
+    /// before it so that a commit the store could not make in time can be taken back whole.
+    public struct Undo: Sendable {
+        fileprivate let rewoundTurns: [Turn]
+        fileprivate let droppedTurns: [Turn]
+        fileprivate let dropFrom: Int
+    }
+
+    public func undo(of staged: Staged) -> Undo {
+        let kept = history.dropLast(staged.rewound)
+        return Undo(rewoundTurns: Array(history.suffix(staged.rewound)),
+                    droppedTurns: Array(kept.dropFirst(staged.dropFrom).prefix(staged.dropped)),
+                    dropFrom: staged.dropFrom)
+    }
+
+    /// Takes back the turn just committed: the history is as before it (the session is rebuilt).
+    public func revert(_ undo: Undo) {
+        history.removeLast()
+        history.insert(contentsOf: undo.droppedTurns, at: undo.dropFrom)
+        history.append(contentsOf: undo.rewoundTurns)
+        condensedAway -= undo.droppedTurns.count
+        session = nil
+    }
+
     /// The tokens kept free for the reply: what the call allows it, at most a quarter of the context.
     static func replyReserve(_ settings: GenerationSettings, context: Int) -> Int {
         min(settings.maxOutputTokens ?? 512, context / 4)

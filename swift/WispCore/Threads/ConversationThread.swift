@@ -130,14 +130,10 @@ public actor ConversationThread {
     /// in them (its turn is staged, not committed). A durable thread another process stored since
     /// this one last looked is read from the store.
     public func copy() async throws(WispError) -> Copy {
-        // Only an idle thread's store is read: a running call holds the lease, and this memory
-        // is then what the store last had from it.
-        if let durability, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0 {
-            if case .loaded(let stored, _) = try await durability.store.read(id, unlessAt: version) {
-                let tools = try durability.resolve(stored.tools, stored.roots)
-                return Copy(binding: Binding(instructions: stored.instructions, tools: tools, roots: stored.roots),
-                            history: stored.history)
-            }
+        if let durability, case .loaded(let stored, _) = try await newerStored() {
+            let tools = try durability.resolve(stored.tools, stored.roots)
+            return Copy(binding: Binding(instructions: stored.instructions, tools: tools, roots: stored.roots),
+                        history: stored.history)
         }
         return Copy(binding: Binding(instructions: conversation.instructions, tools: conversation.tools, roots: roots),
                     history: conversation.history, condensed: conversation.condensedAway)
@@ -156,11 +152,35 @@ public actor ConversationThread {
         return (info, ListPlace(score: score, updated: updatedAt ?? .infinity, id: id))
     }
 
-    /// The thread's last turns as `read_thread` gives them.
-    public func read(last: Int?, maxBytes: Int) -> ReadThreadResult {
-        ThreadViews.read(id: id, instructions: conversation.instructions, tools: conversation.tools.map(\.name),
-                         history: conversation.history, condensed: conversation.condensedAway, last: last,
-                         maxBytes: maxBytes)
+    /// The thread's last turns as `read_thread` gives them: what the store holds when another
+    /// process wrote it since (nil when it closed it).
+    public func read(last: Int?, maxBytes: Int) async throws(WispError) -> ReadThreadResult? {
+        switch try await newerStored() {
+        case .none: return nil
+        case .loaded(let stored, _):
+            return ThreadViews.read(id: id, instructions: stored.instructions, tools: stored.tools,
+                                    history: stored.history, condensed: 0, last: last, maxBytes: maxBytes)
+        case .unchanged, .unavailable:
+            return ThreadViews.read(id: id, instructions: conversation.instructions,
+                                    tools: conversation.tools.map(\.name), history: conversation.history,
+                                    condensed: conversation.condensedAway, last: last, maxBytes: maxBytes)
+        }
+    }
+
+    /// Whether the store holds another version than this memory last saw (another process wrote it
+    /// since) while no call runs here: a listing then shows what is stored.
+    public func isBehind(_ stored: StoreVersion?) -> Bool {
+        guard durability != nil, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0 else { return false }
+        return stored != version
+    }
+
+    /// What the store holds of this thread when it is not what this memory last saw of it (another
+    /// process wrote or closed it): read without the lease. Only an idle thread's store is read: a
+    /// running call holds the lease, and this memory is then what the store last had from it.
+    private func newerStored() async throws(WispError) -> Loaded {
+        guard let durability, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0,
+              version != nil || !conversation.history.isEmpty else { return .unchanged }
+        return try await durability.store.read(id, unlessAt: version)
     }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
@@ -184,15 +204,16 @@ public actor ConversationThread {
     /// did not (the call was stopped): the history is then exactly as it was. A call cancelled
     /// while waiting leaves the line without running; one that fails leaves the history unchanged.
     /// `rewind`: the last turns the call takes back, in the same commit (none if it is not kept).
+    /// `deadline` (`monotonicSeconds()`): the call's time limit, which the store's commit keeps too:
+    /// a turn it cannot store by then is taken back (`WispError.commitPastDeadline`).
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
-                        onPartial: PartialHandler?, rewind: Int = 0,
+                        onPartial: PartialHandler?, rewind: Int = 0, deadline: Double? = nil,
                         keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         try await waitForTurn(ticket.number, watcher: onPartial)
         defer { advance() }
         do {
             return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial,
-                                   rewind: rewind,
-                                   keep: keep)
+                                   rewind: rewind, deadline: deadline, keep: keep)
         } catch {
             await release()
             throw error
@@ -200,7 +221,7 @@ public actor ConversationThread {
     }
 
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
-                       onPartial: PartialHandler?, rewind: Int,
+                       onPartial: PartialHandler?, rewind: Int, deadline: Double?,
                        keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
         if let durability, !closed {
             // Turns the store missed (`unstored`), or a fork not stored yet, make this memory the
@@ -246,7 +267,7 @@ public actor ConversationThread {
             await release()
             return nil
         }
-        let outcome = await commit(staged)
+        let outcome = try await commit(staged, by: deadline)
         await release()
         return outcome
     }
@@ -265,7 +286,10 @@ public actor ConversationThread {
 
     /// Makes the staged turn part of the history and, on a durable thread, stores it before the
     /// caller hears of it (under the lease: `release` lets it go).
-    private func commit(_ staged: Conversation.Staged) async -> Conversation.Outcome {
+    private func commit(_ staged: Conversation.Staged, by deadline: Double?) async throws(WispError)
+        -> Conversation.Outcome {
+        let before = (undo: conversation.undo(of: staged), usage: usage, createdAt: createdAt, updatedAt: updatedAt,
+                      forked: forked)
         var outcome = conversation.commit(staged)
         usage = usage.map { $0 + outcome.usage } ?? outcome.usage
         let now = ThreadViews.now()
@@ -284,8 +308,14 @@ public actor ConversationThread {
         // unless turns were dropped, kept in memory only, or the thread is a new fork.
         let kept = outcome.dropped > 0 || holdsUnstoredTurns || wasForked ? 0 : thread.history.count - 1
         do {
-            version = try await lease.commit(thread, kept: kept, after: wasForked ? nil : version, usage: outcome.usage)
+            version = try await lease.commit(thread, kept: kept, after: wasForked ? nil : version, usage: outcome.usage,
+                                             by: deadline)
             unstored.withLock { $0 = false }
+        } catch where error == .commitPastDeadline {
+            // Nothing was stored, so nothing is kept: the call reports its time limit.
+            conversation.revert(before.undo)
+            (usage, createdAt, updatedAt, forked) = (before.usage, before.createdAt, before.updatedAt, before.forked)
+            throw error
         } catch {
             // Kept in memory and answered: the caller is told.
             outcome.storeError = error.message

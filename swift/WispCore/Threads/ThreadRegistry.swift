@@ -237,8 +237,8 @@ public actor ThreadRegistry {
                 "list_threads shows the threads there are")
     }
 
-    /// The stored thread `id`, if there is one, read under a lease of its own (the store reads
-    /// off the pipe loop).
+    /// The stored thread `id` as committed, if there is one, read without its lease (the store
+    /// reads off the pipe loop, beside any writer).
     private func stored(_ id: String) async throws(WispError) -> StoredThread? {
         guard let store else { return nil }
         switch try await store.read(id) {
@@ -342,15 +342,18 @@ public actor ThreadRegistry {
         let after = try cursor.map { text throws(WispError) in try ListPlace(cursor: text) }
         let size = min(max(1, limit ?? ThreadViews.maxPage), ThreadViews.maxPage)
         let all = await store?.summaries(matching: nil, limit: store?.maxStored ?? 0) ?? []
-        let storedIDs = Set(all.map(\.id))
+        let storedVersions = Dictionary(all.map { ($0.id, $0.version) }, uniquingKeysWith: { a, _ in a })
         var rows: [(place: ListPlace, info: ThreadInfo)] = []
+        // Live threads another process stored since are listed (and searched) as stored.
+        var liveIDs = Set<String>()
         for (id, entry) in entries {
+            if let version = storedVersions[id], await entry.thread.isBehind(version) { continue }
+            liveIDs.insert(id)
             if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight,
-                                                             stored: storedIDs.contains(id)) {
+                                                             stored: storedVersions[id] != nil) {
                 rows.append((place, info))
             }
         }
-        let liveIDs = Set(entries.keys)
         if let query, let store {
             // The store finds the threads that hold every word (its full-text index); each found is
             // read to rank it as a live thread is ranked.
@@ -358,11 +361,11 @@ public actor ThreadRegistry {
                                               limit: store.maxStored)
             for s in found where !liveIDs.contains(s.id) {
                 guard let thread = try? await stored(s.id), let score = query.score(thread.history) else { continue }
-                rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), Self.info(s)))
+                rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), info(s)))
             }
         } else if query == nil {
             rows += all.filter { !liveIDs.contains($0.id) }.map {
-                (ListPlace(score: 0, updated: $0.updatedAt, id: $0.id), Self.info($0))
+                (ListPlace(score: 0, updated: $0.updatedAt, id: $0.id), info($0))
             }
         }
         rows.sort { $0.place < $1.place }
@@ -372,8 +375,9 @@ public actor ThreadRegistry {
         return (page.map(\.info), next)
     }
 
-    private static func info(_ s: ThreadSummary) -> ThreadInfo {
-        ThreadInfo(thread_id: s.id, turns: s.turns, pending: 0, live: false, stored: true,
+    private func info(_ s: ThreadSummary) -> ThreadInfo {
+        ThreadInfo(thread_id: s.id, turns: s.turns, pending: entries[s.id]?.inFlight ?? 0, live: entries[s.id] != nil,
+                   stored: true,
                    usage: UsageBody(totals: s.usage),
                    created_at: s.createdAt, updated_at: s.updatedAt,
                    first_prompt: s.turns > 0
@@ -392,7 +396,8 @@ public actor ThreadRegistry {
         try Self.validate(id)
         // A live thread whose first call is still running has no turns yet: it may be stored.
         if let entry = entries[id] {
-            let result = await entry.thread.read(last: last, maxBytes: maxBytes)
+            // Nil: another process closed it; it starts afresh here too.
+            guard let result = try await entry.thread.read(last: last, maxBytes: maxBytes) else { throw noThread(id) }
             if result.turns > 0 { return result }
         }
         if let thread = try await stored(id) {
@@ -400,9 +405,12 @@ public actor ThreadRegistry {
                                     history: thread.history,
                                     condensed: 0, last: last, maxBytes: maxBytes)
         }
-        throw WispError(.invalidArgument,
-                "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); " +
-                "list_threads shows the threads there are")
+        throw noThread(id)
+    }
+
+    private func noThread(_ id: String) -> WispError {
+        WispError(.invalidArgument,
+                "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
     }
 
     /// Stores, in the background, the threads holding turns the store missed (one task at a time;

@@ -32,6 +32,10 @@ public struct SQLiteError: Error, Sendable, CustomStringConvertible {
     /// Not SQLite's but the caller's finding that the file is not one it can use (a newer
     /// schema, say): handled as damage.
     public static func unusable(_ message: String) -> SQLiteError { SQLiteError(code: SQLITE_NOTADB, message: message) }
+    /// Not SQLite's: the caller's time ran out inside a transaction, which was rolled back.
+    public static let pastDeadline = SQLiteError(code: -1, message: "the time limit ran out before the commit")
+    public var isPastDeadline: Bool { code == -1 }
+
     /// The file could not be opened as the one asked for.
     public static func cannotOpen(_ message: String) -> SQLiteError {
         SQLiteError(code: SQLITE_CANTOPEN, message: message)
@@ -61,7 +65,7 @@ public struct SQLiteRow {
 /// One connection to one database file, with its prepared statements kept for reuse. Not
 /// Sendable: its owner serialises every use (SQLite's connections are not for two threads at once).
 public final class SQLiteDatabase {
-    private let handle: OpaquePointer
+    private var handle: OpaquePointer?
     private var statements: [String: OpaquePointer] = [:]
 
     /// Opens (creating when `create`) the file at `path`; a symlink in its place is refused.
@@ -81,9 +85,30 @@ public final class SQLiteDatabase {
         sqlite3_busy_timeout(db, busyTimeoutMs)
     }
 
-    deinit {
+    deinit { close() }
+
+    /// Closes the connection (its statements first); every later use fails as misuse.
+    public func close() {
         for s in statements.values { sqlite3_finalize(s) }
-        sqlite3_close_v2(handle)
+        statements = [:]
+        if let handle { sqlite3_close_v2(handle) }
+        handle = nil
+    }
+
+    /// Copies every committed transaction from the write-ahead log into the database file and
+    /// empties the log, so that the file alone holds them; waits at most `waitMs` for readers or
+    /// a writer in another process. True when the whole log went in.
+    public func checkpoint(waitMs: Int32) -> Bool {
+        guard let handle else { return false }
+        sqlite3_busy_timeout(handle, waitMs)
+        var logged: Int32 = 0, copied: Int32 = 0
+        let rc = sqlite3_wal_checkpoint_v2(handle, nil, SQLITE_CHECKPOINT_TRUNCATE, &logged, &copied)
+        return rc == SQLITE_OK && logged <= copied
+    }
+
+    /// How long a statement waits for another connection's lock before it fails busy.
+    public func setBusyTimeout(ms: Int32) {
+        if let handle { sqlite3_busy_timeout(handle, max(0, ms)) }
     }
 
     /// SQLITE_OPEN_NOFOLLOW (3.31); the macOS SDK and Debian 12 both have it.
@@ -96,11 +121,12 @@ public final class SQLiteDatabase {
     /// removes a file by its path (the directory's path may name another directory by then).
     public func persistWAL() {
         var on: Int32 = 1
-        sqlite3_file_control(handle, "main", SQLITE_FCNTL_PERSIST_WAL, &on)
+        if let handle { sqlite3_file_control(handle, "main", SQLITE_FCNTL_PERSIST_WAL, &on) }
     }
 
     /// Runs statements that take no parameters (schema, pragmas, BEGIN/COMMIT).
     public func execute(_ sql: String) throws(SQLiteError) {
+        let handle = try open()
         var message: UnsafeMutablePointer<CChar>?
         let rc = sqlite3_exec(handle, sql, nil, nil, &message)
         guard rc == SQLITE_OK else {
@@ -144,16 +170,30 @@ public final class SQLiteDatabase {
             try execute("COMMIT")
             return value
         } catch {
-            if sqlite3_get_autocommit(handle) == 0 { try? execute("ROLLBACK") }
+            if let handle, sqlite3_get_autocommit(handle) == 0 { try? execute("ROLLBACK") }
             throw error
         }
     }
 
+    /// `body`'s reads in one snapshot (a deferred transaction, never a write: in WAL mode it waits
+    /// for no writer).
+    public func reading<T>(_ body: () throws(SQLiteError) -> T) throws(SQLiteError) -> T {
+        try execute("BEGIN")
+        defer { try? execute("COMMIT") }
+        return try body()
+    }
+
     /// Rows changed by the last statement.
-    public var changes: Int { Int(sqlite3_changes(handle)) }
+    public var changes: Int { handle.map { Int(sqlite3_changes($0)) } ?? 0 }
+
+    private func open() throws(SQLiteError) -> OpaquePointer {
+        guard let handle else { throw SQLiteError(code: SQLITE_MISUSE, message: "the database connection is closed") }
+        return handle
+    }
 
     private func prepared(_ sql: String) throws(SQLiteError) -> OpaquePointer {
         if let s = statements[sql] { return s }
+        let handle = try open()
         var s: OpaquePointer?
         let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &s, nil)
         guard rc == SQLITE_OK, let s else { throw error(rc) }
@@ -162,6 +202,7 @@ public final class SQLiteDatabase {
     }
 
     private func error(_ rc: Int32, _ text: String? = nil) -> SQLiteError {
+        guard let handle else { return SQLiteError(code: rc, message: text ?? "the database connection is closed") }
         var message = text ?? String(cString: sqlite3_errmsg(handle))
         let os = sqlite3_system_errno(handle)
         if os != 0 { message += " (\(String(cString: strerror(os))))" }

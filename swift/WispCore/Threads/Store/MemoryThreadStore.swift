@@ -38,8 +38,12 @@ public final class MemoryThreadStore: ThreadStore {
     public struct Faults: Sendable {
         /// Runs before each lease is taken (a slow or hung store, simulated).
         public var beforeLease: @Sendable (_ id: String) async -> Void = { _ in }
-        public init(beforeLease: @escaping @Sendable (_ id: String) async -> Void = { _ in }) {
+        /// Runs inside each commit, before it is decided (a write that waits on a lock, simulated).
+        public var duringCommit: @Sendable (_ id: String) async -> Void = { _ in }
+        public init(beforeLease: @escaping @Sendable (_ id: String) async -> Void = { _ in },
+                    duringCommit: @escaping @Sendable (_ id: String) async -> Void = { _ in }) {
             self.beforeLease = beforeLease
+            self.duringCommit = duringCommit
         }
     }
 
@@ -81,6 +85,13 @@ public final class MemoryThreadStore: ThreadStore {
         return Lease(id: id, store: self)
     }
 
+    public func read(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded {
+        guard let row = rows.withLock({ $0[id] }) else { return .none }
+        return seen?.value == row.version ? .unchanged : .loaded(row.thread, StoreVersion(row.version))
+    }
+
+    public func close() {}
+
     public func summaries(matching query: String?, limit: Int) async -> [ThreadSummary] {
         let words = Self.words(query).map { $0.lowercased() }
         return rows.withLock { rows in
@@ -92,7 +103,7 @@ public final class MemoryThreadStore: ThreadStore {
                 ThreadSummary(id: id, turns: row.thread.history.count, createdAt: row.createdAt,
                               updatedAt: row.updatedAt, firstPrompt: row.thread.history.first?.prompt ?? "",
                               lastReply: row.thread.history.last?.response ?? "", usage: row.usage,
-                              instructions: row.thread.instructions)
+                              instructions: row.thread.instructions, version: StoreVersion(row.version))
             }
         }
     }
@@ -111,12 +122,13 @@ public final class MemoryThreadStore: ThreadStore {
         init(id: String, store: MemoryThreadStore) { self.id = id; self.store = store }
 
         func load(unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded {
-            guard let row = store.rows.withLock({ $0[id] }) else { return .none }
-            return seen?.value == row.version ? .unchanged : .loaded(row.thread, StoreVersion(row.version))
+            try await store.read(id, unlessAt: seen)
         }
 
         func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
-                    usage: Usage) async throws(WispError) -> StoreVersion {
+                    usage: Usage, by deadline: Double?) async throws(WispError) -> StoreVersion {
+            await store.faults.duringCommit(id)
+            if let deadline, monotonicSeconds() >= deadline { throw .commitPastDeadline }
             try store.write()
             let version = store.clock.withLock { $0 += 1; return $0 }
             let now = Double(version)

@@ -9,7 +9,13 @@ import WispInfrastructure
 /// - A lease (`ThreadStore`) is this process's `LeaseTable` entry plus a byte-range lock on one
 ///   byte of `threads.leases` (`StateDirectory`), which the kernel drops when a process dies, so
 ///   no lease outlives its holder. Writers of different threads wait for each other only inside
-///   SQLite's write lock (one transaction, milliseconds; `busyTimeout` at most).
+///   SQLite's write lock (one transaction, milliseconds; `busyTimeout` at most, and never past
+///   the call's deadline: a commit that cannot end by then is rolled back).
+/// - Reads (`read`, `summaries`, and a lease's `load`) have a connection of their own and take no
+///   lease: in WAL mode a reader sees the last committed state beside a writer in this process or
+///   another, so no read waits for a write.
+/// - `close`, on every way the process ends, checkpoints the log into `threads.db` and empties
+///   it: after a clean stop the database file alone holds every answered turn.
 /// - The database is opened once, at start, through the directory `StateDirectory` checked; its
 ///   files are then reached only through SQLite's open descriptors (WAL kept on close, so that
 ///   closing removes nothing by path), and every write first checks the directory's path still
@@ -27,11 +33,16 @@ public final class SQLiteThreadStore: ThreadStore {
     static let maxValueBytes: Int32 = 64 * 1024 * 1024
     /// How long a writer waits for another process's transaction.
     static let busyTimeoutMs: Int32 = 5000
+    /// What a commit keeps for its COMMIT (the log's sync) before its call's deadline: one that
+    /// has not begun it by then is rolled back rather than stored after the caller heard `timeout`.
+    static let commitTime = 0.1
 
     public var location: String { directory.path }
     public let maxStored: Int
     let directory: StateDirectory
-    private let db: Exclusive<SQLiteDatabase>
+    /// Writes (and moving a thread aside); reads have `reader`, so that none queues behind a write.
+    private let writer: Exclusive<SQLiteDatabase>
+    private let reader: Exclusive<SQLiteDatabase>
     private let fullText: Bool
     private let log: Log
     private let health: StoreHealth
@@ -54,8 +65,11 @@ public final class SQLiteThreadStore: ThreadStore {
                 + "(tried every \(StoreHealth.retryInterval))")
         }
         let opened: (SQLiteDatabase, Bool)
+        let reading: SQLiteDatabase
         do {
-            opened = try Self.open(directory)
+            let end = ContinuousClock.now + .milliseconds(Int(Self.busyTimeoutMs))
+            opened = try Self.untilNotBusy(end) { () throws(SQLiteError) in try Self.open(directory) }
+            reading = try Self.untilNotBusy(end) { () throws(SQLiteError) in try Self.openReader(directory) }
         } catch {
             if error.message.hasPrefix(Self.newer) {
                 throw Self.setAside(directory, tag: "newer", "was written by \(error.message)", log)
@@ -63,7 +77,8 @@ public final class SQLiteThreadStore: ThreadStore {
             if error.isDamaged { throw Self.setAside(directory, tag: "damaged", "is damaged (\(error.message))", log) }
             throw StateDirectory.unusable(dir, "its database \(Self.fileName) cannot be opened: \(error.message)")
         }
-        db = Exclusive(opened.0)
+        writer = Exclusive(opened.0)
+        reader = Exclusive(reading)
         fullText = opened.1
         ThreadFiles.importAll(from: directory, into: self, log: log)
     }
@@ -84,6 +99,29 @@ public final class SQLiteThreadStore: ThreadStore {
 
     private static let newer = "a newer wisp"
 
+    /// `body` tried again while busy until `end`: two wisps opening one new database at once meet
+    /// where SQLite's busy handler does not wait (the switch to the write-ahead log, its first
+    /// reading), so the opening is what waits.
+    private static func untilNotBusy<T>(_ end: ContinuousClock.Instant,
+                                        _ body: () throws(SQLiteError) -> sending T) throws(SQLiteError) -> sending T {
+        while true {
+            do {
+                return try body()
+            } catch where error.isBusy && ContinuousClock.now < end {
+                usleep(20_000)
+            }
+        }
+    }
+
+    /// The readers' connection, opened once the schema is ready.
+    private static func openReader(_ directory: StateDirectory) throws(SQLiteError) -> SQLiteDatabase {
+        let db = try SQLiteDatabase(path: directory.path + "/" + fileName, create: false, maxLength: maxValueBytes,
+                                    busyTimeoutMs: busyTimeoutMs)
+        guard directory.agrees(fileName) else { throw .cannotOpen("the directory changed while it was opened") }
+        db.persistWAL()
+        return db
+    }
+
     /// A database that cannot be trusted, moved aside with its WAL files; the error says so.
     private static func setAside(_ directory: StateDirectory, tag: String, _ why: String, _ log: Log) -> WispError {
         let moved = [fileName, fileName + "-wal", fileName + "-shm"].map { directory.moveAside($0, tag: tag) }
@@ -102,13 +140,18 @@ public final class SQLiteThreadStore: ThreadStore {
         try await offPipeLoop(work)
     }
 
-    /// `body` on the connection. A damaged database is set aside for good: threads are served in
-    /// memory from then on.
-    private func withDB<T: Sendable>(_ body: (SQLiteDatabase) throws(SQLiteError) -> T) throws(WispError) -> T {
+    /// `body` on the writer's connection, or with `reading` the readers'. A damaged database is
+    /// set aside for good: threads are served in memory from then on.
+    private func withDB<T: Sendable>(reading: Bool = false,
+                                     _ body: (SQLiteDatabase) throws(SQLiteError) -> T) throws(WispError) -> T {
         if let why = broken.withLock({ $0 }) { throw WispError(.internal, inMemoryNote(why)) }
         do {
-            return try db.withLock { (db: inout sending SQLiteDatabase) throws(SQLiteError) -> T in try body(db) }
+            let connection = reading ? reader : writer
+            return try connection.withLock { (db: inout sending SQLiteDatabase) throws(SQLiteError) -> T in
+                try body(db)
+            }
         } catch {
+            if error.isPastDeadline { throw .commitPastDeadline }
             guard error.isDamaged else { throw WispError(.internal, error.message) }
             let first = broken.withLock { b -> Bool in defer { b = b ?? "its database is damaged" }; return b == nil }
             if first { _ = Self.setAside(directory, tag: "damaged", "is damaged (\(error.message))", log) }
@@ -129,6 +172,8 @@ public final class SQLiteThreadStore: ThreadStore {
             if health.worked() { recovered() }
             return value
         } catch {
+            // A call out of time is no fault of the store's.
+            if error == .commitPastDeadline { throw error }
             if broken.withLock({ $0 }) == nil { health.failed(error.message) }
             throw WispError(.internal, inMemoryNote(trouble ?? error.message))
         }
@@ -166,8 +211,10 @@ public final class SQLiteThreadStore: ThreadStore {
         let words = Self.words(query)
         let hidden = closedMeanwhile.withLock { $0 }
         let found = try? await blocking { () throws(WispError) -> [ThreadSummary] in
-            try self.withDB { db throws(SQLiteError) in
-                try StoreSchema.summaries(db, fullText: self.fullText, words: words, limit: limit)
+            try self.withDB(reading: true) { db throws(SQLiteError) in
+                try db.reading { () throws(SQLiteError) in
+                    try StoreSchema.summaries(db, fullText: self.fullText, words: words, limit: limit)
+                }
             }
         }
         return (found ?? []).filter { !hidden.contains($0.id) }
@@ -180,19 +227,56 @@ public final class SQLiteThreadStore: ThreadStore {
         }
     }
 
+    public func read(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded {
+        try await blocking { () throws(WispError) -> Loaded in
+            switch try self.committed(id, unlessAt: seen) {
+            case .success(let loaded): return loaded
+            case .failure(let e):
+                throw WispError(.internal, "stored thread '\(id)' could not be read: \(e.why); the next call on it "
+                                + "sets it aside and starts the thread afresh")
+            }
+        }
+    }
+
+    public func close() {
+        let first = broken.withLock { b -> Bool in defer { b = b ?? "wisp is stopping" }; return b == nil }
+        guard first else { return }
+        // The reader first: a checkpoint cannot pass a snapshot a reader of this process holds.
+        reader.withLock { (db: inout sending SQLiteDatabase) in db.close() }
+        let whole = writer.withLock { (db: inout sending SQLiteDatabase) -> Bool in
+            defer { db.close() }
+            return db.checkpoint(waitMs: Self.closeWaitMs)
+        }
+        if !whole {
+            log(.warning, "state dir \(location): \(Self.fileName)'s log could not be folded in at exit (another "
+                + "wisp reads it); the next wisp to stop does it, and no answered turn is lost meanwhile")
+        }
+    }
+
+    /// How long the exit's checkpoint waits for another process's reader or writer.
+    static let closeWaitMs: Int32 = 1000
+
     // MARK: reading and writing one thread (under its lease)
 
     fileprivate func load(_ id: String, unlessAt seen: StoreVersion?) throws(WispError) -> Loaded {
-        if closedMeanwhile.withLock({ $0.contains(id) }) { return .none }
         let read: Result<Loaded, Unreadable>
         do {
-            read = try withDB { db throws(SQLiteError) in try Self.read(db, id, unlessAt: seen) }
+            read = try committed(id, unlessAt: seen)
         } catch {
             return .unavailable(error.message)
         }
         switch read {
         case .success(let loaded): return loaded
         case .failure(let e): throw corrupt(id, e.why)
+        }
+    }
+
+    /// Thread `id` as last committed, on the readers' connection (one snapshot).
+    private func committed(_ id: String,
+                           unlessAt seen: StoreVersion?) throws(WispError) -> Result<Loaded, Unreadable> {
+        if closedMeanwhile.withLock({ $0.contains(id) }) { return .success(.none) }
+        return try withDB(reading: true) { db throws(SQLiteError) in
+            try db.reading { () throws(SQLiteError) in try Self.read(db, id, unlessAt: seen) }
         }
     }
 
@@ -247,14 +331,36 @@ public final class SQLiteThreadStore: ThreadStore {
     }
 
     fileprivate func commit(_ id: String, _ thread: StoredThread, kept: Int, after seen: StoreVersion?, usage: Usage,
-                            written: Double = Date().timeIntervalSince1970) throws(WispError) -> StoreVersion {
+                            by deadline: Double?) throws(WispError) -> StoreVersion {
+        let written = Date().timeIntervalSince1970
         let version = try write { db throws(SQLiteError) -> Int64 in
-            try db.transaction { () throws(SQLiteError) -> Int64 in
+            try Self.inTime(db, by: deadline.map { $0 - Self.commitTime }) { () throws(SQLiteError) -> Int64 in
                 try self.store(db, id, thread, kept: kept, after: seen, usage: usage, at: written)
             }
         }
         _ = closedMeanwhile.withLock { $0.remove(id) }
         return StoreVersion(version)
+    }
+
+    /// `body` in one transaction that is committed only if it can begin its COMMIT by `lastStart`
+    /// (`monotonicSeconds()`): the wait for the write lock ends then, and a transaction that is
+    /// not done by then is rolled back (`SQLiteError.pastDeadline`).
+    private static func inTime<T>(_ db: SQLiteDatabase, by lastStart: Double?,
+                                  _ body: () throws(SQLiteError) -> T) throws(SQLiteError) -> T {
+        guard let lastStart else { return try db.transaction(body) }
+        let left = (lastStart - monotonicSeconds()) * 1000
+        guard left > 0 else { throw .pastDeadline }
+        db.setBusyTimeout(ms: Int32(min(Double(busyTimeoutMs), left)))
+        defer { db.setBusyTimeout(ms: busyTimeoutMs) }
+        do {
+            return try db.transaction { () throws(SQLiteError) -> T in
+                let value = try body()
+                if monotonicSeconds() >= lastStart { throw .pastDeadline }
+                return value
+            }
+        } catch where error.isBusy && monotonicSeconds() >= lastStart {
+            throw .pastDeadline
+        }
     }
 
     /// One thread's write, inside the caller's transaction.
@@ -368,9 +474,9 @@ public final class SQLiteThreadStore: ThreadStore {
         }
 
         func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
-                    usage: Usage) async throws(WispError) -> StoreVersion {
+                    usage: Usage, by deadline: Double?) async throws(WispError) -> StoreVersion {
             try await store.blocking { () throws(WispError) -> StoreVersion in
-                try self.store.commit(self.id, thread, kept: kept, after: seen, usage: usage)
+                try self.store.commit(self.id, thread, kept: kept, after: seen, usage: usage, by: deadline)
             }
         }
 

@@ -94,7 +94,7 @@ enum StoreSchema {
                 + "OR instr(lower(response), lower(?1)))"
         let conditions = ["id NOT LIKE '!%'"] + words.map { _ in each }
         let sql = "SELECT id, turns, created_at, updated_at, first_prompt, last_reply, "
-            + "input_tokens, output_tokens, reasoning_tokens, instructions FROM threads "
+            + "input_tokens, output_tokens, reasoning_tokens, instructions, version FROM threads "
             + "WHERE \(conditions.joined(separator: " AND ")) "
             + "ORDER BY updated_at DESC LIMIT \(max(0, limit))"
         let values = words.map { w in
@@ -105,7 +105,8 @@ enum StoreSchema {
             out.append(ThreadSummary(id: r.text(0) ?? "", turns: Int(max(0, r.int(1) ?? 0)),
                                      createdAt: r.double(2) ?? 0, updatedAt: r.double(3) ?? 0,
                                      firstPrompt: r.text(4) ?? "", lastReply: r.text(5) ?? "",
-                                     usage: usage(r, from: 6), instructions: r.text(9)))
+                                     usage: usage(r, from: 6), instructions: r.text(9),
+                                     version: r.int(10).map(StoreVersion.init)))
         }
         return out
     }

@@ -25,26 +25,23 @@ public protocol ThreadStore: AnyObject, Sendable {
     var maxStored: Int { get }
     /// Takes the lease on thread `id`, waiting a while for another holder (then `busy`).
     func lease(_ id: String) async throws(WispError) -> any ThreadLease
+    /// Thread `id` as committed now, unless at version `seen`, read without its lease and beside
+    /// any write (a fork's source, a listing's or a reading's thread): a reader never waits for a
+    /// writer. A stored thread that does not read is an error saying so (it is set aside by the
+    /// next call that leases it).
+    func read(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded
     /// Stored threads, most recently updated first; with `matching`, only those whose prompts or
     /// replies hold each of its words. At most `limit`.
     func summaries(matching query: String?, limit: Int) async -> [ThreadSummary]
+    /// The process ends: everything committed goes into the store's durable form (for SQLite, the
+    /// database file alone), and the store lets its resources go. Waits a bounded time; nothing
+    /// is stored after it.
+    func close()
 }
 
 extension ThreadStore {
-    /// Thread `id` as stored, unless at version `seen`, read under a lease of its own (a fork's
-    /// source, a listing's or a reading's thread, none of whose calls runs here).
-    public func read(_ id: String, unlessAt seen: StoreVersion? = nil) async throws(WispError) -> Loaded {
-        let lease = try await self.lease(id)
-        let found: Loaded
-        do {
-            found = try await lease.load(unlessAt: seen)
-        } catch {
-            await lease.release()
-            throw error
-        }
-        await lease.release()
-        return found
-    }
+    /// Thread `id` as committed now.
+    public func read(_ id: String) async throws(WispError) -> Loaded { try await read(id, unlessAt: nil) }
 
     /// Deletes a stored thread, under a lease of its own; true when one was stored.
     public func delete(_ id: String) async throws(WispError) -> Bool {
@@ -77,8 +74,11 @@ public protocol ThreadLease: AnyObject, Sendable {
     /// store is not at `seen`, it writes the thread whole); `usage` is what this turn cost, added
     /// to the thread's totals. Returns the new version. A store that cannot take it throws an
     /// error whose message says so for the reply (`store_error`): the turn is kept in memory.
+    /// `deadline` (`monotonicSeconds()`): the call's time limit, which covers the commit: one that
+    /// cannot be done by then (another process holds the store's write lock, say) is rolled back
+    /// and throws `WispError.commitPastDeadline`; nothing of it is stored.
     func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
-                usage: Usage) async throws(WispError) -> StoreVersion
+                usage: Usage, by deadline: Double?) async throws(WispError) -> StoreVersion
     /// Deletes the stored thread; true when one was stored.
     @discardableResult
     func delete() async throws(WispError) -> Bool
@@ -87,6 +87,20 @@ public protocol ThreadLease: AnyObject, Sendable {
     func setAside(_ why: String) async -> WispError
     /// Lets the lease go. Called once, by its holder.
     func release() async
+}
+
+extension WispError {
+    /// A turn whose commit could not end within its call's time limit: not kept anywhere.
+    public static let commitPastDeadline = WispError(
+        .timeout, "the call's time limit ran out while its turn was being stored; the turn was not kept")
+}
+
+extension ThreadLease {
+    /// A commit with no time limit (an import, a thread stored again once the store works).
+    public func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
+                       usage: Usage) async throws(WispError) -> StoreVersion {
+        try await commit(thread, kept: kept, after: seen, usage: usage, by: nil)
+    }
 }
 
 /// A stored thread: its binding and its whole history.
@@ -135,12 +149,15 @@ public struct ThreadSummary: Sendable, Equatable {
     public let usage: Usage
     /// Its instructions, whole (a listing shortens them).
     public let instructions: String?
+    /// The version stored (a live thread behind it is listed from the store).
+    public let version: StoreVersion?
     /// How much of a prompt or reply a summary carries, in bytes of UTF-8.
     public static let previewLength = 200
 
     public init(id: String, turns: Int, createdAt: Double, updatedAt: Double, firstPrompt: String, lastReply: String,
-                usage: Usage, instructions: String? = nil) {
+                usage: Usage, instructions: String? = nil, version: StoreVersion? = nil) {
         self.instructions = instructions
+        self.version = version
         self.id = id
         self.turns = turns
         self.createdAt = createdAt
