@@ -828,7 +828,8 @@ async def durable(calls: int, repeats: int, resume_repeats: int) -> dict[str, An
                     lists.append((time.perf_counter() - t) * 1e3)
                 assert len(first["threads"]) == 20 and first.get("next_cursor"), first
                 assert len({x["thread_id"] for x in threads}) == 1000 and walked == 10, (len(threads), walked)
-        log(f"list_threads over 1000 stored threads: first page {median(pages):.2f} ms, all 10 pages {median(lists):.2f} ms")
+        log(f"list_threads over 1000 stored threads: first page {median(pages):.2f} ms, "
+            f"all 10 pages {median(lists):.2f} ms")
     finally:
         shutil.rmtree(state, ignore_errors=True)
     return {
