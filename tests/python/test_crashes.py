@@ -15,7 +15,7 @@ import anyio
 import psutil
 import pytest
 
-from harness import call, children, core_pids, error_text, fake_core_binary, fake_core_starts, ok, shim_env, stub_core, wait_for, wisp
+from harness import call, children, core_pids, error_text, fake_core_binary, fake_core_starts, ok, shim_env, stub_core, until_pending, wait_for, wisp
 
 
 
@@ -24,7 +24,7 @@ async def test_crash_fails_pending_calls_restarts_and_reports_lost_threads():
         alive = ok(await c.call_tool("respond", {"prompt": "keep me", "thread_id": "alive"}))
         assert alive["created"]
         slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 10000 slow", "thread_id": "slow"}))
-        await asyncio.sleep(0.3)
+        await until_pending(c, "slow")
         start = time.monotonic()
         crash = await c.call_tool("respond", {"prompt": "!crash", "thread_id": "doomed"})
         msg = error_text(crash)
