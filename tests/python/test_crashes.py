@@ -15,7 +15,8 @@ import anyio
 import psutil
 import pytest
 
-from harness import call, children, core_pids, error_text, fake_core_binary, fake_core_starts, ok, shim_env, stub_core, until_pending, wait_for, wisp
+from harness import (call, children, core_pids, error_text, fake_core_binary, fake_core_starts, ok, shim_env, stub_core,
+                     until_pending, wait_for, wisp)
 
 
 
@@ -116,7 +117,7 @@ async def test_the_time_limit_holds_while_the_core_is_stopped():
         core = psutil.Process(core_pids(c)[-1])
         call = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 3000 slow", "thread_id": "t"}))
         start = time.monotonic()
-        await asyncio.sleep(0.3)
+        await until_pending(c, "t")
         core.suspend()
         try:
             msg = error_text(await asyncio.wait_for(call, 10))
@@ -182,7 +183,8 @@ async def test_kill_9_of_the_core_mid_call():
             return r
 
         calls = [asyncio.create_task(slow(f"busy-{i}")) for i in range(3)]
-        await asyncio.sleep(0.5)
+        for i in range(3):
+            await until_pending(c, f"busy-{i}")
         os.kill(core, signal.SIGKILL)
         killed = time.monotonic()
         results = await asyncio.wait_for(asyncio.gather(*calls), 10)
