@@ -96,7 +96,7 @@ async def test_a_thread_closed_while_a_call_runs_is_not_reported_lost_later():
                 results.append(ok(await c.call_tool("respond", {"prompt": "!sleep 600 busy", "thread_id": "x"})))
 
             tg.start_soon(slow)
-            await anyio.sleep(0.2)
+            await until_pending(c, "x")
             assert ok(await c.call_tool("close_thread", {"thread_id": "x"}))["closed"] is True
         assert results[0]["text"] == "echo 2: !sleep 600 busy"  # an accepted call still finishes
         error_text(await c.call_tool("respond", {"prompt": "!crash", "thread_id": "other"}))
