@@ -11,7 +11,7 @@ BACKEND ?= auto
 ARGS    ?=
 
 .PHONY: build core facts venv local-model local-model-native run serve check test test-swift test-python check-apple \
-	check-portable bench stress fuzz sanitize clean
+	check-portable bench bench-smoke stress fuzz sanitize clean
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
 # first install the default local model (see local-model), which the shim then starts itself.
@@ -87,8 +87,8 @@ check:
 	@$(MAKE) -j3 --no-print-directory $(RUN_DEPS) >&2
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
-## test: Swift unit tests, then the end-to-end Python suite against the release core
-test: check-apple check-portable test-swift test-python
+## test: Swift unit tests, the end-to-end Python suite against the release core, a smoke of the echo bench sections
+test: check-apple check-portable test-swift test-python bench-smoke
 
 # In parallel, as plain `swift test` runs: the tests prove overlap and order by meeting points
 # and recorded sequences, not by the clock, so a loaded machine slows them but fails none.
@@ -110,6 +110,14 @@ check-apple:
 ## bench: wisp's cost next to a bare SDK server, measured in one run (about 5 min, plus about 30 for the long-thread sections when the local model is installed; `bench/run.py --only SECTION ...` for a part); writes bench/results/latest.json
 bench: build $(TEST_VENV)
 	$(VPY) bench/run.py
+
+## bench-smoke: every echo-backend bench section once with tiny counts (`bench/run.py --quick`, about
+# 1 min on 2 vCPUs): it must run to the end without an error; its figures are too rough to keep, so
+# they go to .build, not bench/results. The local model's sections are left out: even --quick they
+# take about 1.5 min, and the long-thread ones about 17 (`make bench` runs them).
+SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops
+bench-smoke: build $(TEST_VENV)
+	$(VPY) bench/run.py --quick --only $(SMOKE_SECTIONS) --out .build/bench-smoke.json
 
 ## stress: 10,000 respond calls over 64 thread ids, capacity 32, 50 in flight; prints its figures
 stress: build $(TEST_VENV)

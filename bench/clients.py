@@ -5,6 +5,7 @@
 - `RawClient`: newline-delimited JSON-RPC over a child's pipes, with many requests in flight.
   Used where the client library would be the bottleneck (10,000 create/close cycles) or would
   blur the figure (cold start), and where the server's pid is needed (RSS).
+- `all_threads`: every thread `list_threads` lists, page after page, through either client.
 - `rss_kb`: resident memory of a process and all its descendants, from /proc.
 """
 
@@ -91,6 +92,23 @@ async def mcp_client(argv: list[str], counter: dict[str, int] | None = None, env
 async def _counting(transport: Any, counter: dict[str, int]):
     async with transport as (read, write):
         yield read, _CountingWrite(write, counter)
+
+
+async def all_threads(call: Any, page: int = 100) -> tuple[list[dict], int]:
+    """Every thread `list_threads` lists, following `next_cursor`, and how many pages it took.
+
+    `call(arguments)` returns one listing's structured content: the bench counts threads, and
+    a listing gives at most `page` (at most 100) a call."""
+    threads: list[dict] = []
+    args: dict[str, Any] = {"limit": page}
+    pages = 0
+    while True:
+        out = await call(args)
+        pages += 1
+        threads += out["threads"]
+        if not out.get("next_cursor"):
+            return threads, pages
+        args = {"limit": page, "cursor": out["next_cursor"]}
 
 
 # --- a raw JSON-RPC client --------------------------------------------------------------

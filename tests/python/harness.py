@@ -215,6 +215,24 @@ async def wait_for(predicate, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
+async def until_pending(client, thread_id: str, calls: int = 1, since_turns: int | None = None,
+                        timeout: float = 30) -> None:
+    """Wait until the core holds `calls` calls on `thread_id` (running or queued: its `pending` in
+    `list_threads`), so that a call sent without awaiting it has reached its thread before the
+    test acts on it; a rendezvous on what the core reports, not a guess of how long that takes.
+    With `since_turns` (the thread's turns before the calls), calls already answered count too,
+    for calls short enough to end before a listing sees them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listing = ok(await client.call_tool("list_threads", {"limit": 100}))
+        found = [t["pending"] + (t["turns"] - since_turns if since_turns is not None else 0)
+                 for t in listing["threads"] if t["thread_id"] == thread_id]
+        if found and found[0] >= calls:
+            return
+        assert time.monotonic() < deadline, f"{thread_id} never had {calls} call(s) pending: {found}"
+        await asyncio.sleep(0.02)
+
+
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE

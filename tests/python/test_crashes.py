@@ -15,7 +15,8 @@ import anyio
 import psutil
 import pytest
 
-from harness import call, children, core_pids, error_text, fake_core_binary, fake_core_starts, ok, shim_env, stub_core, wait_for, wisp
+from harness import (call, children, core_pids, error_text, fake_core_binary, fake_core_starts, ok, shim_env, stub_core,
+                     until_pending, wait_for, wisp)
 
 
 
@@ -24,7 +25,7 @@ async def test_crash_fails_pending_calls_restarts_and_reports_lost_threads():
         alive = ok(await c.call_tool("respond", {"prompt": "keep me", "thread_id": "alive"}))
         assert alive["created"]
         slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 10000 slow", "thread_id": "slow"}))
-        await asyncio.sleep(0.3)
+        await until_pending(c, "slow")
         start = time.monotonic()
         crash = await c.call_tool("respond", {"prompt": "!crash", "thread_id": "doomed"})
         msg = error_text(crash)
@@ -95,7 +96,7 @@ async def test_a_thread_closed_while_a_call_runs_is_not_reported_lost_later():
                 results.append(ok(await c.call_tool("respond", {"prompt": "!sleep 600 busy", "thread_id": "x"})))
 
             tg.start_soon(slow)
-            await anyio.sleep(0.2)
+            await until_pending(c, "x")
             assert ok(await c.call_tool("close_thread", {"thread_id": "x"}))["closed"] is True
         assert results[0]["text"] == "echo 2: !sleep 600 busy"  # an accepted call still finishes
         error_text(await c.call_tool("respond", {"prompt": "!crash", "thread_id": "other"}))
@@ -116,7 +117,7 @@ async def test_the_time_limit_holds_while_the_core_is_stopped():
         core = psutil.Process(core_pids(c)[-1])
         call = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 3000 slow", "thread_id": "t"}))
         start = time.monotonic()
-        await asyncio.sleep(0.3)
+        await until_pending(c, "t")
         core.suspend()
         try:
             msg = error_text(await asyncio.wait_for(call, 10))
@@ -182,7 +183,8 @@ async def test_kill_9_of_the_core_mid_call():
             return r
 
         calls = [asyncio.create_task(slow(f"busy-{i}")) for i in range(3)]
-        await asyncio.sleep(0.5)
+        for i in range(3):
+            await until_pending(c, f"busy-{i}")
         os.kill(core, signal.SIGKILL)
         killed = time.monotonic()
         results = await asyncio.wait_for(asyncio.gather(*calls), 10)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, core_path, core_pids, error_text, ok, shim_env, text_of, wait_for, wisp
+from harness import REPO, core_path, core_pids, error_text, ok, shim_env, text_of, until_pending, wait_for, wisp
 
 sys.path.insert(0, str(REPO / "python"))
 from wisp_shim import protocol  # noqa: E402
@@ -98,7 +98,7 @@ async def test_kill_9_of_the_core_between_and_during_calls_loses_no_thread(tmp_p
 
         # Mid-call: the running call fails, its thread keeps every turn answered before it.
         slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 20000 slow", "thread_id": "y"}))
-        await asyncio.sleep(0.5)
+        await until_pending(c, "y")
         os.kill(core_pids(c)[-1], signal.SIGKILL)
         failed = error_text(await asyncio.wait_for(slow, 10))
         assert failed.startswith("core_crashed") and "is stored" in failed, failed

@@ -29,7 +29,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from harness import REPO, error_text, ok, running, shim_command, shim_env, text_of
+from harness import REPO, error_text, ok, running, shim_command, shim_env, text_of, until_pending
 
 MODES = ("legacy", "2026-07-28")  # 2025-11-25 with a session; 2026-07-28 without
 ACCEPT = "application/json, text/event-stream"
@@ -618,7 +618,7 @@ async def test_a_core_killed_mid_call_loses_its_threads_or_nothing_with_a_state_
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(running_call)
-                await anyio.sleep(0.5)
+                await until_pending(b, "running")
                 os.kill(core, signal.SIGKILL)
             assert error_text(crashed).startswith("core_crashed:")
             later = await a.call_tool("respond", {"prompt": "still there?", "thread_id": "kept"})
@@ -678,7 +678,8 @@ async def test_one_clients_slow_calls_do_not_hold_up_another_clients_calls():
             async with anyio.create_task_group() as tg:
                 for i in range(6):
                     tg.start_soon(slow.call_tool, "respond", {"prompt": "!sleep 3000 slow", "thread_id": f"slow-{i}"})
-                await anyio.sleep(0.3)
+                for i in range(6):
+                    await until_pending(quick, f"slow-{i}")
                 start = time.monotonic()
                 for n in range(2, 12):
                     assert ok(await quick.call_tool("respond", {"prompt": "quick", "thread_id": "q"}))["text"] == f"echo {n}: quick"

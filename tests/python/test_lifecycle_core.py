@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from harness import error_text, ok, wisp
+from harness import error_text, ok, until_pending, wisp
 
 
 def _core_pid(client) -> int:
@@ -43,7 +43,7 @@ async def test_a_turn_past_its_time_limit_is_not_kept_when_a_stopped_core_resume
         assert ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))["text"] == "echo 1: one"
         core = _core_pid(c)
         slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 300 two", "thread_id": "t"}))
-        await asyncio.sleep(0.15)  # the core has the call and is sleeping in it
+        await until_pending(c, "t")  # the core has the call and is sleeping in it
         os.kill(core, signal.SIGSTOP)
         try:
             # Past the 1 s limit: on resume the answer is ready at once, and the deadline long gone.

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from harness import error_text, ok, shim_env, wisp
+from harness import error_text, ok, shim_env, until_pending, wisp
 from openai_stub import OpenAIStub, StubConfig
 
 
@@ -194,7 +194,7 @@ async def test_progress_names_the_calls_ahead_in_the_threads_queue():
         tid = ok(await c.call_tool("respond", {"prompt": "first"}))["thread_id"]
         running = [asyncio.create_task(c.call_tool("respond", {"prompt": f"!sleep 1500 hold {k}", "thread_id": tid}))
                    for k in range(2)]
-        await asyncio.sleep(0.3)
+        await until_pending(c, tid, calls=2, since_turns=1)
         last = await c.call_tool("respond", {"prompt": "third", "thread_id": tid}, progress_callback=on_progress)
         ok(last)
         for t in running:

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from harness import core_pids, error_text, ok, text_of, wait_for, wisp
+from harness import core_pids, error_text, ok, text_of, until_pending, wait_for, wisp
 from test_http import client, http_wisp
 
 TRANSPORTS = ("stdio", "http")
@@ -73,7 +73,7 @@ async def test_fork_of_a_busy_thread_copies_its_last_committed_turn(transport):
     async with connected(transport) as c:
         await thread_of(c, "busy", 3)
         slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 1500 slow", "thread_id": "busy"}))
-        await asyncio.sleep(0.4)
+        await until_pending(c, "busy")
         assert not slow.done()
         f = await say(c, "while busy", fork_from="busy")
         assert (f["text"], f["turns"]) == ("echo 4: while busy", 4)

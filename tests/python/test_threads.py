@@ -6,7 +6,7 @@ import asyncio
 import re
 import time
 
-from harness import error_text, ok, text_of, wisp
+from harness import error_text, ok, text_of, until_pending, wisp
 
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -147,9 +147,9 @@ async def test_one_thread_runs_calls_one_at_a_time_in_order():
         ok(await c.call_tool("respond", {"prompt": "first", "thread_id": "serial"}))
         start = time.monotonic()
         tasks = []
-        for word in ("two", "three", "four"):
+        for k, word in enumerate(("two", "three", "four"), 1):
             tasks.append(asyncio.create_task(c.call_tool("respond", {"prompt": f"!sleep 250 {word}", "thread_id": "serial"})))
-            await asyncio.sleep(0.05)  # fixes the arrival order
+            await until_pending(c, "serial", calls=k, since_turns=1)  # fixes the arrival order
         results = [ok(r)["text"] for r in await asyncio.gather(*tasks)]
         elapsed = time.monotonic() - start
         assert results == ["echo 2: !sleep 250 two", "echo 3: !sleep 250 three", "echo 4: !sleep 250 four"]
