@@ -103,6 +103,8 @@ class Task:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
     expiry: asyncio.TimerHandle | None = None
+    # Whether it takes a place under WISP_MAX_TASKS: running, or a result no one has collected yet.
+    counted: bool = True
 
     def touch(self, status: str | None = None, message: str | None = None) -> None:
         if status is not None:

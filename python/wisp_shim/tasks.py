@@ -20,7 +20,9 @@ kept and the task ends `cancelled`, unless the call had already finished (then n
 Bounds (README "Tasks"): ids are 192 random bits; a task is visible only to the client that
 made it (`owner`); its result is kept until its ttl (at most WISP_TASK_TTL) and then freed (a
 task still running then is cancelled: no one could collect it); a client holds at most
-WISP_MAX_TASKS tasks, running or kept, and all clients together MAX_TASKS_TOTAL. Tasks live in
+WISP_MAX_TASKS tasks running or with a result not yet collected, and all clients together
+MAX_TASKS_TOTAL. A collected or cancelled task frees its place at once; its record stays for a
+repeated poll until its ttl, or until MAX_TASKS_TOTAL later-freed records push it out. Tasks live in
 this process's memory: a restart loses them, and their ids answer "no such task".
 """
 
@@ -105,6 +107,9 @@ class Tasks:
         self._placement = placement
         self._tasks: dict[str, Task] = {}
         self._held: dict[tuple[Any, ...], int] = {}
+        self._live = 0
+        # Collected or cancelled tasks, oldest first: kept for a repeated poll, bounded in number.
+        self._released: dict[str, Task] = {}
 
     # --- the rule and the handle ---------------------------------------------------------
 
@@ -184,34 +189,52 @@ class Tasks:
 
     def _create(self, who: tuple[Any, ...], generation: str, ttl_ms: int | None) -> Task:
         held = self._held.get(who, 0)
-        kept = "running, or finished with a result kept until its ttl"
+        kept = "running, or finished with a result not yet collected"
         if held >= self.limits.per_client:
             full = f"this client holds {held} tasks ({kept}), wisp's limit per client (WISP_MAX_TASKS)"
-        elif len(self._tasks) >= MAX_TASKS_TOTAL:
+        elif self._live >= MAX_TASKS_TOTAL:
             full = f"wisp's clients hold {MAX_TASKS_TOTAL} tasks ({kept}), its limit for all clients together"
         else:
             full = None
         if full is not None:
             raise MCPError(TOO_MANY_TASKS, (
-                f"{full}; this call was not started. Collect or cancel earlier tasks, wait for their ttl to pass, "
-                "or call without a task."
+                f"{full}; this call was not started. Collect (tasks/result, or tasks/get once it ended) or cancel "
+                "earlier tasks, wait for their ttl to pass, or call without a task."
             ))
         most_ms = int(self.limits.ttl_s * 1000)
         ttl = most_ms if ttl_ms is None else max(MIN_TTL_MS, min(int(ttl_ms), most_ms))
         task = Task(secrets.token_urlsafe(24), who, generation, ttl)
         self._tasks[task.id] = task
         self._held[who] = held + 1
+        self._live += 1
         task.expiry = asyncio.get_running_loop().call_later(ttl / 1000, self._expire, task)
         return task
 
-    def _forget(self, task: Task) -> None:
-        if self._tasks.pop(task.id, None) is None:
+    def _uncount(self, task: Task) -> None:
+        if not task.counted:
             return
+        task.counted = False
+        self._live -= 1
         left = self._held.get(task.owner, 1) - 1
         if left:
             self._held[task.owner] = left
         else:
             self._held.pop(task.owner, None)
+
+    def _release(self, task: Task) -> None:
+        """The task's place is free (its result delivered, or it was cancelled); its record stays."""
+        if not task.counted or task.id not in self._tasks:
+            return
+        self._uncount(task)
+        self._released[task.id] = task
+        while len(self._released) > MAX_TASKS_TOTAL:
+            self._forget(next(iter(self._released.values())))
+
+    def _forget(self, task: Task) -> None:
+        if self._tasks.pop(task.id, None) is None:
+            return
+        self._uncount(task)
+        self._released.pop(task.id, None)
         if task.expiry is not None:
             task.expiry.cancel()
         task.result = task.error = None
@@ -255,6 +278,7 @@ class Tasks:
         text = "\n".join(b.text for b in result.content if isinstance(b, TextContent))
         if result.is_error and task.stop.done() and text.startswith(f"{errors.CANCELLED}:"):
             task.finish(CANCELLED, "The task was cancelled; the call's turn was not kept.")
+            self._release(task)  # nothing to collect
             return
         dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         task.result = wire.serialize_server_result("tools/call", task.generation, dumped)
@@ -312,12 +336,17 @@ class Tasks:
         generation = self._check(ctx, "tasks/get", params.task_id)
         task = self._find(ctx, params.task_id)
         fields = self._task_fields(task, generation)
-        return {"resultType": "complete", **fields} if generation == MODERN else fields
+        if generation != MODERN:
+            return fields
+        if task.status in TERMINAL:
+            self._release(task)  # this generation's result travels in tasks/get
+        return {"resultType": "complete", **fields}
 
     async def result(self, ctx: ServerRequestContext[Any, Any], params: GetTaskPayloadRequestParams) -> dict[str, Any]:
         self._check(ctx, "tasks/result", params.task_id)
         task = self._find(ctx, params.task_id)
         await task.done.wait()
+        self._release(task)
         related = {RELATED_TASK: {"taskId": task.id}}
         if task.status == CANCELLED:
             raise MCPError(TASK_CANCELLED, "The task was cancelled; the call's turn was not kept.", related)
@@ -380,6 +409,7 @@ class TaskMiddleware:
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         method = ctx.method
         if method == "tools/call":
+            _check_ttl(ctx.params)
             box: list[dict[str, Any]] = []
             reset = _LEGACY_HANDLE.set(box)
             try:
@@ -401,3 +431,15 @@ class TaskMiddleware:
                 for t in result["tools"]
             ]}
         return result
+
+
+def _check_ttl(params: Any) -> None:
+    """A task's ttl that is no whole number is refused with words (the SDK's own check says only
+    "Invalid request parameters"); a whole one, however odd, is bounded where the task is made."""
+    task = params.get("task") if isinstance(params, dict) else None
+    ttl = task.get("ttl") if isinstance(task, dict) else None
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)):
+        raise MCPError(INVALID_PARAMS, (
+            f"task.ttl must be a whole number of milliseconds (or left out for wisp's own), got {ttl!r:.40}; "
+            f"wisp keeps a result from {MIN_TTL_MS} ms up to WISP_TASK_TTL"
+        ))
