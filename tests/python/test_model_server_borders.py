@@ -1,0 +1,62 @@
+"""The model server's borders, against scripted servers: what a server says it read is judged
+without crying wolf (a chat template's fixed tokens are not a cut) and a real cut is still
+caught (openai_stub.py's Ollama fitting)."""
+
+from __future__ import annotations
+
+from harness import ok, shim_env, wisp
+from openai_stub import OpenAIStub, StubConfig
+
+SHORT = ["Hi.", "What is two plus two?", "Name a colour.", "Say yes.", "Name a fruit.",
+         "What day follows Monday?", "Say hello.", "Name an animal.", "Count to three.", "Bye."]
+
+
+def served(stub: OpenAIStub, *args: str, **env: str):
+    return wisp("--endpoint", stub.endpoint, *args, backend="openai", env=shim_env(**env))
+
+
+async def converse(c, prompts: list[str]) -> list[dict]:
+    tid, results = None, []
+    for prompt in prompts:
+        s = ok(await c.call_tool("respond", {"prompt": prompt, **({"thread_id": tid} if tid else {})}))
+        tid = s["thread_id"]
+        results.append(s)
+    return results
+
+
+async def test_a_templates_fixed_tokens_in_short_turns_are_not_taken_for_a_cut():
+    # 40 tokens of template in every count: most of what a short first request reads.
+    with OpenAIStub(StubConfig(template_tokens=40, tokenize=False)) as stub:
+        async with served(stub) as c:
+            results = await converse(c, SHORT)
+            listing = ok(await c.call_tool("list_threads", {}))
+    assert [s["turns"] for s in results] == list(range(1, 11))
+    assert not any(s["condensed"] for s in results)
+    assert listing["context_size"] == 4096 and not listing.get("context_note"), listing
+    assert len(stub.chats()) == 10  # no request was sent again after a "cut"
+
+
+def note(i: int, words: int = 30) -> str:
+    return f"turn{i} " + " ".join(f"w{i}x{k}" for k in range(words))
+
+
+async def test_a_silent_cut_behind_a_templates_fixed_tokens_is_still_caught():
+    cfg = StubConfig(dialect="ollama", window=330, loaded=False, fit_silently=True, template_tokens=30)
+    with OpenAIStub(cfg) as stub:
+        async with served(stub, "--context-size", "4096") as c:
+            results = []
+            tid = None
+            for i in range(8):
+                args = {"prompt": note(i), **({"thread_id": tid} if tid else {})}
+                s = ok(await c.call_tool("respond", args))
+                tid = s["thread_id"]
+                results.append(s)
+                cfg.loaded = True
+            listing = ok(await c.call_tool("list_threads", {}))
+    # Three turns fit in 300 tokens beside the template's 30, the fourth does not.
+    assert not any(s["condensed"] for s in results[:3]) and results[3]["condensed"], [s["turns"] for s in results]
+    # No answer returned came from a cut request: each counts every user message the thread sent.
+    for s in results:
+        assert s["text"].startswith(f"reply {s['turns']}: turn"), (s["turns"], s["text"][:20])
+    assert len(stub.chats()) > len(results)
+    assert listing["context_size"] == 330 and "read" in listing["context_note"], listing
