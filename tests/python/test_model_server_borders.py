@@ -1,11 +1,17 @@
 """The model server's borders, against scripted servers: what a server says it read is judged
 without crying wolf (a chat template's fixed tokens are not a cut) and a real cut is still
-caught (openai_stub.py's Ollama fitting)."""
+caught (openai_stub.py's Ollama fitting); an answer is one only when it ends as one, and a
+refusal fails the call at once (unruly_server.py)."""
 
 from __future__ import annotations
 
-from harness import ok, shim_env, wisp
+import pytest
+
+from harness import error_text, ok, shim_env, wisp
 from openai_stub import OpenAIStub, StubConfig
+from unruly_server import Unruly
+from wisp_shim import llama_server, xllamacpp_server
+from wisp_shim.llama_server import LocalModel
 
 SHORT = ["Hi.", "What is two plus two?", "Name a colour.", "Say yes.", "Name a fruit.",
          "What day follows Monday?", "Say hello.", "Name an animal.", "Count to three.", "Bye."]
@@ -60,3 +66,42 @@ async def test_a_silent_cut_behind_a_templates_fixed_tokens_is_still_caught():
         assert s["text"].startswith(f"reply {s['turns']}: turn"), (s["turns"], s["text"][:20])
     assert len(stub.chats()) > len(results)
     assert listing["context_size"] == 330 and "read" in listing["context_note"], listing
+
+
+# What each way of ending short must be called, in the call's error.
+UNFINISHED = {
+    "no_done": "no [DONE]",
+    "cut_chunked": "no finish_reason and no [DONE]",
+    "cut_close": "no finish_reason and no [DONE]",
+    "short_length": "bytes into its Content-Length",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(UNFINISHED))
+async def test_an_answer_that_stops_short_of_its_end_is_an_error_and_not_kept(mode):
+    with Unruly() as server:
+        async with wisp("--endpoint", server.endpoint, backend="openai", env=shim_env()) as c:
+            first = ok(await c.call_tool("respond", {"prompt": "one"}))
+            assert first["text"] == "Hello there, friend"
+            server.chat = mode
+            message = error_text(await c.call_tool("respond", {"prompt": "two", "thread_id": first["thread_id"]}))
+            server.chat = "whole"
+            again = ok(await c.call_tool("respond", {"prompt": "three", "thread_id": first["thread_id"]}))
+    assert UNFINISHED[mode] in message and server.endpoint in message, message
+    assert again["turns"] == 2  # the cut turn was not kept
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_a_server_refusing_every_chat_fails_the_call_at_once_naming_the_status(status):
+    with Unruly(chat=status) as server:
+        async with wisp("--endpoint", server.endpoint, backend="openai", env=shim_env()) as c:
+            message = error_text(await c.call_tool("respond", {"prompt": "one"}))
+    assert f"HTTP {status}" in message and server.endpoint in message, message
+    assert server.paths().count("/v1/chat/completions") == 1  # asked once, not again and again
+
+
+def test_the_local_server_caps_an_answer_at_a_share_of_a_threads_context(tmp_path):
+    argv = LocalModel(binary=tmp_path / "x", model=tmp_path / "m", context_size=4096, slots=3, port=1).argv()
+    assert argv[argv.index("-n") + 1] == str(4096 // llama_server.OUTPUT_SHARE)  # per thread, whatever the slots
+    # The wheel's server takes the flag as llama-server does.
+    assert xllamacpp_server.parse(["-m", "m", "--port", "1", "-n", "7"]).n_predict == 7

@@ -27,4 +27,20 @@ import Testing
         // The oldest turn dropped: 200 of 250 tokens read.
         #expect(check.floor(next).tokens > 200)
     }
+
+    @Test func aStreamIsWholeOnlyWithItsFinishReasonAndItsDone() {
+        func check(_ lines: [String], _ finish: String?) -> String? {
+            var end = StreamEnd()
+            for line in lines { end.see(line) }
+            do { try end.check(finish, received: 10, from: "here") } catch { return error.message }
+            return nil
+        }
+        #expect(check(["data: {}", "data: [DONE]"], "stop") == nil)
+        #expect(check(["data: {}"], "stop")?.contains("(no [DONE] after 10 bytes") == true)
+        #expect(check(["data: {}"], nil)?.contains("no finish_reason and no [DONE]") == true)
+        #expect(check(["data:[DONE]"], nil)?.contains("(no finish_reason after") == true)
+        // A server that ignored `stream` answers one JSON body: its finish_reason is its end.
+        #expect(check(["{\"choices\": []}"], "length") == nil)
+        #expect(check(["{\"choices\": []}"], nil) != nil)
+    }
 }

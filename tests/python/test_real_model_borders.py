@@ -1,7 +1,8 @@
-"""The default model remembers: a 10-turn conversation with wisp's own llama.cpp server
-(SmolLM2-135M, `make local-model`), started by the shim as `make run` starts it. Its read
-check (what the server read of each request against what was sent) must not take a chat
-template's fixed overhead for a cut prompt and condense a short conversation away.
+"""The default model's borders, on wisp's own llama.cpp server (SmolLM2-135M, `make
+local-model`) started by the shim as `make run` starts it. It remembers: over a 10-turn
+conversation its read check (what the server read of each request against what was sent) must
+not take a chat template's fixed overhead for a cut prompt and condense the turns away. It
+cannot run away: an answer asked for without max_output_tokens stops at a share of its context.
 
 Skipped, with the reason, when the local model is not installed (WISP_REQUIRE_LOCAL_MODEL=1
 makes that a failure), as test_real_model.py is.
@@ -15,6 +16,7 @@ import sys
 import pytest
 
 from harness import ok, shim_env, wisp
+from wisp_shim import llama_server
 from test_real_model import _found
 
 if isinstance(_found, str):
@@ -65,3 +67,12 @@ async def test_ten_turns_with_instructions_are_kept_and_the_first_is_recalled():
     _kept_every_turn(results, listing)
     # A 135M model recalls a fact nine turns back only with a system message to anchor it.
     assert "mango" in results[-1]["text"].lower(), f"the model did not recall the first turn: {results[-1]['text']!r}"
+
+
+async def test_an_answer_without_max_output_tokens_stops_at_a_share_of_the_context():
+    context = 512
+    cap = context // llama_server.OUTPUT_SHARE
+    async with wisp(backend=None, env=shim_env(WISP_CONTEXT_SIZE=str(context), **LOCAL)) as c:
+        s = ok(await c.call_tool("respond", {"prompt": "Write a very long story about a dragon and a knight.", "temperature": 0}))
+    # The story runs past the cap (it did to 4,060 tokens without one): the server stopped it there.
+    assert s["usage"]["output_tokens"] == cap, s["usage"]
