@@ -105,3 +105,34 @@ def test_the_local_server_caps_an_answer_at_a_share_of_a_threads_context(tmp_pat
     assert argv[argv.index("-n") + 1] == str(4096 // llama_server.OUTPUT_SHARE)  # per thread, whatever the slots
     # The wheel's server takes the flag as llama-server does.
     assert xllamacpp_server.parse(["-m", "m", "--port", "1", "-n", "7"]).n_predict == 7
+
+
+def stderr_of(c) -> str:
+    c.errlog.flush()
+    c.errlog.seek(0)
+    return c.errlog.read()
+
+
+async def test_a_probe_trickled_a_byte_at_a_time_fails_on_its_own_and_holds_no_later_call():
+    # /props a byte every 0.2 s: never idle for the probe's 5 s, and about half a minute long.
+    with Unruly(trickle={"/props"}) as server:
+        async with wisp("--endpoint", server.endpoint, backend="openai", env=shim_env()) as c:
+            first = ok(await c.call_tool("respond", {"prompt": "one"}))
+            second = ok(await c.call_tool("respond", {"prompt": "two"}))  # a thread of its own
+            listing = ok(await c.call_tool("list_threads", {}))
+            log = stderr_of(c)
+    assert first["text"] == second["text"] == "Hello there, friend"
+    # The probe was given up at its deadline and not sent again for the next call.
+    assert server.paths().count("/props") == 1, server.paths()
+    assert "did not answer GET /props whole within 10 s" in log, log[-2000:]
+    assert listing["context_size"] == 4096  # not said: the default
+
+
+async def test_a_chat_trickled_a_byte_at_a_time_ends_at_the_calls_own_limit():
+    with Unruly(trickle={"/v1/chat/completions"}, trickle_s=0.5) as server:
+        async with wisp("--endpoint", server.endpoint, backend="openai", env=shim_env(WISP_TIMEOUT="3")) as c:
+            message = error_text(await c.call_tool("respond", {"prompt": "one"}))
+            server.trickle = set()
+            again = ok(await c.call_tool("respond", {"prompt": "two"}))
+    assert "timeout" in message and "3" in message, message
+    assert again["text"] == "Hello there, friend"  # nothing of the stalled call held the next
