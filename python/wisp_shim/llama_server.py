@@ -40,6 +40,11 @@ MODEL_ALIAS = "SmolLM2-135M-Instruct"
 # Per thread, like Apple's on-device model, so a thread behaves alike on Linux and on a Mac
 # (and what the core's condensing assumes when it cannot ask).
 DEFAULT_CONTEXT = 4096
+# The most one answer may run to, as a share of a thread's context: a 135M model asked without
+# max_output_tokens can write until its window is full (4,060 tokens to a short prompt). The
+# server's -n, so it holds every request: max_output_tokens below it is kept, above it held to
+# it; an answer it stopped ends with finish_reason "length".
+OUTPUT_SHARE = 4
 READY_TIMEOUT_S = 120.0
 TERM_GRACE_S = 2.0
 # WISP_LOCAL_CPU_THREADS past this is no machine's core count: the default is used instead.
@@ -189,8 +194,13 @@ class LocalModel:
             # explicit -np, said here so a newer llama-server cannot change them.
             "-c", str(self.context_size * self.slots), "-np", str(self.slots),
             "--no-kv-unified", "--cont-batching",
+            "-n", str(self.max_output_tokens),
             "-t", str(self.cpu_threads), "-tb", str(self.cpu_threads), "--no-ui",
         ]
+
+    @property
+    def max_output_tokens(self) -> int:
+        return max(1, self.context_size // OUTPUT_SHARE)
 
     # --- lifecycle -----------------------------------------------------------
 

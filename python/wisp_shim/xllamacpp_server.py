@@ -39,6 +39,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-kv-unified", action="store_true")
     ap.add_argument("--cont-batching", action="store_true")
     ap.add_argument("--no-ui", action="store_true")
+    ap.add_argument("-n", "--n-predict", type=int, default=-1)
     return ap.parse_args(argv)
 
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.cpuparams.n_threads = ns.threads
     p.cpuparams_batch.n_threads = ns.threads_batch if ns.threads_batch > 0 else ns.threads
     p.ui = not ns.no_ui
+    p.n_predict = ns.n_predict
     p.use_jinja = True  # llama-server's default: the chat template from the GGUF, tools included
     key = os.environ.get(API_KEY_ENV, "")
     if key:

@@ -64,6 +64,7 @@ class StubConfig:
     shown_num_ctx: int | None = None  # ollama: `num_ctx` in /api/show's parameters
     fit_silently: bool = False        # fit a longer conversation to `window` as Ollama does: oldest
                                       # messages dropped (system and last kept), then the last cut by tokens
+    template_tokens: int = 0          # the chat template's fixed tokens, counted in every prompt (not in chars)
     cache: bool = False               # report the tokens of the previous request's message prefix as cached
     first_byte_delay_s: float = 0.0   # before the stream's first byte (a prompt being read)
     replies: list[str] | None = None  # the Nth chat request streams the Nth of these (a real model's, replayed)
@@ -161,8 +162,8 @@ class _Handler(BaseHTTPRequestHandler):
                                        "type": "invalid_request_error", "param": None, "code": None}})
             return
         if cfg.fit_silently and cfg.window is not None:
-            body = {**body, "messages": _fit(body["messages"], cfg.window)}
-        chars = _chars(body)
+            body = {**body, "messages": _fit(body["messages"], cfg.window - cfg.template_tokens)}
+        chars = _chars(body) + 4 * cfg.template_tokens
         if cfg.overflow_chars is not None and chars > cfg.overflow_chars:
             self._json(400, _overflow(cfg.overflow_style, chars))
             return

@@ -86,17 +86,17 @@ private final class Connection: Sendable {
         out.yield(.response(header.status))
         if header.chunked {
             while true {
-                let sizeLine = try input.line()
+                let sizeLine = try input.line(or: "the body ended before its last chunk")
                 let digits = sizeLine.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) ?? ""
                 guard let size = OutsideNumber.int(digits, radix: 16, in: Self.lengths) else {
                     throw URLError(.cannotParseResponse)
                 }
                 if size == 0 { break }
-                try input.forward(size) { out.yield(.data($0)) }
-                _ = try input.line() // the CRLF after the chunk
+                try input.forward(size, of: "a chunk of \(size) bytes") { out.yield(.data($0)) }
+                _ = try input.line(or: "the body ended inside a chunk") // the CRLF after the chunk
             }
         } else if let length = header.contentLength {
-            try input.forward(length) { out.yield(.data($0)) }
+            try input.forward(length, of: "its Content-Length of \(length) bytes") { out.yield(.data($0)) }
         } else {
             try input.forwardToEnd { out.yield(.data($0)) }
         }
@@ -186,8 +186,13 @@ private struct Input {
         }
     }
 
-    /// One line without its CRLF (or LF).
-    mutating func line() throws -> String {
+    /// The connection closed early: `why`, as the error's description (the call's error names it).
+    static func lost(_ why: String) -> URLError {
+        URLError(.networkConnectionLost, userInfo: [NSLocalizedDescriptionKey: why])
+    }
+
+    /// One line without its CRLF (or LF); `or`: what a close before its end means.
+    mutating func line(or early: String = "the answer ended inside its header") throws -> String {
         while true {
             if let i = buffer[start...].firstIndex(of: 0x0A) {
                 var end = i
@@ -197,7 +202,7 @@ private struct Input {
                 return text
             }
             if buffer.count - start > 65_536 { throw URLError(.cannotParseResponse) }
-            guard try fill() else { throw URLError(.networkConnectionLost) }
+            guard try fill() else { throw Self.lost(early) }
         }
     }
 
@@ -235,12 +240,12 @@ private struct Input {
         return header
     }
 
-    /// Hands on exactly `count` bytes as they arrive.
-    mutating func forward(_ count: Int, _ emit: (Data) -> Void) throws {
+    /// Hands on exactly `count` bytes as they arrive; `what`: what they are, for a close before their end.
+    mutating func forward(_ count: Int, of what: String, _ emit: (Data) -> Void) throws {
         var left = count
         while left > 0 {
             if start == buffer.count {
-                guard try fill() else { throw URLError(.networkConnectionLost) }
+                guard try fill() else { throw Self.lost("the body ended \(count - left) bytes into \(what)") }
             }
             let n = min(left, buffer.count - start)
             emit(Data(buffer[start..<(start + n)]))

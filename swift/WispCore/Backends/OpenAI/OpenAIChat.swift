@@ -23,6 +23,14 @@ struct ChatReply: Sendable {
     var firstTokenSeconds: Double?
     var generationSeconds: Double?
 
+    /// Sets the two timings from when the request was sent and its first token came (nil: none came).
+    mutating func time(sent: ContinuousClock.Instant, first: ContinuousClock.Instant?) {
+        func seconds(_ d: Duration) -> Double { Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18 }
+        guard let first else { return }
+        firstTokenSeconds = seconds(first - sent)
+        generationSeconds = seconds(ContinuousClock.now - first)
+    }
+
     /// The prompt tokens the server read: `prompt_tokens`, plus the cached ones where a server
     /// reports them apart (more cached than counted: older Ollama counts only what it evaluated).
     var readTokens: Int? {
@@ -110,8 +118,9 @@ extension OpenAIServer {
         var calls: [Int: ToolCall] = [:]
         let sentAt = ContinuousClock.now
         var firstAt: ContinuousClock.Instant?
-        func seconds(_ d: Duration) -> Double { Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18 }
+        var end = StreamEnd()
         func folded(_ line: String) throws -> Bool {
+            end.see(line)
             let before = (reply.text.utf8.count, reply.reasoning.utf8.count, calls.count)
             let changed = try fold(line, into: &reply, calls: &calls)
             if firstAt == nil, before != (reply.text.utf8.count, reply.reasoning.utf8.count, calls.count) {
@@ -152,17 +161,20 @@ extension OpenAIServer {
         }
         try Task.checkCancellation() // a cancelled stream ends quietly
         guard (200..<300).contains(status) else { throw httpError(status, errorBody, reasoning: reasoning) }
+        try end.check(reply.finishReason, received: received, from: endpointDescription)
         facts.withLock { $0.lastReachable = .now }
-        if let firstAt {
-            reply.firstTokenSeconds = seconds(firstAt - sentAt)
-            reply.generationSeconds = seconds(ContinuousClock.now - firstAt)
-        }
-        reply.toolCalls = calls.sorted { $0.key < $1.key }.map { index, call in
+        reply.time(sent: sentAt, first: firstAt)
+        reply.toolCalls = Self.toolCalls(calls)
+        return reply
+    }
+
+    /// The calls a stream assembled, in index order, each with an id (a server may leave it out).
+    private static func toolCalls(_ calls: [Int: ToolCall]) -> [ToolCall] {
+        calls.sorted { $0.key < $1.key }.map { index, call in
             var c = call
             if c.id.isEmpty { c.id = "call_\(index)" }
             return c
         }.filter { !$0.name.isEmpty }
-        return reply
     }
 
     /// Folds one SSE line into the reply. Returns true when the text changed.
@@ -190,5 +202,34 @@ extension OpenAIServer {
             return true
         }
         return false
+    }
+}
+
+/// Whether a 2xx answer ended as one: the server's `finish_reason` and, on an SSE stream, its
+/// `data: [DONE]`. A stream that stops short of them (the server closed it, a proxy cut it) may
+/// still have parsed to plausible text, so only its end says it is whole.
+struct StreamEnd {
+    private var sse = false
+    private var done = false
+
+    mutating func see(_ line: String) {
+        guard line.hasPrefix("data:") else { return }
+        sse = true
+        if line.dropFirst(5).trimmingCharacters(in: .whitespaces) == "[DONE]" { done = true }
+    }
+
+    /// Throws unless the answer ended whole; `received`: the bytes it brought.
+    func check(_ finishReason: String?, received: Int, from endpoint: String) throws(WispError) {
+        let missing: String
+        switch (finishReason == nil, sse && !done) {
+        case (false, false): return
+        case (true, true): missing = "no finish_reason and no [DONE]"
+        case (true, false): missing = "no finish_reason"
+        case (false, true): missing = "no [DONE]"
+        }
+        throw WispError(.generationFailed, """
+            the model server at \(endpoint) ended its answer unfinished (\(missing) after \(received) bytes: the \
+            stream stopped mid-answer); the turn was not kept
+            """)
     }
 }

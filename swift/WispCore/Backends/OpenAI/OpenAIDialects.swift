@@ -125,7 +125,7 @@ extension OpenAIServer {
         let body: [String: Any] = ["model": await requestModel(), "keep_alive": keepAlive.value]
         // Loading a model can take a while; the chat would wait for it anyway.
         _ = try? await fetch("POST", root.appendingPathComponent("api/generate"), json: body,
-                             timeout: Self.chatIdleTimeout)
+                             timeout: Self.chatIdleTimeout, deadline: .seconds(Self.chatIdleTimeout))
     }
 
     // MARK: shared

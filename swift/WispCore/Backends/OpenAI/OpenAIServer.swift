@@ -26,6 +26,12 @@ final class OpenAIServer: Sendable {
     /// the first byte. The shim's own time limit and cancellation bound a call anyway.
     static let chatIdleTimeout: TimeInterval = 600
     static let probeTimeout: TimeInterval = 5
+    /// The most one probe may take, whole: a server that trickles its answer a byte at a time
+    /// never goes idle for `probeTimeout`, and every call that needs the probe would wait on it.
+    static let probeDeadline = Duration.seconds(10)
+    /// After a probe overran its deadline, how long probes are not sent at all: the server is
+    /// taken as not saying (its window: `--context-size`, else 4096), so no call waits again.
+    static let stallPause = Duration.seconds(60)
     static let fallbackContextSize = 4096
     /// The most a probe's answer may hold: `/tokenize` lists every token of a prompt (up to the
     /// pipe's frame limit), a few bytes each.
@@ -47,6 +53,8 @@ final class OpenAIServer: Sendable {
         var keptAliveAt: ContinuousClock.Instant?
         /// The window the server was found to read, below what it said, and how it was found.
         var learned: (window: Int, note: String)?
+        /// When a probe last overran `probeDeadline`, and the error that said so.
+        var stalled: (at: ContinuousClock.Instant, error: WispError)?
     }
     let facts = Mutex(Facts())
     let chatClient = HTTPClient(idleTimeout: OpenAIServer.chatIdleTimeout)
@@ -299,16 +307,45 @@ final class OpenAIServer: Sendable {
     /// One short request, whole answer collected. Throws only on transport failure.
     nonisolated(nonsending)
     func fetch(_ method: String, _ url: URL, json: [String: Any]? = nil,
-               timeout: TimeInterval) async throws -> (Int, Data) {
+               timeout: TimeInterval, deadline: Duration = probeDeadline) async throws -> (Int, Data) {
         try await fetch(method, url, body: try json.map { try JSONSerialization.data(withJSONObject: $0) },
-                        timeout: timeout)
+                        timeout: timeout, deadline: deadline)
     }
 
+    /// `deadline`: for the whole exchange (a probe's by default); `timeout`: for each wait for a byte.
     nonisolated(nonsending)
-    func fetch(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval) async throws -> (Int, Data) {
+    func fetch(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval,
+               deadline: Duration = probeDeadline) async throws -> (Int, Data) {
+        if let stalled = facts.withLock({ f in f.stalled.flatMap { .now - $0.at < Self.stallPause ? $0.error : nil } }) {
+            throw stalled
+        }
+        let request = makeRequest(method, url, body: body, timeout: timeout)
+        let answer = try await withThrowingTaskGroup(of: (Int, Data)?.self) { group in
+            group.addTask { try await self.collect(request) }
+            group.addTask {
+                try? await Task.sleep(for: deadline)
+                return nil
+            }
+            defer { group.cancelAll() }
+            return try await group.next() ?? nil
+        }
+        try Task.checkCancellation()
+        if let answer { return answer }
+        let error = WispError(.modelUnavailable, """
+            the model server at \(endpointDescription) did not answer \(method) \(url.path) whole within \
+            \(deadline.components.seconds) s (it sends too slowly, or not at all)
+            """)
+        facts.withLock { $0.stalled = (.now, error) }
+        LogSink.shared.post("wisp-core warning: \(error.message); wisp goes on without it and sends no probe for "
+                            + "\(Self.stallPause.components.seconds) s")
+        throw error
+    }
+
+    /// One request's whole answer, however long it takes (`fetch` bounds it).
+    private func collect(_ request: URLRequest) async throws -> (Int, Data) {
         var status = 0
         var data = Data()
-        for try await event in probeClient.open(makeRequest(method, url, body: body, timeout: timeout)) {
+        for try await event in probeClient.open(request) {
             switch event {
             case .response(let s): status = s
             case .data(let d):

@@ -167,9 +167,18 @@ final class OpenAISession: ModelSession {
 /// that renders the last turn a little differently once it is not the last (1% and 8 tokens),
 /// plus the messages added since, at three quarters of the tokens a byte of text that the
 /// server read last time (against the whole request body where tools were offered, their
-/// schemas being tokens too). The first request of a session has only 8 bytes of text a token (no
-/// tokenizer in use exceeds that over a message; text runs 3–5), so it catches only a gross cut.
+/// schemas being tokens too), and never more than a token for 4 bytes before that quarter
+/// is taken off. The cap is there because what was read includes the chat template's fixed
+/// part (a default system prompt, the generation prompt), which does not grow with the
+/// messages: learnt from a short request it is most of the count (SmolLM2 reads 39 tokens of a
+/// 40-byte first prompt, its default system prompt among them), and charged per byte it makes a
+/// healthy next turn look cut.
+/// Text runs 3–5 bytes a token, so the cap still floors a real cut's missing turns. The first
+/// request of a session has only 8 bytes of text a token (no tokenizer in use exceeds that over
+/// a message), so it catches only a gross cut.
 struct ReadCheck {
+    /// The most tokens a byte of the messages added since is taken to cost.
+    static let maxTokensPerByte = 0.25
     private var last: (read: Int, messages: Int, bytes: Int)?
 
     struct Floor {
@@ -184,7 +193,7 @@ struct ReadCheck {
         let known = last.flatMap { $0.messages <= sent.count && $0.bytes > 0 ? $0 : nil }
         let new = Double(sent[(known?.messages ?? 0)...].reduce(0) { $0 + $1.bytes })
         guard let known else { return Floor(tokens: Int(new / 8), count: Int(new / 4)) }
-        let perByte = Double(known.read) / Double(known.bytes)
+        let perByte = min(Double(known.read) / Double(known.bytes), Self.maxTokensPerByte)
         let repeated = Double(known.read) * 0.99 - 8
         return Floor(tokens: max(0, Int(repeated + 0.75 * perByte * new)),
                      count: Int(Double(known.read) + perByte * new))
