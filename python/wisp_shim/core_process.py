@@ -179,6 +179,15 @@ async def terminate(proc: asyncio.subprocess.Process) -> None:
         await _wait(proc, None)
 
 
+async def kill(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL at once: for a core that stopped answering, whose clean SIGTERM exit would answer
+    its waiting calls "cancelled" before the shim could give them their real verdict."""
+    if proc.returncode is not None:
+        return
+    _signal(proc, signal.SIGKILL)
+    await _wait(proc, None)
+
+
 async def stop_process(proc: asyncio.subprocess.Process) -> None:
     """Close the core's stdin (a healthy core exits at EOF), then terminate."""
     if proc.returncode is not None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import errors
 from . import protocol
-from .core_process import BUILD_HINT, CoreLaunch, CoreProcess, find_core, stop_process
+from .core_process import BUILD_HINT, CoreLaunch, CoreProcess, find_core, kill, stop_process
 from .core_reader import CoreListener, read_frames
 from .errors import ShimError
 
@@ -222,10 +222,7 @@ class Supervisor:
                     f"{len(run.pending)} call(s) waited, so wisp stopped it"
                 )
                 log.error("wisp-core (pid %d) %s", run.proc.pid, run.fault)
-                # SIGKILL, not SIGTERM: a core that ends cleanly on SIGTERM would answer its waiting
-                # calls "cancelled" first, and the calls' one verdict is that the core stopped answering.
-                run.proc.kill()
-                await run.proc.wait()
+                await kill(run.proc)
                 return
 
     async def _serve(self, run: CoreProcess) -> tuple[int | None, str | None]:
