@@ -18,6 +18,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from . import schema as output_schema
 from .facts import (  # noqa: F401
     MAX_OUTPUT_TOKENS,
+    MAX_QUERY_BYTES,
     MODEL_TOOLS,
     REASONING_LEVELS,
     THREAD_ID_CHARS,
@@ -32,8 +33,6 @@ MAX_TEMPERATURE = 2
 # list_threads' page size when the caller names none, and the most it may name.
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
-# A query longer than this is not a search (the core's ThreadQuery.maxBytes bounds it too).
-MAX_QUERY_CHARS = 1000
 
 
 class ArgumentError(Exception):
@@ -186,9 +185,9 @@ class CloseThreadArgs(_Arguments):
 
 
 class ListThreadsArgs(_Arguments):
-    query: Annotated[str | None, ErrorWording(f"a string of 1 to {MAX_QUERY_CHARS} characters")] = Field(
-        None, min_length=1, max_length=MAX_QUERY_CHARS,
-        description="Words to find in threads' prompts and replies; best match first.",
+    # Its length and its words are the core's to judge (in bytes): a schema maxLength would count characters.
+    query: Annotated[str | None, ErrorWording("a string")] = Field(
+        None, description=f"Words to find in prompts and replies (at most {MAX_QUERY_BYTES} bytes of UTF-8); best first.",
     )
     limit: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_PAGE}")] = Field(
         None, ge=1, le=MAX_PAGE, description=f"Threads per page (default {DEFAULT_PAGE}).",
