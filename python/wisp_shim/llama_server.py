@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import config
 from .llama_install import NATIVE, XLLAMACPP, LocalModelError, ServerProgram
 from .xllamacpp_server import API_KEY_ENV, CANNOT_LOAD
 
@@ -101,7 +102,7 @@ def default_cpu_threads(cpus: int | None = None) -> int:
     old name, still works). ggml's worker threads spin-wait for each other at every step, so
     with as many threads as cores any other busy process (the MCP client, a build, wisp itself)
     stalls every token (bench/README.md has the figures)."""
-    env = os.environ.get("WISP_LOCAL_CPU_THREADS") or os.environ.get("WISP_LOCAL_THREADS", "")
+    env = config.env("WISP_LOCAL_CPU_THREADS") or ""
     if env.isdecimal() and 0 < int(env) <= MAX_CPU_THREADS:
         return int(env)
     return max(1, min(4, (cpus or available_cpus()) // 2))

@@ -50,6 +50,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import config
 from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError,
                             ServerProgram, cached_llama_server, find_llama_server, find_model, find_server,
                             find_xllamacpp, libgomp_missing)
@@ -96,7 +97,7 @@ def decide(platform: str, backend: str, endpoint: str | None, switch: str, insta
 def slots_wanted(max_threads: int) -> int:
     """The slots asked for: WISP_SLOTS when it names some, else one per live conversation
     thread wisp may keep (--max-threads), so that no thread waits for another's answer."""
-    env = os.environ.get("WISP_SLOTS", "")
+    env = config.env("WISP_SLOTS") or ""
     # isdecimal, not isdigit: int() refuses digits such as "²"; slot_count bounds the number.
     return int(env) if env.isdecimal() and int(env) > 0 else max_threads
 
@@ -264,9 +265,9 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
          model_path: str | None = None, context_size: int | None = None, max_threads: int = 1,
          platform: str = sys.platform) -> Plan:
     """decide() for this configuration (flags, then the environment), with the server it needs."""
-    backend = backend or os.environ.get("WISP_BACKEND") or "auto"
-    endpoint = endpoint or os.environ.get("WISP_ENDPOINT") or None
-    switch = os.environ.get("WISP_LOCAL_MODEL", "")
+    backend = backend or config.env("WISP_BACKEND") or "auto"
+    endpoint = endpoint or config.env("WISP_ENDPOINT")
+    switch = config.env("WISP_LOCAL_MODEL") or ""
     if decide(platform, backend, endpoint, switch, installed=True) == LEAVE_TO_CORE:
         return Plan(LEAVE_TO_CORE, None)  # without looking for it: a wrong WISP_LLAMA_SERVER is no error then
     missing: list[str] = []
@@ -291,7 +292,7 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
         return Plan(decision, None, "the local model is not installed: " + " and ".join(missing) + f"; {INSTALL_HINT}")
     assert server is not None and model is not None
     if context_size is None:
-        env = os.environ.get("WISP_CONTEXT_SIZE")
+        env = config.env("WISP_CONTEXT_SIZE")
         context_size = int(env) if env and env.isdecimal() and 0 < int(env) < 2**31 else DEFAULT_CONTEXT
     facts = None
     try:

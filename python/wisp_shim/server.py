@@ -53,6 +53,7 @@ from .tool_models import (
     ThreadEntry,
     TurnOutput,
     UsageOutput,
+    UsageTotal,
     parse_args,
     short,
     tool_schema,
@@ -66,21 +67,20 @@ LISTED_START_DELAY_S = 0.02
 PROGRESS_MESSAGE_CHARS = 200
 # read_thread's bound on the turns' text it returns (the rest is left out, and counted).
 READ_THREAD_BYTES = 32 * 1024
+# list_threads' not_stored when wisp runs without a state dir.
+NO_STATE_DIR = "no --state-dir was given: threads are kept in memory only and lost when wisp restarts"
 
 
 def _retention(max_threads: int, state_dir: str | None) -> str:
     """Where threads live and for how long, as configured (one wording for the server's
     instructions and the respond tool's description)."""
     if state_dir is None:
-        return (
-            f"threads are kept in memory only, at most {max_threads} at once (the least recently used is "
-            "dropped first), and all are lost when wisp restarts"
-        )
+        return (f"threads are kept in memory only, at most {max_threads} (the least recently used dropped first), "
+                "all lost when wisp restarts")
     return (
-        f"threads are stored on disk (--state-dir), so they survive wisp restarts and crashes; at most "
-        f"{max_threads} are held in memory at once (the least recently used is unloaded and resumes from disk on "
-        "its next call), and past --max-stored-threads the least recently written is deleted. list_threads says "
-        "if the state dir could not be used (threads are then kept in memory only)"
+        f"threads are stored on disk (--state-dir), so they survive wisp restarts and crashes; at most {max_threads} "
+        "in memory (the least recently used unloaded, resumed from disk when next called); past --max-stored-threads "
+        "the least recently written is deleted. list_threads says if the state dir is unusable"
     )
 
 
@@ -101,12 +101,11 @@ def _respond_tool(max_threads: int, state_dir: str | None = None) -> Tool:
         name="respond",
         title="Ask the local model",
         description=(
-            "Send a prompt to the local language model and get its reply. Omit thread_id to start a new "
-            "thread; pass a result's thread_id to continue that conversation (the model sees the earlier turns). "
-            "An unknown thread_id starts a new thread under that id (created=true). instructions and tools bind "
-            "when a thread is created: passing them for an existing thread is an error, even empty. Calls on one "
-            "thread run in order, threads in parallel. A thread that outgrows the model's context loses its oldest "
-            f"turns (condensed=true). Retention: {_retention(max_threads, state_dir)}."
+            "Ask the local language model; returns its reply and a thread_id. Pass that back to continue the "
+            "conversation (the model sees the earlier turns); an unknown id starts a new thread under it "
+            "(created=true). instructions and tools bind at creation: passing them for an existing thread is an "
+            "error, even empty. Calls on one thread run in order, threads in parallel. A thread outgrowing the "
+            f"context loses its oldest turns (condensed=true). Retention: {_retention(max_threads, state_dir)}."
         ),
         input_schema=tool_schema(RespondArgs),
         output_schema=tool_schema(RespondOutput),
@@ -119,8 +118,8 @@ CLOSE_THREAD = Tool(
     name="close_thread",
     title="Close a thread",
     description=(
-        "Forget a thread and free its memory. Closing an unknown or already closed thread is not an error "
-        "(closed=false). A call already running on the thread still finishes."
+        "Forget a thread and free its memory. An unknown or already closed thread is no error (closed=false). A "
+        "call already running on it still finishes."
     ),
     input_schema=tool_schema(CloseThreadArgs),
     output_schema=tool_schema(CloseThreadOutput),
@@ -132,8 +131,8 @@ LIST_THREADS = Tool(
     name="list_threads",
     title="Find threads",
     description=(
-        "List or search wisp's threads (live, and stored with --state-dir): most recently used first, or best match "
-        "first with query; each with a preview. Also says which backend and model wisp uses."
+        "List or search threads (live, and stored with --state-dir): most recently used first, or best match first "
+        "with query; each with a preview. Also says wisp's backend and model."
     ),
     input_schema=tool_schema(ListThreadsArgs),
     output_schema=tool_schema(ListThreadsOutput),
@@ -192,6 +191,14 @@ def _usage(u: protocol.UsageBody | None) -> UsageOutput | None:
                        output_tokens_per_s=u.output_tokens_per_s)
 
 
+def _total(u: protocol.UsageBody | None) -> UsageTotal | None:
+    """A sum of calls' usage: the counts only (the timings are one call's)."""
+    if u is None:
+        return None
+    return UsageTotal(input_tokens=u.input_tokens, output_tokens=u.output_tokens, reasoning_tokens=u.reasoning_tokens,
+                      cached_tokens=u.cached_tokens)
+
+
 def _usage_text(u: protocol.UsageBody | None) -> str:
     """A thread's total as list_threads' text shows it: only the counts reported."""
     if u is None:
@@ -200,6 +207,13 @@ def _usage_text(u: protocol.UsageBody | None) -> str:
               (u.reasoning_tokens, "reasoning"))
     parts = [f"{n} {what}" for n, what in counts if n is not None]
     return f", tokens {' / '.join(parts)}" if parts else ""
+
+
+def _not_stored(s: protocol.StatusResult) -> str | None:
+    """Why threads are not stored: the store the core could not use, or none configured."""
+    if s.state_error:
+        return s.state_error
+    return None if s.state_dir else NO_STATE_DIR
 
 
 def _respond_content(r: protocol.RespondResult, restarted: bool) -> str:
@@ -339,22 +353,23 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
             threads=[
                 ThreadEntry(
                     thread_id=t.thread_id, turns=t.turns, pending=t.pending, live=t.live, stored=t.stored,
-                    usage=_usage(t.usage), created_at=_iso(t.created_at), updated_at=_iso(t.updated_at),
+                    usage=_total(t.usage), created_at=_iso(t.created_at), updated_at=_iso(t.updated_at),
                     first_prompt=t.first_prompt, last_reply=t.last_reply, instructions=t.instructions,
                 )
                 for t in s.threads
             ],
             # An empty state_dir or reason says nothing: left out, as when absent.
-            state_dir=s.state_dir or None, reason=s.reason or None, next_cursor=s.next_cursor,
-            context_note=s.context_note, usage=_usage(s.usage),
+            state_dir=s.state_dir or None, not_stored=_not_stored(s), reason=s.reason or None,
+            next_cursor=s.next_cursor,
+            context_note=s.context_note, usage=_total(s.usage),
         ).model_dump(exclude_none=True)
         health = "available" if s.available else f"unavailable: {s.reason or 'unknown reason'}"
         lines = [f"backend {s.backend}, model {s.model}, {health}"]
         found = f"{len(s.threads)} thread(s) matching {a.query!r}" if a.query else f"{len(s.threads)} thread(s)"
         where = f" (threads are stored in {s.state_dir})" if s.state_dir else ""
         lines.append(found + where + (":" if s.threads else "."))
-        if s.state_error:
-            lines.append(f"threads are not stored: {s.state_error}")
+        if not_stored := structured.get("not_stored"):
+            lines.append(f"threads are not stored: {not_stored}")
         if s.context_note:
             lines.append(f"context: {s.context_note}")
         if s.usage is not None:

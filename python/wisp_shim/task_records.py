@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -16,6 +15,8 @@ from typing import Any, Generic, TypeVar
 from mcp.server.context import ServerRequestContext
 from mcp_types import CallToolResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from . import config
 
 LEGACY = "2025-11-25"
 MODERN = "2026-07-28"
@@ -51,7 +52,7 @@ class TaskLimits:
     @classmethod
     def from_env(cls) -> TaskLimits:
         """WISP_TASK_TTL (seconds) and WISP_MAX_TASKS; a bad value is refused at start."""
-        ttl_text, max_text = os.environ.get("WISP_TASK_TTL"), os.environ.get("WISP_MAX_TASKS")
+        ttl_text, max_text = config.env("WISP_TASK_TTL"), config.env("WISP_MAX_TASKS")
         try:
             ttl = float(ttl_text) if ttl_text else DEFAULT_TASK_TTL_S
         except ValueError:

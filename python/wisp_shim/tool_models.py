@@ -18,6 +18,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from . import schema as output_schema
 from .facts import (  # noqa: F401
     MAX_OUTPUT_TOKENS,
+    MAX_QUERY_BYTES,
     MODEL_TOOLS,
     REASONING_LEVELS,
     THREAD_ID_CHARS,
@@ -32,8 +33,6 @@ MAX_TEMPERATURE = 2
 # list_threads' page size when the caller names none, and the most it may name.
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
-# A query longer than this is not a search (the core's ThreadQuery.maxBytes bounds it too).
-MAX_QUERY_CHARS = 1000
 
 
 class ArgumentError(Exception):
@@ -90,28 +89,27 @@ class RespondArgs(_Arguments):
     prompt: Annotated[
         str, ErrorWording("a string", required="`prompt` is required: the message for the model.")
     ] = Field(
-        description="The message for the model: the task, with whatever context it needs.",
+        description="The message for the model: the task, with the context it needs.",
     )
     thread_id: Annotated[ThreadId | None, ErrorWording("a string")] = Field(
         None,
-        description=f"Continue this thread. Omit to start a new one with a generated id. {THREAD_ID_RULE}.",
+        description="Continue this thread; omit to start one with a generated id.",
     )
     fork_from: Annotated[ThreadId | None, ErrorWording("a string")] = Field(
         None,
         description=(
-            "Start a new thread (thread_id new or omitted) as a copy of this one's history, instructions and tools, "
-            "and answer there; the source is unchanged."
+            "Copy this thread's history, instructions and tools into the new thread (thread_id new or omitted) and "
+            "answer there; the source is unchanged."
         ),
     )
     rewind: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
         None, ge=1, le=MAX_OUTPUT_TOKENS,
-        description="Drop the thread's last N turns and answer in their place; if the call fails, nothing is dropped.",
+        description="Drop the thread's last N turns and answer in their place (none dropped if the call fails).",
     )
     instructions: Annotated[str | None, ErrorWording("a string")] = Field(
         None,
         description=(
-            "System instructions for a NEW thread (role, rules, output format). Only allowed when the call creates "
-            "the thread."
+            "System instructions (role, rules, output format) for a new thread."
         ),
     )
     tools: Annotated[
@@ -119,9 +117,9 @@ class RespondArgs(_Arguments):
     ] = Field(
         None,
         description=(
-            "Tools the model may call in a NEW thread (only allowed when the call creates it): "
+            "Tools the model may call in a new thread. "
             + "; ".join(f"{name}: {what.rstrip('.')}" for name, what in MODEL_TOOLS.items())
-            + ". Read-only, confined to wisp's roots (--root, the client's roots, else the directory wisp started in)."
+            + ". Read-only, within wisp's roots (--root, the client's roots, else wisp's start directory)."
         ),
     )
     files: Annotated[
@@ -130,25 +128,23 @@ class RespondArgs(_Arguments):
     ] = Field(
         None,
         description=(
-            "Paths of text files for the model to read with this prompt, read by wisp itself under its roots "
-            "(--root, the client's roots); relative paths are taken from the first root. Their text never "
-            "passes through you. Works on new and existing threads; the files join this turn."
+            "Text files for the model with this prompt (any thread), read by wisp under its roots (relative: from "
+            "the first root), never through you."
         ),
     )
     temperature: Annotated[float | None, ErrorWording(f"a number from 0 to {MAX_TEMPERATURE}")] = Field(
-        None, ge=0, le=MAX_TEMPERATURE, description="Sampling temperature for this call; omit for the model's default.",
+        None, ge=0, le=MAX_TEMPERATURE, description="Sampling temperature (default: the model's).",
     )
     max_output_tokens: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_OUTPUT_TOKENS}")] = Field(
-        None, ge=1, le=MAX_OUTPUT_TOKENS, description="Upper bound on the reply's length in tokens for this call.",
+        None, ge=1, le=MAX_OUTPUT_TOKENS, description="Most tokens the reply may take.",
     )
     reasoning: Annotated[
         Literal[REASONING_LEVELS] | None, ErrorWording("one of " + ", ".join(f'"{x}"' for x in REASONING_LEVELS))
     ] = Field(
         None,
         description=(
-            "How hard a reasoning model thinks for this call: light, moderate or deep; omit for the model's default "
-            "(nothing is sent). OpenAI-compatible servers get reasoning_effort low/medium/high; Apple's model needs "
-            "macOS 27. A model server that refuses it is an error, not a silent retry without it."
+            "How hard a reasoning model thinks (OpenAI-compatible servers: reasoning_effort low/medium/high); omit "
+            "for the model's default. A server refusing it is an error."
         ),
     )
     # Any here: schema.py checks it, with its own messages, after the other fields.
@@ -157,27 +153,31 @@ class RespondArgs(_Arguments):
         alias="schema",
         json_schema_extra={"type": "object"},
         description=(
-            "A JSON Schema for this call's reply: the model can only produce JSON matching it, returned "
-            "parsed as `output`. Supported: " + output_schema.SUPPORTED + ". "
-            "Anything else is refused. A reply that does not match (e.g. cut off by max_output_tokens) is an "
-            "invalid_output error and is not added to the thread."
+            "JSON Schema the reply must match, returned parsed as `output`. Supported: " + output_schema.SUPPORTED
+            + "; anything else is refused. A reply not matching (e.g. cut by max_output_tokens) is an invalid_output "
+            "error, not kept."
         ),
     )
 
 
 class UsageOutput(BaseModel):
     input_tokens: int | None = Field(
-        None, description="Tokens the model read, all model requests (tool rounds too) added up.")
-    output_tokens: int | None = Field(None, description="Tokens it wrote, reasoning included.")
+        None, description="Tokens read, all model requests (tool rounds too).")
+    output_tokens: int | None = Field(None, description="Tokens written, reasoning included.")
     reasoning_tokens: int | None = Field(None, description="Of output_tokens, those spent reasoning.")
-    cached_tokens: int | None = Field(
-        None, description="Of input_tokens, those the server took from its prompt cache instead of reading them again.")
-    first_token_ms: int | None = Field(
-        None,
-        description="respond only: milliseconds from sending the request to the model's first token (wisp's measure).",
-    )
+    cached_tokens: int | None = Field(None, description="Of input_tokens, those from the prompt cache.")
+    first_token_ms: int | None = Field(None, description="Milliseconds to the first token (wisp's measure).")
     output_tokens_per_s: float | None = Field(
-        None, description="respond only: output tokens a second while the model wrote (wisp's measure).")
+        None, description="Output tokens a second while writing (wisp's measure).")
+
+
+# Counts summed over calls, each as respond's `usage` describes it: described there once, since
+# every client reads tools/list whole on every session (and a docstring here would be the schema's).
+class UsageTotal(BaseModel):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 class CloseThreadArgs(_Arguments):
@@ -186,9 +186,10 @@ class CloseThreadArgs(_Arguments):
 
 
 class ListThreadsArgs(_Arguments):
-    query: Annotated[str | None, ErrorWording(f"a string of 1 to {MAX_QUERY_CHARS} characters")] = Field(
-        None, min_length=1, max_length=MAX_QUERY_CHARS,
-        description="Words to find in threads' prompts and replies; best match first.",
+    # Its length and its words are the core's to judge (in bytes): a schema maxLength would count characters.
+    query: Annotated[str | None, ErrorWording("a string")] = Field(
+        None,
+        description=f"Words to find in prompts and replies (at most {MAX_QUERY_BYTES} bytes of UTF-8); best first.",
     )
     limit: Annotated[int | None, ErrorWording(f"an integer from 1 to {MAX_PAGE}")] = Field(
         None, ge=1, le=MAX_PAGE, description=f"Threads per page (default {DEFAULT_PAGE}).",
@@ -205,23 +206,19 @@ class ReadThreadArgs(_Arguments):
 
 
 class RespondOutput(BaseModel):
-    thread_id: str = Field(description="Pass this back as thread_id to continue the conversation.")
-    created: bool = Field(description="True when this call started a new thread.")
-    text: str | None = Field(None, description="The model's reply (absent with `schema`: see output).")
-    condensed: bool = Field(description="True when older turns were dropped to fit the model's context.")
-    turns: int = Field(description="Turns the thread holds after this call.")
-    dropped: int = Field(description="Turns dropped by condensing during this call.")
+    thread_id: str = Field(description="Pass it back as thread_id to continue.")
+    created: bool = Field(description="This call started the thread.")
+    text: str | None = Field(None, description="The reply (absent with `schema`: see output).")
+    condensed: bool = Field(description="Older turns were dropped to fit the context.")
+    turns: int = Field(description="Turns the thread holds now.")
+    dropped: int = Field(description="Turns condensing dropped in this call.")
     # May be JSON null, when the schema allows it: present whenever the call had a schema.
-    output: Any = Field(None, description="With `schema`: the reply as a JSON value that matches it.")
+    output: Any = Field(None, description="With `schema`: the reply's JSON value.")
     store_error: str | None = Field(
-        None, description="With --state-dir: why this turn could not be stored (the thread is in memory only).")
-    usage: UsageOutput = Field(
-        description=(
-            "What this call cost, as the backend reported it; a count the backend does not report is absent, never "
-            "guessed."
-        ),
-    )
-    reasoning: str | None = Field(None, description="With `reasoning`: the level this call was answered with.")
+        None, description="With --state-dir: why this turn was not stored (the thread is in memory only).")
+    usage: UsageOutput = Field(description="This call's cost as the backend reported it; a count it does not report "
+                                           "is absent, never guessed.")
+    reasoning: str | None = Field(None, description="With `reasoning`: the level used.")
 
 
 class CloseThreadOutput(BaseModel):
@@ -240,8 +237,7 @@ class ThreadEntry(BaseModel):
     first_prompt: str | None = Field(None, description="The start of its first prompt.")
     last_reply: str | None = Field(None, description="The start of its last reply.")
     instructions: str | None = Field(None, description="Its instructions, shortened.")
-    usage: UsageOutput | None = Field(
-        None, description="Live threads: tokens their calls cost since created or resumed.")
+    usage: UsageTotal | None = Field(None, description="Live threads: their calls' usage since created or resumed.")
 
 
 class ListThreadsOutput(BaseModel):
@@ -252,11 +248,13 @@ class ListThreadsOutput(BaseModel):
     context_size: int = Field(description="The model's context window in tokens.")
     max_threads: int = Field(description="Live threads kept at most.")
     state_dir: str | None = Field(None, description="Where threads are stored, when they are.")
+    not_stored: str | None = Field(
+        None, description="Why threads are not stored: no --state-dir, or why it is unusable.")
     context_note: str | None = Field(
-        None, description="Set when the server was found to cut prompts: the window wisp now uses.")
-    usage: UsageOutput | None = Field(None, description="What this wisp's calls cost since it started, summed.")
+        None, description="When the server was found to cut prompts: the window wisp now uses.")
+    usage: UsageTotal | None = Field(None, description="Every call's usage since wisp started, summed.")
     threads: list[ThreadEntry]
-    next_cursor: str | None = Field(None, description="Pass as cursor for the next page; absent on the last.")
+    next_cursor: str | None = Field(None, description="The next page's cursor; absent on the last.")
 
 
 class TurnOutput(BaseModel):
@@ -271,8 +269,8 @@ class ReadThreadOutput(BaseModel):
     instructions: str | None = None
     tools: list[str]
     turns: int = Field(description="Turns the thread holds.")
-    omitted: int = Field(description="Earlier turns left out of `items` (see `last`).")
-    dropped: int = Field(description="Turns condensing dropped from it before these (while this wisp held it).")
+    omitted: int = Field(description="Earlier turns left out of items.")
+    dropped: int = Field(description="Turns condensed away before these (while this wisp held it).")
     items: list[TurnOutput] = Field(description="Its last turns, oldest first.")
 
 

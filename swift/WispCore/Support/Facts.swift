@@ -26,6 +26,7 @@ public enum CoreFacts {
                 "rule": .string(ThreadRegistry.idRule),
             ],
             "client_roots": ["max": .number(JSONNumber(ThreadRegistry.maxRoots))],
+            "query": ["max_bytes": .number(JSONNumber(ThreadQuery.maxBytes))],
             "reasoning_levels": .array(ReasoningLevel.allCases.map { .string($0.rawValue) }),
             "model_tools": .array(ToolCatalogue.tools(roots: Roots([])).map { tool in
                 ["name": .string(tool.name), "description": .string(tool.description)]

@@ -63,12 +63,14 @@ public enum ThreadViews {
 /// number of times they occur.
 public struct ThreadQuery: Sendable, Equatable {
     public let words: Set<String>
-    /// Longer queries are refused: they are not what a person searches with.
+    /// Longer queries are refused: they are not what a person searches with. In UTF-8 bytes, the
+    /// unit the core holds text in; the shim checks no length of its own (the core's facts state it).
     public static let maxBytes = 1000
 
     public init(_ text: String) throws(WispError) {
         guard text.utf8.count <= Self.maxBytes else {
-            throw WispError(.invalidArgument, "query is \(text.utf8.count) bytes; at most \(Self.maxBytes)")
+            throw WispError(.invalidArgument, "query is \(text.utf8.count) bytes of UTF-8; at most "
+                                              + "\(Self.maxBytes) bytes: search with fewer words")
         }
         words = Set(Self.words(in: text).map(String.init))
         guard !words.isEmpty else { throw WispError(.invalidArgument, "query has no words to search for") }
