@@ -1,4 +1,4 @@
-// The JSON value, reader and writer on their own (JSON/JSON.swift, JSON/JSONWriter.swift): key
+// The JSON value, reader and writer on their own (WispInfrastructure's JSON/): key
 // order kept, numbers exact, keys compared as code points, what is not JSON refused. Against
 // JSONEncoder/JSONDecoder, through the pipe's messages: WispCoreTests/PipeJSONTests.swift.
 import Foundation
