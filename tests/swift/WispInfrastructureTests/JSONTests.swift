@@ -31,6 +31,21 @@ import Testing
         #expect(JSONValue.string("a/b").jsonText == #""a/b""#)
     }
 
+    /// JSON has no NaN or infinity; the writer says `null` for them rather than trap the core.
+    @Test func aDoubleJSONCannotHoldIsWrittenAsNull() throws {
+        for value in [Double.nan, -Double.nan, .infinity, -.infinity, .signalingNaN] {
+            var w = JSONWriter()
+            w.object { w in
+                w.field("x", value)
+                w.field("y", 1.5)
+            }
+            let text = String(decoding: w.bytes, as: UTF8.self)
+            #expect(text == #"{"x":null,"y":1.5}"#, "\(value)")
+            #expect(try JSONValue.parse(text)["x"] == .null)
+        }
+        #expect(JSONNumber(Double.nan) == nil && JSONNumber(-Double.infinity) == nil)
+    }
+
     @Test func numbersAreKeptExactly() throws {
         let big = try JSONValue.parse("9007199254740993")
         #expect(big.jsonText == "9007199254740993")
