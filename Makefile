@@ -134,7 +134,7 @@ fuzz: venv core $(TEST_VENV)
 	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift $(FUZZ_OUT)/corpus-openai
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -emit-library -static -module-name WispInfrastructure \
-		swift/WispInfrastructure/Pipe/Frame.swift swift/WispInfrastructure/JSON/JSON.swift swift/WispInfrastructure/JSON/JSONWriter.swift \
+		swift/WispInfrastructure/Pipe/Frame.swift $(wildcard swift/WispInfrastructure/JSON/*.swift) \
 		swift/WispInfrastructure/Support/OutsideNumber.swift swift/WispInfrastructure/HTTP/SSELineSplitter.swift \
 		-emit-module-path $(FUZZ_OUT)/WispInfrastructure.swiftmodule -o $(FUZZ_OUT)/libWispInfrastructure.a
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/FrameFuzz.swift \

@@ -132,9 +132,12 @@ public struct JSONWriter {
         }
     }
 
-    /// A finite Double, as Swift prints it (shortest form that reads back the same): valid JSON.
+    /// A finite Double as Swift prints it (shortest form that reads back the same); NaN and the
+    /// infinities, which JSON has no text for, as `null` (JavaScript's `JSON.stringify` does the
+    /// same). Never a trap: a Double written here may come from a store's file or a model
+    /// server's timings, and trapping would lose every thread the core holds.
     public mutating func double(_ value: Double) {
-        precondition(value.isFinite, "JSON has no \(value)")
+        guard value.isFinite else { return bytes.append(contentsOf: [0x6E, 0x75, 0x6C, 0x6C]) }
         bytes.append(contentsOf: value.description.utf8)
     }
 

@@ -1,4 +1,4 @@
-// The JSON value, reader and writer on their own (JSON/JSON.swift, JSON/JSONWriter.swift): key
+// The JSON value, reader and writer on their own (WispInfrastructure's JSON/): key
 // order kept, numbers exact, keys compared as code points, what is not JSON refused. Against
 // JSONEncoder/JSONDecoder, through the pipe's messages: WispCoreTests/PipeJSONTests.swift.
 import Foundation
@@ -29,6 +29,21 @@ import Testing
         w.string(String(repeating: "/", count: 1000))
         #expect(w.bytes.count == 1002)
         #expect(JSONValue.string("a/b").jsonText == #""a/b""#)
+    }
+
+    /// JSON has no NaN or infinity; the writer says `null` for them rather than trap the core.
+    @Test func aDoubleJSONCannotHoldIsWrittenAsNull() throws {
+        for value in [Double.nan, -Double.nan, .infinity, -.infinity, .signalingNaN] {
+            var w = JSONWriter()
+            w.object { w in
+                w.field("x", value)
+                w.field("y", 1.5)
+            }
+            let text = String(decoding: w.bytes, as: UTF8.self)
+            #expect(text == #"{"x":null,"y":1.5}"#, "\(value)")
+            #expect(try JSONValue.parse(text)["x"] == .null)
+        }
+        #expect(JSONNumber(Double.nan) == nil && JSONNumber(-Double.infinity) == nil)
     }
 
     @Test func numbersAreKeptExactly() throws {
