@@ -355,10 +355,9 @@ public actor ThreadRegistry {
             }
         }
         if let query, let store {
-            // The store finds the threads that hold every word (its full-text index); each found is
-            // read to rank it as a live thread is ranked.
-            let found = await store.summaries(matching: query.words.sorted().joined(separator: " "),
-                                              limit: store.maxStored)
+            // The store finds the threads that hold every word (its index of each turn's words); each
+            // found is read to rank it as a live thread is ranked.
+            let found = await store.summaries(matching: query, limit: store.maxStored)
             for s in found where !liveIDs.contains(s.id) {
                 guard let thread = try? await stored(s.id), let score = query.score(thread.history) else { continue }
                 rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), info(s)))

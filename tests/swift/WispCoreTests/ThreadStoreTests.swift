@@ -104,10 +104,10 @@ private func leased<T>(_ s: any ThreadStore, _ id: String, _ body: (any ThreadLe
         let all = await s.summaries(matching: nil, limit: 10)
         #expect(all.map(\.id) == ["c", "a"])
         #expect(all[1].firstPrompt == "alpha common" && all[1].lastReply == "reply to again" && all[1].usage.outputTokens == 4)
-        #expect(await s.summaries(matching: "common", limit: 10).map(\.id) == ["c", "a"])
-        #expect(await s.summaries(matching: "alpha REPLY", limit: 10).map(\.id) == ["a"])
-        #expect(await s.summaries(matching: "beta", limit: 10).isEmpty)
-        #expect(await s.summaries(matching: "\"unbalanced ( NEAR", limit: 10).isEmpty)
+        #expect(await s.summaries(matching: try ThreadQuery("common"), limit: 10).map(\.id) == ["c", "a"])
+        #expect(await s.summaries(matching: try ThreadQuery("alpha REPLY"), limit: 10).map(\.id) == ["a"])
+        #expect(await s.summaries(matching: try ThreadQuery("beta"), limit: 10).isEmpty)
+        #expect(await s.summaries(matching: try ThreadQuery("\"unbalanced ( NEAR"), limit: 10).isEmpty)
     }
 
     @Test func storedNumbersOutOfRangeAreBoundedWhenRead() async throws {

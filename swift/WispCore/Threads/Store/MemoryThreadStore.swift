@@ -92,14 +92,9 @@ public final class MemoryThreadStore: ThreadStore {
 
     public func close() {}
 
-    public func summaries(matching query: String?, limit: Int) async -> [ThreadSummary] {
-        let words = Self.words(query).map { $0.lowercased() }
-        return rows.withLock { rows in
-            rows.filter { _, row in
-                words.allSatisfy { w in
-                    row.thread.history.contains { ($0.prompt + " " + $0.response).lowercased().contains(w) }
-                }
-            }.sorted { $0.value.updatedAt > $1.value.updatedAt }.prefix(max(0, limit)).map { id, row in
+    public func summaries(matching query: ThreadQuery?, limit: Int) async -> [ThreadSummary] {
+        rows.withLock { rows in
+            rows.filter { _, row in query?.matches(row.thread.history) ?? true }.sorted { $0.value.updatedAt > $1.value.updatedAt }.prefix(max(0, limit)).map { id, row in
                 ThreadSummary(id: id, turns: row.thread.history.count, createdAt: row.createdAt,
                               updatedAt: row.updatedAt, firstPrompt: row.thread.history.first?.prompt ?? "",
                               lastReply: row.thread.history.last?.response ?? "", usage: row.usage,
