@@ -145,17 +145,6 @@ enum StoreSchema {
         return Usage(inputTokens: count(at), outputTokens: count(at + 1), reasoningTokens: count(at + 2))
     }
 
-    /// Totals that cannot overflow: a sum past Int's range is not a count (nil).
-    static func add(_ a: Usage, _ b: Usage) -> Usage {
-        func add(_ x: Int?, _ y: Int?) -> Int? {
-            guard let x, let y else { return nil }
-            let (sum, over) = x.addingReportingOverflow(y)
-            return over ? nil : sum
-        }
-        return Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
-                     reasoningTokens: add(a.reasoningTokens, b.reasoningTokens))
-    }
-
     // MARK: values in rows
 
     static func json(_ strings: [String]) -> String {

@@ -60,7 +60,7 @@ enum ThreadRows {
         }
         var version: Int64 = 0
         try db.query("UPDATE clock SET now = now + 1 RETURNING now") { r in version = r.int(0) ?? 0 }
-        let totals = old.map { StoreSchema.add($0.usage, usage) } ?? usage
+        let totals = old.map { $0.usage + usage } ?? usage
         func count(_ n: Int?) -> SQLiteValue { n.map { .int(Int64($0)) } ?? .null }
         try db.query("INSERT OR REPLACE INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
             .text(id), .int(version), thread.instructions.map { .text($0) } ?? .null,
