@@ -249,7 +249,7 @@ public actor ThreadRegistry {
     }
 
     private func isStored(_ id: String) async throws(WispError) -> Bool {
-        try await stored(id) != nil
+        try await store?.contains(id) ?? false
     }
 
     /// What the committed calls cost since this core started, summed; nil before any.

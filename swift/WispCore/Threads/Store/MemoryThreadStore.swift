@@ -90,6 +90,8 @@ public final class MemoryThreadStore: ThreadStore {
         return seen?.value == row.version ? .unchanged : .loaded(row.thread, StoreVersion(row.version))
     }
 
+    public func contains(_ id: String) async throws(WispError) -> Bool { rows.withLock { $0[id] != nil } }
+
     public func close() {}
 
     public func summaries(matching query: ThreadQuery?, limit: Int) async -> [ThreadSummary] {

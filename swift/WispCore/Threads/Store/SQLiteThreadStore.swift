@@ -230,6 +230,17 @@ public final class SQLiteThreadStore: ThreadStore {
         }
     }
 
+    public func contains(_ id: String) async throws(WispError) -> Bool {
+        if closedMeanwhile.withLock({ $0.contains(id) }) { return false }
+        return try await blocking { () throws(WispError) -> Bool in
+            try self.withDB(reading: true) { db throws(SQLiteError) -> Bool in
+                var found = false
+                try db.query("SELECT 1 FROM threads WHERE id = ?", [.text(id)]) { _ in found = true }
+                return found
+            }
+        }
+    }
+
     public func close() {
         let first = broken.withLock { b -> Bool in defer { b = b ?? "wisp is stopping" }; return b == nil }
         guard first else { return }

@@ -31,6 +31,9 @@ public protocol ThreadStore: AnyObject, Sendable {
     /// writer. A stored thread that does not read is an error saying so (it is set aside by the
     /// next call that leases it).
     func read(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded
+    /// Whether a thread is stored under `id` now, read as `read` reads (a thread that does not
+    /// read is stored); throws when the store cannot be read.
+    func contains(_ id: String) async throws(WispError) -> Bool
     /// Stored threads, most recently updated first; with `matching`, exactly those whose prompts or
     /// replies hold each of its words (`ThreadQuery.matches` says which). At most `limit`.
     func summaries(matching query: ThreadQuery?, limit: Int) async -> [ThreadSummary]
