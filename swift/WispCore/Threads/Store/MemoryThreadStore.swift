@@ -134,11 +134,13 @@ public final class MemoryThreadStore: ThreadStore {
                 rows[id] = Row(thread: thread, version: version, createdAt: old?.createdAt ?? now, updatedAt: now,
                                usage: old.map { $0.usage + usage } ?? usage)
                 guard rows.count > store.maxStored else { return [] }
-                let others = rows.filter { $0.key != id }.sorted { $0.value.updatedAt < $1.value.updatedAt }
-                return others.prefix(rows.count - store.maxStored).map(\.key)
+                return rows.filter { $0.key != id }.sorted { $0.value.updatedAt < $1.value.updatedAt }.map(\.key)
             }
-            for victim in over where store.leases.tryTake(victim) {
-                _ = store.rows.withLock { $0.removeValue(forKey: victim) }
+            // Least recently updated first; one a call holds is skipped for the next.
+            var excess = store.rows.withLock { $0.count } - store.maxStored
+            for victim in over where excess > 0 && store.leases.tryTake(victim) {
+                // One closed meanwhile frees no room.
+                if store.rows.withLock({ $0.removeValue(forKey: victim) }) != nil { excess -= 1 }
                 store.leases.release(victim)
             }
             return StoreVersion(version)
