@@ -249,7 +249,7 @@ public actor ThreadRegistry {
     }
 
     private func isStored(_ id: String) async throws(WispError) -> Bool {
-        try await stored(id) != nil
+        try await store?.contains(id) ?? false
     }
 
     /// What the committed calls cost since this core started, summed; nil before any.
@@ -355,10 +355,9 @@ public actor ThreadRegistry {
             }
         }
         if let query, let store {
-            // The store finds the threads that hold every word (its full-text index); each found is
-            // read to rank it as a live thread is ranked.
-            let found = await store.summaries(matching: query.words.sorted().joined(separator: " "),
-                                              limit: store.maxStored)
+            // The store finds the threads that hold every word (its index of each turn's words); each
+            // found is read to rank it as a live thread is ranked.
+            let found = await store.summaries(matching: query, limit: store.maxStored)
             for s in found where !liveIDs.contains(s.id) {
                 guard let thread = try? await stored(s.id), let score = query.score(thread.history) else { continue }
                 rows.append((ListPlace(score: score, updated: s.updatedAt, id: s.id), info(s)))

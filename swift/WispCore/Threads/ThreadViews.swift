@@ -58,43 +58,6 @@ public enum ThreadViews {
     }
 }
 
-/// The words of a `list_threads` query, matched as whole words, case-insensitively, over a
-/// thread's prompts and replies: a thread matches when it holds every word, and scores the
-/// number of times they occur.
-public struct ThreadQuery: Sendable, Equatable {
-    public let words: Set<String>
-    /// Longer queries are refused: they are not what a person searches with. In UTF-8 bytes, the
-    /// unit the core holds text in; the shim checks no length of its own (the core's facts state it).
-    public static let maxBytes = 1000
-
-    public init(_ text: String) throws(WispError) {
-        guard text.utf8.count <= Self.maxBytes else {
-            throw WispError(.invalidArgument, "query is \(text.utf8.count) bytes of UTF-8; at most "
-                                              + "\(Self.maxBytes) bytes: search with fewer words")
-        }
-        words = Set(Self.words(in: text).map(String.init))
-        guard !words.isEmpty else { throw WispError(.invalidArgument, "query has no words to search for") }
-    }
-
-    static func words(in text: String) -> [Substring] {
-        text.lowercased().split { !($0.isLetter || $0.isNumber) }
-    }
-
-    /// How well `history` matches: nil when some word is missing.
-    public func score(_ history: [Turn]) -> Int? {
-        var counts: [String: Int] = [:]
-        for turn in history {
-            for text in [turn.prompt, turn.response] {
-                for word in Self.words(in: text) where words.contains(String(word)) {
-                    counts[String(word), default: 0] += 1
-                }
-            }
-        }
-        guard counts.count == words.count else { return nil }
-        return counts.values.reduce(0, +)
-    }
-}
-
 /// A listing's order and where a page ends: best match first (with a query), then most recently
 /// updated, then by id. A cursor is the last entry's place, written opaquely; the next page is
 /// every entry after it, so a listing nothing changes meanwhile gives each thread once.

@@ -104,10 +104,10 @@ private func leased<T>(_ s: any ThreadStore, _ id: String, _ body: (any ThreadLe
         let all = await s.summaries(matching: nil, limit: 10)
         #expect(all.map(\.id) == ["c", "a"])
         #expect(all[1].firstPrompt == "alpha common" && all[1].lastReply == "reply to again" && all[1].usage.outputTokens == 4)
-        #expect(await s.summaries(matching: "common", limit: 10).map(\.id) == ["c", "a"])
-        #expect(await s.summaries(matching: "alpha REPLY", limit: 10).map(\.id) == ["a"])
-        #expect(await s.summaries(matching: "beta", limit: 10).isEmpty)
-        #expect(await s.summaries(matching: "\"unbalanced ( NEAR", limit: 10).isEmpty)
+        #expect(await s.summaries(matching: try ThreadQuery("common"), limit: 10).map(\.id) == ["c", "a"])
+        #expect(await s.summaries(matching: try ThreadQuery("alpha REPLY"), limit: 10).map(\.id) == ["a"])
+        #expect(await s.summaries(matching: try ThreadQuery("beta"), limit: 10).isEmpty)
+        #expect(await s.summaries(matching: try ThreadQuery("\"unbalanced ( NEAR"), limit: 10).isEmpty)
     }
 
     @Test func storedNumbersOutOfRangeAreBoundedWhenRead() async throws {
@@ -121,7 +121,44 @@ private func leased<T>(_ s: any ThreadStore, _ id: String, _ body: (any ThreadLe
         #expect(read.history[0].tokens == Turn.estimateTokens(prompt: "p1", toolExchanges: [], response: "r1", reasoning: "thought first"))
         #expect(read.history.reduce(0) { $0 + $1.tokens } > 0)
         _ = try await leased(s, "t") { try await $0.commit(read, kept: 2, after: nil, usage: Usage(inputTokens: 1, outputTokens: 1)) }
-        #expect(await s.summaries(matching: nil, limit: 1).first?.usage.outputTokens == nil)
+        #expect(await s.summaries(matching: nil, limit: 1).first?.usage.outputTokens == Int.max)  // saturated, as Usage sums
+    }
+
+    /// Schema 2 indexed prompts and replies with FTS5's own words; schema 3 fills each turn's
+    /// words as the live search judges them, and the index is made again over them.
+    @Test func aSchema2DatabaseIsSearchedAsLiveThreadsAreOnceMigrated() async throws {
+        let dir = freshStateDir()
+        let s = try store(dir)
+        for (i, c) in trickySearches.enumerated() {
+            _ = try await leased(s, "c\(i)") { lease in
+                try await lease.commit(StoredThread(instructions: nil, tools: [], roots: [], history: [
+                    Turn(prompt: c.text, response: "ok", tokens: 1),
+                ]), kept: 0, after: nil, usage: Usage())
+            }
+        }
+        s.close()
+        let db = try SQLiteDatabase(path: dir + "/threads.db", create: false, maxLength: 1 << 20, busyTimeoutMs: 1000)
+        try db.execute("""
+            DROP TRIGGER turns_text_insert; DROP TRIGGER turns_text_delete; DROP TABLE turns_text;
+            ALTER TABLE turns DROP COLUMN words;
+            CREATE VIRTUAL TABLE turns_text USING fts5(prompt, response, content='turns', content_rowid='rowid');
+            INSERT INTO turns_text(turns_text) VALUES ('rebuild');
+            PRAGMA user_version = 2
+            """)
+        db.close()
+        let migrated = try store(dir)
+        for (i, c) in trickySearches.enumerated() {
+            guard let query = try? ThreadQuery(c.query) else { continue }
+            let found = await migrated.summaries(matching: query, limit: 1000).map(\.id)
+            #expect(found.contains("c\(i)") == c.matches, "query \(c.query.debugDescription)")
+        }
+        // New turns are indexed by the new triggers.
+        _ = try await leased(migrated, "c0") { lease in
+            try await lease.commit(StoredThread(instructions: nil, tools: [], roots: [], history: [
+                Turn(prompt: "Zürich", response: "ok", tokens: 1),
+            ]), kept: 0, after: nil, usage: Usage())
+        }
+        #expect(await migrated.summaries(matching: try ThreadQuery("ZÜRICH"), limit: 10).map(\.id) == ["c0"])
     }
 
     @Test func aNewerWispsDatabaseIsMovedAsideAndNotUsed() throws {

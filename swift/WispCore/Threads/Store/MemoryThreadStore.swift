@@ -90,16 +90,13 @@ public final class MemoryThreadStore: ThreadStore {
         return seen?.value == row.version ? .unchanged : .loaded(row.thread, StoreVersion(row.version))
     }
 
+    public func contains(_ id: String) async throws(WispError) -> Bool { rows.withLock { $0[id] != nil } }
+
     public func close() {}
 
-    public func summaries(matching query: String?, limit: Int) async -> [ThreadSummary] {
-        let words = Self.words(query).map { $0.lowercased() }
-        return rows.withLock { rows in
-            rows.filter { _, row in
-                words.allSatisfy { w in
-                    row.thread.history.contains { ($0.prompt + " " + $0.response).lowercased().contains(w) }
-                }
-            }.sorted { $0.value.updatedAt > $1.value.updatedAt }.prefix(max(0, limit)).map { id, row in
+    public func summaries(matching query: ThreadQuery?, limit: Int) async -> [ThreadSummary] {
+        rows.withLock { rows in
+            rows.filter { _, row in query?.matches(row.thread.history) ?? true }.sorted { $0.value.updatedAt > $1.value.updatedAt }.prefix(max(0, limit)).map { id, row in
                 ThreadSummary(id: id, turns: row.thread.history.count, createdAt: row.createdAt,
                               updatedAt: row.updatedAt, firstPrompt: row.thread.history.first?.prompt ?? "",
                               lastReply: row.thread.history.last?.response ?? "", usage: row.usage,
@@ -137,11 +134,13 @@ public final class MemoryThreadStore: ThreadStore {
                 rows[id] = Row(thread: thread, version: version, createdAt: old?.createdAt ?? now, updatedAt: now,
                                usage: old.map { $0.usage + usage } ?? usage)
                 guard rows.count > store.maxStored else { return [] }
-                let others = rows.filter { $0.key != id }.sorted { $0.value.updatedAt < $1.value.updatedAt }
-                return others.prefix(rows.count - store.maxStored).map(\.key)
+                return rows.filter { $0.key != id }.sorted { $0.value.updatedAt < $1.value.updatedAt }.map(\.key)
             }
-            for victim in over where store.leases.tryTake(victim) {
-                _ = store.rows.withLock { $0.removeValue(forKey: victim) }
+            // Least recently updated first; one a call holds is skipped for the next.
+            var excess = store.rows.withLock { $0.count } - store.maxStored
+            for victim in over where excess > 0 && store.leases.tryTake(victim) {
+                // One closed meanwhile frees no room.
+                if store.rows.withLock({ $0.removeValue(forKey: victim) }) != nil { excess -= 1 }
                 store.leases.release(victim)
             }
             return StoreVersion(version)

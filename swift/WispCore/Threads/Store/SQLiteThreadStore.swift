@@ -186,7 +186,7 @@ public final class SQLiteThreadStore: ThreadStore {
             defer { leases.release(id) }
             guard directory.lockShare(id) else { continue }
             defer { directory.unlockShare(id) }
-            if (try? withDB({ db throws(SQLiteError) -> Bool in try Self.remove(id, db); return true })) == true {
+            if (try? withDB({ db throws(SQLiteError) -> Bool in try ThreadRows.remove(id, db); return true })) == true {
                 _ = closedMeanwhile.withLock { $0.remove(id) }
             }
         }
@@ -207,24 +207,16 @@ public final class SQLiteThreadStore: ThreadStore {
                   + "or use another thread")
     }
 
-    public func summaries(matching query: String?, limit: Int) async -> [ThreadSummary] {
-        let words = Self.words(query)
+    public func summaries(matching query: ThreadQuery?, limit: Int) async -> [ThreadSummary] {
         let hidden = closedMeanwhile.withLock { $0 }
         let found = try? await blocking { () throws(WispError) -> [ThreadSummary] in
             try self.withDB(reading: true) { db throws(SQLiteError) in
                 try db.reading { () throws(SQLiteError) in
-                    try StoreSchema.summaries(db, fullText: self.fullText, words: words, limit: limit)
+                    try StoreSchema.summaries(db, fullText: self.fullText, query: query, limit: limit)
                 }
             }
         }
         return (found ?? []).filter { !hidden.contains($0.id) }
-    }
-
-    private static func remove(_ id: String, _ db: SQLiteDatabase) throws(SQLiteError) {
-        try db.transaction { () throws(SQLiteError) in
-            try db.query("DELETE FROM turns WHERE thread_id = ?", [.text(id)])
-            try db.query("DELETE FROM threads WHERE id = ?", [.text(id)])
-        }
     }
 
     public func read(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded {
@@ -234,6 +226,17 @@ public final class SQLiteThreadStore: ThreadStore {
             case .failure(let e):
                 throw WispError(.internal, "stored thread '\(id)' could not be read: \(e.why); the next call on it "
                                 + "sets it aside and starts the thread afresh")
+            }
+        }
+    }
+
+    public func contains(_ id: String) async throws(WispError) -> Bool {
+        if closedMeanwhile.withLock({ $0.contains(id) }) { return false }
+        return try await blocking { () throws(WispError) -> Bool in
+            try self.withDB(reading: true) { db throws(SQLiteError) -> Bool in
+                var found = false
+                try db.query("SELECT 1 FROM threads WHERE id = ?", [.text(id)]) { _ in found = true }
+                return found
             }
         }
     }
@@ -259,7 +262,7 @@ public final class SQLiteThreadStore: ThreadStore {
     // MARK: reading and writing one thread (under its lease)
 
     fileprivate func load(_ id: String, unlessAt seen: StoreVersion?) throws(WispError) -> Loaded {
-        let read: Result<Loaded, Unreadable>
+        let read: Result<Loaded, ThreadRows.Unreadable>
         do {
             read = try committed(id, unlessAt: seen)
         } catch {
@@ -273,44 +276,12 @@ public final class SQLiteThreadStore: ThreadStore {
 
     /// Thread `id` as last committed, on the readers' connection (one snapshot).
     private func committed(_ id: String,
-                           unlessAt seen: StoreVersion?) throws(WispError) -> Result<Loaded, Unreadable> {
+                           unlessAt seen: StoreVersion?) throws(WispError) -> Result<Loaded, ThreadRows.Unreadable> {
         if closedMeanwhile.withLock({ $0.contains(id) }) { return .success(.none) }
         return try withDB(reading: true) { db throws(SQLiteError) in
-            try db.reading { () throws(SQLiteError) in try Self.read(db, id, unlessAt: seen) }
+            try db.reading { () throws(SQLiteError) in try ThreadRows.read(db, id, unlessAt: seen) }
         }
     }
-
-    private static func read(_ db: SQLiteDatabase, _ id: String,
-                             unlessAt seen: StoreVersion?) throws(SQLiteError) -> Result<Loaded, Unreadable> {
-        var head: (Int64, String?, String, String)?
-        try db.query("SELECT version, instructions, tools, roots FROM threads WHERE id = ?", [.text(id)]) { r in
-            head = (r.int(0) ?? -1, r.text(1), r.text(2) ?? "", r.text(3) ?? "")
-        }
-        guard let (version, instructions, toolsText, rootsText) = head else { return .success(.none) }
-        if version == seen?.value { return .success(.unchanged) }
-        var history: [Turn] = []
-        var bad: String?
-        let turns = "SELECT prompt, tool_exchanges, response, reasoning, tokens, structured FROM turns "
-            + "WHERE thread_id = ? ORDER BY seq"
-        try db.query(turns, [.text(id)]) { r in
-            guard bad == nil else { return }
-            guard let prompt = r.text(0), let response = r.text(2),
-                  let exchanges = try? StoreSchema.exchanges(r.text(1)) else {
-                bad = "its turn \(history.count + 1) does not read"
-                return
-            }
-            history.append(.stored(prompt: prompt, toolExchanges: exchanges, response: response, reasoning: r.text(3),
-                                   tokens: r.int(4) ?? -1, structured: r.int(5) == 1))
-        }
-        if let bad { return .failure(Unreadable(why: bad)) }
-        guard let tools = try? StoreSchema.strings(toolsText), let roots = try? StoreSchema.strings(rootsText) else {
-            return .failure(Unreadable(why: "its tools or roots do not read"))
-        }
-        let thread = StoredThread(instructions: instructions, tools: tools, roots: roots, history: history)
-        return .success(.loaded(thread, StoreVersion(version)))
-    }
-
-    struct Unreadable: Error { let why: String }
 
     /// A stored thread that does not read (or cannot be given its tools), moved aside inside the
     /// database under an id no call can name (`!corrupt-<time>-<random>:<id>`), kept for a person
@@ -363,40 +334,13 @@ public final class SQLiteThreadStore: ThreadStore {
         }
     }
 
-    /// One thread's write, inside the caller's transaction.
+    /// One thread's write, inside the caller's transaction; a thread new to the store may put it
+    /// over the cap.
     private func store(_ db: SQLiteDatabase, _ id: String, _ thread: StoredThread, kept: Int, after seen: StoreVersion?,
                        usage: Usage, at now: Double) throws(SQLiteError) -> Int64 {
-        var old: (version: Int64, created: Double, turns: Int64, usage: Usage)?
-        let head = "SELECT version, created_at, turns, input_tokens, output_tokens, reasoning_tokens "
-            + "FROM threads WHERE id = ?"
-        try db.query(head, [.text(id)]) { r in
-            old = (r.int(0) ?? -1, r.double(1) ?? now, r.int(2) ?? 0, StoreSchema.usage(r, from: 3))
-        }
-        // Only the turns after `kept` are written when the stored thread is the one the holder saw.
-        let from = old.map { $0.version == seen?.value && kept >= 0 && Int64(kept) <= $0.turns } == true ? kept : 0
-        try db.query("DELETE FROM turns WHERE thread_id = ? AND seq >= ?", [.text(id), .int(Int64(from))])
-        for (seq, turn) in thread.history.enumerated().dropFirst(from) {
-            try db.query("INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?)", [
-                .text(id), .int(Int64(seq)), .text(turn.prompt), .text(turn.response),
-                turn.reasoning.map { .text($0) } ?? .null,
-                .int(Int64(turn.tokens)), StoreSchema.json(turn.toolExchanges).map { .text($0) } ?? .null,
-                .int(turn.structured ? 1 : 0),
-            ])
-        }
-        var version: Int64 = 0
-        try db.query("UPDATE clock SET now = now + 1 RETURNING now") { r in version = r.int(0) ?? 0 }
-        let totals = old.map { StoreSchema.add($0.usage, usage) } ?? usage
-        func count(_ n: Int?) -> SQLiteValue { n.map { .int(Int64($0)) } ?? .null }
-        try db.query("INSERT OR REPLACE INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
-            .text(id), .int(version), thread.instructions.map { .text($0) } ?? .null,
-            .text(StoreSchema.json(thread.tools)), .text(StoreSchema.json(thread.roots)),
-            .int(Int64(thread.history.count)), .double(old?.created ?? now), .double(now),
-            .text(ThreadSummary.preview(thread.history.first?.prompt ?? "")),
-            .text(ThreadSummary.preview(thread.history.last?.response ?? "")),
-            count(totals.inputTokens), count(totals.outputTokens), count(totals.reasoningTokens),
-        ])
-        if old == nil { try enforceCap(db, keeping: id) }
-        return version
+        let written = try ThreadRows.write(db, id, thread, kept: kept, after: seen, usage: usage, at: now)
+        if written.new { try enforceCap(db, keeping: id) }
+        return written.version
     }
 
     /// Deletes the least recently updated threads over `maxStored`, skipping any a call holds
@@ -415,8 +359,7 @@ public final class SQLiteThreadStore: ThreadStore {
             defer { leases.release(victim) }
             guard directory.lockShare(victim) else { continue }
             defer { directory.unlockShare(victim) }
-            try db.query("DELETE FROM turns WHERE thread_id = ?", [.text(victim)])
-            try db.query("DELETE FROM threads WHERE id = ?", [.text(victim)])
+            try ThreadRows.delete(victim, db)
             log(.info, "stored thread '\(victim)' deleted: over --max-stored-threads \(maxStored), least recently used")
             excess -= 1
         }
@@ -450,7 +393,7 @@ public final class SQLiteThreadStore: ThreadStore {
         do {
             try write { db throws(SQLiteError) in
                 try db.query("SELECT 1 FROM threads WHERE id = ?", [.text(id)]) { _ in existed = true }
-                try Self.remove(id, db)
+                try ThreadRows.remove(id, db)
             }
         } catch {
             // Deleted once the store can be written; not read meanwhile.

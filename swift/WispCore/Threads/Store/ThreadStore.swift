@@ -15,7 +15,8 @@ import WispInfrastructure
 ///   turns were dropped by condensing or kept in memory only, or a new thread created with a
 ///   history: a fork).
 /// - `summaries` lists stored threads, most recently updated first, optionally only those whose
-///   prompts and replies hold every word of a query; each with what a listing previews.
+///   prompts and replies hold every word of a query (words as `SearchWords` judges them, the
+///   judgement live threads are searched by); each with what a listing previews.
 public protocol ThreadStore: AnyObject, Sendable {
     /// Where threads are kept, as a person would name it (the state dir).
     var location: String { get }
@@ -30,9 +31,12 @@ public protocol ThreadStore: AnyObject, Sendable {
     /// writer. A stored thread that does not read is an error saying so (it is set aside by the
     /// next call that leases it).
     func read(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError) -> Loaded
-    /// Stored threads, most recently updated first; with `matching`, only those whose prompts or
-    /// replies hold each of its words. At most `limit`.
-    func summaries(matching query: String?, limit: Int) async -> [ThreadSummary]
+    /// Whether a thread is stored under `id` now, read as `read` reads (a thread that does not
+    /// read is stored); throws when the store cannot be read.
+    func contains(_ id: String) async throws(WispError) -> Bool
+    /// Stored threads, most recently updated first; with `matching`, exactly those whose prompts or
+    /// replies hold each of its words (`ThreadQuery.matches` says which). At most `limit`.
+    func summaries(matching query: ThreadQuery?, limit: Int) async -> [ThreadSummary]
     /// The process ends: everything committed goes into the store's durable form (for SQLite, the
     /// database file alone), and the store lets its resources go. Waits a bounded time; nothing
     /// is stored after it.
@@ -49,11 +53,6 @@ extension ThreadStore {
         let deleted = try? await lease.delete()
         await lease.release()
         return deleted ?? false
-    }
-
-    /// A search query's words (what `summaries(matching:)` looks for, each).
-    static func words(_ query: String?) -> [String] {
-        query.map { $0.split(whereSeparator: \.isWhitespace).map(String.init) } ?? []
     }
 
     /// What a call served in memory because of `trouble` says in its reply.
