@@ -135,11 +135,12 @@ fuzz: venv core $(TEST_VENV)
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -emit-library -static -module-name WispInfrastructure \
 		swift/WispInfrastructure/Pipe/Frame.swift $(wildcard swift/WispInfrastructure/JSON/*.swift) \
-		swift/WispInfrastructure/Support/OutsideNumber.swift swift/WispInfrastructure/HTTP/SSELineSplitter.swift \
+		swift/WispInfrastructure/Support/OutsideNumber.swift swift/WispInfrastructure/Support/BoundedText.swift \
+		swift/WispInfrastructure/HTTP/SSELineSplitter.swift \
 		-emit-module-path $(FUZZ_OUT)/WispInfrastructure.swiftmodule -o $(FUZZ_OUT)/libWispInfrastructure.a
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/FrameFuzz.swift \
 		swift/WispCore/Pipe/Requests.swift swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift \
-		swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift \
+		swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift swift/WispCore/Support/Preview.swift \
 		$(FUZZ_OUT)/libWispInfrastructure.a -module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
 	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/OpenAIFuzz.swift \

@@ -15,14 +15,6 @@ public enum LogLevel: String, Sendable, Comparable {
     public static func < (a: LogLevel, b: LogLevel) -> Bool { a.rank < b.rank }
 }
 
-extension String {
-    /// Bytes of a value from outside that a message or a log line shows, the cut mark included.
-    static let previewBytes = 160
-
-    /// The text bounded to `previewBytes` (`clipped(toBytes:)`: in bytes, whatever its clusters).
-    var preview: String { bounded(toBytes: Self.previewBytes) }
-}
-
 /// Logs to stderr, never stdout: stdout carries protocol bytes only. A line is queued, never
 /// written by the caller (see `LogSink`), so no protocol work ever waits on stderr.
 public struct Log: Sendable {
