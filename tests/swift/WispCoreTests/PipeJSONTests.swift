@@ -115,7 +115,8 @@ import WispInfrastructure
         if let e = (catching { () throws(JSONError) in try PipeJSON.request(bytes) }).failureValue {
             if e.message.hasPrefix("expected a whole number") { return true }
             if e.message.contains("expected a member name") || e.message.contains("expected a JSON value") {
-                let text = String(decoding: bytes, as: UTF8.self).filter { !" \n\r\t".contains($0) }
+                // By bytes: "\r\n" is one Character, which a filter of "\r" and "\n" keeps.
+                let text = String(decoding: bytes.filter { ![0x20, 0x0A, 0x0D, 0x09].contains($0) }, as: UTF8.self)
                 if text.contains(",}") || text.contains(",]") { return true }
             }
         }
