@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -81,9 +82,16 @@ def test_help_and_version_load_neither_the_sdk_nor_the_http_stack(flag):
     assert set(loaded.split()) <= {"mcp", "mcp.server"} and sdk_ran == "False", f"{flag} imported {loaded}"
 
 
-def test_a_checkout_without_metadata_reads_pyproject():
-    # What a run from a checkout that was never installed finds.
-    assert version_module._checkout_version() == VERSION
+def test_a_checkout_never_installed_reads_its_pyproject(tmp_path):
+    # The package beside a pyproject.toml of another version, run with no site-packages (-S) and
+    # no egg-info: the version can only come from that file.
+    shutil.copytree(REPO / "python" / "wisp_shim", tmp_path / "python" / "wisp_shim",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    (tmp_path / "pyproject.toml").write_text(text.replace(f'version = "{VERSION}"', 'version = "7.7.7"', 1))
+    probe = "import sys; sys.path.insert(0, sys.argv[1]); from wisp_shim.version import version; print(version())"
+    done = _run([sys.executable, "-S", "-c", probe, str(tmp_path / "python")])
+    assert (done.returncode, done.stdout) == (0, "7.7.7\n"), done
 
 
 def _named(other: str) -> str:
