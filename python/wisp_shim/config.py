@@ -22,8 +22,6 @@ from .core_process import DEFAULT_TIMEOUT_S, PROGRESS_EVERY_S, CoreLaunch
 from .facts import BACKENDS, DEFAULT_MAX_THREADS, FLAG_DEFAULTS, FLAG_MAXIMUMS, FLAG_MINIMUMS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-# The console scripts pyproject.toml declares, both `start` in __main__.py.
-SCRIPTS = ("wisp-mcp", "wisp")
 # Above any count anyone means (--max-sessions): the core's flags have their own (FLAG_MAXIMUMS).
 MAX_FLAG_VALUE = 2**31 - 1
 # The longest time a setting takes, in seconds (11.5 days): far above any use, far below what a
@@ -250,10 +248,11 @@ class _VersionAction(argparse.Action):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    # The same flags under each name it runs by: `python -m wisp_shim`, `wisp-mcp`, `wisp`.
+    # The same flags under each name it runs by: a console script (pyproject.toml's) by its name,
+    # `python -m wisp_shim` (argv[0] is then __main__.py) by that.
     script = os.path.basename(sys.argv[0]) if sys.argv else ""
     ap = argparse.ArgumentParser(
-        prog=script if script in SCRIPTS else "python -m wisp_shim",
+        prog=script if script and not script.endswith(".py") else "python -m wisp_shim",
         description=DESCRIPTION,
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
