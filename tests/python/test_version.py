@@ -111,6 +111,13 @@ async def test_a_core_of_another_version_is_refused_at_start(tmp_path, other):
     assert "make build" in msg and "reinstall wisp-mcp" in msg, msg
 
 
+def test_check_states_the_version_of_a_core_it_started():
+    done = subprocess.run(shim_command("--backend", "echo", "--check"), capture_output=True, text=True, timeout=60,
+                          env=shim_env(), cwd=REPO)
+    assert done.returncode == 0, done
+    assert f"\nversion:      {VERSION} " in done.stdout, done.stdout
+
+
 def test_check_refuses_a_core_of_another_version(tmp_path):
     core, _ = fake_core_binary(tmp_path)
     done = subprocess.run(shim_command("--backend", "echo", "--check", core=core), capture_output=True, text=True,
