@@ -36,6 +36,8 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	@# The distribution was called `wisp` before it was `wisp-mcp`: an old venv's copy would keep the `wisp` script.
+	$(VPY) -m pip uninstall --quiet --yes wisp 2>/dev/null || true
 	$(VPY) -m pip install --quiet --disable-pip-version-check -e .
 	touch $@
 

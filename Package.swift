@@ -22,7 +22,12 @@ let package = Package(
                 path: "swift/WispInfrastructure",
                 swiftSettings: [.unsafeFlags(["-cross-module-optimization"], .when(configuration: .release))]),
         .target(name: "WispCore", dependencies: ["WispInfrastructure"], path: "swift/WispCore"),
-        .executableTarget(name: "wisp-core", dependencies: ["WispCore", "WispInfrastructure"], path: "swift/wisp-core"),
+        .executableTarget(name: "wisp-core", dependencies: ["WispCore", "WispInfrastructure"], path: "swift/wisp-core",
+                          plugins: ["WispVersion"]),
+        // wisp-core's version, read at build time from pyproject.toml, its one declaration.
+        .plugin(name: "WispVersion", capability: .buildTool(), dependencies: ["wisp-version-gen"],
+                path: "swift/Plugins/WispVersion"),
+        .executableTarget(name: "wisp-version-gen", path: "swift/Tools/wisp-version-gen"),
         .testTarget(name: "WispInfrastructureTests", dependencies: ["WispInfrastructure"], path: "tests/swift/WispInfrastructureTests"),
         .testTarget(name: "WispCoreTests", dependencies: ["WispCore", "WispInfrastructure"], path: "tests/swift/WispCoreTests"),
     ],

@@ -24,6 +24,7 @@ from .errors import ShimError
 from .loop import WispEventLoop
 from .config import core_launch, http_options, log_level, max_threads, parse_args
 from .core_process import CoreLaunch
+from .version import version
 
 log = logging.getLogger("wisp")
 
@@ -211,6 +212,7 @@ async def _check(config: CoreLaunch, use: LocalModelUse | None = None,
         if use.active and st.available:
             print("model key:    required (a request without it was refused)")
     print(f"core:         {binary}")
+    print(f"version:      {version()} (wisp-mcp and wisp-core)")
     for line in http_server.describe(http) if http is not None else ():
         print(line)
     return 0 if st.available else 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -233,9 +234,25 @@ def _argument(s: Setting) -> dict[str, Any]:
     return taken
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: wisp's version, looked up only when asked for (version.py)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from .version import DISTRIBUTION, version
+
+        sys.stdout.write(f"{DISTRIBUTION} {version()}\n")  # run by a person, as argparse's own --version
+        parser.exit()
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    # The same flags under each name it runs by: a console script (pyproject.toml's) by its name,
+    # `python -m wisp_shim` (argv[0] is then __main__.py) by that.
+    script = os.path.basename(sys.argv[0]) if sys.argv else ""
     ap = argparse.ArgumentParser(
-        prog="python -m wisp_shim",
+        prog=script if script and not script.endswith(".py") else "python -m wisp_shim",
         description=DESCRIPTION,
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -245,6 +262,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if s.flags:
             group = groups.get(s.group) or groups.setdefault(s.group, ap.add_argument_group(s.group))
             group.add_argument(*s.flags, dest=s.dest, help=s.help(), **_argument(s))
+    ap.add_argument("--version", action=_VersionAction, help="print wisp's version and exit")
     return ap.parse_args(argv)
 
 

@@ -12,7 +12,7 @@ import time
 from typing import Protocol
 
 from . import errors
-from . import protocol
+from . import protocol, version
 from .core_process import CoreProcess
 from .errors import ShimError
 from .loop import connect_read_pipe
@@ -88,6 +88,11 @@ class _CoreStdout(asyncio.Protocol):
         if isinstance(msg, protocol.Ready):
             if ready.done():
                 raise protocol.ProtocolError("a second ready frame")
+            refused = version.mismatch(msg.version)
+            if refused:
+                ready.set_exception(errors.CoreRefused(refused))  # what the supervisor says
+                ready.exception()  # mark retrieved
+                raise protocol.ProtocolError(refused)  # and the core is killed
             if msg.protocol != protocol.PROTOCOL_VERSION:
                 raise protocol.ProtocolError(f"wisp-core speaks pipe protocol {msg.protocol}, this shim speaks "
                                              f"{protocol.PROTOCOL_VERSION}; rebuild both (`make build`)")

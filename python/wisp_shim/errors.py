@@ -64,3 +64,11 @@ class ShimError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class CoreRefused(ShimError):
+    """A core that started and said it was ready, but that this shim will not use (another
+    version: version.mismatch says why): restarting it cannot help, a rebuild or reinstall can."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(CORE_UNAVAILABLE, message)

@@ -122,6 +122,8 @@ class Ready(msgspec.Struct, tag_field="event", tag="ready"):
     backend: str
     model: str
     pid: int
+    # wisp's version, built into the core (version.py refuses another); "" from a core too old to say.
+    version: str = ""
     # Threads are stored (--state-dir): a crash of this core loses none of their committed turns.
     durable: bool = False
 

@@ -29,7 +29,7 @@ from mcp.types import (
     ToolAnnotations,
 )
 
-from . import __version__
+from .version import version
 from . import protocol
 from . import schema as output_schema
 from . import errors
@@ -435,7 +435,7 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
 
     server: Server[Any] = Server(
         "wisp",
-        version=__version__,
+        version=version(),
         title="wisp: threads with a local model",
         instructions=_instructions(max_threads, core.launch.state_dir),
         get_tool_input_schema=input_schemas.get,

@@ -171,23 +171,10 @@ class Supervisor:
             run.watchdog = asyncio.get_running_loop().create_task(self._watch(run), name="wisp-core watchdog")
             self._notify()
             return run
-        # Died or hung before Ready: nothing was running on it, so nothing was lost.
-        detail = ("it exited before it was ready" if done
-                  else f"it did not say it was ready within {READY_TIMEOUT_S:.0f} s")
         await stop_process(proc)
-        try:
-            rc, reason = await run.reader
-        except Exception:
-            rc, reason = proc.returncode, None
+        failure = await _failed_start(run, hung=not done)
         self._starting = None
-        why = f" ({reason})" if reason else ""
-        self._startup_failed(
-            ShimError(
-                errors.CORE_UNAVAILABLE,
-                f"wisp-core could not start: {detail}, exit status {rc}{why}. Its log on the MCP server's stderr says "
-                "why; `python -m wisp_shim --check` runs the same start by hand.",
-            )
-        )
+        self._startup_failed(failure)
         return None
 
     def _startup_failed(self, exc: ShimError) -> None:
@@ -250,3 +237,20 @@ class Supervisor:
             how = f"was killed by signal {-(rc or 0)}"
         self._listener.core_exited(run, how)
         self._notify()
+
+
+async def _failed_start(run: CoreProcess, hung: bool) -> ShimError:
+    """Why a core that was stopped before it was ready did not start: it died or hung before
+    Ready (nothing was running on it, so nothing was lost), or its Ready was refused."""
+    try:
+        rc, reason = await run.reader
+    except Exception:
+        rc, reason = run.proc.returncode, None
+    refused = run.ready.exception() if run.ready.done() else None
+    if isinstance(refused, errors.CoreRefused):
+        return refused
+    detail = f"it did not say it was ready within {READY_TIMEOUT_S:.0f} s" if hung else "it exited before it was ready"
+    why = f" ({reason})" if reason else ""
+    return ShimError(errors.CORE_UNAVAILABLE,
+                     f"wisp-core could not start: {detail}, exit status {rc}{why}. Its log on the MCP server's stderr "
+                     "says why; `python -m wisp_shim --check` runs the same start by hand.")

@@ -21,6 +21,10 @@ if arguments.contains("--help") || arguments.contains("-h") {
     FileHandle.standardError.write(Data((CoreConfig.usage + "\n").utf8))
     exit(0)
 }
+if arguments == ["--version"] {
+    print("wisp-core \(wispVersion)")
+    exit(0)
+}
 if arguments == ["--facts"] {
     // Not the pipe: a one-off answer for `make facts` and the agreement test.
     print(CoreFacts.json.jsonText)
@@ -94,7 +98,7 @@ let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, max
                               fileRoots: roots, store: store, storeError: storeError)
 let loop = PipeLoop()
 let server = PipeServer(registry: registry, backend: backend, log: log, executor: loop, send: writeFrame)
-server.ready()
+server.ready(version: wispVersion)
 log(.info, "ready: backend \(backend.name), model \(backend.model), max threads \(config.maxThreads)"
     + (store.map { ", threads stored in \($0.location) (at most \($0.maxStored))" } ?? ""))
 

@@ -27,6 +27,8 @@ import struct
 import sys
 import time
 
+from wisp_shim.version import version
+
 out = sys.stdout.buffer
 inp = sys.stdin.buffer
 
@@ -66,7 +68,11 @@ def main() -> None:
     if log:
         with open(log, "a") as f:
             f.write(f"{os.getpid()}\n")
-    send({"id": 0, "event": "ready", "protocol": 2, "backend": "fake", "model": "fake", "pid": os.getpid()})
+    # The shim refuses a core of another version; this one claims the shim's own, or
+    # WISP_FAKE_CORE_VERSION's (empty: none, as a core built before cores stated theirs).
+    claimed = os.environ.get("WISP_FAKE_CORE_VERSION", version())
+    ready = {"id": 0, "event": "ready", "protocol": 2, "backend": "fake", "model": "fake", "pid": os.getpid()}
+    send({**ready, "version": claimed} if claimed else ready)
     args = sys.argv[1:]
     capacity = int(args[args.index("--max-threads") + 1]) if "--max-threads" in args else 32
     threads: dict[str, int] = {}  # insertion order is recency: least recently used first

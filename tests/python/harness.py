@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 from mcp import Client, StdioServerParameters, stdio_client
+from wisp_shim.version import version
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -375,7 +376,9 @@ def stub_core(tmp_path, after_ready: str) -> str:
         "def frame(obj):\n"
         "    b = obj if isinstance(obj, bytes) else json.dumps(obj).encode()\n"
         "    out.write(struct.pack('>I', len(b)) + b); out.flush()\n"
-        "frame({'id': 0, 'event': 'ready', 'protocol': 2, 'backend': 'stub', 'model': 'stub', 'pid': 0})\n"
+        # The shim's own version: it refuses a core of another (test_version.py).
+        f"frame({{'id': 0, 'event': 'ready', 'protocol': 2, 'backend': 'stub', 'model': 'stub', 'pid': 0, "
+        f"'version': {version()!r}}})\n"
         + after_ready
     )
     stub.chmod(0o755)

@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from harness import error_text, fake_core_binary, fake_core_starts, ok, running, shim_env, stub_core, wait_for, wisp
+from wisp_shim.version import version
 
 
 
@@ -76,7 +77,9 @@ async def test_wrong_protocol_version_is_refused(tmp_path):
     stub = tmp_path / "wisp-core"
     stub.write_text(
         f"#!{sys.executable}\nimport json, struct, sys\n"
-        "b = json.dumps({'id': 0, 'event': 'ready', 'protocol': 99, 'backend': 's', 'model': 's', 'pid': 0}).encode()\n"
+        # The shim's own version, so that the pipe's version is the one refused.
+        "b = json.dumps({'id': 0, 'event': 'ready', 'protocol': 99, 'backend': 's', 'model': 's', 'pid': 0, "
+        f"'version': {version()!r}}}).encode()\n"
         "sys.stdout.buffer.write(struct.pack('>I', len(b)) + b); sys.stdout.buffer.flush(); sys.stdin.buffer.read()\n"
     )
     stub.chmod(0o755)

@@ -107,7 +107,10 @@ def test_a_core_that_ignores_eof_and_sigterm_is_killed(tmp_path, how):
     # The shim must not rely on the core's good manners: close stdin, SIGTERM, then SIGKILL.
     import struct
 
-    ready = json.dumps({"id": 0, "event": "ready", "protocol": 2, "backend": "stub", "model": "stub", "pid": 0}).encode()
+    from wisp_shim.version import version
+
+    ready = json.dumps({"id": 0, "event": "ready", "protocol": 2, "backend": "stub", "model": "stub", "pid": 0,
+                        "version": version()}).encode()
     (tmp_path / "ready").write_bytes(struct.pack(">I", len(ready)) + ready)
     stub = tmp_path / "wisp-core"
     stub.write_text(f"#!/bin/sh\ntrap '' TERM\ncat {tmp_path / 'ready'}\nexec sleep 60 < /dev/null\n")

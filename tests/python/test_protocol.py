@@ -54,8 +54,9 @@ def test_frame_refuses_over_limit_payload():
 
 
 def test_decode_core_messages():
-    ready = protocol.decode_message(b'{"id":0,"event":"ready","protocol":2,"backend":"echo","model":"echo","pid":42}')
-    assert ready == protocol.Ready(id=0, protocol=2, backend="echo", model="echo", pid=42)
+    ready = protocol.decode_message(b'{"id":0,"event":"ready","protocol":2,"backend":"echo","model":"echo","pid":42,'
+                                    b'"version":"1.2.3"}')
+    assert ready == protocol.Ready(id=0, protocol=2, backend="echo", model="echo", pid=42, version="1.2.3")
     prog = protocol.decode_message(b'{"id":3,"event":"progress","text":"ec","tokens":1}')
     assert prog == protocol.Progress(id=3, text="ec", tokens=1)
     evicted = protocol.decode_message(b'{"id":0,"event":"evicted","thread_id":"old"}')

@@ -22,6 +22,8 @@ public struct Ready: PipeMessage, Codable, Sendable, Equatable {
     public var backend: String
     public var model: String
     public var pid: Int32
+    /// wisp's version (pyproject.toml's, built into wisp-core): the shim refuses a core of another.
+    public var version: String
     /// Threads are stored (`--state-dir`): a crash of this core loses none of their committed turns.
     public var durable = false
 
@@ -32,9 +34,10 @@ public struct Ready: PipeMessage, Codable, Sendable, Equatable {
         .field("backend", \.backend),
         .field("model", \.model),
         .field("pid", \.pid),
+        .field("version", \.version),
         .field("durable", \.durable),
     ])
-    public static let blank = Ready(backend: "", model: "", pid: 0)
+    public static let blank = Ready(backend: "", model: "", pid: 0, version: "")
 }
 
 /// A partial reply for request `id`: `text` is cumulative, `tokens` strictly increasing.

@@ -45,10 +45,10 @@ public final class PipeServer: Sendable {
         self.send = send
     }
 
-    /// The first frame, before any model loads.
-    public func ready() {
+    /// The first frame, before any model loads. `version` is the executable's (built from pyproject.toml).
+    public func ready(version: String) {
         write(Ready(backend: backend.name, model: backend.model, pid: ProcessInfo.processInfo.processIdentifier,
-                    durable: registry.store != nil))
+                    version: version, durable: registry.store != nil))
     }
 
     /// Handles one request. Call in arrival order and await each: that is what keeps calls on

@@ -89,6 +89,7 @@ public struct CoreConfig: Sendable, Equatable {
                                                                     (WISP_CONDENSE_TO, default \(defaultCondenseTo))
       --log-level LEVEL    debug | info | warning | error           (WISP_LOG_LEVEL, default info)
       --facts              print the facts the shim takes from this core, as JSON, and exit
+      --version            print wisp's version (pyproject.toml's, at build time) and exit
       API key: WISP_API_KEY (env only).
     """
 

@@ -85,7 +85,8 @@ import WispInfrastructure
         let bad = try JSONSerialization.jsonObject(with: JSONEncoder().encode(ErrorReply.failure(8, WispError(.busy, "full")))) as! [String: Any]
         #expect(bad["ok"] as? Bool == false && (bad["error"] as? [String: Any])?["code"] as? String == "busy")
         #expect(bad["event"] as? String == "reply" && bad["result"] == nil)
-        let ready = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Ready(backend: "echo", model: "echo", pid: 1))) as! [String: Any]
+        let ready = try JSONSerialization.jsonObject(with: JSONEncoder().encode(Ready(backend: "echo", model: "echo", pid: 1, version: "1.2.3"))) as! [String: Any]
         #expect(ready["id"] as? Int == 0 && ready["event"] as? String == "ready" && ready["protocol"] as? Int == 2)
+        #expect(ready["version"] as? String == "1.2.3")
     }
 }

@@ -39,7 +39,7 @@ import WispInfrastructure
 
     @Test func everyCoreMessageIsWrittenAsJSONEncoderWritesIt() throws {
         for text in Self.texts {
-            try sameAsJSONEncoder(Ready(backend: text, model: text, pid: 4242, durable: true))
+            try sameAsJSONEncoder(Ready(backend: text, model: text, pid: 4242, version: text, durable: true))
             try sameAsJSONEncoder(Progress(id: 7, text: text, tokens: 3))
             try sameAsJSONEncoder(Evicted(thread_id: text))
             try sameAsJSONEncoder(Reply.success(Int.max, RespondResult(thread_id: text, created: true, text: text, condensed: false,
