@@ -139,7 +139,7 @@ class Core:
         # task's failure is read when collected, so the thread's next call is told (thread_lost).
         in_task = {c.thread_id for c in run.pending.values() if c.thread_id and c.in_task}
         notified = {c.thread_id for c in run.pending.values() if c.thread_id} - in_task
-        durable = run.durable
+        durable, failed = run.durable, len(run.pending)
         for call in list(run.pending.values()):
             if call.thread_id and durable and call.thread_id not in run.alive:
                 tail = (
@@ -169,7 +169,7 @@ class Core:
             self.lost[t] = None
         while len(self.lost) > MAX_REMEMBERED_IDS:
             self.lost.popitem(last=False)
-        log.error("wisp-core %s; %d pending call(s) failed, %d thread(s) lost", how, len(notified), len(run.alive))
+        log.error("wisp-core %s; %d pending call(s) failed, %d thread(s) lost", how, failed, len(run.alive))
 
     @staticmethod
     def _fail(call: PendingCall, exc: ShimError) -> None:
