@@ -135,13 +135,21 @@ class Core:
             run.alive.pop(result.thread_id, None)
 
     def core_exited(self, run: CoreProcess, how: str) -> None:
-        notified = {c.thread_id for c in run.pending.values() if c.thread_id}
-        durable = run.durable
+        # A thread is told of its loss by its failed call, unless a task's call was among them: a
+        # task's failure is read when collected, so the thread's next call is told (thread_lost).
+        in_task = {c.thread_id for c in run.pending.values() if c.thread_id and c.in_task}
+        notified = {c.thread_id for c in run.pending.values() if c.thread_id} - in_task
+        durable, failed = run.durable, len(run.pending)
         for call in list(run.pending.values()):
             if call.thread_id and durable and call.thread_id not in run.alive:
                 tail = (
                     f"Thread {call.thread_id!r} is stored: call respond again with it to continue from its last stored "
                     "turn (this call's turn is in it only if it was stored just before the crash: `turns` tells)."
+                )
+            elif call.thread_id in in_task and call.thread_id in run.alive:
+                tail = (
+                    f"Thread {call.thread_id!r}'s history was lost with it: the next respond call naming it gets "
+                    f"{errors.THREAD_LOST}, and the one after starts a new thread."
                 )
             elif call.thread_id:
                 tail = (
@@ -161,7 +169,7 @@ class Core:
             self.lost[t] = None
         while len(self.lost) > MAX_REMEMBERED_IDS:
             self.lost.popitem(last=False)
-        log.error("wisp-core %s; %d pending call(s) failed, %d thread(s) lost", how, len(notified), len(run.alive))
+        log.error("wisp-core %s; %d pending call(s) failed, %d thread(s) lost", how, failed, len(run.alive))
 
     @staticmethod
     def _fail(call: PendingCall, exc: ShimError) -> None:
@@ -328,6 +336,7 @@ class Core:
             )
 
         call = PendingCall(call_id, thread_id, on_progress is not None, protocol.RespondResult)
+        call.in_task = stop is not None  # only a task's call has a stop signal of its own
         started = time.monotonic()
         # The request's bytes are not held while the call runs (the box is emptied as it is sent):
         # with 128 calls of megabytes in flight, the copies would add up.

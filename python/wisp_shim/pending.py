@@ -12,7 +12,7 @@ from . import protocol
 
 class PendingCall:
     __slots__ = ("id", "thread_id", "result_type", "future", "late", "latest", "stage", "newest", "progress_event",
-                 "sent", "answered")
+                 "sent", "answered", "in_task")
 
     def __init__(self, call_id: int, thread_id: str | None, want_progress: bool,
                  result_type: type[protocol.Result]) -> None:
@@ -32,6 +32,9 @@ class PendingCall:
         self.sent = 0
         # Set when the reply is in, so the progress pump flushes and stops.
         self.answered = asyncio.Event() if want_progress else None
+        # A task's call: its failure reaches its client only when the task is collected, maybe
+        # after that client's next call on the thread.
+        self.in_task = False
 
 
 # A reply whose result, when it is ok, is the one its call wants.

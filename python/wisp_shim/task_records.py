@@ -1,5 +1,5 @@
 """What a task is, apart from running it (tasks.py): the two generations' words and wisp's
-bounds, a task's record and the job a call hands over, and whose a task is."""
+bounds, a task's record and its fields on the wire, the job a call hands over, and whose a task is."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from mcp.server.context import ServerRequestContext
-from mcp_types import CallToolResult
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, RequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from . import config
@@ -101,7 +102,10 @@ class Task:
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     stop: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # Set once the task has ended and its client was told (notifications/tasks/status).
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once its handle is on its way: nothing is said of a task before its client knows its id.
+    announced: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
     expiry: asyncio.TimerHandle | None = None
     # Whether it takes a place under WISP_MAX_TASKS: running, or a result no one has collected yet.
@@ -114,9 +118,43 @@ class Task:
             self.message = message
         self.updated = time.time()
 
-    def finish(self, status: str, message: str | None = None) -> None:
+    def end(self, status: str, message: str | None = None) -> None:
+        """Its one status change: from `working` to how it ended (`done` follows once told)."""
         self.touch(status, message)
-        self.done.set()
+
+
+class UpdateParams(RequestParams):
+    task_id: str
+    input_responses: dict[str, Any] | None = None
+
+
+def fields(task: Task, generation: str, detail: bool = True) -> dict[str, Any]:
+    """The task as its generation's tasks/get shows it (`detail`: with the result or error it ended with)."""
+    out: dict[str, Any] = {"taskId": task.id, "status": task.status}
+    if task.message:
+        out["statusMessage"] = task.message
+    out["createdAt"], out["lastUpdatedAt"] = iso_time(task.created), iso_time(task.updated)
+    if generation == MODERN:
+        out["ttlMs"], out["pollIntervalMs"] = task.ttl_ms, POLL_INTERVAL_MS
+        if detail and task.status == COMPLETED and task.result is not None:
+            out["result"] = task.result
+        elif detail and task.status == FAILED and task.error is not None:
+            out["error"] = task.error
+    else:
+        out["ttl"], out["pollInterval"] = task.ttl_ms, POLL_INTERVAL_MS
+    return out
+
+
+def check_ttl(params: Any) -> None:
+    """A task's ttl that is no whole number is refused with words (the SDK's own check says only
+    "Invalid request parameters"); a whole one, however odd, is bounded where the task is made."""
+    task = params.get("task") if isinstance(params, dict) else None
+    ttl = task.get("ttl") if isinstance(task, dict) else None
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)):
+        raise MCPError(INVALID_PARAMS, (
+            f"task.ttl must be a whole number of milliseconds (or left out for wisp's own), got {ttl!r:.40}; "
+            f"wisp keeps a result from {MIN_TTL_MS} ms up to WISP_TASK_TTL"
+        ))
 
 
 def iso_time(t: float) -> str:

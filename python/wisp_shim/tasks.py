@@ -6,11 +6,14 @@ collected later (or cancelled), in both protocol generations that define tasks.
   "optional"` on `respond`; its `tools/call` with `task: {ttl}` gets a task handle, one without
   `task` is answered plainly. `tasks/get`, `tasks/result` (waits for the end, then answers
   exactly what the call would have: the tool result, tagged with the task), `tasks/list`,
-  `tasks/cancel`. Progress goes on with the call's progress token, tagged with the task.
+  `tasks/cancel`. Progress goes on with the call's progress token, tagged with the task. The
+  task's one status change (from `working`, its handle, to how it ended) is sent as
+  `notifications/tasks/status` before any reply that shows it.
 - 2026-07-28 (the `io.modelcontextprotocol/tasks` extension): for a request that declares the
   extension the server decides (`decide`); `tasks/get` carries the result once there,
   `tasks/update` and `tasks/cancel` are acknowledged. That generation sends no progress for a
-  task: the latest partial text is the task's `statusMessage`.
+  task: the latest partial text is the task's `statusMessage`. Its `notifications/tasks/status`
+  ride only a `subscriptions/listen` stream opened for them, which wisp does not serve: none.
 
 A task is the call: the same checks, the same place in its thread's queue (the handle goes out
 only once the call is queued in the core, so a call sent after it runs after it), the same
@@ -29,6 +32,7 @@ this process's memory: a restart loses them, and their ids answer "no such task"
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import secrets
@@ -50,7 +54,8 @@ from mcp_types import (
     PaginatedRequestParams,
     ProgressNotification,
     ProgressNotificationParams,
-    RequestParams,
+    TaskStatusNotification,
+    TaskStatusNotificationParams,
     TextContent,
 )
 from mcp_types import methods as wire
@@ -78,9 +83,11 @@ from .task_records import (
     Job,
     Task,
     TaskLimits,
+    UpdateParams,
+    check_ttl,
     declared,
+    fields,
     is_modern,
-    iso_time,
     owner,
 )
 
@@ -92,11 +99,6 @@ log = logging.getLogger("wisp.tasks")
 _LEGACY_HANDLE: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
     "wisp_legacy_task_handle", default=None
 )
-
-
-class _UpdateParams(RequestParams):
-    task_id: str
-    input_responses: dict[str, Any] | None = None
 
 
 class Tasks:
@@ -150,28 +152,24 @@ class Tasks:
         ttl = params.task.ttl if generation == LEGACY and params.task is not None else None
         task = self._create(owner(ctx), generation, ttl)
         # The handle shows the task as created (a task begins `working`), however soon it ends.
-        seed = self._task_fields(task, generation, detail=False)
-        if isinstance(prepared, CallToolResult):
-            self._settle(task, prepared)
-        else:
-            token = ctx.meta.get("progress_token") if ctx.meta else None
-            queued = asyncio.Event()
-            task.runner = asyncio.get_running_loop().create_task(
-                self._run(task, job, prepared, self._progress(ctx, task, token), queued.set),
-                name=f"wisp task {task.id[:8]}",
-            )
-            # The handle goes out once the call has its place in its thread's queue.
-            waiter = asyncio.get_running_loop().create_task(queued.wait())
-            try:
-                await asyncio.wait((waiter, task.runner), return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                # The tools/call itself was cancelled: no one will ever know this task's id.
-                if not task.stop.done():
-                    task.stop.set_result(None)
-                self._forget(task)
-                raise
-            finally:
-                waiter.cancel()
+        seed = fields(task, generation, detail=False)
+        token = ctx.meta.get("progress_token") if ctx.meta else None
+        queued = asyncio.Event()
+        task.runner = asyncio.get_running_loop().create_task(
+            self._run(task, job, prepared, self._progress(ctx, task, token), queued.set, ctx.session),
+            name=f"wisp task {task.id[:8]}",
+        )
+        # The handle goes out once the call has its place in its thread's queue (or has ended).
+        try:
+            await queued.wait()
+        except asyncio.CancelledError:
+            # The tools/call itself was cancelled: no one will ever know this task's id.
+            if not task.stop.done():
+                task.stop.set_result(None)
+            self._forget(task)
+            raise
+        finally:
+            task.announced.set()
         log.info("task %s… created (%s, ttl %d ms)", task.id[:8], generation, task.ttl_ms)
         if generation == MODERN:
             return {"resultType": "task", **seed}
@@ -264,29 +262,49 @@ class Tasks:
         return send
 
     async def _run(self, task: Task, job: Job[Any], prepared: Any, progress: Callable[[float, str], Awaitable[None]],
-                   queued: Callable[[], None]) -> None:
+                   queued: Callable[[], None], session: Any) -> None:
+        """The call (or the tool error that refused it), then the end told, then `done`."""
         try:
-            result = await job.run(prepared, progress, task.stop, queued)
+            result = prepared if isinstance(prepared, CallToolResult) else await job.run(
+                prepared, progress, task.stop, queued)
+            self._settle(task, result)
         except Exception as exc:  # the tool's own errors are results; this is a bug
             log.exception("task %s… failed", task.id[:8])
             task.error = {"code": INTERNAL_ERROR, "message": f"wisp failed unexpectedly ({type(exc).__name__}: {exc})"}
-            task.finish(FAILED, task.error["message"])
+            task.end(FAILED, task.error["message"])
+        finally:
+            queued()  # ended without a place in the queue (refused, lost, busy…): the handle goes out now
+            try:
+                await self._tell_end(task, session)
+            finally:
+                task.done.set()
+
+    async def _tell_end(self, task: Task, session: Any) -> None:
+        """notifications/tasks/status (2025-11-25) for the task's one status change, once its handle
+        is out and before any reply shows the end; nothing for a task whose record is gone."""
+        if task.generation != LEGACY or task.status not in TERMINAL:
             return
-        self._settle(task, result)
+        await task.announced.wait()
+        if self._tasks.get(task.id) is not task:
+            return
+        params = TaskStatusNotificationParams.model_validate(fields(task, LEGACY))
+        # Sent on the connection, as progress is: a client that went away is no failure of the task.
+        with contextlib.suppress(Exception):
+            await session.send_notification(TaskStatusNotification(params=params))
 
     def _settle(self, task: Task, result: CallToolResult) -> None:
         text = "\n".join(b.text for b in result.content if isinstance(b, TextContent))
         if result.is_error and task.stop.done() and text.startswith(f"{errors.CANCELLED}:"):
-            task.finish(CANCELLED, "The task was cancelled; the call's turn was not kept.")
+            task.end(CANCELLED, "The task was cancelled; the call's turn was not kept.")
             self._release(task)  # nothing to collect
             return
         dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
         task.result = wire.serialize_server_result("tools/call", task.generation, dumped)
         if result.is_error:
             # 2025-11-25: a tool error fails the task; 2026-07-28: it completes with that result.
-            task.finish(FAILED if task.generation == LEGACY else COMPLETED, text[:200])
+            task.end(FAILED if task.generation == LEGACY else COMPLETED, text[:200])
         else:
-            task.finish(COMPLETED, "The call completed.")
+            task.end(COMPLETED, "The call completed.")
 
     # --- the tasks/* methods --------------------------------------------------------------
 
@@ -317,30 +335,15 @@ class Tasks:
                 raise MCPError(HEADER_MISMATCH, "Mcp-Name header does not match the request's taskId")
         return generation
 
-    def _task_fields(self, task: Task, generation: str, detail: bool = True) -> dict[str, Any]:
-        out: dict[str, Any] = {"taskId": task.id, "status": task.status}
-        if task.message:
-            out["statusMessage"] = task.message
-        out["createdAt"], out["lastUpdatedAt"] = iso_time(task.created), iso_time(task.updated)
-        if generation == MODERN:
-            out["ttlMs"], out["pollIntervalMs"] = task.ttl_ms, POLL_INTERVAL_MS
-            if detail and task.status == COMPLETED and task.result is not None:
-                out["result"] = task.result
-            elif detail and task.status == FAILED and task.error is not None:
-                out["error"] = task.error
-        else:
-            out["ttl"], out["pollInterval"] = task.ttl_ms, POLL_INTERVAL_MS
-        return out
-
     async def get(self, ctx: ServerRequestContext[Any, Any], params: GetTaskRequestParams) -> dict[str, Any]:
         generation = self._check(ctx, "tasks/get", params.task_id)
         task = self._find(ctx, params.task_id)
-        fields = self._task_fields(task, generation)
+        shown = fields(task, generation)
         if generation != MODERN:
-            return fields
+            return shown
         if task.status in TERMINAL:
             self._release(task)  # this generation's result travels in tasks/get
-        return {"resultType": "complete", **fields}
+        return {"resultType": "complete", **shown}
 
     async def result(self, ctx: ServerRequestContext[Any, Any], params: GetTaskPayloadRequestParams) -> dict[str, Any]:
         self._check(ctx, "tasks/result", params.task_id)
@@ -365,7 +368,7 @@ class Tasks:
                 raise MCPError(INVALID_PARAMS, "Invalid cursor: it names no task of this client (it may have expired)")
             start = found
         page = mine[start:start + TASKS_PER_PAGE]
-        out: dict[str, Any] = {"tasks": [self._task_fields(t, generation) for t in page]}
+        out: dict[str, Any] = {"tasks": [fields(t, generation) for t in page]}
         if start + TASKS_PER_PAGE < len(mine):
             out["nextCursor"] = mine[start + TASKS_PER_PAGE].id
         return out
@@ -373,18 +376,19 @@ class Tasks:
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: CancelTaskRequestParams) -> dict[str, Any]:
         generation = self._check(ctx, "tasks/cancel", params.task_id)
         task = self._find(ctx, params.task_id)
-        if task.status not in TERMINAL:
+        ended = task.status in TERMINAL
+        if not ended:
             if not task.stop.done():
                 task.stop.set_result(None)
             # The core's verdict: cancelled (the turn not kept), or the result that came first.
             await task.done.wait()
         if generation == MODERN:
             return {}
-        if task.status != CANCELLED:
+        if ended or task.status != CANCELLED:  # a cancelled task too: the spec refuses any ended one
             raise MCPError(INVALID_PARAMS, f"Cannot cancel task: already in terminal status '{task.status}'")
-        return self._task_fields(task, generation)
+        return fields(task, generation)
 
-    async def update(self, ctx: ServerRequestContext[Any, Any], params: _UpdateParams) -> dict[str, Any]:
+    async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:
         self._check(ctx, "tasks/update", params.task_id)
         self._find(ctx, params.task_id)
         return {}  # a respond task never asks its client for input: every response is for no request
@@ -395,7 +399,7 @@ class Tasks:
         server.add_request_handler("tasks/result", GetTaskPayloadRequestParams, self.result)
         server.add_request_handler("tasks/list", PaginatedRequestParams, self.list)
         server.add_request_handler("tasks/cancel", CancelTaskRequestParams, self.cancel)
-        server.add_request_handler("tasks/update", _UpdateParams, self.update)
+        server.add_request_handler("tasks/update", UpdateParams, self.update)
         server.extensions[EXTENSION] = {}
         server.middleware.append(TaskMiddleware())
 
@@ -409,7 +413,7 @@ class TaskMiddleware:
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         method = ctx.method
         if method == "tools/call":
-            _check_ttl(ctx.params)
+            check_ttl(ctx.params)
             box: list[dict[str, Any]] = []
             reset = _LEGACY_HANDLE.set(box)
             try:
@@ -432,14 +436,3 @@ class TaskMiddleware:
             ]}
         return result
 
-
-def _check_ttl(params: Any) -> None:
-    """A task's ttl that is no whole number is refused with words (the SDK's own check says only
-    "Invalid request parameters"); a whole one, however odd, is bounded where the task is made."""
-    task = params.get("task") if isinstance(params, dict) else None
-    ttl = task.get("ttl") if isinstance(task, dict) else None
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)):
-        raise MCPError(INVALID_PARAMS, (
-            f"task.ttl must be a whole number of milliseconds (or left out for wisp's own), got {ttl!r:.40}; "
-            f"wisp keeps a result from {MIN_TTL_MS} ms up to WISP_TASK_TTL"
-        ))

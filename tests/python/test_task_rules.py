@@ -1,0 +1,178 @@
+"""Tasks keep the thread rules (docs/threads.md), by raw JSON-RPC over stdio with echo: calls on
+one thread run in arrival order whatever their shape; a core killed under a running or queued task
+fails it `core_crashed` and the next call on its thread gets `thread_lost`, never a quietly new
+thread; and a task cancelled as it completes ends in the one state its thread shows.
+
+Order is read back from the thread itself (read_thread's prompts and echo's N); a call's place is
+waited for by list_threads' `pending`, never by a clock."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from harness import children
+from test_tasks import LEGACY, MODERN, GENERATIONS, call, handle_of, raw_clients  # noqa: F401 (a fixture)
+
+
+def prompts(c, thread_id: str) -> list[str]:
+    read = c.request("tools/call", call("read_thread", thread_id=thread_id))["result"]["structuredContent"]
+    return [t["prompt"] for t in read["items"]]
+
+
+def core_of(c) -> int:
+    """The shim's running wisp-core (its child), found as the other tests find it: by process."""
+    deadline = time.monotonic() + 10
+    while True:
+        cores = [p for p in children(c.proc.pid) if psutil.Process(p).name().startswith("wisp-core")]
+        if cores:
+            return cores[-1]
+        assert time.monotonic() < deadline, "no wisp-core under the shim"
+        time.sleep(0.05)
+
+
+def first_call(c, prompt: str, thread_id: str) -> None:
+    """A slow first call on the thread, as a task where the generation lets the client ask for one
+    (2026-07-28 with echo makes a task only of a call that cannot start at once)."""
+    rid = c.respond(prompt, thread_id, task=c.generation == LEGACY)
+    if c.generation == LEGACY:
+        handle_of(c.wait(rid), LEGACY)
+    c.until_pending(thread_id, 1)
+
+
+def plain(c, prompt: str, thread_id: str) -> int:
+    """A call that is not a task: 2026-07-28 lets only the server decide, so its request does not
+    declare the extension."""
+    declare, c.declare = c.declare, False
+    try:
+        return c.respond(prompt, thread_id, task=False)
+    finally:
+        c.declare = declare
+
+
+def together(c, make):
+    """The requests `make` sends, written to wisp's stdin in one write: they arrive at once."""
+    lines: list[bytes] = []
+    c.send = lines.append  # the instance's own, for a moment
+    try:
+        rids = make()
+    finally:
+        del c.send
+    c.send(b"".join(lines))
+    return rids
+
+
+# --- arrival order -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+@pytest.mark.parametrize("pipelined", [False, True], ids=["each-handle-awaited", "sent-together"])
+def test_a_plain_call_after_two_tasks_on_one_thread_runs_after_them(raw_clients, generation, pipelined):
+    c = raw_clients(generation)
+    first_call(c, "!sleep 1500 one", "t")  # still running when the others arrive
+    if pipelined:
+        # Written in one go: wisp reads them in this order, and that is their order on the thread.
+        rids = together(c, lambda: [c.respond("two", "t"), c.respond("three", "t"), plain(c, "four", "t")])
+        two, three = (handle_of(c.wait(r), generation) for r in rids[:2])
+        four = rids[2]
+    else:
+        two = handle_of(c.wait(c.respond("two", "t")), generation)
+        three = handle_of(c.wait(c.respond("three", "t")), generation)
+        four = plain(c, "four", "t")
+    assert c.wait(four)["result"]["structuredContent"]["text"] == "echo 4: four"
+    assert [c.outcome(t)["result"]["structuredContent"]["text"] for t in (two, three)] == ["echo 2: two",
+                                                                                             "echo 3: three"]
+    assert prompts(c, "t") == ["!sleep 1500 one", "two", "three", "four"]
+
+
+def test_calls_of_every_shape_sent_together_run_in_arrival_order(raw_clients):
+    c = raw_clients(LEGACY)
+    first_call(c, "!sleep 1000 a", "t")
+    shapes = [("b", True), ("c", False), ("d", True), ("e", False), ("f", True)]
+    rids = together(c, lambda: [c.respond(p, "t", task=task) for p, task in shapes])
+    for rid, (p, task) in zip(rids, shapes):
+        reply = c.wait(rid)
+        if task:
+            handle_of(reply, LEGACY)
+        else:
+            assert reply["result"]["structuredContent"]["text"].endswith(f": {p}")
+    c.until_pending("t", 0)
+    assert prompts(c, "t") == ["!sleep 1000 a", "b", "c", "d", "e", "f"]
+
+
+# --- a core crash under a task ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_a_core_killed_under_a_running_and_a_queued_task_fails_both_and_the_thread_is_lost(raw_clients,
+                                                                                         generation):
+    c = raw_clients(generation)
+    c.request("tools/call", call("respond", prompt="history", thread_id="t"))
+    first_call(c, "!sleep 20000 running", "t")
+    queued = handle_of(c.wait(c.respond("queued", "t")), generation)
+    c.until_pending("t", 2)
+    os.kill(core_of(c), signal.SIGKILL)
+    for task_id in ([queued] if generation == MODERN else [queued, *[t["taskId"] for t in
+                                                                     c.request("tasks/list")["result"]["tasks"]
+                                                                     if t["taskId"] != queued]]):
+        got = c.outcome(task_id)
+        assert got["status"] == ("failed" if generation == LEGACY else "completed")
+        text = got["result"]["content"][0]["text"]
+        assert got["result"]["isError"] is True and text.startswith("core_crashed:"), text
+        assert "thread_lost" in text  # it says what the next call on the thread will hear
+    # The next call on the thread is told its history is gone, once; the one after starts anew.
+    lost = c.request("tools/call", call("respond", prompt="next", thread_id="t"))["result"]
+    assert lost["isError"] is True and lost["content"][0]["text"].startswith("thread_lost:")
+    again = c.request("tools/call", call("respond", prompt="again", thread_id="t"))["result"]
+    assert again["structuredContent"]["text"] == "echo 1: again" and again["structuredContent"]["created"] is True
+
+
+def test_a_core_killed_under_a_task_on_a_new_thread_loses_no_history(raw_clients):
+    # A call that creates a thread and does not end normally leaves no thread: nothing was lost.
+    c = raw_clients(LEGACY)
+    task_id = handle_of(c.wait(c.respond("!sleep 20000 creating", "new")), LEGACY)
+    c.until_pending("new", 1)
+    os.kill(core_of(c), signal.SIGKILL)
+    assert c.outcome(task_id)["result"]["content"][0]["text"].startswith("core_crashed:")
+    again = c.request("tools/call", call("respond", prompt="again", thread_id="new"))["result"]
+    assert again["structuredContent"]["text"] == "echo 1: again"
+
+
+# --- cancelled as it completes -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_a_task_cancelled_as_it_completes_ends_as_its_thread_shows(raw_clients, generation):
+    """Many rounds of a cancel sent as the task's call ends: the call's length follows the race's
+    edge (longer after a completion, shorter after a cancel), so that both outcomes come; each
+    round's state must match the thread: completed, its turn kept; cancelled, not. 2026-07-28 with
+    echo makes a task only of a call behind another: there the call ahead is the one that lasts."""
+    c = raw_clients(generation)
+    c.request("tools/call", call("respond", prompt="seed", thread_id="t"))
+    turns, delay, seen = 1, 5, {"completed": 0, "cancelled": 0}
+    for n in range(40 if generation == LEGACY else 25):
+        if generation == MODERN:
+            plain(c, f"!sleep {delay} ahead", "t")  # its reply is not waited for: the task is behind it
+            turns += 1
+        prompt = f"round {n}" if generation == MODERN else f"!sleep {delay} round {n}"
+        reply = c.wait(c.respond(prompt, "t"))["result"]
+        if reply.get("resultType") == "complete":  # the call ahead had ended: answered plainly
+            turns += 1
+            delay += 3
+            continue
+        task_id = handle_of({"result": reply}, generation)
+        c.request("tasks/cancel", {"taskId": task_id})
+        status = c.outcome(task_id)["status"]
+        assert status in seen, status
+        seen[status] += 1
+        turns += status == "completed"
+        c.until_pending("t", 0)
+        read = c.request("tools/call", call("read_thread", thread_id="t"))["result"]["structuredContent"]
+        kept = prompt in [t["prompt"] for t in read["items"]]
+        assert (read["turns"], kept) == (turns, status == "completed"), (n, status, read["turns"], turns)
+        delay = max(0, delay + (3 if status == "completed" else -2))
+    assert seen["completed"] and seen["cancelled"], f"the race was never on its edge: {seen}"
