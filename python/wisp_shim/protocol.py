@@ -127,9 +127,13 @@ class Ready(msgspec.Struct, tag_field="event", tag="ready"):
 
 
 class Progress(msgspec.Struct, tag_field="event", tag="progress"):
+    """A partial reply of call `id`: `text` the tail of the answer so far (a bounded preview, the
+    core's facts say how long), `chars` the answer's length so far in code points."""
+
     id: int
     text: str
     tokens: int
+    chars: int = 0
 
 
 class Stage(msgspec.Struct, tag_field="event", tag="stage"):

@@ -37,18 +37,21 @@ public struct Ready: PipeMessage, Codable, Sendable, Equatable {
     public static let blank = Ready(backend: "", model: "", pid: 0)
 }
 
-/// A partial reply for request `id`: `text` is cumulative, `tokens` strictly increasing.
+/// A partial reply for request `id`: `text` is a preview, the tail of the answer so far, and
+/// `chars` its length in code points (ProgressFrames.swift decides both); `tokens` strictly increasing.
 public struct Progress: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
     public var event = "progress"
     public var text: String
     public var tokens: Int
+    public var chars = 0
 
     public static let fields = PipeFields<Self>([
         .field("id", \.id),
         .field("event", \.event),
         .field("text", \.text),
         .field("tokens", \.tokens),
+        .field("chars", \.chars),
     ])
     public static let blank = Progress(id: 0, text: "", tokens: 0)
 }

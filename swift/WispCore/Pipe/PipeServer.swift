@@ -225,16 +225,7 @@ public final class PipeServer: Sendable {
         let settings = GenerationSettings(temperature: r.options?.temperature,
                                           maxOutputTokens: r.options?.max_output_tokens, schema: schema,
                                           reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
-        var onPartial: PartialHandler?
-        if r.progress == true {
-            let id = r.id
-            onPartial = { @Sendable p in
-                if let waiting = p.waiting { return self.send(Frame.encode(Stage(id: id, waiting))) }
-                // Over the frame limit, a partial text is skipped: the final reply says what happened.
-                let frame = Frame.encode(Progress(id: id, text: p.text, tokens: p.tokens))
-                if Frame.fits(frame) { self.send(frame) }
-            }
-        }
+        let onPartial = r.progress == true ? ProgressFrames.handler(id: r.id, send: send) : nil
 
         let thread = acceptance.thread
         let reply: [UInt8]
