@@ -186,6 +186,8 @@ class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults
     store_error: str | None = None
     # What this call's model requests cost, added up (tool rounds included).
     usage: UsageBody | None = None
+    # "length" when the model server stopped the reply at its output cap; None otherwise.
+    finish_reason: str | None = None
 
 
 class CloseThreadResult(msgspec.Struct, tag_field="op", tag="close_thread"):

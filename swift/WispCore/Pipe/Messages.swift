@@ -139,6 +139,8 @@ public struct RespondResult: PipeMessage, Codable, Sendable, Equatable {
     public var store_error: String?
     /// What this call's model requests cost, added up (tool rounds included).
     public var usage: UsageBody?
+    /// "length" when the model server stopped the reply at its output cap; absent otherwise.
+    public var finish_reason: String?
 
     public static let fields = PipeFields<Self>([
         .field("op", \.op),
@@ -152,6 +154,7 @@ public struct RespondResult: PipeMessage, Codable, Sendable, Equatable {
         .field("output_tokens", \.output_tokens),
         .field("store_error", \.store_error),
         .field("usage", \.usage),
+        .field("finish_reason", \.finish_reason),
     ])
     public static let blank = RespondResult(thread_id: "", created: false, text: "", condensed: false, turns: 0,
                                             dropped: 0)

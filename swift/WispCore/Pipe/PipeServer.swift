@@ -256,7 +256,7 @@ public final class PipeServer: Sendable {
                 let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
-                    store_error: o.storeError, usage: UsageBody(o.usage))
+                    store_error: o.storeError, usage: UsageBody(o.usage), finish_reason: o.finishReason)
                 // A long reply is encoded off the pipe loop (milliseconds per megabyte).
                 reply = o.text.utf8.count < onPipeLoopBytes
                     ? Frame.encode(Reply.success(r.id, result))
