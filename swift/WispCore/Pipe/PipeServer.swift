@@ -225,7 +225,7 @@ public final class PipeServer: Sendable {
         let settings = GenerationSettings(temperature: r.options?.temperature,
                                           maxOutputTokens: r.options?.max_output_tokens, schema: schema,
                                           reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
-        let onPartial = r.progress == true ? ProgressFrames.handler(id: r.id, send: send) : nil
+        let progress = r.progress == true ? ProgressFrames(id: r.id, send: send) : nil
 
         let thread = acceptance.thread
         let reply: [UInt8]
@@ -247,11 +247,12 @@ public final class PipeServer: Sendable {
             }
             let deadline = calls.withLock { $0.byID[id]?.deadline }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files,
-                                                   settings: settings, onPartial: onPartial,
+                                                   settings: settings, onPartial: progress?.handler,
                                                    rewind: r.rewind ?? 0, deadline: deadline) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {
+                progress?.flush()
                 committed = o.usage
                 let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,

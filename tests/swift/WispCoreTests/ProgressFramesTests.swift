@@ -20,12 +20,31 @@ import WispInfrastructure
 
     @Test func theFirstPartialIsSentAndAStageAlways() {
         let sent = Locked<[[UInt8]]>([])
-        let handler = ProgressFrames.handler(id: 1) { frame in sent.withLock { $0.append(frame) } }
+        let handler = ProgressFrames(id: 1) { frame in sent.withLock { $0.append(frame) } }.handler
         handler(PartialReply(waiting: .prompt(tokens: 5)))
         handler(PartialReply(text: "x", tokens: 1))
         handler(PartialReply(waiting: .slot))
         let frames = sent.withLock { $0 }
         #expect(frames.count == 3)
         #expect(frames[1] == Frame.encode(Progress(id: 1, text: "x", tokens: 1, chars: 1)))
+    }
+}
+
+extension ProgressFramesTests {
+    @Test func flushSendsOnlyAPartialTheIntervalHeldBack() {
+        let sent = Locked<[[UInt8]]>([])
+        let frames = ProgressFrames(id: 2) { frame in sent.withLock { $0.append(frame) } }
+        frames.flush()  // nothing held: nothing sent
+        frames.handler(PartialReply(text: "a", tokens: 1))
+        #expect(sent.withLock { $0.count } == 1)
+        frames.flush()  // still nothing held: the one partial went at once
+        // A second partial is either sent at once (the interval passed) or held until the flush:
+        // either way the last frame is the newest partial, sent once.
+        frames.handler(PartialReply(text: "ab", tokens: 2))
+        frames.flush()
+        frames.flush()
+        let all = sent.withLock { $0 }
+        #expect(all.count == 2)
+        #expect(all.last == Frame.encode(Progress(id: 2, text: "ab", tokens: 2, chars: 2)))
     }
 }
