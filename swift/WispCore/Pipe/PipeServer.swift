@@ -252,7 +252,7 @@ public final class PipeServer: Sendable {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {
-                progress?.flush()
+                progress?.flush(answer: o.text)
                 committed = o.usage
                 let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,

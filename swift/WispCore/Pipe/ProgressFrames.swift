@@ -13,8 +13,10 @@ public final class ProgressFrames: Sendable {
 
     private let id: Int
     private let send: @Sendable ([UInt8]) -> Void
-    /// When the last frame went, and the newest partial not sent since.
-    private let state = Locked<(sent: Double?, held: PartialReply?)>((nil, nil))
+    /// When the last frame went, and the tokens of the newest partial not sent since. Not its
+    /// text: a second reference to the answer the backend appends to would make every append
+    /// copy it whole.
+    private let state = Locked<(sent: Double?, held: Int?)>((nil, nil))
 
     init(id: Int, send: @escaping @Sendable ([UInt8]) -> Void) {
         self.id = id
@@ -29,7 +31,7 @@ public final class ProgressFrames: Sendable {
             let now = monotonicSeconds()
             let due = state.withLock { s -> Bool in
                 if let sent = s.sent, now - sent < Double(Self.intervalMs) / 1000 {
-                    s.held = p
+                    s.held = p.tokens
                     return false
                 }
                 s = (now, nil)
@@ -39,11 +41,11 @@ public final class ProgressFrames: Sendable {
         }
     }
 
-    /// Before the reply: the newest partial the interval held back, so the last frame shows the
-    /// answer's end as the reply has it.
-    func flush() {
-        if let held = state.withLock({ s in defer { s.held = nil }; return s.held }) {
-            send(Frame.encode(Self.frame(id: id, held)))
+    /// Before the reply, when the interval held back the newest partial: a frame of the whole
+    /// `answer` (the reply's text, which that partial was), so the last frame shows its end.
+    func flush(answer: String) {
+        if let tokens = state.withLock({ s in defer { s.held = nil }; return s.held }) {
+            send(Frame.encode(Self.frame(id: id, PartialReply(text: answer, tokens: tokens))))
         }
     }
 

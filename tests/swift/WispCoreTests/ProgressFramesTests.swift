@@ -34,15 +34,15 @@ extension ProgressFramesTests {
     @Test func flushSendsOnlyAPartialTheIntervalHeldBack() {
         let sent = Locked<[[UInt8]]>([])
         let frames = ProgressFrames(id: 2) { frame in sent.withLock { $0.append(frame) } }
-        frames.flush()  // nothing held: nothing sent
+        frames.flush(answer: "z")  // nothing held: nothing sent
         frames.handler(PartialReply(text: "a", tokens: 1))
         #expect(sent.withLock { $0.count } == 1)
-        frames.flush()  // still nothing held: the one partial went at once
+        frames.flush(answer: "a")  // still nothing held: the one partial went at once
         // A second partial is either sent at once (the interval passed) or held until the flush:
         // either way the last frame is the newest partial, sent once.
         frames.handler(PartialReply(text: "ab", tokens: 2))
-        frames.flush()
-        frames.flush()
+        frames.flush(answer: "ab")
+        frames.flush(answer: "ab")
         let all = sent.withLock { $0 }
         #expect(all.count == 2)
         #expect(all.last == Frame.encode(Progress(id: 2, text: "ab", tokens: 2, chars: 2)))
