@@ -113,11 +113,11 @@ check-apple:
 bench: build $(TEST_VENV)
 	$(VPY) bench/run.py
 
-## bench-smoke: every echo-backend bench section once with tiny counts (`bench/run.py --quick`, about
+## bench-smoke: every bench section that needs no model (echo, or a scripted server) once with tiny counts (`bench/run.py --quick`, about
 # 1 min on 2 vCPUs): it must run to the end without an error; its figures are too rough to keep, so
 # they go to .build, not bench/results. The local model's sections are left out: even --quick they
 # take about 1.5 min, and the long-thread ones about 17 (`make bench` runs them).
-SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops
+SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops progress
 bench-smoke: build $(TEST_VENV)
 	$(VPY) bench/run.py --quick --only $(SMOKE_SECTIONS) --out .build/bench-smoke.json
 

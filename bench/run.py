@@ -33,6 +33,7 @@ machine load. Sections (see bench/README.md for what each means):
   precount    the tokens the core counts for a request before sending it vs the prompt_tokens
               llama-server reports, on 20 calls of mixed length; the old count beside it (when
               installed; bench/precount_bench.py)
+  progress    a 1 MB streamed answer with a progress token vs without (bench/progress_bench.py)
   long, long_interleaved, long_12on8, long_resume, long_no_reuse
               long threads on the local model: time to first token of turn 20 / turn 1 within
               the context (and resent whole), of the turns after condensing / turn 1, one thread
@@ -976,19 +977,21 @@ async def _long(section: Callable[[bool], Any], quick: bool) -> dict[str, Any]:
         return {"long_reason": found}
     return await section(quick)
 
-# Sections declared in modules of their own, each with its keys' targets and its report rows:
-# the shared server, the pre-count's error, fork and search, the local model's start per server.
+# Sections declared in modules of their own: each one's targets, report rows and run (given --quick):
+# the shared server, a progress token's cost, fork and search, the pre-count, the local model's start.
 from http_bench import HTTP_ROWS, HTTP_TARGETS, http_section  # noqa: E402
 from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
 from precount_bench import PRECOUNT_ROWS, PRECOUNT_TARGETS, precount_section  # noqa: E402
+from progress_bench import PROGRESS_ROWS, PROGRESS_TARGETS, progress_section  # noqa: E402
 from threadops_bench import THREADOPS_ROWS, THREADOPS_TARGETS, threadops_section  # noqa: E402
 
-for _name, _targets, _rows in (("http", HTTP_TARGETS, HTTP_ROWS), ("precount", PRECOUNT_TARGETS, PRECOUNT_ROWS),
-                               ("threadops", THREADOPS_TARGETS, THREADOPS_ROWS),
-                               ("first_answer", FIRST_ANSWER_TARGETS, FIRST_ANSWER_ROWS)):
-    TARGETS.update(_targets)
-    ROWS += _rows
-    SECTIONS += (_name,)
+OWN_SECTIONS = {"threadops": (THREADOPS_TARGETS, THREADOPS_ROWS, threadops_section),
+    "http": (HTTP_TARGETS, HTTP_ROWS, http_section), "progress": (PROGRESS_TARGETS, PROGRESS_ROWS, progress_section),
+    "precount": (PRECOUNT_TARGETS, PRECOUNT_ROWS, lambda q: precount_section(q, _local_model())),
+    "first_answer": (FIRST_ANSWER_TARGETS, FIRST_ANSWER_ROWS, lambda q: first_answer(repeats=1 if q else 3))}
+TARGETS.update({k: t for targets, _, _ in OWN_SECTIONS.values() for k, t in targets.items()})
+ROWS += [row for _, rows, _ in OWN_SECTIONS.values() for row in rows]
+SECTIONS += tuple(OWN_SECTIONS)
 
 
 async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
@@ -1010,10 +1013,7 @@ async def run_all(ns: argparse.Namespace) -> dict[str, Any]:
         "long_resume": lambda: _long(long_threads.resume, q),
         "long_no_reuse": lambda: _long(long_threads.no_reuse, q),
     }
-    plan["http"] = lambda: http_section(q)
-    plan["precount"] = lambda: precount_section(q, _local_model())
-    plan["threadops"] = lambda: threadops_section(q)
-    plan["first_answer"] = lambda: first_answer(repeats=1 if q else 3)
+    plan.update({name: (lambda run=run: run(q)) for name, (_, _, run) in OWN_SECTIONS.items()})
     results: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     for name in SECTIONS:

@@ -107,7 +107,7 @@ class Core:
             call = run.pending.get(msg.id)
 
             if call is not None and call.progress_event is not None:
-                call.latest = (msg.tokens, msg.text)
+                call.latest = (msg.tokens, msg.chars, msg.text)
                 call.newest = "text"
                 call.progress_event.set()
         elif isinstance(msg, protocol.Stage):

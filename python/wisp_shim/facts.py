@@ -39,3 +39,7 @@ MAX_QUERY_BYTES: int = FACTS["query"]["max_bytes"]
 REASONING_LEVELS: tuple[str, ...] = tuple(FACTS["reasoning_levels"])
 # The model tools a thread may be given, by name, with what each does.
 MODEL_TOOLS: dict[str, str] = {t["name"]: t["description"] for t in FACTS["model_tools"]}
+# A progress frame's preview (the last code points of the answer so far) and the least interval
+# between two frames of one call: the core keeps to both, and the shim's notifications follow them.
+PROGRESS_PREVIEW_CODE_POINTS: int = FACTS["progress"]["preview_code_points"]
+PROGRESS_INTERVAL_S: float = FACTS["progress"]["interval_ms"] / 1000

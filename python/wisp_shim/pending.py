@@ -23,7 +23,8 @@ class PendingCall:
         self.future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         # Set once the call's time limit passed: its own reply may still come, for a moment.
         self.late: asyncio.Future[Answer] | None = None
-        self.latest: tuple[int, str] | None = None
+        # The newest Progress: tokens, characters so far and the preview (the answer's tail).
+        self.latest: tuple[int, int, str] | None = None
         # What the call last said it waits for (Stage: stage, count), and which of the two came last.
         self.stage: tuple[str, int | None] | None = None
         self.newest: str = "stage"

@@ -9,16 +9,13 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from .facts import PROGRESS_INTERVAL_S
 from .pending import PendingCall
 
 log = logging.getLogger("wisp.core")
 
-# Progress notifications at most this often: the partial text is cumulative, so
-# skipped events lose nothing.
-PROGRESS_INTERVAL_S = 0.1
-
 # Called with a strictly increasing count, what the call is doing for a person to read, and the
-# partial reply so far ("" while waiting).
+# tail of the partial reply so far ("" while waiting).
 OnProgress = Callable[[int, str, str], Awaitable[None]]
 
 
@@ -32,6 +29,12 @@ def describe_stage(stage: tuple[str, int | None] | None) -> str:
     if what == "prompt":
         return f"reading the prompt: about {count:,} tokens" if count else "reading the prompt"
     return "waiting for the model"
+
+
+def _writing(latest: tuple[int, int, str]) -> tuple[str, str]:
+    """What a call that is writing says: its tokens and characters so far, and its preview."""
+    tokens, chars, preview = latest
+    return f"writing: {tokens:,} tokens, {chars:,} characters", preview
 
 
 async def pump_progress(call: PendingCall, on_progress: OnProgress, every_s: float) -> None:
@@ -49,15 +52,14 @@ async def pump_progress(call: PendingCall, on_progress: OnProgress, every_s: flo
         call.progress_event.clear()
         status = text = None
         if call.newest == "text" and call.latest is not None and call.latest[0] > call.sent:
-            tokens, text = call.latest
-            status = f"writing: {tokens:,} tokens"
-            call.sent = tokens
+            status, text = _writing(call.latest)
+            call.sent = call.latest[0]
         elif call.newest == "stage" and call.stage != shown and not call.answered.is_set():
             shown = call.stage
             status, text = describe_stage(shown), ""
         elif loop.time() - last >= every_s and not call.answered.is_set():
             if call.newest == "text" and call.latest is not None:
-                status, text = f"writing: {call.latest[0]:,} tokens", call.latest[1]
+                status, text = _writing(call.latest)
             else:
                 status, text = f"{describe_stage(call.stage)} ({loop.time() - started:.0f} s)", ""
         if status is not None:

@@ -129,9 +129,13 @@ class Ready(msgspec.Struct, tag_field="event", tag="ready"):
 
 
 class Progress(msgspec.Struct, tag_field="event", tag="progress"):
+    """A partial reply of call `id`: `text` the tail of the answer so far (a bounded preview, the
+    core's facts say how long), `chars` the answer's length so far in code points."""
+
     id: int
     text: str
     tokens: int
+    chars: int = 0
 
 
 class Stage(msgspec.Struct, tag_field="event", tag="stage"):
@@ -184,6 +188,8 @@ class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults
     store_error: str | None = None
     # What this call's model requests cost, added up (tool rounds included).
     usage: UsageBody | None = None
+    # "length" when the model server stopped the reply at its output cap; None otherwise.
+    finish_reason: str | None = None
 
 
 class CloseThreadResult(msgspec.Struct, tag_field="op", tag="close_thread"):

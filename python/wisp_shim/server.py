@@ -43,6 +43,7 @@ from .tool_models import (
     ArgumentError,
     CloseThreadArgs,
     CloseThreadOutput,
+    CUT_AT_CAP_NOTE,
     DEFAULT_PAGE,
     ListThreadsArgs,
     ListThreadsOutput,
@@ -223,6 +224,8 @@ def _respond_content(r: protocol.RespondResult, restarted: bool) -> str:
         lines.append("[note: no live thread had this id (evicted, closed or lost), so this started a new one]")
     if r.condensed:
         lines.append(f"[note: {r.dropped} older turn(s) were dropped to fit the model's context]")
+    if r.finish_reason == "length":
+        lines.append(CUT_AT_CAP_NOTE)
     if r.store_error:
         lines.append("[warning: this turn was answered but not stored, so a crash or restart would lose the thread: "
                      f"{r.store_error}]")
@@ -312,7 +315,7 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
         out = RespondOutput(
             thread_id=r.thread_id, created=r.created, text=None if checked else r.text, condensed=r.condensed,
             turns=r.turns, dropped=r.dropped, store_error=r.store_error, usage=_usage(r.usage) or UsageOutput(),
-            reasoning=a.reasoning,
+            reasoning=a.reasoning, finish_reason=r.finish_reason,
         )
         structured = out.model_dump(exclude_none=True)
         if checked is not None:

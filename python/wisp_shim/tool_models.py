@@ -215,10 +215,16 @@ class RespondOutput(BaseModel):
     # May be JSON null, when the schema allows it: present whenever the call had a schema.
     output: Any = Field(None, description="With `schema`: the reply's JSON value.")
     store_error: str | None = Field(
-        None, description="With --state-dir: why this turn was not stored (the thread is in memory only).")
-    usage: UsageOutput = Field(description="This call's cost as the backend reported it; a count it does not report "
-                                           "is absent, never guessed.")
+        None, description="With --state-dir: why this turn was not stored (kept in memory only).")
+    usage: UsageOutput = Field(description="This call's cost as the backend reported it; a count not reported is "
+                                           "absent, never guessed.")
     reasoning: str | None = Field(None, description="With `reasoning`: the level used.")
+    finish_reason: Literal["length"] | None = Field(None, description="Cut short at the output cap.")
+
+
+# The text block's line for a reply that stopped at the output cap (finish_reason "length").
+CUT_AT_CAP_NOTE = ("[note: the reply stopped at the output cap and is cut short; ask for more with a larger "
+                   "max_output_tokens (wisp's local model holds a reply to a quarter of --context-size)]")
 
 
 class CloseThreadOutput(BaseModel):

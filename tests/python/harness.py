@@ -38,7 +38,7 @@ def core_path() -> str:
 
 def core_exchange(args: list[str], stdin: bytes, want: tuple[int, ...] = (1,), timeout: float = 60) -> list[dict]:
     """Run wisp-core with `args` and write `stdin` (frames) to it; the frames it wrote back
-    until it has answered every id in `want` (or exited). Its stdin stays open till then: at
+    until it has replied to every id in `want` (or exited). Its stdin stays open till then: at
     EOF a core may exit before it answers what is still running."""
     import struct
     import subprocess
@@ -63,7 +63,8 @@ def core_exchange(args: list[str], stdin: bytes, want: tuple[int, ...] = (1,), t
                 break
             (n,) = struct.unpack(">I", head)
             frames.append(msgspec.json.decode(proc.stdout.read(n)))
-            waiting.discard(frames[-1].get("id"))
+            if frames[-1].get("event") == "reply":  # a call's events carry its id too
+                waiting.discard(frames[-1].get("id"))
     finally:
         timer.cancel()
         with contextlib.suppress(BrokenPipeError):

@@ -60,11 +60,12 @@ async def test_progress_notifications_strictly_increase_and_carry_partial_text()
     assert len(seen) >= 2, seen
     values = [p for p, _ in seen]
     assert all(b > a for a, b in zip(values, values[1:])), values
-    # "writing: N tokens: " and the partial reply, N rising with it.
-    parts = [(m or "").removeprefix("writing: ").split(" tokens: ", 1) for _, m in seen]
+    # "writing: N tokens, M characters: " and the partial reply (short: all of it), N rising with it.
+    parts = [(m or "").removeprefix("writing: ").split(" characters: ", 1) for _, m in seen]
     assert all(len(p) == 2 and final.startswith(p[1]) for p in parts), seen
-    assert [int(n) for n, _ in parts] == sorted({int(n) for n, _ in parts}), seen
-    assert parts[-1][1] == final
+    counts = [int(n.split(" tokens, ")[0]) for n, _ in parts]
+    assert counts == sorted(set(counts)), seen
+    assert parts[-1][1] == final and parts[-1][0].endswith(f" {len(final)}"), seen
 
 
 BAD_ARGUMENTS = [

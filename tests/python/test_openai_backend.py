@@ -81,7 +81,7 @@ async def test_streaming_gives_progress():
     writing = [m for _, m in seen[1:]]
     counts = [int(m.split()[1]) for m in writing]
     assert counts == sorted(set(counts)), seen
-    assert all(m and m.startswith(f"writing: {n} tokens: ") and r["text"].startswith(m.split(" tokens: ", 1)[1])
+    assert all(m and m.startswith(f"writing: {n} tokens, ") and r["text"].startswith(m.split(" characters: ", 1)[1])
                for n, m in zip(counts, writing)), seen
 
 

@@ -202,7 +202,7 @@ async def test_streaming_gives_progress(llama):
     assert len(seen) >= 2, seen
     progresses = [p for p, _ in seen]
     assert progresses == sorted(progresses) and progresses[-1] > progresses[0]
-    written = [m.split(" tokens: ", 1)[1] for _, m in seen if m and m.startswith("writing: ")]
+    written = [m.split(" characters: ", 1)[1] for _, m in seen if m and m.startswith("writing: ")]
     assert written and r["text"].startswith(" ".join(written[0].split()).rstrip("…")[:10])
 
 

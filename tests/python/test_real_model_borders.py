@@ -2,7 +2,8 @@
 local-model`) started by the shim as `make run` starts it. It remembers: over a 10-turn
 conversation its read check (what the server read of each request against what was sent) must
 not take a chat template's fixed overhead for a cut prompt and condense the turns away. It
-cannot run away: an answer asked for without max_output_tokens stops at a share of its context.
+cannot run away: an answer asked for without max_output_tokens stops at a share of its context,
+and its result says it was cut there (`finish_reason: "length"`).
 
 Skipped, with the reason, when the local model is not installed (WISP_REQUIRE_LOCAL_MODEL=1
 makes that a failure), as test_real_model.py is.
@@ -15,8 +16,9 @@ import sys
 
 import pytest
 
-from harness import ok, shim_env, wisp
+from harness import ok, shim_env, text_of, wisp
 from wisp_shim import llama_server
+from wisp_shim.tool_models import CUT_AT_CAP_NOTE
 from test_real_model import _found
 
 if isinstance(_found, str):
@@ -73,6 +75,13 @@ async def test_an_answer_without_max_output_tokens_stops_at_a_share_of_the_conte
     context = 512
     cap = context // llama_server.OUTPUT_SHARE
     async with wisp(backend=None, env=shim_env(WISP_CONTEXT_SIZE=str(context), **LOCAL)) as c:
-        s = ok(await c.call_tool("respond", {"prompt": "Write a very long story about a dragon and a knight.", "temperature": 0}))
-    # The story runs past the cap (it did to 4,060 tokens without one): the server stopped it there.
+        r = await c.call_tool("respond", {"prompt": "Write a very long story about a dragon and a knight.", "temperature": 0})
+        short = await c.call_tool("respond", {"prompt": "Say hi.", "max_output_tokens": 200, "temperature": 0})
+    s = ok(r)
+    # The story runs past the cap (it did to 4,060 tokens without one): the server stopped it there,
+    # and the result says it was cut and how to ask for more.
     assert s["usage"]["output_tokens"] == cap, s["usage"]
+    assert s["finish_reason"] == "length" and CUT_AT_CAP_NOTE in text_of(r), (s, text_of(r)[-300:])
+    # A reply the model ended itself, well inside the cap, says nothing of it.
+    h = ok(short)
+    assert h["usage"]["output_tokens"] < cap and "finish_reason" not in h, h

@@ -1,7 +1,8 @@
 """A model server that misbehaves at the HTTP level, byte by byte, as openai_stub.py's
 well-formed server cannot: it trickles an answer a byte at a time, cuts a stream or a body
-short of its end, or refuses every chat with one status. On 127.0.0.1, in a thread of the
-test process; every request is recorded (path, when it came)."""
+short of its end, or refuses every chat with one status; or streams an answer given to it,
+whole and in one write. On 127.0.0.1, in a thread of the test process; every request is
+recorded (path, when it came)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ class Unruly:
     # cut_close (no length: a few deltas, then the connection closes), short_length (a JSON
     # answer shorter than its Content-Length), or an HTTP status it always answers with.
     chat: str | int = "whole"
+    # What a whole answer streams, a delta each, and how it ends: PIECES and "stop" unless given
+    # (a large answer written at once, at the wire's speed; "length": stopped at the output cap).
+    pieces: list[str] | None = None
+    finish: str = "stop"
     trickle: set[str] = field(default_factory=set)  # paths answered a byte every trickle_s
     trickle_s: float = 0.2
     requests: list[tuple[str, float]] = field(default_factory=list)
@@ -74,9 +79,10 @@ class Unruly:
             return _response(404, b'{"error": {"code": 404, "message": "File Not Found"}}')
         if isinstance(self.chat, int):
             return _response(self.chat, b'{"error": {"message": "refused on purpose", "type": "server_error"}}')
-        deltas = [_event({"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}) for p in PIECES]
-        finish = _event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-        usage = _event({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": len(PIECES)}})
+        pieces = self.pieces if self.pieces is not None else PIECES
+        deltas = [_event({"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}) for p in pieces]
+        finish = _event({"choices": [{"index": 0, "delta": {}, "finish_reason": self.finish}]})
+        usage = _event({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": len(pieces)}})
         if self.chat == "whole":
             return _chunked(deltas + [finish, usage, b"data: [DONE]\n\n"])
         if self.chat == "no_done":

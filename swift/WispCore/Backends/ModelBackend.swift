@@ -111,15 +111,19 @@ public struct Generation: Sendable, Equatable {
     public var usage: Usage
     /// The model's reasoning, where the backend returns it apart from the reply: never part of `text`.
     public var reasoning: String?
+    /// "length" when the model server stopped the reply at its output cap (the reply is cut
+    /// short); nil when it ended on its own or the backend cannot tell.
+    public var finishReason: String?
 
     public init(text: String, toolExchanges: [ToolExchange] = [], promptTokens: Int? = nil, outputTokens: Int? = nil,
-                usage: Usage = Usage(), reasoning: String? = nil) {
+                usage: Usage = Usage(), reasoning: String? = nil, finishReason: String? = nil) {
         self.text = text
         self.toolExchanges = toolExchanges
         self.promptTokens = promptTokens
         self.outputTokens = outputTokens
         self.usage = usage
         self.reasoning = reasoning
+        self.finishReason = finishReason
     }
 }
 

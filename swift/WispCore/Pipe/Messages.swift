@@ -40,18 +40,21 @@ public struct Ready: PipeMessage, Codable, Sendable, Equatable {
     public static let blank = Ready(backend: "", model: "", pid: 0, version: "")
 }
 
-/// A partial reply for request `id`: `text` is cumulative, `tokens` strictly increasing.
+/// A partial reply for request `id`: `text` is a preview, the tail of the answer so far, and
+/// `chars` its length in code points (ProgressFrames.swift decides both); `tokens` strictly increasing.
 public struct Progress: PipeMessage, Codable, Sendable, Equatable {
     public var id: Int
     public var event = "progress"
     public var text: String
     public var tokens: Int
+    public var chars = 0
 
     public static let fields = PipeFields<Self>([
         .field("id", \.id),
         .field("event", \.event),
         .field("text", \.text),
         .field("tokens", \.tokens),
+        .field("chars", \.chars),
     ])
     public static let blank = Progress(id: 0, text: "", tokens: 0)
 }
@@ -139,6 +142,8 @@ public struct RespondResult: PipeMessage, Codable, Sendable, Equatable {
     public var store_error: String?
     /// What this call's model requests cost, added up (tool rounds included).
     public var usage: UsageBody?
+    /// "length" when the model server stopped the reply at its output cap; absent otherwise.
+    public var finish_reason: String?
 
     public static let fields = PipeFields<Self>([
         .field("op", \.op),
@@ -152,6 +157,7 @@ public struct RespondResult: PipeMessage, Codable, Sendable, Equatable {
         .field("output_tokens", \.output_tokens),
         .field("store_error", \.store_error),
         .field("usage", \.usage),
+        .field("finish_reason", \.finish_reason),
     ])
     public static let blank = RespondResult(thread_id: "", created: false, text: "", condensed: false, turns: 0,
                                             dropped: 0)

@@ -225,16 +225,7 @@ public final class PipeServer: Sendable {
         let settings = GenerationSettings(temperature: r.options?.temperature,
                                           maxOutputTokens: r.options?.max_output_tokens, schema: schema,
                                           reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
-        var onPartial: PartialHandler?
-        if r.progress == true {
-            let id = r.id
-            onPartial = { @Sendable p in
-                if let waiting = p.waiting { return self.send(Frame.encode(Stage(id: id, waiting))) }
-                // Over the frame limit, a partial text is skipped: the final reply says what happened.
-                let frame = Frame.encode(Progress(id: id, text: p.text, tokens: p.tokens))
-                if Frame.fits(frame) { self.send(frame) }
-            }
-        }
+        let progress = r.progress == true ? ProgressFrames(id: r.id, send: send) : nil
 
         let thread = acceptance.thread
         let reply: [UInt8]
@@ -256,16 +247,17 @@ public final class PipeServer: Sendable {
             }
             let deadline = calls.withLock { $0.byID[id]?.deadline }
             let outcome = try await thread.respond(acceptance.ticket, prompt: r.prompt, files: files,
-                                                   settings: settings, onPartial: onPartial,
+                                                   settings: settings, onPartial: progress?.handler,
                                                    rewind: r.rewind ?? 0, deadline: deadline) {
                 self.calls.withLock { $0.byID[id]?.commit(at: monotonicSeconds()) } ?? false
             }
             if let o = outcome {
+                progress?.flush(answer: o.text)
                 committed = o.usage
                 let result = RespondResult(
                     thread_id: thread.id, created: o.created, text: o.text, condensed: o.condensed,
                     turns: o.turns, dropped: o.dropped, prompt_tokens: o.promptTokens, output_tokens: o.outputTokens,
-                    store_error: o.storeError, usage: UsageBody(o.usage))
+                    store_error: o.storeError, usage: UsageBody(o.usage), finish_reason: o.finishReason)
                 // A long reply is encoded off the pipe loop (milliseconds per megabyte).
                 reply = o.text.utf8.count < onPipeLoopBytes
                     ? Frame.encode(Reply.success(r.id, result))

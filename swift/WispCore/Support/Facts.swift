@@ -27,6 +27,10 @@ public enum CoreFacts {
             ],
             "client_roots": ["max": .number(JSONNumber(ThreadRegistry.maxRoots))],
             "query": ["max_bytes": .number(JSONNumber(ThreadQuery.maxBytes))],
+            "progress": [
+                "preview_code_points": .number(JSONNumber(ProgressFrames.previewCodePoints)),
+                "interval_ms": .number(JSONNumber(ProgressFrames.intervalMs)),
+            ],
             "reasoning_levels": .array(ReasoningLevel.allCases.map { .string($0.rawValue) }),
             "model_tools": .array(ToolCatalogue.tools(roots: Roots([])).map { tool in
                 ["name": .string(tool.name), "description": .string(tool.description)]

@@ -24,6 +24,8 @@ public final class Conversation {
         public var storeError: String? = nil
         /// Turns this call took back (`rewind`).
         public var rewound: Int = 0
+        /// "length": the reply stopped at the output cap (`Generation.finishReason`).
+        public var finishReason: String? = nil
     }
 
     /// A turn the model has answered but the history does not hold yet: a call's result until
@@ -38,6 +40,7 @@ public final class Conversation {
         fileprivate let promptTokens: Int?
         fileprivate let outputTokens: Int?
         fileprivate let usage: Usage
+        fileprivate let finishReason: String?
         public var text: String { turn.response }
     }
 
@@ -160,7 +163,7 @@ public final class Conversation {
                                 structured: settings.schema != nil)
                 return Staged(turn: turn, rewound: rewind, dropFrom: dropFrom, dropped: dropped,
                               promptTokens: g.promptTokens,
-                              outputTokens: g.outputTokens, usage: g.usage)
+                              outputTokens: g.outputTokens, usage: g.usage, finishReason: g.finishReason)
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
                 // The server may have taught the backend a smaller window (a prompt it cut).
@@ -240,7 +243,7 @@ public final class Conversation {
         return Outcome(text: staged.turn.response, created: created, condensed: staged.dropped > 0,
                        turns: history.count,
                        dropped: staged.dropped, promptTokens: staged.promptTokens, outputTokens: staged.outputTokens,
-                       usage: staged.usage, rewound: staged.rewound)
+                       usage: staged.usage, rewound: staged.rewound, finishReason: staged.finishReason)
     }
 
     /// Forgets a staged turn. The live session heard it, so it goes too, rebuilt from the history next time.

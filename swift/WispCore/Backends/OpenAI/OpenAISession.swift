@@ -117,7 +117,8 @@ final class OpenAISession: ModelSession {
                 messages += added
                 return Generation(text: reply.text, toolExchanges: exchanges,
                                   promptTokens: promptTokens, outputTokens: outputTokens, usage: usage ?? Usage(),
-                                  reasoning: reasoning.isEmpty ? nil : reasoning.joined(separator: "\n\n"))
+                                  reasoning: reasoning.isEmpty ? nil : reasoning.joined(separator: "\n\n"),
+                                  finishReason: reply.finishReason == "length" ? "length" : nil)
             }
             added.append(.toolCalls(calls))
             for call in calls {
