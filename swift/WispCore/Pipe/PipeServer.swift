@@ -281,8 +281,9 @@ public final class PipeServer: Sendable {
             if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) {
                 e = stoppedError(stop, r, thread.id)
             }
-            // Its time ran out while its turn was stored: taken back, so it reads as any time limit.
-            if e == .commitPastDeadline { e = stoppedError(.timeout, r, thread.id) }
+            // Its time ran out while it waited for its turn, or while its turn was stored (taken
+            // back): it reads as any time limit.
+            if e == .commitPastDeadline || e == .timedOutWhileWaiting { e = stoppedError(.timeout, r, thread.id) }
             reply = Frame.encode(ErrorReply.failure(r.id, e))
         }
         await registry.finished(acceptance, committed: committed != nil, usage: committed)

@@ -5,8 +5,8 @@ import WispInfrastructure
 ///
 /// Swift actors are re-entrant: while one call awaits the model, another call's code may
 /// run on the actor. Isolation alone therefore does not serialise calls across an `await`,
-/// and a FoundationModels session throws if asked twice at once. The gate below does:
-/// each accepted call holds a ticket, and only the ticket being served runs.
+/// and a FoundationModels session throws if asked twice at once. Its `TicketGate` does:
+/// each accepted call holds a ticket, and only the ticket holding the turn runs.
 public actor ConversationThread {
     /// What a thread is started with: its instructions and model tools.
     public struct Binding: Sendable {
@@ -46,7 +46,7 @@ public actor ConversationThread {
 
     /// A place in this thread's line, handed out in arrival order by `enqueue()`.
     public struct Ticket: Sendable {
-        fileprivate let number: UInt64
+        fileprivate let place: TicketGate.Ticket
         /// The binding this call starts the thread with if, when its turn comes, the thread has
         /// no committed turn (every call before it failed or was cancelled); nil keeps the thread's own.
         fileprivate let start: Binding?
@@ -83,19 +83,15 @@ public actor ConversationThread {
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
-    public static let firstTicket = Ticket(number: 0, start: nil, binds: [])
+    public static let firstTicket = Ticket(place: TicketGate.first, start: nil, binds: [])
 
     /// The first ticket of a thread that may turn out to be stored: the binding arguments are
     /// checked once its history is loaded.
-    public static func firstTicket(binds: [String]) -> Ticket { Ticket(number: 0, start: nil, binds: binds) }
+    public static func firstTicket(binds: [String]) -> Ticket {
+        Ticket(place: TicketGate.first, start: nil, binds: binds)
+    }
 
-    private var issued: UInt64 = 1
-    private var serving: UInt64 = 0
-    private var parked: [UInt64: CheckedContinuation<Void, Never>] = [:]
-    /// Tickets whose caller gave up (cancelled) while waiting; skipped when their turn comes.
-    private var abandoned: Set<UInt64> = []
-    /// Waiting calls that want to hear their place in line, by ticket.
-    private var watchers: [UInt64: PartialHandler] = [:]
+    private let gate = TicketGate()
 
     /// `copy`: the thread is a fork of it (its binding then comes from there).
     public init(id: String, backend: any ModelBackend, instructions: String?, tools: [ModelTool], maxQueue: Int,
@@ -184,33 +180,33 @@ public actor ConversationThread {
     }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
-    public var pending: Int { Int(issued - serving) - abandoned.count }
+    public var pending: Int { gate.pending }
 
     /// Takes a place in line, or fails with `busy` when `maxQueue` calls already wait.
     /// `start` and `binds`: see `Ticket`.
     public func enqueue(start: Binding? = nil, binds: [String] = []) throws(WispError) -> Ticket {
-        let waiting = pending - (pending > 0 ? 1 : 0)
-        guard pending == 0 || waiting < maxQueue else {
+        do {
+            return Ticket(place: try gate.take(maxWaiting: maxQueue), start: start, binds: binds)
+        } catch {
             throw WispError(.busy,
-                    "thread '\(id)' already has \(waiting) calls waiting (limit \(maxQueue)); wait for one to " +
-                    "finish, or use another thread")
+                    "thread '\(id)' already has \(error.waiting) calls waiting (limit \(maxQueue)); wait for one " +
+                    "to finish, or use another thread")
         }
-        defer { issued += 1 }
-        return Ticket(number: issued, start: start, binds: binds)
     }
 
     /// Waits for `ticket`'s turn, then answers; the turn is committed only if `keep()`, asked once
     /// the model has answered and before anything else runs on this thread, says so. Nil when it
     /// did not (the call was stopped): the history is then exactly as it was. A call cancelled
-    /// while waiting leaves the line without running; one that fails leaves the history unchanged.
+    /// or out of time (`deadline`) while waiting leaves the line without running; one that fails
+    /// leaves the history unchanged.
     /// `rewind`: the last turns the call takes back, in the same commit (none if it is not kept).
     /// `deadline` (`monotonicSeconds()`): the call's time limit, which the store's commit keeps too:
     /// a turn it cannot store by then is taken back (`WispError.commitPastDeadline`).
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
                         onPartial: PartialHandler?, rewind: Int = 0, deadline: Double? = nil,
                         keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
-        try await waitForTurn(ticket.number, watcher: onPartial)
-        defer { advance() }
+        try await waitForTurn(ticket, deadline: deadline, watcher: onPartial)
+        defer { gate.release(ticket.place) }
         do {
             return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial,
                                    rewind: rewind, deadline: deadline, keep: keep)
@@ -328,8 +324,8 @@ public actor ConversationThread {
     /// (the store works again). True when it is stored now.
     public func storeUnstored() async -> Bool {
         guard holdsUnstoredTurns, let durability, let ticket = try? enqueue() else { return !holdsUnstoredTurns }
-        guard (try? await waitForTurn(ticket.number)) != nil else { return false }
-        defer { advance() }
+        guard (try? await waitForTurn(ticket)) != nil else { return false }
+        defer { gate.release(ticket.place) }
         guard holdsUnstoredTurns, !closed, let lease = try? await durability.store.lease(id) else {
             return !holdsUnstoredTurns
         }
@@ -397,44 +393,15 @@ public actor ConversationThread {
     }
 
     /// `watcher` hears how many calls are ahead, now and whenever that changes.
-    private func waitForTurn(_ number: UInt64, watcher: PartialHandler? = nil) async throws(WispError) {
-        if number == serving { return }
-        if Task.isCancelled {
-            abandoned.insert(number)
-            throw WispError.cancelledWhileWaiting
+    private func waitForTurn(_ ticket: Ticket, deadline: Double? = nil,
+                             watcher: PartialHandler? = nil) async throws(WispError) {
+        let onPlace = watcher.map { watcher in
+            { @Sendable ahead in watcher(PartialReply(waiting: .queue(ahead: ahead))) }
         }
-        if let watcher {
-            watchers[number] = watcher
-            watcher(PartialReply(waiting: .queue(ahead: ahead(of: number))))
-        }
-        defer { watchers[number] = nil }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { parked[number] = $0 }
-        } onCancel: {
-            Task { await self.abandon(number) }
-        }
-        if abandoned.contains(number) {
-            throw WispError.cancelledWhileWaiting
-        }
-    }
-
-    /// Calls of this thread to be served before ticket `number`: the one running and those waiting.
-    private func ahead(of number: UInt64) -> Int {
-        Int(number - serving) - abandoned.count { $0 > serving && $0 < number }
-    }
-
-    private func abandon(_ number: UInt64) {
-        guard let waiter = parked.removeValue(forKey: number) else { return }
-        abandoned.insert(number)
-        waiter.resume()
-    }
-
-    private func advance() {
-        serving += 1
-        while abandoned.remove(serving) != nil { serving += 1 }
-        parked.removeValue(forKey: serving)?.resume()
-        for (number, watcher) in watchers where number >= serving {
-            watcher(PartialReply(waiting: .queue(ahead: ahead(of: number))))
+        do {
+            try await gate.wait(for: ticket.place, deadline: deadline, onPlace: onPlace)
+        } catch {
+            throw error == .cancelled ? WispError.cancelledWhileWaiting : WispError.timedOutWhileWaiting
         }
     }
 }
