@@ -63,20 +63,14 @@ public actor ConversationThread {
     private let maxQueue: Int
     private var roots: [String]
     private let durability: Durability?
-    /// The stored version this thread last loaded or wrote (nil: none seen).
-    private var version: StoreVersion?
     /// The store's lease on this thread, held by the call being served.
     private var lease: (any ThreadLease)?
-    /// Closed: calls still running on it must not store it again, and the one holding the
-    /// lease deletes what is stored before letting it go.
-    private var closed = false
-    /// Turns were committed that the store does not have (it could not be written): the memory
-    /// is newer than anything stored, so the next call stores it whole rather than reloading,
-    /// and the registry never evicts the thread meanwhile (`holdsUnstoredTurns`).
-    private let unstored = Locked(false)
-    /// A fork whose first call has not committed: that call creates the thread for its caller,
-    /// and stores it whole (nothing stored under its id is its).
-    private var forked: Bool
+    /// Locked: the registry asks `holdsUnstoredTurns` without a hop onto this actor.
+    private let storeState: Locked<StoreState>
+    private var state: StoreState {
+        get { storeState.withLock { $0 } }
+        set { storeState.withLock { $0 = newValue } }
+    }
     /// Unix seconds of the first and latest committed turn, where known.
     public private(set) var createdAt: Double?
     public private(set) var updatedAt: Double?
@@ -107,7 +101,7 @@ public actor ConversationThread {
             self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools,
                                              affinity: affinity)
         }
-        self.forked = copy != nil
+        self.storeState = Locked(copy != nil ? .fork : .inStep(nil))
         self.maxQueue = maxQueue
         self.roots = copy?.binding.roots ?? roots
         self.durability = durability
@@ -115,7 +109,7 @@ public actor ConversationThread {
 
     public var turnCount: Int { conversation.history.count }
     /// Answered turns that only this memory holds: evicting the thread now would lose them.
-    public nonisolated var holdsUnstoredTurns: Bool { unstored.withLock { $0 } }
+    public nonisolated var holdsUnstoredTurns: Bool { storeState.withLock { $0.holdsUnstoredTurns } }
     /// What the committed calls cost so far, in this process (a resumed thread counts from its
     /// resume); nil before any.
     public private(set) var usage: Usage?
@@ -166,15 +160,16 @@ public actor ConversationThread {
     /// Whether the store holds another version than this memory last saw (another process wrote it
     /// since) while no call runs here: a listing then shows what is stored.
     public func isBehind(_ stored: StoreVersion?) -> Bool {
-        guard durability != nil, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0 else { return false }
-        return stored != version
+        guard durability != nil, state.isInStep, lease == nil, pending == 0 else { return false }
+        return stored != state.version
     }
 
     /// What the store holds of this thread when it is not what this memory last saw of it (another
     /// process wrote or closed it): read without the lease. Only an idle thread's store is read: a
     /// running call holds the lease, and this memory is then what the store last had from it.
     private func newerStored() async throws(WispError) -> Loaded {
-        guard let durability, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0,
+        let version = state.version
+        guard let durability, state.isInStep, lease == nil, pending == 0,
               version != nil || !conversation.history.isEmpty else { return .unchanged }
         return try await durability.store.read(id, unlessAt: version)
     }
@@ -219,13 +214,15 @@ public actor ConversationThread {
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
                        onPartial: PartialHandler?, rewind: Int, deadline: Double?,
                        keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
-        if let durability, !closed {
-            // Turns the store missed (`unstored`), or a fork not stored yet, make this memory the
+        // Its commit creates the thread for its caller, even if the thread is closed meanwhile.
+        let firstOfFork = state == .fork
+        if let durability, state != .closed {
+            // Turns the store missed (`ahead`), or a fork not stored yet, make this memory the
             // thread, whatever is stored; a store that cannot be read now serves the call from memory (its commit says
             // why).
             // Taken as one job that is dropped if the call ends while it waits for a worker (the
             // store's own trips off the pipe loop run inside it).
-            let store = durability.store, id = self.id, seen = version, load = !holdsUnstoredTurns && !forked
+            let store = durability.store, id = self.id, seen = state.version, load = state.isInStep
             let (lease, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) {
                 () async throws(WispError) -> (any ThreadLease, Loaded) in
                 let lease = try await store.lease(id)
@@ -263,7 +260,7 @@ public actor ConversationThread {
             await release()
             return nil
         }
-        let outcome = try await commit(staged, by: deadline)
+        let outcome = try await commit(staged, by: deadline, firstOfFork: firstOfFork)
         await release()
         return outcome
     }
@@ -273,49 +270,46 @@ public actor ConversationThread {
     private func release() async {
         guard let lease else { return }
         self.lease = nil
-        if closed {
-            _ = try? await lease.delete()
-            version = nil
-        }
+        if state == .closed { _ = try? await lease.delete() }
         await lease.release()
     }
 
     /// Makes the staged turn part of the history and, on a durable thread, stores it before the
     /// caller hears of it (under the lease: `release` lets it go).
-    private func commit(_ staged: Conversation.Staged, by deadline: Double?) async throws(WispError)
-        -> Conversation.Outcome {
+    private func commit(_ staged: Conversation.Staged, by deadline: Double?,
+                        firstOfFork: Bool) async throws(WispError) -> Conversation.Outcome {
         let before = (undo: conversation.undo(of: staged), usage: usage, createdAt: createdAt, updatedAt: updatedAt,
-                      forked: forked)
+                      state: state)
         var outcome = conversation.commit(staged)
         usage = usage.map { $0 + outcome.usage } ?? outcome.usage
         let now = ThreadViews.now()
-        if outcome.created || forked { createdAt = now }
+        if outcome.created || firstOfFork { createdAt = now }
         updatedAt = now
-        let wasForked = forked
-        if forked {
+        if firstOfFork {
             outcome.created = true
-            forked = false
+            state.settle(.inStep(nil))
         }
-        guard durability != nil, let lease, !closed else { return outcome }
+        guard durability != nil, let lease, state != .closed else { return outcome }
         let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
                                   roots: roots,
                                   history: conversation.history)
         // The store holds the history but this turn (a rewind's kept turns are a prefix of it)
         // unless turns were dropped, kept in memory only, or the thread is a new fork.
-        let kept = outcome.dropped > 0 || holdsUnstoredTurns || wasForked ? 0 : thread.history.count - 1
+        let kept = outcome.dropped > 0 || before.state.holdsUnstoredTurns || firstOfFork ? 0 : thread.history.count - 1
         do {
-            version = try await lease.commit(thread, kept: kept, after: wasForked ? nil : version, usage: outcome.usage,
-                                             by: deadline)
-            unstored.withLock { $0 = false }
+            let written = try await lease.commit(thread, kept: kept, after: before.state.version,
+                                                 usage: outcome.usage, by: deadline)
+            state.settle(.inStep(written))
         } catch where error == .commitPastDeadline {
             // Nothing was stored, so nothing is kept: the call reports its time limit.
             conversation.revert(before.undo)
-            (usage, createdAt, updatedAt, forked) = (before.usage, before.createdAt, before.updatedAt, before.forked)
+            (usage, createdAt, updatedAt) = (before.usage, before.createdAt, before.updatedAt)
+            state.settle(before.state)
             throw error
         } catch {
             // Kept in memory and answered: the caller is told.
             outcome.storeError = error.message
-            unstored.withLock { $0 = true }
+            state.settle(.ahead(of: before.state.version))
         }
         return outcome
     }
@@ -326,15 +320,14 @@ public actor ConversationThread {
         guard holdsUnstoredTurns, let durability, let ticket = try? enqueue() else { return !holdsUnstoredTurns }
         guard (try? await waitForTurn(ticket)) != nil else { return false }
         defer { gate.release(ticket.place) }
-        guard holdsUnstoredTurns, !closed, let lease = try? await durability.store.lease(id) else {
+        guard case .ahead(let version) = state, let lease = try? await durability.store.lease(id) else {
             return !holdsUnstoredTurns
         }
         let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
                                   roots: roots,
                                   history: conversation.history)
         if let written = try? await lease.commit(thread, kept: 0, after: version, usage: Usage()) {
-            version = written
-            unstored.withLock { $0 = false }
+            state.settle(.inStep(written))
         }
         await lease.release()
         return !holdsUnstoredTurns
@@ -349,7 +342,7 @@ public actor ConversationThread {
         case .none:
             conversation = Conversation(backend: backend, instructions: conversation.instructions,
                                         tools: conversation.tools, affinity: affinity)
-            version = nil
+            state.settle(.inStep(nil))
         case .loaded(let stored, let loaded):
             let tools: [ModelTool]
             do {
@@ -360,7 +353,7 @@ public actor ConversationThread {
             conversation = Conversation(backend: backend, instructions: stored.instructions, tools: tools,
                                         history: stored.history, affinity: affinity)
             roots = stored.roots
-            version = loaded
+            state.settle(.inStep(loaded))
         }
     }
 
@@ -374,7 +367,7 @@ public actor ConversationThread {
 
     /// Closes the thread for good: calls still running on it will not store it.
     public func close() async -> Closing {
-        closed = true
+        state = .closed
         return durability != nil && lease != nil ? .deletedByTheRunningCall : .leftToTheCaller
     }
 
