@@ -76,9 +76,6 @@ public struct OutputSchema: Sendable, Equatable {
         let echoBytes: Int
 
         init(_ s: JSONValue, path: String, depth: Int) throws(WispError) {
-            func bad(_ keyword: String, _ why: String) -> WispError {
-                WispError(.invalidArgument, "schema: `\(keyword)` at \(path) \(why)")
-            }
             guard depth <= OutputSchema.maxDepth else {
                 throw WispError(.invalidArgument,
                         "schema is nested more than \(OutputSchema.maxDepth) " +
@@ -87,23 +84,52 @@ public struct OutputSchema: Sendable, Equatable {
             guard case .object = s else {
                 throw WispError(.invalidArgument, "schema at \(path) must be an object (a schema)")
             }
-            if let t = s["type"] {
+            let at = Place(schema: s, path: path, depth: depth)
+            kind = try at.kind()
+            const = s["const"]
+            choices = try at.choices()
+            anyOf = try at.branches("anyOf")
+            oneOf = try at.branches("oneOf")
+            (properties, index) = try at.properties()
+            required = try at.required()
+            closed = try at.closed()
+            items = try s["items"].map { (i) throws(WispError) in try Node(i, path: "\(path)/items", depth: depth + 1) }
+            minItems = try at.count("minItems")
+            maxItems = try at.count("maxItems")
+            pattern = try at.pattern()
+            minimum = try at.bound("minimum")
+            maximum = try at.bound("maximum")
+            echoBytes = Self.echoSize(const: const, choices: choices, first: (anyOf ?? oneOf)?.first, kind: kind,
+                                      properties: properties,
+                                      items: items, minItems: minItems, minimum: minimum)
+        }
+
+        /// One schema object being compiled, and where it is: each keyword read and checked.
+        private struct Place {
+            let schema: JSONValue
+            let path: String
+            let depth: Int
+
+            func bad(_ keyword: String, _ why: String) -> WispError {
+                WispError(.invalidArgument, "schema: `\(keyword)` at \(path) \(why)")
+            }
+
+            func kind() throws(WispError) -> Kind? {
+                guard let t = schema["type"] else { return nil }
                 guard let name = t.string, let k = Kind(rawValue: name) else {
                     throw bad("type", "must be one of object, array, string, integer, number, boolean, null")
                 }
-                kind = k
-            } else {
-                kind = nil
+                return k
             }
-            const = s["const"]
-            if let e = s["enum"] {
+
+            func choices() throws(WispError) -> [JSONValue]? {
+                guard let e = schema["enum"] else { return nil }
                 guard let members = e.array, !members.isEmpty else { throw bad("enum", "must be a non-empty array") }
-                choices = members
-            } else {
-                choices = nil
+                return members
             }
+
             func branches(_ keyword: String) throws(WispError) -> [Node]? {
-                guard let b = s[keyword] else { return nil }
+                guard let b = schema[keyword] else { return nil }
                 guard let list = b.array, !list.isEmpty else {
                     throw bad(keyword, "must be a non-empty array of schemas")
                 }
@@ -113,41 +139,40 @@ public struct OutputSchema: Sendable, Equatable {
                 }
                 return out
             }
-            anyOf = try branches("anyOf")
-            oneOf = try branches("oneOf")
-            var properties: [(key: String, node: Node)] = []
-            var index: [[UInt8]: Int] = [:]
-            if let p = s["properties"] {
+
+            func properties() throws(WispError) -> ([(key: String, node: Node)], [[UInt8]: Int]) {
+                var properties: [(key: String, node: Node)] = []
+                var index: [[UInt8]: Int] = [:]
+                guard let p = schema["properties"] else { return (properties, index) }
                 guard let members = p.members else { throw bad("properties", "must be an object") }
                 for m in members {
-                    let node = try Node(m.value, path: "\(path)/properties/\(Self.escape(m.key))", depth: depth + 1)
+                    let node = try Node(m.value, path: "\(path)/properties/\(Node.escape(m.key))", depth: depth + 1)
                     // JSON keeps the last of a key given twice, as Python's json (the shim's) does.
                     if let k = index[Array(m.key.utf8)] { properties[k].node = node } else {
                         index[Array(m.key.utf8)] = properties.count
                         properties.append((m.key, node))
                     }
                 }
+                return (properties, index)
             }
-            self.properties = properties
-            self.index = index
-            if let r = s["required"] {
+
+            func required() throws(WispError) -> [String] {
+                guard let r = schema["required"] else { return [] }
                 guard let names = r.array, let strings = Optional(names.compactMap(\.string)),
                       strings.count == names.count else {
                     throw bad("required", "must be an array of property names")
                 }
-                required = strings
-            } else {
-                required = []
+                return strings
             }
-            if let a = s["additionalProperties"] {
+
+            func closed() throws(WispError) -> Bool {
+                guard let a = schema["additionalProperties"] else { return false }
                 guard a.bool == false else { throw bad("additionalProperties", "must be false (or left out)") }
-                closed = true
-            } else {
-                closed = false
+                return true
             }
-            if let i = s["items"] { items = try Node(i, path: "\(path)/items", depth: depth + 1) } else { items = nil }
+
             func count(_ keyword: String) throws(WispError) -> Int? {
-                guard let v = s[keyword] else { return nil }
+                guard let v = schema[keyword] else { return nil }
                 guard let n = v.number, n.isInteger,
                       !(n.decimal?.negative ?? true) || (n.decimal?.isZero ?? false) else {
                     throw bad(keyword, "must be a whole number of items, at least 0")
@@ -155,21 +180,20 @@ public struct OutputSchema: Sendable, Equatable {
                 // Past Int, a bound is beyond any reply: saturated.
                 return n.int ?? Int.max
             }
-            minItems = try count("minItems")
-            maxItems = try count("maxItems")
-            if let p = s["pattern"] {
+
+            func pattern() throws(WispError) -> (text: String, regex: LinearRegex)? {
+                guard let p = schema["pattern"] else { return nil }
                 guard let text = p.string else { throw bad("pattern", "must be a string") }
                 do {
-                    pattern = (text, try LinearRegex(text, dialect: .ecma))
+                    return (text, try LinearRegex(text, dialect: .ecma))
                 } catch {
                     throw WispError(.invalidArgument,
                             "schema: `pattern` at \(path) is not a regular expression wisp can use: \(error.message)")
                 }
-            } else {
-                pattern = nil
             }
+
             func bound(_ keyword: String) throws(WispError) -> JSONNumber? {
-                guard let v = s[keyword] else { return nil }
+                guard let v = schema[keyword] else { return nil }
                 guard let n = v.number, let d = n.decimal else { throw bad(keyword, "must be a number") }
                 // Echo writes a whole bound out in digits: a number of thousands of digits is no bound anyone means.
                 guard d.magnitude <= 400, d.magnitude >= -400 else {
@@ -177,11 +201,6 @@ public struct OutputSchema: Sendable, Equatable {
                 }
                 return n
             }
-            minimum = try bound("minimum")
-            maximum = try bound("maximum")
-            echoBytes = Self.echoSize(const: const, choices: choices, first: (anyOf ?? oneOf)?.first, kind: kind,
-                                      properties: properties,
-                                      items: items, minItems: minItems, minimum: minimum)
         }
 
         static func escape(_ key: String) -> String {

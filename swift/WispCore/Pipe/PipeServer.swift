@@ -226,7 +226,6 @@ public final class PipeServer: Sendable {
                                           maxOutputTokens: r.options?.max_output_tokens, schema: schema,
                                           reasoning: r.options?.reasoning.flatMap(ReasoningLevel.init(rawValue:)))
         let progress = r.progress == true ? ProgressFrames(id: r.id, send: send) : nil
-
         let thread = acceptance.thread
         let reply: [UInt8]
         var committed: Usage?
@@ -267,18 +266,24 @@ public final class PipeServer: Sendable {
                 reply = Frame.encode(ErrorReply.failure(r.id, stoppedError(stop, r, thread.id)))
             }
         } catch {
-            var e = WispError.from(error)
-            // Only a call that ended because it was stopped is reported as stopped; one that had
-            // already failed for another reason keeps that reason.
-            if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) {
-                e = stoppedError(stop, r, thread.id)
-            }
-            // Its time ran out while its turn was stored: taken back, so it reads as any time limit.
-            if e == .commitPastDeadline { e = stoppedError(.timeout, r, thread.id) }
-            reply = Frame.encode(ErrorReply.failure(r.id, e))
+            reply = Frame.encode(ErrorReply.failure(r.id, failure(error, r, thread.id)))
         }
         await registry.finished(acceptance, committed: committed != nil, usage: committed)
         ended(r.id, reply: fitting(reply, id: r.id))
+    }
+
+    /// What a call that failed replies.
+    private func failure(_ error: any Error, _ r: Respond, _ threadID: String) -> WispError {
+        var e = WispError.from(error)
+        // Only a call that ended because it was stopped is reported as stopped; one that had
+        // already failed for another reason keeps that reason.
+        if e.code == .cancelled, let stop = calls.withLock({ $0.byID[r.id]?.stopReason }) {
+            e = stoppedError(stop, r, threadID)
+        }
+        // Its time ran out while it waited for its turn, or while its turn was stored (taken
+        // back): it reads as any time limit.
+        if e == .commitPastDeadline || e == .timedOutWhileWaiting { e = stoppedError(.timeout, r, threadID) }
+        return e
     }
 
     private func stoppedError(_ code: WispError.Code, _ r: Respond, _ threadID: String?) -> WispError {

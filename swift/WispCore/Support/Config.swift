@@ -96,53 +96,62 @@ public struct CoreConfig: Sendable, Equatable {
     /// Parses env then flags. Throws a message fit to print beside `usage`.
     public static func parse(arguments: [String], environment: [String: String]) throws(WispError) -> CoreConfig {
         var c = CoreConfig()
-        func int(_ key: String, _ value: String) throws(WispError) -> Int {
-            let range = ranges.first { $0.key == key }!.value
-            guard let n = OutsideNumber.int(value, in: range) else {
-                let bounds = "≥ \(range.lowerBound) and ≤ \(range.upperBound)"
-                throw WispError(.invalidArgument, "--\(key) must be an integer \(bounds), got '\(value)'")
-            }
-            return n
+        try c.read(environment: environment)
+        try c.read(arguments: arguments)
+        return c
+    }
+
+    private static func int(_ key: String, _ value: String) throws(WispError) -> Int {
+        let range = ranges.first { $0.key == key }!.value
+        guard let n = OutsideNumber.int(value, in: range) else {
+            let bounds = "≥ \(range.lowerBound) and ≤ \(range.upperBound)"
+            throw WispError(.invalidArgument, "--\(key) must be an integer \(bounds), got '\(value)'")
         }
-        func apply(_ key: String, _ value: String) throws(WispError) {
-            switch key {
-            case "backend":
-                guard let kind = BackendKind(rawValue: value) else {
-                    throw WispError(.invalidArgument, "backend must be \(BackendKind.listed), got '\(value)'")
-                }
-                c.backend = kind
-            case "max-threads": c.maxThreads = try int("max-threads", value)
-            case "max-queue": c.maxQueue = try int("max-queue", value)
-            case "context-size": c.contextSize = try int("context-size", value)
-            case "echo-delay-ms": c.echoDelayMs = try int("echo-delay-ms", value)
-            case "endpoint": c.endpoint = value.isEmpty ? nil : value
-            case "model": c.model = value.isEmpty ? nil : value
-            case "slots": c.slots = try int("slots", value)
-            case "root": c.roots.append(value)
-            case "state-dir": c.stateDir = value.isEmpty ? nil : value
-            case "max-stored-threads": c.maxStoredThreads = try int("max-stored-threads", value)
-            case "keep-alive":
-                guard OllamaKeepAlive(value) != nil else {
-                    throw WispError(.invalidArgument,
-                                    "--keep-alive must be an Ollama duration such as " +
-                                    "90s, 30m, 2h or -1, got '\(value.preview)'")
-                }
-                c.keepAlive = value
-            case "condense-to":
-                guard let f = Double(value), f > 0, f < 1 else {
-                    throw WispError(.invalidArgument,
-                                    "--condense-to must be a share of the context " +
-                                    "between 0 and 1, got '\(value.preview)'")
-                }
-                c.condenseTo = f
-            case "log-level":
-                guard let l = LogLevel(rawValue: value) else {
-                    throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'")
-                }
-                c.logLevel = l
-            default: throw WispError(.invalidArgument, "unknown option --\(key)")
+        return n
+    }
+
+    /// Sets what flag `key` (without its dashes) or its variable says.
+    private mutating func apply(_ key: String, _ value: String) throws(WispError) {
+        switch key {
+        case "backend":
+            guard let kind = BackendKind(rawValue: value) else {
+                throw WispError(.invalidArgument, "backend must be \(BackendKind.listed), got '\(value)'")
             }
+            backend = kind
+        case "max-threads": maxThreads = try Self.int("max-threads", value)
+        case "max-queue": maxQueue = try Self.int("max-queue", value)
+        case "context-size": contextSize = try Self.int("context-size", value)
+        case "echo-delay-ms": echoDelayMs = try Self.int("echo-delay-ms", value)
+        case "endpoint": endpoint = value.isEmpty ? nil : value
+        case "model": model = value.isEmpty ? nil : value
+        case "slots": slots = try Self.int("slots", value)
+        case "root": roots.append(value)
+        case "state-dir": stateDir = value.isEmpty ? nil : value
+        case "max-stored-threads": maxStoredThreads = try Self.int("max-stored-threads", value)
+        case "keep-alive":
+            guard OllamaKeepAlive(value) != nil else {
+                throw WispError(.invalidArgument,
+                                "--keep-alive must be an Ollama duration such as " +
+                                "90s, 30m, 2h or -1, got '\(value.preview)'")
+            }
+            keepAlive = value
+        case "condense-to":
+            guard let f = Double(value), f > 0, f < 1 else {
+                throw WispError(.invalidArgument,
+                                "--condense-to must be a share of the context " +
+                                "between 0 and 1, got '\(value.preview)'")
+            }
+            condenseTo = f
+        case "log-level":
+            guard let l = LogLevel(rawValue: value) else {
+                throw WispError(.invalidArgument, "log level must be debug, info, warning or error, got '\(value)'")
+            }
+            logLevel = l
+        default: throw WispError(.invalidArgument, "unknown option --\(key)")
         }
+    }
+
+    private mutating func read(environment: [String: String]) throws(WispError) {
         let env: [(String, String)] = [
             ("WISP_BACKEND", "backend"), ("WISP_MAX_THREADS", "max-threads"), ("WISP_MAX_QUEUE", "max-queue"),
             ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
@@ -154,15 +163,18 @@ public struct CoreConfig: Sendable, Equatable {
         for (variable, key) in env {
             if let v = environment[variable], !v.isEmpty { try apply(key, v) }
         }
-        if let roots = environment["WISP_ROOTS"], !roots.isEmpty {
+        if let joined = environment["WISP_ROOTS"], !joined.isEmpty {
             // Split by bytes: `String.split` would not split a ":" that a combining mark follows.
-            c.roots = roots.utf8.split(separator: UInt8(ascii: ":")).map { String(decoding: $0, as: UTF8.self) }
+            roots = joined.utf8.split(separator: UInt8(ascii: ":")).map { String(decoding: $0, as: UTF8.self) }
         }
         if let v = environment["WISP_ALLOW_HARDLINKS"], !v.isEmpty {
-            c.allowHardLinks = !["0", "false", "no"].contains(v.lowercased())
+            allowHardLinks = !["0", "false", "no"].contains(v.lowercased())
         }
-        c.apiKey = environment["WISP_API_KEY"].flatMap { $0.isEmpty ? nil : $0 }
+        apiKey = environment["WISP_API_KEY"].flatMap { $0.isEmpty ? nil : $0 }
+    }
 
+    /// Flags override the environment; `--root` flags replace `WISP_ROOTS` rather than add to it.
+    private mutating func read(arguments: [String]) throws(WispError) {
         var rootsFromFlags: [String] = []
         var i = 0
         while i < arguments.count {
@@ -172,7 +184,7 @@ public struct CoreConfig: Sendable, Equatable {
             }
             arg = String(decoding: arg.utf8.dropFirst(2), as: UTF8.self)
             // The one flag without a value.
-            if arg == "allow-hardlinks" { c.allowHardLinks = true; i += 1; continue }
+            if arg == "allow-hardlinks" { allowHardLinks = true; i += 1; continue }
             let key: String
             let value: String
             // By bytes, as the separators above: "--root=\u{301}dir" names the directory "\u{301}dir".
@@ -188,7 +200,6 @@ public struct CoreConfig: Sendable, Equatable {
             if key == "root" { rootsFromFlags.append(value) } else { try apply(key, value) }
             i += 1
         }
-        if !rootsFromFlags.isEmpty { c.roots = rootsFromFlags }
-        return c
+        if !rootsFromFlags.isEmpty { roots = rootsFromFlags }
     }
 }

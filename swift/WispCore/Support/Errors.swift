@@ -39,6 +39,9 @@ public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
     /// A call cancelled before its turn on the thread came.
     public static let cancelledWhileWaiting = WispError(.cancelled,
                                                         "The call was cancelled while waiting for its thread.")
+    /// A call whose time limit ran out before its turn on the thread came.
+    public static let timedOutWhileWaiting = WispError(.timeout,
+                                                       "The call's time limit ran out while it waited for its thread.")
 
     /// Any error, as a WispError: Swift cancellation becomes `cancelled`, anything foreign `internal`.
     public static func from(_ error: any Error) -> WispError {

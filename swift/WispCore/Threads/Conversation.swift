@@ -78,126 +78,176 @@ public final class Conversation {
         if Task.isCancelled { throw WispError.callCancelled }
         // The live session heard the turns being taken back.
         if rewind > 0 { session = nil }
-        var context = max(1, await backend.contextSize())
-        let window = context
-        // Attached files become part of this turn's prompt: counted once, kept with the turn.
-        let attached: [AttachedFile]
-        if let files {
-            // Off the pipe loop: it reads the disk.
-            attached = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
-                try FileAttachments.read(files, context: window)
-            }
-        } else {
-            attached = []
-        }
-        let message = ModelPrompt(text: callerPrompt, files: attached)
+        let context = max(1, await backend.contextSize())
+        let message = ModelPrompt(text: callerPrompt, files: try await Self.attach(files, context: context))
         if !message.files.isEmpty { try await checkFilesFit(message, context: context, settings: settings) }
         let prompt = message.rendered
-        // Condensing in steps keeps the first turn with the instructions (a prefix the server
-        // has cached since the thread began); what it drops is the turns after it.
         let condensing = await backend.condensing()
-        var dropFrom = 0
-        let view = history.dropLast(rewind)
-        if case .steps = condensing, view.count > 1 { dropFrom = 1 } else { dropFrom = 0 }
-        var head = view[view.startIndex..<view.startIndex + dropFrom]
-        var kept = view[(view.startIndex + dropFrom)...]
-        var dropped = 0
-        func sent() -> ArraySlice<Turn> { head.isEmpty ? kept : (head + kept)[...] }
+        let ask = Ask(message: message, prompt: prompt, settings: settings, rewind: rewind, condensing: condensing,
+                      promptTokens: try await backend.tokenCount(prompt))
+        var window = Window(history.dropLast(rewind), condensing: condensing)
+        try await trim(&window, for: ask, context: context)
+        if window.dropped > 0 { session = nil }
+        return try await answer(ask, window: window, context: context, onPartial: onPartial)
+    }
 
-        // Pre-flight: where the model can count, drop what cannot fit beside the prompt and a reply
-        // reserve: the whole request as the model's template counts it, else the sum of its parts.
-        // Once something must go, condensing goes down to its target (`Condensing`).
-        let promptTokens = try await backend.tokenCount(prompt)
-        let reserve = Self.replyReserve(settings, context: context)
-        let target = condensing.target(context)
-        if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: sent(),
-                                                      prompt: prompt, settings: settings) {
-            // Turns' own counts choose what to drop; the request is counted again until it fits.
-            while whole.addingClamped(reserve) > (dropped > 0 ? target : context), !kept.isEmpty {
-                var total = whole.addingClamped(reserve)
-                while total > target, let oldest = kept.first {
-                    total = total.subtractingClamped(oldest.tokens)
-                    kept.removeFirst()
-                    dropped += 1
-                }
-                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools,
-                                                                   history: sent(), prompt: prompt,
-                                                                   settings: settings) else { break }
-                whole = recount
-            }
-        } else if let promptTokens {
-            var total = [try await countInstructions(), promptTokens, reserve,
-                         sent().map(\.tokens).clampedSum()].clampedSum()
-            if total > context {
-                while total > target, let oldest = kept.first {
-                    total = total.subtractingClamped(oldest.tokens)
-                    kept.removeFirst()
-                    dropped += 1
-                }
+    /// What one call asks, as the steps of `respond` share it.
+    private struct Ask {
+        let message: ModelPrompt
+        /// `message` as the model reads it.
+        let prompt: String
+        let settings: GenerationSettings
+        let rewind: Int
+        let condensing: Condensing
+        /// The prompt's tokens, where the backend counts them.
+        let promptTokens: Int?
+    }
+
+    /// The history a call sends: the first turn fixed (`head`, when condensing goes in steps),
+    /// then the turns condensing may drop, oldest first (`kept`).
+    private struct Window {
+        var head: ArraySlice<Turn>
+        var kept: ArraySlice<Turn>
+        /// Where in the history the dropped turns start, and how many.
+        var dropFrom: Int
+        var dropped = 0
+        /// Overflows the model reported during this call.
+        var overflows = 0
+
+        /// Condensing in steps keeps the first turn with the instructions (a prefix the server
+        /// has cached since the thread began); what it drops is the turns after it.
+        init(_ view: ArraySlice<Turn>, condensing: Condensing) {
+            if case .steps = condensing, view.count > 1 { dropFrom = 1 } else { dropFrom = 0 }
+            head = view[view.startIndex..<view.startIndex + dropFrom]
+            kept = view[(view.startIndex + dropFrom)...]
+        }
+
+        var sent: ArraySlice<Turn> { head.isEmpty ? kept : (head + kept)[...] }
+
+        /// Drops the oldest kept turns, counting their tokens off `total`, until it is at most `target`.
+        mutating func drop(from total: Int, downTo target: Int) {
+            var total = total
+            while total > target, let oldest = kept.first {
+                total = total.subtractingClamped(oldest.tokens)
+                kept.removeFirst()
+                dropped += 1
             }
         }
-        if dropped > 0 { session = nil }
+    }
 
-        var overflows = 0
-        while true {
-            let active: any ModelSession
-            if let session {
-                active = session
-            } else {
-                let history = Array(sent())
-                active = backend.makeSession(instructions: instructions, tools: tools, history: history,
-                                             affinity: affinity)
-                if !history.isEmpty { await active.prewarm() }
-                session = active
+    /// Attached files become part of this turn's prompt: counted once, kept with the turn.
+    nonisolated(nonsending)
+    private static func attach(_ files: FileRequest?, context: Int) async throws -> [AttachedFile] {
+        guard let files else { return [] }
+        // Off the pipe loop: it reads the disk.
+        return try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
+            try FileAttachments.read(files, context: context)
+        }
+    }
+
+    /// Pre-flight: where the model can count, drops what cannot fit beside the prompt and a reply
+    /// reserve: the whole request as the model's template counts it, else the sum of its parts.
+    /// Once something must go, condensing goes down to its target (`Condensing`).
+    nonisolated(nonsending)
+    private func trim(_ window: inout Window, for ask: Ask, context: Int) async throws {
+        let reserve = Self.replyReserve(ask.settings, context: context)
+        let target = ask.condensing.target(context)
+        if var whole = try await backend.promptTokens(instructions: instructions, tools: tools, history: window.sent,
+                                                      prompt: ask.prompt, settings: ask.settings) {
+            // Turns' own counts choose what to drop; the request is counted again until it fits.
+            while whole.addingClamped(reserve) > (window.dropped > 0 ? target : context), !window.kept.isEmpty {
+                window.drop(from: whole.addingClamped(reserve), downTo: target)
+                guard let recount = try await backend.promptTokens(instructions: instructions, tools: tools,
+                                                                   history: window.sent, prompt: ask.prompt,
+                                                                   settings: ask.settings) else { break }
+                whole = recount
             }
+        } else if let promptTokens = ask.promptTokens {
+            let total = [try await countInstructions(), promptTokens, reserve,
+                         window.sent.map(\.tokens).clampedSum()].clampedSum()
+            if total > context { window.drop(from: total, downTo: target) }
+        }
+    }
+
+    /// Asks the model, and recovers from an overflow it reports (or a prompt the server read
+    /// short) by dropping the oldest whole turns and asking again, until the prompt fits or
+    /// nothing is left to drop.
+    nonisolated(nonsending)
+    private func answer(_ ask: Ask, window: Window, context: Int, onPartial: PartialHandler?) async throws -> Staged {
+        var window = window, context = context
+        while true {
+            let active = await liveSession(sending: window)
             do {
-                let g = try await (message.files.isEmpty
-                    ? active.respond(to: prompt, settings: settings, onPartial: onPartial)
-                    : active.respond(to: message, settings: settings, onPartial: onPartial))
+                let g = try await (ask.message.files.isEmpty
+                    ? active.respond(to: ask.prompt, settings: ask.settings, onPartial: onPartial)
+                    : active.respond(to: ask.message, settings: ask.settings, onPartial: onPartial))
                 // Before the turn is committed: a reply that misses the schema, or could not be
                 // delivered, never joins the history.
-                try await OutputSchema.checkReply(g.text, settings: settings)
-                let turn = Turn(prompt: prompt, toolExchanges: g.toolExchanges, response: g.text,
+                try await OutputSchema.checkReply(g.text, settings: ask.settings)
+                let turn = Turn(prompt: ask.prompt, toolExchanges: g.toolExchanges, response: g.text,
                                 reasoning: g.reasoning,
-                                tokens: turnTokens(prompt: prompt, promptTokens: promptTokens, generation: g),
-                                structured: settings.schema != nil)
-                return Staged(turn: turn, rewound: rewind, dropFrom: dropFrom, dropped: dropped,
+                                tokens: turnTokens(prompt: ask.prompt, promptTokens: ask.promptTokens, generation: g),
+                                structured: ask.settings.schema != nil)
+                return Staged(turn: turn, rewound: ask.rewind, dropFrom: window.dropFrom, dropped: window.dropped,
                               promptTokens: g.promptTokens,
                               outputTokens: g.outputTokens, usage: g.usage, finishReason: g.finishReason)
             } catch let error as WispError where error.code == .contextOverflow {
                 session = nil
                 // The server may have taught the backend a smaller window (a prompt it cut).
                 context = max(1, await backend.contextSize())
-                if kept.isEmpty, !head.isEmpty {
-                    // The fixed first turn goes last, before the prompt is found not to fit alone.
-                    kept = head
-                    head = []
-                    dropFrom = 0
-                }
-                guard !kept.isEmpty else {
-                    throw try await unfit(error, prompt: prompt, promptTokens: promptTokens, context: context,
-                                          settings: settings,
-                                         rewind: rewind)
-                }
-                overflows += 1
-                let n = dropCount(kept: kept, fixed: head.map(\.tokens).clampedSum(), prompt: prompt,
-                                  context: condensing.target(context), overflows: overflows)
-                kept.removeFirst(n)
-                dropped += n
+                try await makeRoom(&window, after: error, for: ask, context: context)
             } catch {
                 session = nil
-                if Task.isCancelled { throw WispError.callCancelled }
-                let e = WispError.from(error)
-                // A session rebuilt without the oldest turns that the model will not take (Apple's
-                // unsupportedTranscriptContent, say) means condensing cannot save this thread.
-                guard dropped > 0, e.code == .internal else { throw e }
-                throw WispError(.contextOverflow, """
-                    Close this thread (close_thread) and start another: it outgrew the model's \(context)-token \
-                    context, and rebuilding it with its \(dropped) oldest turn(s) dropped failed (\(e.message)). \
-                    In the new thread, a shorter prompt or shorter instructions leave more room.
-                    """)
+                throw Self.failure(error, dropped: window.dropped, context: context)
             }
         }
+    }
+
+    /// The live session, or one made from the turns `window` sends.
+    nonisolated(nonsending)
+    private func liveSession(sending window: Window) async -> any ModelSession {
+        if let session { return session }
+        let history = Array(window.sent)
+        let active = backend.makeSession(instructions: instructions, tools: tools, history: history,
+                                         affinity: affinity)
+        if !history.isEmpty { await active.prewarm() }
+        session = active
+        return active
+    }
+
+    /// After an overflow: drops the oldest whole turns for the next try, the fixed first turn
+    /// last; with nothing left to drop, the overflow is the call's error.
+    nonisolated(nonsending)
+    private func makeRoom(_ window: inout Window, after error: WispError, for ask: Ask, context: Int) async throws {
+        if window.kept.isEmpty, !window.head.isEmpty {
+            // The fixed first turn goes last, before the prompt is found not to fit alone.
+            window.kept = window.head
+            window.head = []
+            window.dropFrom = 0
+        }
+        guard !window.kept.isEmpty else {
+            throw try await unfit(error, prompt: ask.prompt, promptTokens: ask.promptTokens, context: context,
+                                  settings: ask.settings, rewind: ask.rewind)
+        }
+        window.overflows += 1
+        let n = dropCount(kept: window.kept, fixed: window.head.map(\.tokens).clampedSum(), prompt: ask.prompt,
+                          context: ask.condensing.target(context), overflows: window.overflows)
+        window.kept.removeFirst(n)
+        window.dropped += n
+    }
+
+    /// A failure other than an overflow, as the call reports it.
+    private static func failure(_ error: any Error, dropped: Int, context: Int) -> WispError {
+        if Task.isCancelled { return WispError.callCancelled }
+        let e = WispError.from(error)
+        // A session rebuilt without the oldest turns that the model will not take (Apple's
+        // unsupportedTranscriptContent, say) means condensing cannot save this thread.
+        guard dropped > 0, e.code == .internal else { return e }
+        return WispError(.contextOverflow, """
+            Close this thread (close_thread) and start another: it outgrew the model's \(context)-token \
+            context, and rebuilding it with its \(dropped) oldest turn(s) dropped failed (\(e.message)). \
+            In the new thread, a shorter prompt or shorter instructions leave more room.
+            """)
     }
 
     /// What an overflow with no earlier turn left to drop says: whether the prompt itself is too

@@ -5,8 +5,8 @@ import WispInfrastructure
 ///
 /// Swift actors are re-entrant: while one call awaits the model, another call's code may
 /// run on the actor. Isolation alone therefore does not serialise calls across an `await`,
-/// and a FoundationModels session throws if asked twice at once. The gate below does:
-/// each accepted call holds a ticket, and only the ticket being served runs.
+/// and a FoundationModels session throws if asked twice at once. Its `TicketGate` does:
+/// each accepted call holds a ticket, and only the ticket holding the turn runs.
 public actor ConversationThread {
     /// What a thread is started with: its instructions and model tools.
     public struct Binding: Sendable {
@@ -46,7 +46,7 @@ public actor ConversationThread {
 
     /// A place in this thread's line, handed out in arrival order by `enqueue()`.
     public struct Ticket: Sendable {
-        fileprivate let number: UInt64
+        fileprivate let place: TicketGate.Ticket
         /// The binding this call starts the thread with if, when its turn comes, the thread has
         /// no committed turn (every call before it failed or was cancelled); nil keeps the thread's own.
         fileprivate let start: Binding?
@@ -63,39 +63,29 @@ public actor ConversationThread {
     private let maxQueue: Int
     private var roots: [String]
     private let durability: Durability?
-    /// The stored version this thread last loaded or wrote (nil: none seen).
-    private var version: StoreVersion?
     /// The store's lease on this thread, held by the call being served.
     private var lease: (any ThreadLease)?
-    /// Closed: calls still running on it must not store it again, and the one holding the
-    /// lease deletes what is stored before letting it go.
-    private var closed = false
-    /// Turns were committed that the store does not have (it could not be written): the memory
-    /// is newer than anything stored, so the next call stores it whole rather than reloading,
-    /// and the registry never evicts the thread meanwhile (`holdsUnstoredTurns`).
-    private let unstored = Locked(false)
-    /// A fork whose first call has not committed: that call creates the thread for its caller,
-    /// and stores it whole (nothing stored under its id is its).
-    private var forked: Bool
+    /// Locked: the registry asks `holdsUnstoredTurns` without a hop onto this actor.
+    private let storeState: Locked<StoreState>
+    private var state: StoreState {
+        get { storeState.withLock { $0 } }
+        set { storeState.withLock { $0 = newValue } }
+    }
     /// Unix seconds of the first and latest committed turn, where known.
     public private(set) var createdAt: Double?
     public private(set) var updatedAt: Double?
 
     /// The ticket of a new thread's first call, issued with the thread so that creating a
     /// thread and accepting its first call is one step.
-    public static let firstTicket = Ticket(number: 0, start: nil, binds: [])
+    public static let firstTicket = Ticket(place: TicketGate.first, start: nil, binds: [])
 
     /// The first ticket of a thread that may turn out to be stored: the binding arguments are
     /// checked once its history is loaded.
-    public static func firstTicket(binds: [String]) -> Ticket { Ticket(number: 0, start: nil, binds: binds) }
+    public static func firstTicket(binds: [String]) -> Ticket {
+        Ticket(place: TicketGate.first, start: nil, binds: binds)
+    }
 
-    private var issued: UInt64 = 1
-    private var serving: UInt64 = 0
-    private var parked: [UInt64: CheckedContinuation<Void, Never>] = [:]
-    /// Tickets whose caller gave up (cancelled) while waiting; skipped when their turn comes.
-    private var abandoned: Set<UInt64> = []
-    /// Waiting calls that want to hear their place in line, by ticket.
-    private var watchers: [UInt64: PartialHandler] = [:]
+    private let gate = TicketGate()
 
     /// `copy`: the thread is a fork of it (its binding then comes from there).
     public init(id: String, backend: any ModelBackend, instructions: String?, tools: [ModelTool], maxQueue: Int,
@@ -111,7 +101,7 @@ public actor ConversationThread {
             self.conversation = Conversation(backend: backend, instructions: instructions, tools: tools,
                                              affinity: affinity)
         }
-        self.forked = copy != nil
+        self.storeState = Locked(copy != nil ? .fork : .inStep(nil))
         self.maxQueue = maxQueue
         self.roots = copy?.binding.roots ?? roots
         self.durability = durability
@@ -119,7 +109,7 @@ public actor ConversationThread {
 
     public var turnCount: Int { conversation.history.count }
     /// Answered turns that only this memory holds: evicting the thread now would lose them.
-    public nonisolated var holdsUnstoredTurns: Bool { unstored.withLock { $0 } }
+    public nonisolated var holdsUnstoredTurns: Bool { storeState.withLock { $0.holdsUnstoredTurns } }
     /// What the committed calls cost so far, in this process (a resumed thread counts from its
     /// resume); nil before any.
     public private(set) var usage: Usage?
@@ -170,47 +160,48 @@ public actor ConversationThread {
     /// Whether the store holds another version than this memory last saw (another process wrote it
     /// since) while no call runs here: a listing then shows what is stored.
     public func isBehind(_ stored: StoreVersion?) -> Bool {
-        guard durability != nil, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0 else { return false }
-        return stored != version
+        guard durability != nil, state.isInStep, lease == nil, pending == 0 else { return false }
+        return stored != state.version
     }
 
     /// What the store holds of this thread when it is not what this memory last saw of it (another
     /// process wrote or closed it): read without the lease. Only an idle thread's store is read: a
     /// running call holds the lease, and this memory is then what the store last had from it.
     private func newerStored() async throws(WispError) -> Loaded {
-        guard let durability, !holdsUnstoredTurns, !closed, !forked, lease == nil, pending == 0,
+        let version = state.version
+        guard let durability, state.isInStep, lease == nil, pending == 0,
               version != nil || !conversation.history.isEmpty else { return .unchanged }
         return try await durability.store.read(id, unlessAt: version)
     }
 
     /// Calls holding a ticket that have not finished: the running one and those waiting.
-    public var pending: Int { Int(issued - serving) - abandoned.count }
+    public var pending: Int { gate.pending }
 
     /// Takes a place in line, or fails with `busy` when `maxQueue` calls already wait.
     /// `start` and `binds`: see `Ticket`.
     public func enqueue(start: Binding? = nil, binds: [String] = []) throws(WispError) -> Ticket {
-        let waiting = pending - (pending > 0 ? 1 : 0)
-        guard pending == 0 || waiting < maxQueue else {
+        do {
+            return Ticket(place: try gate.take(maxWaiting: maxQueue), start: start, binds: binds)
+        } catch {
             throw WispError(.busy,
-                    "thread '\(id)' already has \(waiting) calls waiting (limit \(maxQueue)); wait for one to " +
-                    "finish, or use another thread")
+                    "thread '\(id)' already has \(error.waiting) calls waiting (limit \(maxQueue)); wait for one " +
+                    "to finish, or use another thread")
         }
-        defer { issued += 1 }
-        return Ticket(number: issued, start: start, binds: binds)
     }
 
     /// Waits for `ticket`'s turn, then answers; the turn is committed only if `keep()`, asked once
     /// the model has answered and before anything else runs on this thread, says so. Nil when it
     /// did not (the call was stopped): the history is then exactly as it was. A call cancelled
-    /// while waiting leaves the line without running; one that fails leaves the history unchanged.
+    /// or out of time (`deadline`) while waiting leaves the line without running; one that fails
+    /// leaves the history unchanged.
     /// `rewind`: the last turns the call takes back, in the same commit (none if it is not kept).
     /// `deadline` (`monotonicSeconds()`): the call's time limit, which the store's commit keeps too:
     /// a turn it cannot store by then is taken back (`WispError.commitPastDeadline`).
     public func respond(_ ticket: Ticket, prompt: String, files: FileRequest? = nil, settings: GenerationSettings,
                         onPartial: PartialHandler?, rewind: Int = 0, deadline: Double? = nil,
                         keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
-        try await waitForTurn(ticket.number, watcher: onPartial)
-        defer { advance() }
+        try await waitForTurn(ticket, deadline: deadline, watcher: onPartial)
+        defer { gate.release(ticket.place) }
         do {
             return try await serve(ticket, prompt: prompt, files: files, settings: settings, onPartial: onPartial,
                                    rewind: rewind, deadline: deadline, keep: keep)
@@ -223,13 +214,15 @@ public actor ConversationThread {
     private func serve(_ ticket: Ticket, prompt: String, files: FileRequest?, settings: GenerationSettings,
                        onPartial: PartialHandler?, rewind: Int, deadline: Double?,
                        keep: @Sendable () -> Bool) async throws -> Conversation.Outcome? {
-        if let durability, !closed {
-            // Turns the store missed (`unstored`), or a fork not stored yet, make this memory the
+        // Its commit creates the thread for its caller, even if the thread is closed meanwhile.
+        let firstOfFork = state == .fork
+        if let durability, state != .closed {
+            // Turns the store missed (`ahead`), or a fork not stored yet, make this memory the
             // thread, whatever is stored; a store that cannot be read now serves the call from memory (its commit says
             // why).
             // Taken as one job that is dropped if the call ends while it waits for a worker (the
             // store's own trips off the pipe loop run inside it).
-            let store = durability.store, id = self.id, seen = version, load = !holdsUnstoredTurns && !forked
+            let store = durability.store, id = self.id, seen = state.version, load = state.isInStep
             let (lease, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) {
                 () async throws(WispError) -> (any ThreadLease, Loaded) in
                 let lease = try await store.lease(id)
@@ -267,7 +260,7 @@ public actor ConversationThread {
             await release()
             return nil
         }
-        let outcome = try await commit(staged, by: deadline)
+        let outcome = try await commit(staged, by: deadline, firstOfFork: firstOfFork)
         await release()
         return outcome
     }
@@ -277,49 +270,46 @@ public actor ConversationThread {
     private func release() async {
         guard let lease else { return }
         self.lease = nil
-        if closed {
-            _ = try? await lease.delete()
-            version = nil
-        }
+        if state == .closed { _ = try? await lease.delete() }
         await lease.release()
     }
 
     /// Makes the staged turn part of the history and, on a durable thread, stores it before the
     /// caller hears of it (under the lease: `release` lets it go).
-    private func commit(_ staged: Conversation.Staged, by deadline: Double?) async throws(WispError)
-        -> Conversation.Outcome {
+    private func commit(_ staged: Conversation.Staged, by deadline: Double?,
+                        firstOfFork: Bool) async throws(WispError) -> Conversation.Outcome {
         let before = (undo: conversation.undo(of: staged), usage: usage, createdAt: createdAt, updatedAt: updatedAt,
-                      forked: forked)
+                      state: state)
         var outcome = conversation.commit(staged)
         usage = usage.map { $0 + outcome.usage } ?? outcome.usage
         let now = ThreadViews.now()
-        if outcome.created || forked { createdAt = now }
+        if outcome.created || firstOfFork { createdAt = now }
         updatedAt = now
-        let wasForked = forked
-        if forked {
+        if firstOfFork {
             outcome.created = true
-            forked = false
+            state.settle(.inStep(nil))
         }
-        guard durability != nil, let lease, !closed else { return outcome }
+        guard durability != nil, let lease, state != .closed else { return outcome }
         let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
                                   roots: roots,
                                   history: conversation.history)
         // The store holds the history but this turn (a rewind's kept turns are a prefix of it)
         // unless turns were dropped, kept in memory only, or the thread is a new fork.
-        let kept = outcome.dropped > 0 || holdsUnstoredTurns || wasForked ? 0 : thread.history.count - 1
+        let kept = outcome.dropped > 0 || before.state.holdsUnstoredTurns || firstOfFork ? 0 : thread.history.count - 1
         do {
-            version = try await lease.commit(thread, kept: kept, after: wasForked ? nil : version, usage: outcome.usage,
-                                             by: deadline)
-            unstored.withLock { $0 = false }
+            let written = try await lease.commit(thread, kept: kept, after: before.state.version,
+                                                 usage: outcome.usage, by: deadline)
+            state.settle(.inStep(written))
         } catch where error == .commitPastDeadline {
             // Nothing was stored, so nothing is kept: the call reports its time limit.
             conversation.revert(before.undo)
-            (usage, createdAt, updatedAt, forked) = (before.usage, before.createdAt, before.updatedAt, before.forked)
+            (usage, createdAt, updatedAt) = (before.usage, before.createdAt, before.updatedAt)
+            state.settle(before.state)
             throw error
         } catch {
             // Kept in memory and answered: the caller is told.
             outcome.storeError = error.message
-            unstored.withLock { $0 = true }
+            state.settle(.ahead(of: before.state.version))
         }
         return outcome
     }
@@ -328,17 +318,16 @@ public actor ConversationThread {
     /// (the store works again). True when it is stored now.
     public func storeUnstored() async -> Bool {
         guard holdsUnstoredTurns, let durability, let ticket = try? enqueue() else { return !holdsUnstoredTurns }
-        guard (try? await waitForTurn(ticket.number)) != nil else { return false }
-        defer { advance() }
-        guard holdsUnstoredTurns, !closed, let lease = try? await durability.store.lease(id) else {
+        guard (try? await waitForTurn(ticket)) != nil else { return false }
+        defer { gate.release(ticket.place) }
+        guard case .ahead(let version) = state, let lease = try? await durability.store.lease(id) else {
             return !holdsUnstoredTurns
         }
         let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
                                   roots: roots,
                                   history: conversation.history)
         if let written = try? await lease.commit(thread, kept: 0, after: version, usage: Usage()) {
-            version = written
-            unstored.withLock { $0 = false }
+            state.settle(.inStep(written))
         }
         await lease.release()
         return !holdsUnstoredTurns
@@ -353,7 +342,7 @@ public actor ConversationThread {
         case .none:
             conversation = Conversation(backend: backend, instructions: conversation.instructions,
                                         tools: conversation.tools, affinity: affinity)
-            version = nil
+            state.settle(.inStep(nil))
         case .loaded(let stored, let loaded):
             let tools: [ModelTool]
             do {
@@ -364,7 +353,7 @@ public actor ConversationThread {
             conversation = Conversation(backend: backend, instructions: stored.instructions, tools: tools,
                                         history: stored.history, affinity: affinity)
             roots = stored.roots
-            version = loaded
+            state.settle(.inStep(loaded))
         }
     }
 
@@ -378,7 +367,7 @@ public actor ConversationThread {
 
     /// Closes the thread for good: calls still running on it will not store it.
     public func close() async -> Closing {
-        closed = true
+        state = .closed
         return durability != nil && lease != nil ? .deletedByTheRunningCall : .leftToTheCaller
     }
 
@@ -397,44 +386,15 @@ public actor ConversationThread {
     }
 
     /// `watcher` hears how many calls are ahead, now and whenever that changes.
-    private func waitForTurn(_ number: UInt64, watcher: PartialHandler? = nil) async throws(WispError) {
-        if number == serving { return }
-        if Task.isCancelled {
-            abandoned.insert(number)
-            throw WispError.cancelledWhileWaiting
+    private func waitForTurn(_ ticket: Ticket, deadline: Double? = nil,
+                             watcher: PartialHandler? = nil) async throws(WispError) {
+        let onPlace = watcher.map { watcher in
+            { @Sendable ahead in watcher(PartialReply(waiting: .queue(ahead: ahead))) }
         }
-        if let watcher {
-            watchers[number] = watcher
-            watcher(PartialReply(waiting: .queue(ahead: ahead(of: number))))
-        }
-        defer { watchers[number] = nil }
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { parked[number] = $0 }
-        } onCancel: {
-            Task { await self.abandon(number) }
-        }
-        if abandoned.contains(number) {
-            throw WispError.cancelledWhileWaiting
-        }
-    }
-
-    /// Calls of this thread to be served before ticket `number`: the one running and those waiting.
-    private func ahead(of number: UInt64) -> Int {
-        Int(number - serving) - abandoned.count { $0 > serving && $0 < number }
-    }
-
-    private func abandon(_ number: UInt64) {
-        guard let waiter = parked.removeValue(forKey: number) else { return }
-        abandoned.insert(number)
-        waiter.resume()
-    }
-
-    private func advance() {
-        serving += 1
-        while abandoned.remove(serving) != nil { serving += 1 }
-        parked.removeValue(forKey: serving)?.resume()
-        for (number, watcher) in watchers where number >= serving {
-            watcher(PartialReply(waiting: .queue(ahead: ahead(of: number))))
+        do {
+            try await gate.wait(for: ticket.place, deadline: deadline, onPlace: onPlace)
+        } catch {
+            throw error == .cancelled ? WispError.cancelledWhileWaiting : WispError.timedOutWhileWaiting
         }
     }
 }

@@ -142,22 +142,9 @@ public struct Roots: Sendable, Equatable {
     /// `maxComponents`), and a cancelled call (cancel or time limit) stops the walk.
     public func open(_ path: String) throws(WispError) -> Opened {
         let shown = Self.shown(path)
-        guard let first = directories.first else {
-            throw WispError(.invalidArgument, "no readable roots are configured (start wisp with --root DIR)")
-        }
-        let given = FSPath(path)
-        guard !given.bytes.contains(0) else { throw WispError(.invalidArgument, "path contains a NUL byte") }
-        guard !given.bytes.isEmpty else { throw WispError(.invalidArgument, "path is empty") }
-        guard given.bytes.count <= Self.maxPathBytes else {
-            throw WispError(.invalidArgument,
-                    "\(shown): the path is \(given.bytes.count) bytes, over this system's limit of " +
-                    "\(Self.maxPathBytes) (PATH_MAX); give a shorter path")
-        }
-        let joined = given.isAbsolute ? given : first.appending(given.bytes)
-
         let walk = Walk()
         var todo: [ArraySlice<UInt8>] = []
-        try walk.start(joined, roots: self, todo: &todo, shown: shown)
+        try walk.start(try joined(path, shown: shown), roots: self, todo: &todo, shown: shown)
         var symlinks = 0
         var steps = 0
         while let name = todo.popLast() {
@@ -169,67 +156,98 @@ public struct Roots: Sendable, Equatable {
             }
             if Task.isCancelled { throw WispError.callCancelled }
             if name.elementsEqual(Self.dotDot) { try walk.up(roots: self, shown: shown); continue }
-            // "." and empty components are never queued, so nothing after this one means last.
-            let isLast = todo.isEmpty
-            let next = walk.path.appending(name)
-            // Below a directory inside a root is inside; below one outside, only a root itself is.
-            let inside = walk.inside || directories.contains(next)
-            let towardARoot = !inside && directories.contains { $0.isBelow(next) }
-            var s = stat()
-            guard FSPath.withCString(name, { fstatat(walk.fd, $0, &s, AT_SYMLINK_NOFOLLOW) }) == 0 else {
-                // Outside the roots, even whether a name exists is not the caller's to learn.
-                guard inside || towardARoot else { throw outside(shown) }
-                throw Self.failure(shown, errno)
-            }
-            switch s.st_mode & S_IFMT {
-            case S_IFLNK:
-                symlinks += 1
-                guard symlinks <= Self.maxSymlinks else {
-                    throw WispError(.invalidArgument,
-                                    "\(shown): no such file or directory (too many levels of symbolic links)")
-                }
-                guard let target = Self.readLink(walk.fd, name) else { throw Self.failure(shown, errno) }
-                if target.isAbsolute {
-                    try walk.start(target, roots: self, todo: &todo, shown: shown)
-                } else {
-                    Self.queue(target.components, on: &todo)
-                }
-            case S_IFDIR:
-                guard inside || (towardARoot && !isLast) else { throw outside(shown) }
-                let fd = FSPath.withCString(name) {
-                    openat(walk.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
-                }
-                guard fd >= 0 else {
-                    // Swapped for a symlink since the fstatat: look again (bounded like any symlink).
-                    if errno == ELOOP || errno == ENOTDIR, symlinks < Self.maxSymlinks {
-                        symlinks += 1; todo.append(name); continue
-                    }
-                    throw Self.failure(shown, errno)
-                }
-                walk.push(fd, next, inside: inside)
-            case S_IFREG:
-                guard inside else { throw outside(shown) }
-                guard isLast else {
-                    throw WispError(.invalidArgument,
-                            "\(shown): \(Self.shown(String(decoding: name, as: UTF8.self))) is a file, not a directory")
-                }
-                let fd = FSPath.withCString(name) {
-                    openat(walk.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
-                }
-                guard fd >= 0 else {
-                    if errno == ELOOP, symlinks < Self.maxSymlinks { symlinks += 1; todo.append(name); continue }
-                    throw Self.failure(shown, errno)
-                }
-                let opened = Opened(fd: fd, real: next, isDirectory: false)
-                try checkRegular(opened, shown: shown)
-                return opened
-            default:
-                guard inside else { throw outside(shown) }
-                throw WispError(.invalidArgument, "\(shown) is not a regular file (device, FIFO or socket); refused")
-            }
+            if let opened = try step(name, walk: walk, todo: &todo, symlinks: &symlinks, shown: shown) { return opened }
         }
         guard walk.inside else { throw outside(shown) }
         return walk.takeTop()
+    }
+
+    /// `path` as an absolute path (a relative one from the first root), if it can name anything.
+    private func joined(_ path: String, shown: String) throws(WispError) -> FSPath {
+        guard let first = directories.first else {
+            throw WispError(.invalidArgument, "no readable roots are configured (start wisp with --root DIR)")
+        }
+        let given = FSPath(path)
+        guard !given.bytes.contains(0) else { throw WispError(.invalidArgument, "path contains a NUL byte") }
+        guard !given.bytes.isEmpty else { throw WispError(.invalidArgument, "path is empty") }
+        guard given.bytes.count <= Self.maxPathBytes else {
+            throw WispError(.invalidArgument,
+                    "\(shown): the path is \(given.bytes.count) bytes, over this system's limit of " +
+                    "\(Self.maxPathBytes) (PATH_MAX); give a shorter path")
+        }
+        return given.isAbsolute ? given : first.appending(given.bytes)
+    }
+
+    /// One step of `open`'s walk: component `name` of the walk's directory. A symlink queues its
+    /// target's components, a directory is entered; the file it ends at is returned; nil goes on.
+    private func step(_ name: ArraySlice<UInt8>, walk: Walk, todo: inout [ArraySlice<UInt8>], symlinks: inout Int,
+                      shown: String) throws(WispError) -> Opened? {
+        // "." and empty components are never queued, so nothing after this one means last.
+        let isLast = todo.isEmpty
+        let next = walk.path.appending(name)
+        // Below a directory inside a root is inside; below one outside, only a root itself is.
+        let inside = walk.inside || directories.contains(next)
+        let towardARoot = !inside && directories.contains { $0.isBelow(next) }
+        var s = stat()
+        guard FSPath.withCString(name, { fstatat(walk.fd, $0, &s, AT_SYMLINK_NOFOLLOW) }) == 0 else {
+            // Outside the roots, even whether a name exists is not the caller's to learn.
+            guard inside || towardARoot else { throw outside(shown) }
+            throw Self.failure(shown, errno)
+        }
+        switch s.st_mode & S_IFMT {
+        case S_IFLNK:
+            try follow(name, walk: walk, todo: &todo, symlinks: &symlinks, shown: shown)
+        case S_IFDIR:
+            guard inside || (towardARoot && !isLast) else { throw outside(shown) }
+            let fd = FSPath.withCString(name) {
+                openat(walk.fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+            }
+            guard fd >= 0 else {
+                // Swapped for a symlink since the fstatat: look again (bounded like any symlink).
+                if errno == ELOOP || errno == ENOTDIR, symlinks < Self.maxSymlinks {
+                    symlinks += 1; todo.append(name); return nil
+                }
+                throw Self.failure(shown, errno)
+            }
+            walk.push(fd, next, inside: inside)
+        case S_IFREG:
+            guard inside else { throw outside(shown) }
+            guard isLast else {
+                throw WispError(.invalidArgument,
+                        "\(shown): \(Self.shown(String(decoding: name, as: UTF8.self))) is a file, not a directory")
+            }
+            let fd = FSPath.withCString(name) {
+                openat(walk.fd, $0, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)
+            }
+            guard fd >= 0 else {
+                if errno == ELOOP, symlinks < Self.maxSymlinks { symlinks += 1; todo.append(name); return nil }
+                throw Self.failure(shown, errno)
+            }
+            let opened = Opened(fd: fd, real: next, isDirectory: false)
+            try checkRegular(opened, shown: shown)
+            return opened
+        default:
+            guard inside else { throw outside(shown) }
+            throw WispError(.invalidArgument, "\(shown) is not a regular file (device, FIFO or socket); refused")
+        }
+        return nil
+    }
+
+    /// Queues the target of symlink `name` in the walk's directory in its place: an absolute one
+    /// walked from the top again, a relative one from here.
+    private func follow(_ name: ArraySlice<UInt8>, walk: Walk, todo: inout [ArraySlice<UInt8>], symlinks: inout Int,
+                        shown: String) throws(WispError) {
+        symlinks += 1
+        guard symlinks <= Self.maxSymlinks else {
+            throw WispError(.invalidArgument,
+                            "\(shown): no such file or directory (too many levels of symbolic links)")
+        }
+        guard let target = Self.readLink(walk.fd, name) else { throw Self.failure(shown, errno) }
+        if target.isAbsolute {
+            try walk.start(target, roots: self, todo: &todo, shown: shown)
+        } else {
+            Self.queue(target.components, on: &todo)
+        }
     }
 
     private static let dot: [UInt8] = [UInt8(ascii: ".")]

@@ -95,4 +95,25 @@ import Testing
         #expect(try await tc.value.text == "echo 2: c")
         #expect(await a.thread.pending == 0)
     }
+
+    /// The call's deadline ends its wait for its turn: it never runs, and the next call's turn comes.
+    @Test func aCallOutOfTimeWhileWaitingLeavesTheLine() async throws {
+        let gate = Gate()
+        let registry = ThreadRegistry(backend: GateBackend(gate: gate))
+        let a = try await registry.accept(threadID: "t", instructions: nil, tools: nil)
+        let b = try await registry.accept(threadID: "t", instructions: nil, tools: nil)
+        let c = try await registry.accept(threadID: "t", instructions: nil, tools: nil)
+        let ta = Task { try await a.thread.respond(a.ticket, prompt: "gate a", settings: .init(), onPartial: nil) }
+        await gate.waitUntilEntered()
+        let tb = Task {
+            try await b.thread.respond(b.ticket, prompt: "b", settings: .init(), onPartial: nil,
+                                       deadline: monotonicSeconds() + 0.05) { true }
+        }
+        let tc = Task { try await c.thread.respond(c.ticket, prompt: "c", settings: .init(), onPartial: nil) }
+        await #expect(throws: WispError.timedOutWhileWaiting) { try await tb.value }
+        gate.open()
+        #expect(try await ta.value.text == "echo 1: gate a")
+        #expect(try await tc.value.text == "echo 2: c")
+        #expect(await a.thread.pending == 0)
+    }
 }

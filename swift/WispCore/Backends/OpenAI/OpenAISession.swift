@@ -51,10 +51,7 @@ final class OpenAISession: ModelSession {
                  onPartial: PartialHandler?) async throws -> Generation {
         var added: [ChatMessage] = [.text("user", prompt)]
         var exchanges: [ToolExchange] = []
-        var promptTokens: Int?
-        var outputTokens = 0
-        var usage: Usage?
-        var reasoning: [String] = []
+        var tally = Tally()
         var round = 0
         let threadTools = Self.offered(tools, settings)
         // A model that writes its calls as text, handed a result with the tools still offered,
@@ -66,37 +63,13 @@ final class OpenAISession: ModelSession {
             let mustAnswer = round >= Self.maxToolRounds || answerNow
             let pool = await server.slotPool()
             await server.keepModelLoaded()
+            // Held through the round's tool calls too: the thread keeps its slot's cache.
             let slot = affinity.flatMap { pool?.acquire($0) }
             defer { if let slot { pool?.release(slot) } }
-            let sent = messages + added
-            let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: sent,
-                                                 tools: offerTools ? tools : [], toolChoice: mustAnswer ? "none" : nil,
-                                                 settings: settings, cache: pool.map { _ in PromptCache(slot: slot) })
-            let floor = readCheck.floor(sent)
-            // A thread of its own that found no free slot waits for the server to free one.
-            let noFreeSlot = pool != nil && affinity != nil && slot == nil
-            onPartial?(PartialReply(waiting: noFreeSlot ? .slot : .prompt(tokens: floor.count)))
-            let tokensBefore = outputTokens
-            let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
-                onPartial?(PartialReply(text: partial.text, tokens: tokensBefore.addingClamped(partial.tokens)))
-            }
-            if let read = reply.readTokens, read < floor.tokens,
-               await server.learnWindow(read: read, sent: floor.tokens, estimate: floor.count) {
-                throw WispError(.contextOverflow, """
-                    the model server read \(read) tokens of a request of at least \(floor.tokens): it cut the prompt \
-                    silently to fit its window
-                    """)
-            }
-            readCheck.record(read: reply.readTokens, messages: sent.count,
-                             bytes: offerTools ? body.count : sent.map(\.bytes).clampedSum())
-            if promptTokens == nil { promptTokens = reply.promptTokens }
-            outputTokens = outputTokens.addingClamped(reply.outputTokens ?? reply.chunks)
-            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens,
-                                 reasoningTokens: reply.reasoningTokens,
-                                 cachedTokens: reply.cachedTokens, firstTokenSeconds: reply.firstTokenSeconds,
-                                 generationSeconds: reply.generationSeconds)
-            usage = usage.map { $0 + reported } ?? reported
-            if !reply.reasoning.isEmpty { reasoning.append(reply.reasoning) }
+            let reply = try await ask(messages + added, on: (pool, slot), offerTools: offerTools,
+                                      mustAnswer: mustAnswer, settings: settings, tokensBefore: tally.outputTokens,
+                                      onPartial: onPartial)
+            tally.add(reply)
             // Cut-off JSON can still parse (a number, say), so the server's word decides.
             if settings.schema != nil, reply.finishReason == "length" {
                 throw OutputSchema.cutOff(maxOutputTokens: settings.maxOutputTokens)
@@ -115,10 +88,8 @@ final class OpenAISession: ModelSession {
             guard !mustAnswer, !calls.isEmpty else {
                 added.append(.text("assistant", reply.text))
                 messages += added
-                return Generation(text: reply.text, toolExchanges: exchanges,
-                                  promptTokens: promptTokens, outputTokens: outputTokens, usage: usage ?? Usage(),
-                                  reasoning: reasoning.isEmpty ? nil : reasoning.joined(separator: "\n\n"),
-                                  finishReason: reply.finishReason == "length" ? "length" : nil)
+                return tally.generation(text: reply.text, toolExchanges: exchanges,
+                                        finishReason: reply.finishReason == "length" ? "length" : nil)
             }
             added.append(.toolCalls(calls))
             for call in calls {
@@ -133,6 +104,62 @@ final class OpenAISession: ModelSession {
                 added.append(.toolResult(id: call.id, output: exchange.output))
             }
             round += 1
+        }
+    }
+
+    /// One request of a call: `sent` streamed from the server (on the thread's slot, where the
+    /// pool gave it one), its partial replies reported, and a prompt the server read short
+    /// (`ReadCheck`) reported as an overflow.
+    nonisolated(nonsending)
+    private func ask(_ sent: [ChatMessage], on place: (pool: SlotPool?, slot: Int?), offerTools: Bool,
+                     mustAnswer: Bool, settings: GenerationSettings, tokensBefore: Int,
+                     onPartial: PartialHandler?) async throws -> ChatReply {
+        let (pool, slot) = place
+        let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: sent,
+                                             tools: offerTools ? tools : [], toolChoice: mustAnswer ? "none" : nil,
+                                             settings: settings, cache: pool.map { _ in PromptCache(slot: slot) })
+        let floor = readCheck.floor(sent)
+        // A thread of its own that found no free slot waits for the server to free one.
+        let noFreeSlot = pool != nil && affinity != nil && slot == nil
+        onPartial?(PartialReply(waiting: noFreeSlot ? .slot : .prompt(tokens: floor.count)))
+        let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
+            onPartial?(PartialReply(text: partial.text, tokens: tokensBefore.addingClamped(partial.tokens)))
+        }
+        if let read = reply.readTokens, read < floor.tokens,
+           await server.learnWindow(read: read, sent: floor.tokens, estimate: floor.count) {
+            throw WispError(.contextOverflow, """
+                the model server read \(read) tokens of a request of at least \(floor.tokens): it cut the prompt \
+                silently to fit its window
+                """)
+        }
+        readCheck.record(read: reply.readTokens, messages: sent.count,
+                         bytes: offerTools ? body.count : sent.map(\.bytes).clampedSum())
+        return reply
+    }
+
+    /// What a call's requests add up to: the first one's prompt, every one's output and usage, reasoning.
+    private struct Tally {
+        var promptTokens: Int?
+        var outputTokens = 0
+        var usage: Usage?
+        var reasoning: [String] = []
+
+        mutating func add(_ reply: ChatReply) {
+            if promptTokens == nil { promptTokens = reply.promptTokens }
+            outputTokens = outputTokens.addingClamped(reply.outputTokens ?? reply.chunks)
+            let reported = Usage(inputTokens: reply.promptTokens, outputTokens: reply.outputTokens,
+                                 reasoningTokens: reply.reasoningTokens,
+                                 cachedTokens: reply.cachedTokens, firstTokenSeconds: reply.firstTokenSeconds,
+                                 generationSeconds: reply.generationSeconds)
+            usage = usage.map { $0 + reported } ?? reported
+            if !reply.reasoning.isEmpty { reasoning.append(reply.reasoning) }
+        }
+
+        func generation(text: String, toolExchanges: [ToolExchange], finishReason: String?) -> Generation {
+            Generation(text: text, toolExchanges: toolExchanges,
+                       promptTokens: promptTokens, outputTokens: outputTokens, usage: usage ?? Usage(),
+                       reasoning: reasoning.isEmpty ? nil : reasoning.joined(separator: "\n\n"),
+                       finishReason: finishReason)
         }
     }
 
