@@ -9,6 +9,10 @@
   oldest unproven one (a client with the token sends its headers at once, so it is never the
   oldest for long; a peer without it cannot keep its place). Proven ones have their own room
   (MAX_PROVEN_CONNECTIONS, then 503), which no unproven peer can take.
+- Bodies read whole before the SDK (`read_body`), so that request_ids.py judges the envelope
+  and a refused one is answered 400 (`refuse`) before anything runs; the SDK then reads the
+  same bytes. A body whose Content-Length, or whose bytes, pass the SDK's limit is not read
+  whole here: the SDK answers it 413.
 - Body budgets. Request bodies received and not yet answered are counted per 2025-11-25 session
   (SESSION_BODY_BYTES, the most one stdio client may have in flight) and over all clients
   (TOTAL_BODY_BYTES, several sessions' worth); a connection carries one request at a time, whose
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .http_token import Credentials
+from .request_ids import IdsInFlight, Refusal
 from .transport import MAX_IN_FLIGHT_BYTES
 
 if TYPE_CHECKING:
@@ -204,6 +209,79 @@ class BodyBudgets:
                 self.sessions[session] = left
             else:
                 self.sessions.pop(session, None)
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> tuple[bytes | None, Receive]:
+    """The request's whole body (None when it passes `limit`, as declared or as sent) and the
+    `receive` that gives the SDK what was read, then the rest of the connection's messages."""
+    read: list[dict[str, Any]] = []
+    size, whole = 0, False
+    declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+    if not (declared.isdigit() and (len(declared) > 19 or int(declared) > limit)):
+        while size <= limit:
+            message = await receive()
+            read.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                whole = size <= limit
+                break
+
+    async def replay() -> Any:
+        return read.pop(0) if read else await receive()
+
+    body = b"".join(m.get("body", b"") for m in read if m["type"] == "http.request") if whole else None
+    return body, replay
+
+
+class Claim:
+    """A request's id held in flight in its session until every holder has dropped it."""
+
+    def __init__(self, rid: int | str, end: Callable[[], None]) -> None:
+        self.id, self._end, self._holders = rid, end, 1
+
+    def hold(self) -> None:
+        self._holders += 1
+
+    def drop(self) -> None:
+        self._holders -= 1
+        if self._holders == 0:
+            self._end()
+
+
+class SessionIds:
+    """Per 2025-11-25 session, the ids of the requests the SDK holds for it. A claim lasts until
+    the SDK is done with its request: its POST handled and, when its connection closed first,
+    the cancel for it handed over, so that a request reusing the id never meets the first
+    one's reply stream (the SDK keys those by the id)."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, IdsInFlight] = {}
+
+    def claim(self, session: str, rid: int | str) -> Claim | None:
+        """The id's claim, or None when a request of the session under that id is in flight."""
+        ids = self.sessions.setdefault(session, IdsInFlight())
+        token = ids.claim(rid)
+        if token is None:
+            return None
+
+        def end() -> None:
+            ids.release(rid, token)
+            if not ids and self.sessions.get(session) is ids:
+                del self.sessions[session]
+
+        return Claim(rid, end)
+
+
+async def refuse(send: Send, refusal: Refusal) -> None:
+    """A 400 with the JSON-RPC error of a message request_ids.py refused."""
+    import json
+
+    data = json.dumps(refusal.error()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 async def unavailable(send: Send, message: str, close: bool = False) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
-from . import protocol
+from . import protocol, request_ids
 from .client import Core
 from .core_process import CoreLaunch
 from .http_token import HttpConfigError, Token, load_token
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.types import Message, Receive, Scope, Send
 
-    from .http_guards import BodyBudgets
+    from .http_guards import BodyBudgets, Claim
 
 __all__ = ["HttpConfigError", "Token", "load_token"]  # --http's settings, for __main__.py
 
@@ -172,6 +172,10 @@ class _Sessions:
       resume it, which wisp, with no event store, cannot offer), so the disconnect is handed
       to the session as the client's `notifications/cancelled`. 2026-07-28 requests are
       cancelled by the SDK itself when their stream closes.
+    - Every POST's body is judged by request_ids.py before the SDK sees it: a batch, an id
+      JSON-RPC does not allow, a member twice, and in a session an id whose request is still
+      in flight, get 400 with a -32600 error and run nothing (the SDK would answer an odd id
+      `202` and a reused one by overwriting the first request's reply stream).
     - Past the session cap, the SDK's 503 says what wisp's limit is and how to change it.
     - Request bodies in memory and not yet answered count against their session's share and
       the total (http_guards.BodyBudgets; 503 past either).
@@ -179,11 +183,14 @@ class _Sessions:
 
     def __init__(self, manager: StreamableHTTPSessionManager, start_core: Callable[[], None], options: HttpOptions,
                  budgets: BodyBudgets) -> None:
+        from .http_guards import SessionIds
+
         self.manager = manager
         self._budgets = budgets
         self._start_core = start_core
         self._options = options
         self._tasks: anyio.abc.TaskGroup | None = None
+        self._ids = SessionIds()
 
     @contextlib.asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -196,22 +203,22 @@ class _Sessions:
                 tg.cancel_scope.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from .http_guards import OverBudget, make_budget_receive, unavailable
+        from .http_guards import OverBudget, make_budget_receive, read_body, refuse, unavailable
 
         self._start_core()
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.manager.handle_request(scope, receive, send)
             return
         session = _header(scope, SESSION_HEADER)
-        body = bytearray() if session is not None else None
-        answered = False
+        answered = cancelled = False
+        claim: Claim | None = None
 
         def watch(message: Message) -> None:
-            if message["type"] == "http.request":
-                if body is not None and len(body) <= MAX_BODY_BYTES:
-                    body.extend(message.get("body", b""))
-            elif message["type"] == "http.disconnect" and body is not None and not answered:
-                self._cancel(scope, bytes(body))
+            nonlocal cancelled
+            if message["type"] == "http.disconnect" and claim is not None and not (answered or cancelled):
+                cancelled = True
+                claim.hold()  # the id stays in flight until the cancel is handed over too
+                self._cancel(scope, claim.id, claim.drop)
 
         counted_receive, release = make_budget_receive(self._budgets, session, receive, watch)
 
@@ -222,23 +229,30 @@ class _Sessions:
             await send(message)
 
         try:
+            body, replay = await read_body(scope, counted_receive, MAX_BODY_BYTES)
+            verdict = request_ids.judge(body) if body is not None else None
+            if isinstance(verdict, request_ids.Refusal):
+                await refuse(send, verdict)
+                return
+            if session is not None and isinstance(verdict, request_ids.Request):
+                claim = self._ids.claim(session, verdict.id)
+                if claim is None:
+                    log.warning("request id %.60r is already in flight in its session; refused", verdict.id)
+                    await refuse(send, request_ids.in_flight(verdict.id))
+                    return
             out = watched_send if session is not None else self._cap_message(send)
-            await self.manager.handle_request(scope, counted_receive, out)
+            await self.manager.handle_request(scope, replay, out)
         except OverBudget as exc:
             await unavailable(send, str(exc))
         finally:
             release()
+            if claim is not None:
+                claim.drop()
 
-    def _cancel(self, scope: Scope, body: bytes) -> None:
-        try:
-            request = json.loads(body)
-        except (ValueError, RecursionError):  # nested past Python's stack: no request of wisp's
-            return
-        if not isinstance(request, dict) or "method" not in request or not isinstance(request.get("id"), int | str):
-            return  # a notification or a response: nothing is running for it
+    def _cancel(self, scope: Scope, rid: int | str, then: Callable[[], object]) -> None:
         note = json.dumps({
             "jsonrpc": "2.0", "method": "notifications/cancelled",
-            "params": {"requestId": request["id"], "reason": "the client's connection closed before the reply"},
+            "params": {"requestId": rid, "reason": "the client's connection closed before the reply"},
         }).encode()
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(note)).encode()))
@@ -255,9 +269,17 @@ class _Sessions:
         async def discard(message: Message) -> None:
             pass
 
-        log.debug("request %r: the client's connection closed before the reply; cancelling it", request["id"])
+        async def cancel() -> None:
+            try:
+                await self.manager.handle_request(sub, once, discard)
+            finally:
+                then()
+
+        log.debug("request %r: the client's connection closed before the reply; cancelling it", rid)
         if self._tasks is not None:
-            self._tasks.start_soon(self.manager.handle_request, sub, once, discard)
+            self._tasks.start_soon(cancel)
+        else:
+            then()
 
     def _cap_message(self, send: Send) -> Send:
         held: Message | None = None

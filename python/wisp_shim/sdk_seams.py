@@ -4,7 +4,8 @@ SDK, so an upgrade that changes one fails there, by name, rather than as a hang 
 misreading somewhere else.
 
 - request_key: how the SDK correlates request ids (`mcp.shared.dispatcher.coerce_request_id`:
-  "05" and 5 are one id). The transport's budget, duplicate check and cancels key ids the same.
+  "05" and 5 are one id). The transport's budget, request_ids.py's in-flight check and cancels key
+  ids the same.
 - bad_line: what the SDK's stdio reader puts on its read stream for a line it cannot take: the
   pydantic ValidationError of `mcp.types.jsonrpc_message_adapter.validate_json`, whose details
   tell a line that is not JSON (`json_invalid`, the line as input) from JSON that is no JSON-RPC

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .loop import connect_read_pipe
-from .transport import INVALID_ID_LINE, has_invalid_id
+from .transport import screened
 
 # One JSON-RPC line may carry a 16 MiB prompt, escaped; a longer line is cut here (and
 # answered as a parse error) rather than buffered without limit.
@@ -107,7 +107,7 @@ class _LineReader(asyncio.Protocol):
                 if self._buf:  # a last line without its newline
                     line, self._buf = bytes(self._buf), bytearray()
                     text = line.decode("utf-8", errors="replace")
-                    return INVALID_ID_LINE if has_invalid_id(text) else text
+                    return screened(text)
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -120,8 +120,8 @@ class _LineReader(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
         text = line.decode("utf-8", errors="replace")
-        # The SDK would read such a request as a notification and never answer it (transport.py).
-        return INVALID_ID_LINE if has_invalid_id(text) else text
+        # The SDK would read a request with an id such as 1.5 as a notification (transport.py).
+        return screened(text)
 
 
 class _WriteFlow(asyncio.Protocol):

@@ -10,14 +10,14 @@
   than MAX_IN_FLIGHT requests (and MAX_IN_FLIGHT_BYTES of their arguments, every value
   counted, plus the client's roots fetched for them) await their replies; past that, stdin is
   simply not read, and the client's writes block.
-- Request ids. The budget counts requests, keyed exactly as the SDK correlates ids
-  (`coerce_request_id`: "05" and 5 are one id), and a slot is freed when its request ends,
-  answered or not (the SDK's `on_request_unanswered` hook covers a cancelled one, however
-  its cancel spelled the id). A request whose id is already in flight is refused with
-  -32600 before the SDK sees it: the SDK would run both and send two replies under one id.
-  A request whose id is neither a string nor an integer parses in the SDK as a
-  notification and would go unanswered; stdio.py marks its line (INVALID_ID_LINE) so that
-  it is answered -32600 with id null, as JSON-RPC 2.0 asks.
+- Request ids, as request_ids.py judges them. The budget counts requests, keyed exactly as the
+  SDK correlates ids ("05" and 5 are one id), and a slot is freed when its request ends,
+  answered or not (the SDK's `on_request_unanswered` hook covers a cancelled one, however its
+  cancel spelled the id). A request whose id is already in flight is refused with -32600
+  before the SDK sees it: the SDK would run both and send two replies under one id. A line
+  request_ids.py refuses (an id that is neither a string nor an int64 integer, which the SDK
+  would read as a notification and never answer; a member twice; a batch) is marked by
+  stdio.py (`screened`) so that it is answered -32600 with id null, as JSON-RPC 2.0 asks.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import re
 from typing import Any
 
 import anyio
-import msgspec
 from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, JSONRPCRequest
 
-from .sdk_seams import bad_line, last_context, request_key, request_metadata
+from . import request_ids
+from .request_ids import IdsInFlight, Refusal
+from .sdk_seams import bad_line, last_context, request_metadata
 
 log = logging.getLogger("wisp.transport")
 
@@ -43,37 +44,22 @@ MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024
 _ID_RE = re.compile(r'"id"\s*:\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')
 
 
-# What stdio.py hands the SDK in place of a request line whose id is neither a string nor an
-# integer: not JSON, so the SDK reports it, and _answer_for knows it by its text.
-INVALID_ID_LINE = "\x00wisp: a request whose id is neither a string nor an integer\n"
+# What stdio.py hands the SDK in place of a line request_ids.py refuses: not JSON, so the SDK
+# reports it, and _answer_for knows it by this prefix (the rest is wisp's own message).
+_REFUSED = "\x00wisp refused: "
 
 
-class _Head(msgspec.Struct):
-    id: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    method: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-
-
-_head_decoder = msgspec.json.Decoder(_Head)
-_INT_RE = re.compile(rb"-?(?:0|[1-9][0-9]*)")
-
-
-def has_invalid_id(line: str) -> bool:
-    """A request (it has a method) whose top-level id is present but neither a JSON string nor
-    a JSON integer: 1.5, 2.0, true, null, an object or an array."""
-    try:
-        head = _head_decoder.decode(line)
-    except Exception:  # not one JSON object, or nested past msgspec's depth: the SDK answers it
-        return False
-    if head.id is msgspec.UNSET or head.method is msgspec.UNSET:
-        return False
-    raw = bytes(head.id)
-    return not (raw.startswith(b'"') or _INT_RE.fullmatch(raw))
+def screened(line: str) -> str:
+    """The line for the SDK: as read, or marked refused (the SDK would read a request with an
+    id such as 1.5 as a notification and never answer it)."""
+    verdict = request_ids.judge(line)
+    if isinstance(verdict, Refusal):
+        return _REFUSED + verdict.message + "\n"
+    return line
 
 
 def _request_id(value: Any) -> int | str | None:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        return None
-    return value
+    return value if request_ids.id_refusal(value) is None else None
 
 
 def _id_from_line(line: str) -> int | str | None:
@@ -109,15 +95,8 @@ def _answer_for(exc: Exception) -> JSONRPCError | None:
         raw = bad.line
         if raw is not None and not raw.strip():
             return None  # a blank line is no message: nothing to answer
-        if raw == INVALID_ID_LINE:
-            return JSONRPCError(
-                jsonrpc="2.0", id=None,
-                error=ErrorData(
-                    code=INVALID_REQUEST,
-                    message="Invalid Request: a request's \"id\" must be a string or an integer (a message without "
-                    "an id is a notification); nothing was done.",
-                ),
-            )
+        if raw is not None and raw.startswith(_REFUSED):
+            return JSONRPCError.model_validate(Refusal(raw[len(_REFUSED):].rstrip("\n")).error())
         rid = _id_from_line(raw) if raw is not None else None
         return JSONRPCError(
             jsonrpc="2.0", id=rid,
@@ -178,35 +157,36 @@ def json_size(value: Any) -> int:
 
 class _Budget:
     def __init__(self) -> None:
-        # One entry per request in flight, by the SDK's key for its id; the token tells this
-        # request's release from a stale one for an earlier request under the same id.
-        self.calls: dict[Any, tuple[object, int]] = {}
+        # The requests in flight (request_ids.IdsInFlight: keyed as the SDK correlates ids) and
+        # the bytes each holds, by its claim's token.
+        self.ids = IdsInFlight()
+        self.weights: dict[object, int] = {}
         self.bytes = 0
         self.changed = anyio.Event()
 
     def full(self) -> bool:
-        return bool(self.calls) and (len(self.calls) >= MAX_IN_FLIGHT or self.bytes >= MAX_IN_FLIGHT_BYTES)
+        return bool(self.ids) and (len(self.ids) >= MAX_IN_FLIGHT or self.bytes >= MAX_IN_FLIGHT_BYTES)
 
-    def add(self, key: Any, weight: int) -> object:
-        token = object()
-        self.calls[key] = (token, weight)
-        self.bytes += weight
+    def add(self, rid: Any, weight: int) -> object | None:
+        """The request's token, or None when a request under its id is in flight."""
+        token = self.ids.claim(rid)
+        if token is not None:
+            self.weights[token] = weight
+            self.bytes += weight
         return token
 
-    def charge(self, key: Any, token: object, weight: int) -> None:
-        """More bytes held by a request in flight (what it fetched from the client meanwhile)."""
-        entry = self.calls.get(key)
-        if entry is None or entry[0] is not token:
-            return
-        self.calls[key] = (token, entry[1] + weight)
-        self.bytes += weight
+    def charge(self, token: object, weight: int) -> None:
+        """More bytes held by a request in flight (what it fetched from the client meanwhile);
+        nothing for a request that has ended."""
+        if token in self.weights:
+            self.weights[token] += weight
+            self.bytes += weight
 
-    def release(self, key: Any, token: object | None = None) -> None:
-        entry = self.calls.get(key)
-        if entry is None or (token is not None and entry[0] is not token):
+    def release(self, rid: Any, token: object | None = None) -> None:
+        ended = self.ids.release(rid, token)
+        if ended is None:
             return
-        del self.calls[key]
-        self.bytes -= entry[1]
+        self.bytes -= self.weights.pop(ended)
         self.changed.set()
         self.changed = anyio.Event()
 
@@ -216,13 +196,13 @@ class InFlight:
     the handler fetches for the request and holds while it runs (the client's roots) is
     charged here, so it counts like the request's own arguments."""
 
-    __slots__ = ("_budget", "_key", "_token")
+    __slots__ = ("_budget", "_token")
 
-    def __init__(self, budget: _Budget, key: Any, token: object) -> None:
-        self._budget, self._key, self._token = budget, key, token
+    def __init__(self, budget: _Budget, token: object) -> None:
+        self._budget, self._token = budget, token
 
     def charge(self, weight: int) -> None:
-        self._budget.charge(self._key, self._token, weight)
+        self._budget.charge(self._token, weight)
 
 
 def charge(request_context: Any, weight: int) -> None:
@@ -230,11 +210,6 @@ def charge(request_context: Any, weight: int) -> None:
     budget (stdio does; other transports' contexts are left alone)."""
     if isinstance(request_context, InFlight):
         request_context.charge(weight)
-
-
-def _key(rid: Any) -> Any:
-    # Exactly the SDK's correlation key, so that budget, duplicates and cancels agree with it.
-    return request_key(rid)
 
 
 class GuardedReadStream:
@@ -262,28 +237,20 @@ class GuardedReadStream:
                 continue
             msg = getattr(item, "message", None)
             if isinstance(msg, JSONRPCRequest):
-                key = _key(msg.id)
-                if key in self._budget.calls:
+                token = self._budget.add(msg.id, _weight(msg))
+                if token is None:
                     log.warning("request id %s is already in flight; refused", _short_id(msg.id))
-                    await self._write.send_unbudgeted(SessionMessage(JSONRPCError(
-                        jsonrpc="2.0", id=msg.id,
-                        error=ErrorData(
-                            code=INVALID_REQUEST,
-                            message=f"Invalid Request: request id {_short_id(msg.id)} is already in flight; a "
-                            "request's id must differ from those of the client's requests still awaiting a reply. "
-                            "Nothing was done.",
-                        ),
-                    )))
+                    refusal = request_ids.in_flight(msg.id).error()
+                    await self._write.send_unbudgeted(SessionMessage(JSONRPCError.model_validate(refusal)))
                     continue
-                token = self._budget.add(key, _weight(msg))
 
-                async def unanswered(key: Any = key, token: object = token) -> None:
-                    self._budget.release(key, token)
+                async def unanswered(rid: Any = msg.id, token: object = token) -> None:
+                    self._budget.release(rid, token)
 
                 # stdio carries no metadata of its own; this hook is how the SDK says a request
                 # ended without a reply (it was cancelled), whatever spelling its cancel used.
                 # The handler reaches its own budget entry as `ctx.request` (InFlight).
-                item = SessionMessage(msg, metadata=request_metadata(unanswered, InFlight(self._budget, key, token)))
+                item = SessionMessage(msg, metadata=request_metadata(unanswered, InFlight(self._budget, token)))
             return item
 
     def __aiter__(self) -> GuardedReadStream:
@@ -320,7 +287,7 @@ class GuardedWriteStream:
             msg = getattr(item, "message", None)
             rid = getattr(msg, "id", None)
             if rid is not None and getattr(msg, "method", None) is None:
-                self.budget.release(_key(rid))
+                self.budget.release(rid)
 
     async def send_unbudgeted(self, item: Any) -> None:
         """An answer that ends no request in the budget (a refused line)."""

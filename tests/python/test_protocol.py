@@ -188,7 +188,7 @@ def test_garbage_never_escapes_as_another_exception(blob):
         pass
 
 
-# --- request ids as the MCP layer reads them (transport.py) --------------------------------
+# --- request ids as the MCP layer reads them (request_ids.py, transport.py) -----------------
 
 
 @pytest.mark.parametrize("line, invalid", [
@@ -203,22 +203,66 @@ def test_garbage_never_escapes_as_another_exception(blob):
     ('{"jsonrpc":"2.0","id":"05","method":"ping"}', False),
     ('{"jsonrpc":"2.0","method":"notifications/initialized"}', False),  # a notification: no id member
     ('{"jsonrpc":"2.0","id":1.5,"result":{}}', False),  # a response: never answered
+    ('{"jsonrpc":"2.0","id":9223372036854775807,"method":"ping"}', False),
+    ('{"jsonrpc":"2.0","id":9223372036854775808,"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":-9223372036854775809,"method":"ping"}', True),
+    ('{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}', True),  # an unpaired surrogate cannot be written back
+    ('{"jsonrpc":"2.0","id":"\\ud83d\\ude00","method":"ping"}', False),  # a pair is one character
+    ('{"jsonrpc":"2.0","id":"","method":"ping"}', False),
     ('not json', False),
 ])
-def test_a_request_id_must_be_a_string_or_an_integer(line, invalid):
-    from wisp_shim.transport import has_invalid_id
+def test_a_request_id_must_be_a_string_or_an_int64_integer(line, invalid):
+    from wisp_shim.request_ids import Refusal, Request, judge
 
-    assert has_invalid_id(line) is invalid
+    verdict = judge(line)
+    assert isinstance(verdict, Refusal if invalid else (Request, type(None))), (line, verdict)
+    if invalid:
+        assert verdict.id is None and "string or an integer" in verdict.message
+
+
+@pytest.mark.parametrize("body, says", [
+    ('[{"jsonrpc":"2.0","id":1,"method":"ping"}]', "batch"),
+    (' [] ', "batch"),
+    ('{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}', '"id" more than once'),
+    ('{"jsonrpc":"2.0","jsonrpc":"2.0","method":"notifications/initialized"}', '"jsonrpc" more than once'),
+])
+def test_a_batch_or_an_envelope_member_twice_is_refused(body, says):
+    from wisp_shim.request_ids import Refusal, judge
+
+    verdict = judge(body)
+    assert isinstance(verdict, Refusal) and says in verdict.message and verdict.id is None, verdict
+
+
+@pytest.mark.parametrize("body", [
+    "[1,", "not json", '{"id":1,"method":"x"} trailing', b"\xff\xfe", '{"id":' + "9" * 5000 + ',"method":"x"}',
+    '{"a":' + "[" * 100_000 + "]" * 100_000 + ',"id":1.5,"method":"x"}',
+])
+def test_what_the_judge_cannot_read_is_left_to_the_sdks_parser(body):
+    """Not JSON as Python reads it (broken, not UTF-8, a number past Python's digit limit,
+    nesting past its stack): no verdict here, so the SDK answers its parse error."""
+    from wisp_shim.request_ids import judge
+
+    assert judge(body) is None
+
+
+def test_claims_on_ids_are_keyed_as_the_sdk_correlates_them():
+    from wisp_shim.request_ids import IdsInFlight
+
+    ids = IdsInFlight()
+    first = ids.claim(5)
+    assert first is not None and [ids.claim(s) for s in ("05", "5", " 5", 5)] == [None] * 4
+    assert ids.release("05", object()) is None  # another claim's token ends nothing
+    assert ids.release("5", first) is first and len(ids) == 0 and ids.claim(5) is not None
 
 
 def test_the_budget_keys_ids_as_the_sdk_correlates_them():
     from mcp.shared.dispatcher import coerce_request_id
 
-    from wisp_shim.transport import _key
+    from wisp_shim.sdk_seams import request_key
 
     for spelling in ("05", "5", " 5", 5):
-        assert _key(spelling) == coerce_request_id(spelling) == 5
-    assert _key("abc") == "abc"
+        assert request_key(spelling) == coerce_request_id(spelling) == 5
+    assert request_key("abc") == "abc"
 
 
 @pytest.mark.parametrize("value", [
@@ -249,12 +293,13 @@ def test_what_a_handler_fetches_is_charged_to_its_request_until_it_ends():
 
     budget = _Budget()
     token = budget.add("r1", 100)
-    charge(InFlight(budget, "r1", token), 5000)
+    charge(InFlight(budget, token), 5000)
     charge(object(), 7)  # another transport's request context: left alone
     assert budget.bytes == 5100
+    assert budget.add("r1", 1) is None  # in flight: refused, nothing counted
     budget.release("r1", token)
-    assert budget.bytes == 0 and not budget.calls
+    assert budget.bytes == 0 and not budget.ids and not budget.weights
     # A stale entry (the same id reused since) is not charged.
     fresh = budget.add("r1", 10)
-    charge(InFlight(budget, "r1", token), 99)
-    assert budget.bytes == 10 and budget.calls["r1"][0] is fresh
+    charge(InFlight(budget, token), 99)
+    assert budget.bytes == 10 and budget.weights == {fresh: 10}
