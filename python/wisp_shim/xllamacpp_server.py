@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         p.api_keys = [k for k in key.split(",") if k]
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # its threads inherit the mask
     server = xllamacpp.Server(p)  # loads the model and listens; raises if it cannot
-    print(f"xllamacpp {getattr(xllamacpp, '__version__', '?')} listening at {server.listening_address}",
-          file=sys.stderr, flush=True)
+    # stderr: this process's stdout is not the MCP stream, but wisp keeps stdout for protocol bytes everywhere.
+    sys.stderr.write(f"xllamacpp {getattr(xllamacpp, '__version__', '?')} listening at {server.listening_address}\n")
+    sys.stderr.flush()
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     # The server's threads hold the model: leaving without their teardown is the quick, clean stop.
     os._exit(0)
