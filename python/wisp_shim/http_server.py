@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
-from . import protocol, request_ids
+from . import protocol
 from .client import Core
 from .core_process import CoreLaunch
 from .http_token import HttpConfigError, Token, load_token
 
-# The SDK's HTTP side, starlette, uvicorn (and so http_guards.py) and the stdlib modules only
+# The SDK's HTTP side, starlette, uvicorn (and so http_guards.py and request_ids.py) and the stdlib modules only
 # the shared server needs are imported where they are used: a stdio wisp, which imports this
 # module for its flags, must not pay for them at every start.
 if TYPE_CHECKING:
@@ -203,6 +203,7 @@ class _Sessions:
                 tg.cancel_scope.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from . import request_ids
         from .http_guards import OverBudget, make_budget_receive, read_body, refuse, unavailable
 
         self._start_core()

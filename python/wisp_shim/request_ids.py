@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from json.decoder import scanstring
 from typing import Any
 
+from mcp_types import INVALID_REQUEST
+
+from .sdk_seams import request_key
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -48,8 +51,6 @@ class Refusal:
     id: int | str | None = None
 
     def error(self) -> dict[str, Any]:
-        from mcp_types import INVALID_REQUEST  # here, not at the top: flag parsing imports this module, not the SDK
-
         return {"jsonrpc": "2.0", "id": self.id, "error": {"code": INVALID_REQUEST, "message": self.message}}
 
 
@@ -168,8 +169,6 @@ class IdsInFlight:
 
     def claim(self, rid: Any) -> object | None:
         """A token for `rid`, or None when a request under that id is in flight."""
-        from .sdk_seams import request_key  # the SDK, only once an id is claimed
-
         key = request_key(rid)
         if key in self._held:
             return None
@@ -178,8 +177,6 @@ class IdsInFlight:
 
     def release(self, rid: Any, token: object | None = None) -> object | None:
         """Ends the claim on `rid` (only `token`'s, when given); returns the token it ended."""
-        from .sdk_seams import request_key  # the SDK, only once an id is claimed
-
         key = request_key(rid)
         held = self._held.get(key)
         if held is None or (token is not None and held is not token):

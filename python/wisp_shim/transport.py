@@ -34,6 +34,7 @@ from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, JSO
 from . import request_ids
 from .request_ids import IdsInFlight, Refusal
 from .sdk_seams import bad_line, last_context, request_metadata
+from .tool_models import short
 
 log = logging.getLogger("wisp.transport")
 
@@ -239,7 +240,7 @@ class GuardedReadStream:
             if isinstance(msg, JSONRPCRequest):
                 token = self._budget.add(msg.id, _weight(msg))
                 if token is None:
-                    log.warning("request id %s is already in flight; refused", _short_id(msg.id))
+                    log.warning("request id %s is already in flight; refused", short(msg.id))
                     refusal = request_ids.in_flight(msg.id).error()
                     await self._write.send_unbudgeted(SessionMessage(JSONRPCError.model_validate(refusal)))
                     continue
@@ -304,11 +305,6 @@ class GuardedWriteStream:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-def _short_id(rid: Any) -> str:
-    text = repr(rid)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def guard(read: Any, write: Any) -> tuple[GuardedReadStream, GuardedWriteStream]:
