@@ -46,7 +46,7 @@ public final class TicketGate: Sendable {
         var parked: [UInt64: Waiter] = [:]
         /// Tickets that left before their turn; skipped when it comes.
         var left: Set<UInt64> = []
-        var watchers: [UInt64: PlaceHandler] = [:]
+        var watchers: [UInt64: PlaceReporter] = [:]
 
         /// Tickets not yet done: the holder and those waiting.
         var pending: Int { Int(issued - serving) - left.count }
@@ -86,8 +86,9 @@ public final class TicketGate: Sendable {
         // handed to it: the line's state when it runs again may have moved on (its ticket skipped).
         let exit: Exit? = await withTaskCancellationHandler {
             await withCheckedContinuation(isolation: isolation) { (waiter: Waiter) in
-                guard let ahead = park(ticket, waiter, deadline: deadline, onPlace: onPlace) else { return }
-                onPlace?(ahead)
+                let reporter = onPlace.map(PlaceReporter.init)
+                guard let ahead = park(ticket, waiter, deadline: deadline, reporter: reporter) else { return }
+                reporter?.report(ahead)
                 timer = deadline.flatMap { expire(ticket, at: $0) }
             }
         } onCancel: {
@@ -99,7 +100,7 @@ public final class TicketGate: Sendable {
 
     /// Waits `ticket` in line and gives its place, or resumes it at once when its turn has come or
     /// it must leave (cancelled, or past `deadline`) and gives nil.
-    private func park(_ ticket: Ticket, _ waiter: Waiter, deadline: Double?, onPlace: PlaceHandler?) -> Int? {
+    private func park(_ ticket: Ticket, _ waiter: Waiter, deadline: Double?, reporter: PlaceReporter?) -> Int? {
         let number = ticket.number
         let parking: Parking = line.withLock { line in
             if line.serving == number { return .resumed(nil) }
@@ -110,7 +111,7 @@ public final class TicketGate: Sendable {
                 return .resumed(exit)
             }
             line.parked[number] = waiter
-            line.watchers[number] = onPlace
+            line.watchers[number] = reporter
             return .waiting(ahead: line.ahead(of: number))
         }
         switch parking {
@@ -148,7 +149,7 @@ public final class TicketGate: Sendable {
     /// Hands the turn from `ticket`, its holder, to the next ticket still in line. A ticket that
     /// does not hold the turn is ignored: it has nothing to hand over.
     public func release(_ ticket: Ticket) {
-        let (next, told) = line.withLock { line -> (Waiter?, [(PlaceHandler, Int)]) in
+        let (next, told) = line.withLock { line -> (Waiter?, [(PlaceReporter, Int)]) in
             guard ticket.number == line.serving else { return (nil, []) }
             line.serving += 1
             while line.left.remove(line.serving) != nil { line.serving += 1 }
@@ -159,7 +160,7 @@ public final class TicketGate: Sendable {
             return (line.parked.removeValue(forKey: line.serving), told)
         }
         next?.resume(returning: nil)
-        for (watcher, ahead) in told { watcher(ahead) }
+        for (reporter, ahead) in told { reporter.report(ahead) }
     }
 
     /// Takes a waiting ticket out of the line (its task was cancelled, or its deadline passed).
@@ -172,5 +173,25 @@ public final class TicketGate: Sendable {
             return waiter
         }
         waiter?.resume(returning: exit)
+    }
+}
+
+/// A waiter's place, reported only as it falls. Places are counted under the line's lock but
+/// reported outside it (a handler must not run under the line's lock), so the report made when a
+/// waiter parks and one made by a release just after can arrive in either order; a place never
+/// grows while a ticket waits, so the larger of two crossed reports is the stale one and is dropped.
+/// Reporting under this waiter's own lock keeps its handler's calls in the order they were judged.
+final class PlaceReporter: Sendable {
+    private let lowest = Locked(Int.max)
+    private let handler: TicketGate.PlaceHandler
+
+    init(_ handler: @escaping TicketGate.PlaceHandler) { self.handler = handler }
+
+    func report(_ ahead: Int) {
+        lowest.withLock { lowest in
+            guard ahead < lowest else { return }
+            lowest = ahead
+            handler(ahead)
+        }
     }
 }

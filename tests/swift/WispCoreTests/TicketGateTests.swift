@@ -156,4 +156,17 @@ private actor Line {
         #expect(throws: TicketGate.Full.self) { try gate.take(maxWaiting: 2) }
         #expect(gate.pending == 3)
     }
+
+    @Test func aPlaceReportedLateIsDroppedOnceASmallerOneWasHeard() {
+        // The report a waiter makes as it parks and the one a release makes just after are judged
+        // under the line's lock but heard outside it, so they can cross: the stale one is larger.
+        let heard = Locked<[Int]>([])
+        let reporter = PlaceReporter { ahead in heard.withLock { $0.append(ahead) } }
+        reporter.report(2)
+        reporter.report(3)
+        reporter.report(2)
+        reporter.report(1)
+        reporter.report(0)
+        #expect(heard.withLock { $0 } == [2, 1, 0])
+    }
 }
