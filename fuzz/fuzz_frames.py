@@ -16,7 +16,7 @@ import atheris
 
 with atheris.instrument_imports():
     import msgspec  # noqa: F401  (compiled: not instrumented, but its errors must stay inside ProtocolError)
-    from wisp_shim import protocol
+    from wisp_shim.core import protocol
 
 def decode_all(pieces: list[bytes]) -> list[object]:
     """What the shim's reader does with a stream: frames, then messages."""

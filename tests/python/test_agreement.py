@@ -13,7 +13,8 @@ import msgspec
 import pytest
 
 from harness import core_exchange, core_path
-from wisp_shim import errors, facts, protocol
+from wisp_shim import errors, facts
+from wisp_shim.core import protocol
 from wisp_shim.facts import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, REASONING_LEVELS, THREAD_ID_RE
 
 

@@ -15,6 +15,7 @@ every session, and each call reads its own session's roots and reports progress 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -27,10 +28,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
-from . import protocol
-from .client import Core
-from .core_process import CoreLaunch
-from .http_token import HttpConfigError, Token, load_token
+from .. import config
+from ..core import protocol
+from ..core.client import Core
+from ..core.process import CoreLaunch
+from .token import HttpConfigError, Token, load_token
 
 # The SDK's HTTP side, starlette, uvicorn (and so http_guards.py and request_ids.py) and the stdlib modules only
 # the shared server needs are imported where they are used: a stdio wisp, which imports this
@@ -41,19 +43,14 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.types import Message, Receive, Scope, Send
 
-    from .http_guards import BodyBudgets, Claim
-
-__all__ = ["HttpConfigError", "Token", "load_token"]  # --http's settings, for __main__.py
+    from .guards import BodyBudgets, Claim
 
 log = logging.getLogger("wisp.http")
 
 MCP_PATH = "/mcp"
-DEFAULT_HTTP = "127.0.0.1:8765"
 # A tools/call whose arguments fit wisp's frame limit (protocol.py) fits in this body with
 # room for the JSON-RPC envelope; a larger body could not be served anyway: 413 before parsing.
 MAX_BODY_BYTES = protocol.MAX_FRAME_BYTES + 1024 * 1024
-DEFAULT_MAX_SESSIONS = 64
-DEFAULT_SESSION_IDLE_S = 30 * 60.0
 # On a stop signal, after the core is down: how long open connections (SSE streams) get to
 # close before the process exits anyway; the core's own stop is bounded by core_process.py.
 SHUTDOWN_GRACE_S = 0.5
@@ -83,7 +80,7 @@ def parse_bind(text: str) -> Bind:
     """HOST:PORT, with an IPv6 host in brackets ([::1]:8765)."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
-        raise HttpConfigError(f"--http {text!r}: expected HOST:PORT, e.g. --http {DEFAULT_HTTP}")
+        raise HttpConfigError(f"--http {text!r}: expected HOST:PORT, e.g. --http {config.DEFAULT_HTTP}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     elif ":" in host:
@@ -159,8 +156,24 @@ class HttpOptions:
     bind: Bind
     token: Token
     eager: bool = False
-    max_sessions: int = DEFAULT_MAX_SESSIONS
-    session_idle_s: float = DEFAULT_SESSION_IDLE_S
+    max_sessions: int = config.DEFAULT_MAX_SESSIONS
+    session_idle_s: float = config.DEFAULT_SESSION_IDLE_S
+
+
+def options(ns: argparse.Namespace, generate_token: bool = True) -> HttpOptions | None:
+    """--http's settings, checked before anything starts (None: serve stdio)."""
+    where = config.http_address(ns)
+    if where is None:
+        return None
+    idle = config.session_idle_s(ns)
+    try:
+        bind = parse_bind(where)
+        check_bind(bind, ns.allow_remote)
+        token = load_token(ns.token_file, config.env("WISP_HTTP_TOKEN"), generate=generate_token)
+    except HttpConfigError as exc:
+        raise SystemExit(f"wisp: {exc}") from None
+    return HttpOptions(bind=bind, token=token, eager=ns.eager,
+                       max_sessions=ns.max_sessions or config.DEFAULT_MAX_SESSIONS, session_idle_s=idle)
 
 
 class _Sessions:
@@ -183,7 +196,7 @@ class _Sessions:
 
     def __init__(self, manager: StreamableHTTPSessionManager, start_core: Callable[[], None], options: HttpOptions,
                  budgets: BodyBudgets) -> None:
-        from .http_guards import SessionIds
+        from .guards import SessionIds
 
         self.manager = manager
         self._budgets = budgets
@@ -203,8 +216,8 @@ class _Sessions:
                 tg.cancel_scope.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from . import request_ids
-        from .http_guards import OverBudget, make_budget_receive, read_body, refuse, unavailable
+        from ..transport import request_ids
+        from .guards import OverBudget, make_budget_receive, read_body, refuse, unavailable
 
         self._start_core()
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -371,7 +384,7 @@ def listen(bind: Bind) -> socket.socket:
 async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit_now: Callable[[], Any]) -> None:
     import uvicorn
 
-    from .server import build_server
+    from ..mcp.server import build_server
 
     sock = listen(options.bind)
     port = sock.getsockname()[1]
@@ -389,8 +402,8 @@ async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit
             started = True
             core.start()
 
-    from .http_guards import BodyBudgets, ConnectionGuard
-    from .http_token import Credentials
+    from .guards import BodyBudgets, ConnectionGuard
+    from .token import Credentials
 
     app = build_app(build_server(core, max_threads), start_core, options, port, BodyBudgets())
     guard = ConnectionGuard(Credentials(options.token.value))

@@ -26,8 +26,8 @@ import stat
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .loop import connect_read_pipe
-from .transport import screened
+from ..loop import connect_read_pipe
+from .guard import screened
 
 # One JSON-RPC line may carry a 16 MiB prompt, escaped; a longer line is cut here (and
 # answered as a parse error) rather than buffered without limit.

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from .. import config
 from .llama_install import NATIVE, XLLAMACPP, LocalModelError, ServerProgram
 from .xllamacpp_server import API_KEY_ENV, CANNOT_LOAD
 

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .http_token import Credentials
-from .request_ids import IdsInFlight, Refusal
-from .transport import MAX_IN_FLIGHT_BYTES
+from .token import Credentials
+from ..transport.request_ids import IdsInFlight, Refusal
+from ..transport.guard import MAX_IN_FLIGHT_BYTES
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send

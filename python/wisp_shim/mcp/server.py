@@ -29,17 +29,17 @@ from mcp.types import (
     ToolAnnotations,
 )
 
-from .version import version
-from . import protocol
+from ..version import version
+from ..core import protocol
 from . import schema as output_schema
-from . import errors
-from .client import Core
-from .errors import ShimError
+from .. import errors
+from ..core.client import Core
+from ..errors import ShimError
 from .client_roots import client_roots
 from .task_records import Job, TaskLimits
 from .tasks import Tasks
-from .transport import charge, json_size
-from .tool_models import (
+from ..transport.guard import charge, json_size
+from .arguments import (
     ArgumentError,
     CloseThreadArgs,
     CloseThreadOutput,

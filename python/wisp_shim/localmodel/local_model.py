@@ -50,7 +50,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from .. import config
 from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError,
                             ServerProgram, cached_llama_server, find_llama_server, find_model, find_server,
                             find_xllamacpp, libgomp_missing)

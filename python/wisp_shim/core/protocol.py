@@ -17,11 +17,11 @@ import time
 
 import msgspec
 
-from . import errors
+from .. import errors
 # The pipe's version and frame limit are the core's (facts.py). The core treats a frame over
 # the limit as a protocol error and exits, so the shim must refuse to send one rather than let
 # a single oversized prompt kill every thread.
-from .facts import MAX_FRAME_BYTES, PROTOCOL_VERSION  # noqa: F401 (the pipe's own names)
+from ..facts import MAX_FRAME_BYTES, PROTOCOL_VERSION  # noqa: F401 (the pipe's own names)
 
 # The codes an error reply may carry (errors.py).
 ERROR_CODES = errors.CORE_CODES

@@ -15,11 +15,11 @@ import os
 import time
 from pathlib import Path
 
-from . import errors
+from .. import errors
 from . import protocol
-from .core_process import BUILD_HINT, CoreLaunch, CoreProcess, find_core, kill, stop_process
-from .core_reader import CoreListener, read_frames
-from .errors import ShimError
+from .process import BUILD_HINT, CoreLaunch, CoreProcess, find_core, kill, stop_process
+from .reader import CoreListener, read_frames
+from ..errors import ShimError
 
 log = logging.getLogger("wisp.core")
 
@@ -76,8 +76,8 @@ class Supervisor:
             self._listener.shutting_down(run)
         for proc in procs:
             await stop_process(proc)
-        if self.launch.after_stop is not None:
-            self.launch.after_stop()
+        if self.launch.companion is not None:
+            self.launch.companion.after_stop()
         self._notify()
 
     async def running(self) -> CoreProcess:
@@ -128,8 +128,8 @@ class Supervisor:
 
     async def _start_once(self) -> CoreProcess | None:
         try:
-            if self.launch.before_start is not None:
-                await self.launch.before_start()
+            if self.launch.companion is not None:
+                await self.launch.companion.before_start()
             path = find_core(self.launch.core)
             self.binary = path
             argv = [str(path), *self.launch.args]

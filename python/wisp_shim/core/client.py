@@ -2,7 +2,7 @@
 their time limits (cancelling in the core when one passes), forwards progress, and keeps the ids
 of threads lost in a crash so the next call naming one is told so.
 
-The process itself is core_process.py's; starting, watching and restarting it, supervisor.py's.
+The process itself is process.py's; starting, watching and restarting it, supervisor.py's.
 Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP layer
 turns into tool errors.
 """
@@ -14,13 +14,15 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from . import errors
+import anyio
+
+from .. import errors
 from . import protocol
-from .errors import ShimError
-from .core_process import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess
+from ..errors import ShimError
+from .process import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess
 from .pending import PendingCall, Answer
 from .progress import OnProgress, pump_progress
 from .supervisor import Supervisor
@@ -32,6 +34,9 @@ log = logging.getLogger("wisp.core")
 CANCEL_GRACE_S = 0.25
 # close_thread and status never wait for a model.
 QUICK_CALL_TIMEOUT_S = 30.0
+# A core started only to be asked its status (`--check`, the local model's Apple probe): its
+# start and the answer together.
+PROBE_TIMEOUT_S = 60.0
 
 
 class Core:
@@ -350,8 +355,8 @@ class Core:
             if reply.error.code == errors.TIMEOUT:
                 raise timed_out()  # the core's deadline is the shim's limit: one wording for both
             error = ShimError(reply.error.code, reply.error.message)
-            if self.launch.explain is not None:
-                error = await self.launch.explain(error, started)
+            if self.launch.companion is not None:
+                error = await self.launch.companion.explain(error, started)
             raise error
         assert isinstance(reply.result, protocol.RespondResult)
         return reply.result
@@ -387,6 +392,27 @@ class Core:
             raise ShimError(reply.error.code, reply.error.message)
         assert reply.result is not None
         return reply.result
+
+async def probe_status(launch: CoreLaunch,
+                       then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[protocol.StatusResult, str]:
+    """The status of a core of its own, started for the question and stopped after it, and the
+    binary's path; with `then`, also what it says while the core still runs (None: fine)."""
+    core = Core(launch)
+    core.start()
+    try:
+        with anyio.fail_after(PROBE_TIMEOUT_S):
+            st = await core.status()
+        if then is not None:
+            problem = await then()
+            if problem:
+                st.available, st.reason = False, problem
+        return st, str(core.binary)
+    except TimeoutError:
+        raise ShimError(errors.TIMEOUT, f"wisp-core did not answer `status` within {PROBE_TIMEOUT_S:g} s") from None
+    finally:
+        with anyio.CancelScope(shield=True):
+            await core.aclose()
+
 
 class _Expired(Exception):
     """The shim's own time limit for a call passed before the core replied."""

@@ -34,7 +34,7 @@ from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, JSO
 from . import request_ids
 from .request_ids import IdsInFlight, Refusal
 from .sdk_seams import bad_line, last_context, request_metadata
-from .tool_models import short
+from ..errors import short
 
 log = logging.getLogger("wisp.transport")
 

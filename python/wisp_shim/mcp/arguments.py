@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.json_schema import GenerateJsonSchema
 
 from . import schema as output_schema
-from .facts import (  # noqa: F401
+from ..errors import got, short
+from ..facts import (  # noqa: F401
     MAX_OUTPUT_TOKENS,
     MAX_QUERY_BYTES,
     MODEL_TOOLS,
@@ -47,34 +48,6 @@ class ErrorWording:
     what: str
     required: str | None = None
     items: str | None = None
-
-
-def short(value: Any) -> str:
-    """A value as an error message may quote it: never long, never slow."""
-    if _huge(value):
-        # repr of a huge int is slow, and past 4,300 digits refused by Python itself.
-        return f"an integer of {_digits(value)} digits"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _huge(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200
-
-
-def _digits(n: int) -> str:
-    """How many decimal digits |n| has, exactly, without writing it out: 2**(b-1) <= |n| < 2**b
-    leaves two candidates, told apart by one power of ten (past a million bits, an estimate)."""
-    bits = abs(n).bit_length()
-    low = int((bits - 1) * 0.30102999566398120)  # floor(log10 |n|) is low or low + 1
-    if bits > 1_000_000:
-        return f"about {low + 1:,}"
-    return f"{low + 2 if abs(n) >= 10 ** (low + 1) else low + 1:,}"
-
-
-def _got(value: Any) -> str:
-    """A wrong value as `got …` names it: its type and its text, or what a huge integer is."""
-    return short(value) if _huge(value) else f"{type(value).__name__} {short(value)}"
 
 
 ThreadId = Annotated[str, Field(pattern=f"^{THREAD_ID_CHARS}$")]
@@ -367,5 +340,5 @@ def _message(exc: ValidationError, wording: dict[str, ErrorWording], given: dict
         return (f"`{name}` {short(value)} is not a valid thread id: use {THREAD_ID_RULE} (or omit it to start a new "
                 "thread).")
     if error["type"].endswith("_type") or error["type"] in ("int_from_float", "float_parsing", "int_parsing"):
-        return f"`{name}` must be {rule.what}, got {_got(value)}."
+        return f"`{name}` must be {rule.what}, got {got(value)}."
     return f"`{name}` must be {rule.what}, got {short(value)}."

@@ -1,0 +1,2 @@
+"""The shared-server layer (--http): MCP's streamable HTTP under uvicorn (server), its guards on
+connections, bodies and ids (guards) and its bearer token (token)."""
