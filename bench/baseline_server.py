@@ -87,7 +87,7 @@ async def main() -> None:
         return
     serve = stdio_server
     if "--wisp-stdio" in sys.argv[1:]:
-        from wisp_shim.transport.guard.stdio import stdio_server as serve
+        from wisp_shim.transport.stdio import stdio_server as serve
     async with serve() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 

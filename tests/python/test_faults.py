@@ -227,7 +227,7 @@ def test_files_lists_count_in_the_in_flight_budget():
     with 750 KB of `files` paths each, all waiting in one thread's queue, used to be taken in
     whole (the budget saw two one-letter strings per call) and grew the shim by over 300 MiB.
     Now the shim stops reading once about 64 MiB of them are in flight, as it does for prompts."""
-    from wisp_shim.transport.guard.guard import MAX_IN_FLIGHT_BYTES
+    from wisp_shim.transport.guard import MAX_IN_FLIGHT_BYTES
 
     proc = spawn_initialized("--max-queue", "256")
     core = children(proc.pid)[0]

@@ -15,7 +15,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared._context_streams import create_context_streams  # the SDK's own read streams
 from mcp.types import jsonrpc_message_adapter
 
-from wisp_shim.transport.guard import sdk_seams
+from wisp_shim.transport import sdk_seams
 
 
 def _reader_error(line: str) -> Exception:

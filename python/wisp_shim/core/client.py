@@ -125,7 +125,7 @@ class Core:
             run.alive.pop(msg.thread_id, None)  # gone already: a later crash did not lose it
 
     @staticmethod
-    def _track(run: CoreProcess, result: protocol.Result) -> None:
+    def _track(run: CoreProcess, result: protocol.PipeResult) -> None:
         """The shim's view of the core's live threads, updated in frame order: an eviction
         or a close that the core sent after this reply must win over it."""
         if isinstance(result, protocol.RespondResult):
@@ -383,7 +383,7 @@ class Core:
         assert isinstance(result, protocol.ReadThreadResult)
         return result
 
-    async def _quick(self, call: PendingCall, message: protocol.Request, op: str) -> protocol.Result:
+    async def _quick(self, call: PendingCall, message: protocol.PipeRequest, op: str) -> protocol.PipeResult:
         """A call that never waits for a model: its reply's result, or its error raised."""
         run = await self._supervisor.running()
         reply = await self._request(run, call, protocol.encode(message), QUICK_CALL_TIMEOUT_S, _quick_timeout(op))

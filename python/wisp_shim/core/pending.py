@@ -15,7 +15,7 @@ class PendingCall:
                  "sent", "answered", "in_task")
 
     def __init__(self, call_id: int, thread_id: str | None, want_progress: bool,
-                 result_type: type[protocol.Result]) -> None:
+                 result_type: type[protocol.PipeResult]) -> None:
         self.id = call_id
         self.thread_id = thread_id
         # What an ok reply's result must be (checked as the frame arrives: dispatch).
