@@ -106,7 +106,7 @@ async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
     """One wisp thread and the baselines, all connected at once, called in turn.
 
     Two baselines: the bare SDK server as the SDK ships it (the figure the target is about),
-    and the same server on wisp's stdio transport (stdio.py), which shows what wisp's threads,
+    and the same server on wisp's stdio transport (transport/stdio.py), which shows what wisp's threads,
     pipe and core add once the transport, where wisp is faster than the SDK, is taken out."""
     runs = []
     for r in range(repeats):

@@ -71,7 +71,7 @@ works() {
     local rc=0
     verify "$DEST" || rc=$?
     if [ "$rc" = 3 ]; then
-        # No model to decode with (NOT_FOUND in local_model.py): that says nothing about the
+        # No model to decode with (NOT_FOUND in localmodel/local_model.py): that says nothing about the
         # binary, so neither trust it nor rebuild it.
         log "cannot check $DEST without the model: install it first (\`make local-model\` does both)"
         exit 1

@@ -31,7 +31,7 @@ CORE_START_DELAY_S = 2.0
 
 
 async def _serve(config: CoreLaunch, max_threads: int) -> None:
-    from .transport.stdio import stdio_server  # the SDK's stdio transport on asyncio pipes (stdio.py)
+    from .transport.stdio import stdio_server  # the SDK's stdio transport on asyncio pipes (transport/stdio.py)
 
     from .mcp.server import build_server
     from .transport.guard import guard
@@ -61,7 +61,7 @@ async def _serve(config: CoreLaunch, max_threads: int) -> None:
         tg.start_soon(on_signal)
         try:
             async with stdio_server() as (read, write):
-                # Answers lines the SDK drops, and applies backpressure (transport.py).
+                # Answers lines the SDK drops, and applies backpressure (transport/guard.py).
                 read, write = guard(read, write)
                 await server.run(read, write, server.create_initialization_options())
         finally:

@@ -4,6 +4,10 @@ which `--help`, the parsing and checking of both, and the core's command line co
 A flag wins over its variable. The core's own settings reach it as its flags when given as
 flags, and through the inherited environment when set as variables (so those are checked here:
 a core refusing its configuration would only be restarted in vain).
+
+It imports no layer of the shim (wisp_shim.LAYERS): the layers that take a setting's value
+(core.process's CoreLaunch.from_flags, http.server's options) read it from here, so that parsing
+flags (`--help`, `--version`) loads none of them.
 """
 
 from __future__ import annotations

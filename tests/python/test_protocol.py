@@ -188,7 +188,7 @@ def test_garbage_never_escapes_as_another_exception(blob):
         pass
 
 
-# --- request ids as the MCP layer reads them (request_ids.py, transport.py) -----------------
+# --- request ids as the MCP layer reads them (transport/request_ids.py, transport/guard.py) -----------------
 
 
 @pytest.mark.parametrize("line, invalid", [

@@ -1,4 +1,4 @@
-"""Each seam of python/wisp_shim/sdk_seams.py against the installed `mcp` SDK: an upgrade that
+"""Each seam of python/wisp_shim/transport/sdk_seams.py against the installed `mcp` SDK: an upgrade that
 changes one fails here, by name. After checking the seams against a new SDK, update
 sdk_seams.SDK_VERSION."""
 
@@ -27,7 +27,7 @@ def _reader_error(line: str) -> Exception:
 
 def test_the_sdk_is_the_version_the_seams_were_written_for():
     assert importlib.metadata.version("mcp") == sdk_seams.SDK_VERSION, (
-        "the mcp SDK changed: check each seam in sdk_seams.py (this file tests them), then update SDK_VERSION"
+        "the mcp SDK changed: check each seam in transport/sdk_seams.py (this file tests them), then update SDK_VERSION"
     )
 
 

@@ -2,7 +2,7 @@
 their time limits (cancelling in the core when one passes), forwards progress, and keeps the ids
 of threads lost in a crash so the next call naming one is told so.
 
-The process itself is process.py's; starting, watching and restarting it, supervisor.py's.
+The process itself is process.py's; starting, watching and restarting it, core/supervisor.py's.
 Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP layer
 turns into tool errors.
 """
@@ -365,33 +365,35 @@ class Core:
         # Closing a lost thread is what the caller would do anyway: no notice needed.
         self.lost.pop(thread_id, None)
         call = PendingCall(self.next_id(), thread_id, False, protocol.CloseThreadResult)
-        result = await self._quick(call, protocol.CloseThread(id=call.id, thread_id=thread_id), "close_thread")
+        result = await self._quick(call, protocol.CloseThread(id=call.id, thread_id=thread_id))
         assert isinstance(result, protocol.CloseThreadResult)
         return result
 
     async def status(self, query: str | None = None, limit: int | None = None,
                      cursor: str | None = None) -> protocol.StatusResult:
         call = PendingCall(self.next_id(), None, False, protocol.StatusResult)
-        result = await self._quick(call, protocol.Status(id=call.id, query=query, limit=limit, cursor=cursor), "status")
+        result = await self._quick(call, protocol.Status(id=call.id, query=query, limit=limit, cursor=cursor))
         assert isinstance(result, protocol.StatusResult)
         return result
 
     async def read_thread(self, thread_id: str, last: int | None, max_bytes: int) -> protocol.ReadThreadResult:
         call = PendingCall(self.next_id(), None, False, protocol.ReadThreadResult)
         asked = protocol.ReadThread(id=call.id, thread_id=thread_id, last=last, max_bytes=max_bytes)
-        result = await self._quick(call, asked, "read_thread")
+        result = await self._quick(call, asked)
         assert isinstance(result, protocol.ReadThreadResult)
         return result
 
-    async def _quick(self, call: PendingCall, message: protocol.PipeRequest, op: str) -> protocol.PipeResult:
+    async def _quick(self, call: PendingCall, message: protocol.PipeRequest) -> protocol.PipeResult:
         """A call that never waits for a model: its reply's result, or its error raised."""
         run = await self._supervisor.running()
-        reply = await self._request(run, call, protocol.encode(message), QUICK_CALL_TIMEOUT_S, _quick_timeout(op))
+        timed_out = _quick_timeout(protocol.op_name(type(message)))
+        reply = await self._request(run, call, protocol.encode(message), QUICK_CALL_TIMEOUT_S, timed_out)
         if not reply.ok:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
         assert reply.result is not None
         return reply.result
+
 
 async def probe_status(launch: CoreLaunch,
                        then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[protocol.StatusResult, str]:

@@ -1,5 +1,5 @@
-"""One call waiting on the core: what the client (client.py) keeps for it and the core's run
-(core_process.py) holds until its reply comes. Its own module, so that neither of those two
+"""One call waiting on the core: what the client (core/client.py) keeps for it and the core's run
+(core/process.py) holds until its reply comes. Its own module, so that neither of those two
 imports the other for it.
 """
 

@@ -1,6 +1,6 @@
 """One wisp-core child process: how it is launched (CoreLaunch, find_core), one run of it with
 the calls waiting on it (CoreProcess), and how it is stopped (stdin EOF, SIGTERM with SIGCONT,
-SIGKILL). Reading its stdout is core_reader.py's; restarting it, supervisor.py's.
+SIGKILL). Reading its stdout is core/reader.py's; restarting it, core/supervisor.py's.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class CoreLaunch:
     state_dir: str | None = None
     # A model server run beside the core, the local model (localmodel/plugin.py); None: none.
     companion: ModelCompanion | None = None
-    # A call that asked for progress hears from wisp at least this often (client.py).
+    # A call that asked for progress hears from wisp at least this often (core/client.py).
     progress_every_s: float = config.PROGRESS_EVERY_S
 
     @classmethod
@@ -158,7 +158,7 @@ class CoreProcess:
 
         Never waiting is what lets a time limit, a cancel or a ping go out to a core that has
         stopped reading; what can queue here is bounded by the MCP layer's in-flight limits
-        (transport.py: 128 calls, 64 MiB), not by the core."""
+        (transport/guard.py: 128 calls, 64 MiB), not by the core."""
         stdin = self.proc.stdin
         if self.dead or stdin is None:
             return

@@ -71,7 +71,7 @@ class Respond(PipeRequest, tag="respond"):
     # Text files the core reads under its roots (and `roots`) and gives the model with the prompt.
     files: list[str] | None = None
     # Structured output: the call's JSON Schema as compact JSON text (text keeps its key order
-    # through Swift's decoder), already checked against wisp's supported subset (schema.py).
+    # through Swift's decoder), already checked against wisp's supported subset (mcp/schema.py).
     schema: str | None = None
     # The call creates its thread as a copy of this one's binding and committed history.
     fork_from: str | None = None

@@ -1,9 +1,9 @@
 """Keeps one wisp-core running: started on demand, its readiness awaited, the watchdog that
 pings a silent core, and the restart policy (backoff, what a death means for pending calls).
 
-The process itself is core_process.py's, its stdout core_reader.py's; what the frames mean to
-callers (calls, replies, lost threads) is the client's business (client.py), reached through
-the small `CoreListener` interface (core_reader.py).
+The process itself is core/process.py's, its stdout core/reader.py's; what the frames mean to
+callers (calls, replies, lost threads) is the client's business (core/client.py), reached through
+the small `CoreListener` interface (core/reader.py).
 """
 
 from __future__ import annotations

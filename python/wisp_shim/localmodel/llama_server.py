@@ -1,4 +1,4 @@
-"""Running llama.cpp's server for wisp, compiled or the xllamacpp wheel's (llama_install.py):
+"""Running llama.cpp's server for wisp, compiled or the xllamacpp wheel's (localmodel/llama_install.py):
 its command line (slots, context, CPU threads), its process (own process group, PR_SET_PDEATHSIG
 on Linux), its key, its log, its health, the restart when it dies, its stop (SIGTERM, then
 SIGKILL), how its exit reads in an error, and `verify`: one real decode, which proves a server

@@ -20,14 +20,14 @@ starts llama.cpp's server bound to 127.0.0.1 on a free port and runs the core wi
   told how many (`--slots`) and keeps each live thread on one, so that its earlier turns stay
   in the slot's KV cache.
 - Lifetime: its own process group; its output is drained into the shim's log (never stdout,
-  which carries MCP; llama_server.py); a key only the core knows; stopped with SIGTERM, then
+  which carries MCP; localmodel/llama_server.py); a key only the core knows; stopped with SIGTERM, then
   SIGKILL after 2 s, when wisp
   stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
   when the shim is SIGKILLed: no orphans. If it dies while wisp runs, it is restarted
   on the same port.
 
 This file is the plan (decide(), the slots, plan()) and the command line; where the binary and
-the model come from is llama_install.py's, running the server llama_server.py's.
+the model come from is localmodel/llama_install.py's, running the server localmodel/llama_server.py's.
 
 `python -m wisp_shim.local_model` prints what would be used; `... serve` runs the server
 alone (for benchmarks that compare wisp with the server direct: it prints the endpoint and the

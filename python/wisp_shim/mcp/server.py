@@ -1,5 +1,5 @@
 """The MCP surface's server: every tool in tools.TOOLS listed and served, every failure mapped to
-a tool error that carries the real reason, and `respond` handed to tasks.py when a call asks to
+a tool error that carries the real reason, and `respond` handed to mcp/tasks.py when a call asks to
 run as a task. Each tool (its models, declaration and handler) is its own module in tools/.
 
 Built on the SDK's low-level Server: its high-level MCPServer masks plain exceptions as

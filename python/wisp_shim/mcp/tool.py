@@ -2,7 +2,7 @@
 its declaration, its handler, and for a tool that may run as an MCP task the two steps of one),
 `ToolContext` (the core and how wisp is configured), and the renderings several tools share.
 
-server.py serves every tool in tools.TOOLS through these; no tool is known to it by name.
+mcp/server.py serves every tool in tools.TOOLS through these; no tool is known to it by name.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ Handler = Callable[[ToolContext, ServerRequestContext[Any], dict[str, Any]], Awa
 
 @dataclass(frozen=True)
 class TaskSteps:
-    """A tool call as an MCP task runs it (tasks.py): `prepare` checks the call on its own
+    """A tool call as an MCP task runs it (mcp/tasks.py): `prepare` checks the call on its own
     channel before the handle goes out (arguments, roots); `run` runs what it prepared, with
     progress, a stop and the moment its frame is written; `thread_id` is the thread it queues on."""
 

@@ -120,7 +120,7 @@ class _LineReader(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
         text = line.decode("utf-8", errors="replace")
-        # The SDK would read a request with an id such as 1.5 as a notification (transport.py).
+        # The SDK would read a request with an id such as 1.5 as a notification (transport/guard.py).
         return screened(text)
 
 

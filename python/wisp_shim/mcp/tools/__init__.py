@@ -1,5 +1,5 @@
 """wisp's MCP tools, one module each: its arguments and output models, its declaration and its
-handler. TOOLS is the one list of them: tools/list shows them in this order, and server.py
+handler. TOOLS is the one list of them: tools/list shows them in this order, and mcp/server.py
 serves each by its name."""
 
 from __future__ import annotations

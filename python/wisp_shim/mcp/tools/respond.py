@@ -1,4 +1,4 @@
-"""`respond`: ask the local model, in a thread; the one tool that may run as an MCP task (tasks.py)."""
+"""`respond`: ask the local model, in a thread; the one tool that may run as an MCP task (mcp/tasks.py)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class RespondArgs(Arguments):
             "for the model's default. A server refusing it is an error."
         ),
     )
-    # Any here: schema.py checks it, with its own messages, after the other fields.
+    # Any here: mcp/schema.py checks it, with its own messages, after the other fields.
     output_schema: Annotated[Any, ErrorWording("a JSON Schema object")] = Field(
         None,
         alias="schema",
