@@ -20,6 +20,9 @@ from .core.client import Core, probe_status
 from .core.process import CoreLaunch, ModelCompanion
 from .errors import ShimError
 from .http import server as http_server
+from .http.options import HttpOptions
+from .http.options import options as http_options
+from .http.token import HttpConfigError
 from .localmodel import plugin
 from .loop import WispEventLoop
 from .version import version
@@ -71,7 +74,7 @@ async def _serve(config: CoreLaunch, max_threads: int) -> None:
 
 
 async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
-                 http: http_server.HttpOptions | None = None) -> int:
+                 http: HttpOptions | None = None) -> int:
     try:
         st, binary = await probe_status(config, use.check if use is not None else None)
         apple = None
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         TaskLimits.from_env()  # refused here, before anything starts, rather than at the first call
     except ValueError as exc:
         raise SystemExit(f"wisp: {exc}") from None
-    http = http_server.options(ns, generate_token=not ns.check)
+    http = http_options(ns, generate_token=not ns.check)
     use = plugin.attach(ns, config)
     if ns.check or http is not None:
         _imports_done()  # their imports come as they go; the stdio server's, in _serve
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             anyio.run(http_server.serve, config, max_threads(ns), http, _exit_now,
                       backend_options={"loop_factory": WispEventLoop})
-        except http_server.HttpConfigError as exc:
+        except HttpConfigError as exc:
             raise SystemExit(f"wisp: {exc}") from None
     else:
         anyio.run(_serve, config, max_threads(ns), backend_options={"loop_factory": WispEventLoop})

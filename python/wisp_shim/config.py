@@ -6,7 +6,7 @@ flags, and through the inherited environment when set as variables (so those are
 a core refusing its configuration would only be restarted in vain).
 
 It imports no layer of the shim (wisp_shim.LAYERS): the layers that take a setting's value
-(core.process's CoreLaunch.from_flags, http.server's options) read it from here, so that parsing
+(core.process's CoreLaunch.from_flags, http.options's options) read it from here, so that parsing
 flags (`--help`, `--version`) loads none of them.
 """
 
@@ -35,7 +35,7 @@ MAX_SECONDS = 1_000_000.0
 TEXT, CORE_COUNT, COUNT, SECONDS = "text", "core_count", "count", "seconds"
 SWITCH, LIST, CHOICE = "switch", "list", "choice"
 
-# Defaults of settings the layers above take as values (core.process, http.server): declared
+# Defaults of settings the layers above take as values (core.process, http.options): declared
 # here, beside their --help lines, so that parsing flags imports none of those layers.
 # A respond call's time limit when none is configured (--timeout / WISP_TIMEOUT).
 DEFAULT_TIMEOUT_S = 300.0

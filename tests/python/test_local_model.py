@@ -656,6 +656,14 @@ def test_plan_says_what_the_wheel_needs_from_the_os(tmp_path, model_file, monkey
     assert p.lm.argv()[:3] == [sys.executable, "-m", llama_install.LAUNCHER]
 
 
+def test_the_wheels_launcher_is_a_module_python_can_run():
+    # A name, not an import: a module moved without it would only fail when the real server starts.
+    import importlib.util
+
+    spec = importlib.util.find_spec(llama_install.LAUNCHER)
+    assert spec is not None and spec.origin == str(Path(llama_install.__file__).with_name("xllamacpp_server.py"))
+
+
 # --- any GGUF: what the file says of itself ----------------------------------------------------
 
 def test_model_facts_from_the_gguf(tmp_path):

