@@ -82,25 +82,25 @@ async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
             # Say why Apple's model is not the one in use: it is the default wherever it can run.
             apple, _ = await probe_status(config.with_backend("apple"))
     except ShimError as exc:
-        print(f"wisp: {exc}", file=sys.stderr)
+        sys.stderr.write(f"wisp: {exc}\n")
         return 1
-    # --check is run by a person, not an MCP client, so stdout is theirs.
-    print(f"backend:      {st.backend}")
-    print(f"model:        {st.model}")
-    print(f"available:    {'yes' if st.available else 'no'}" + (f" ({st.reason})" if st.reason else ""))
-    print(f"context size: {st.context_size} tokens")
-    print(f"max threads:  {st.max_threads}")
+    lines = [
+        f"backend:      {st.backend}",
+        f"model:        {st.model}",
+        f"available:    {'yes' if st.available else 'no'}" + (f" ({st.reason})" if st.reason else ""),
+        f"context size: {st.context_size} tokens",
+        f"max threads:  {st.max_threads}",
+    ]
     if st.state_dir or st.state_error:
-        print(f"state dir:    {st.state_dir or 'not in use: ' + (st.state_error or '')}")
+        lines.append(f"state dir:    {st.state_dir or 'not in use: ' + (st.state_error or '')}")
     if apple is not None:
         why = f" ({apple.reason})" if apple.reason else ""
-        print(f"apple model:  {'available' if apple.available else 'not available'}{why}")
-    for line in use.describe(st.available) if use is not None else ():
-        print(line)
-    print(f"core:         {binary}")
-    print(f"version:      {version()} (wisp-mcp and wisp-core)")
-    for line in http_server.describe(http) if http is not None else ():
-        print(line)
+        lines.append(f"apple model:  {'available' if apple.available else 'not available'}{why}")
+    lines += use.describe(st.available) if use is not None else []
+    lines += [f"core:         {binary}", f"version:      {version()} (wisp-mcp and wisp-core)"]
+    lines += http_server.describe(http) if http is not None else []
+    # --check is run by a person, not an MCP client, so stdout is theirs.
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0 if st.available else 1
 
 
