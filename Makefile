@@ -62,7 +62,7 @@ $(VENV)/.local-model: $(VENV)/.installed
 
 $(VENV)/.local-model-server: $(VENV)/.local-model
 	$(VPY) -m pip install --quiet --disable-pip-version-check --no-deps '$(XLLAMACPP)'
-	$(VPY) -m wisp_shim.local_model verify --server xllamacpp
+	$(VPY) -m wisp_shim.localmodel.local_model verify --server xllamacpp
 	touch $@
 
 ## local-model-native: the opt-in speed path: llama.cpp's llama-server compiled for this CPU from

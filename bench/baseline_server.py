@@ -8,7 +8,7 @@ an output schema, a result with both text content and structuredContent), so tha
 wisp ÷ baseline isolates what wisp adds: its own code, the pipe and the core. The SDK's
 high-level MCPServer would be slower (per-call pydantic models) and so a softer baseline.
 
-With --wisp-stdio it serves over wisp's own stdio transport (python/wisp_shim/stdio.py: the
+With --wisp-stdio it serves over wisp's own stdio transport (python/wisp_shim/transport/stdio.py: the
 SDK's, on asyncio pipes instead of worker threads), so that wisp ÷ this isolates what wisp's
 threads, pipe and core add with the transport gain taken out.
 
@@ -87,7 +87,7 @@ async def main() -> None:
         return
     serve = stdio_server
     if "--wisp-stdio" in sys.argv[1:]:
-        from wisp_shim.stdio import stdio_server as serve
+        from wisp_shim.transport.stdio import stdio_server as serve
     async with serve() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 

@@ -52,7 +52,7 @@ async def _once(env: dict[str, str]) -> float:
 
 
 async def first_answer(repeats: int) -> dict[str, Any]:
-    from wisp_shim import local_model
+    from wisp_shim.localmodel import local_model
 
     out: dict[str, Any] = {}
     runs: dict[str, list[float]] = {}

@@ -73,7 +73,7 @@ def median(xs: list[float]) -> float | None:
 
 
 def _local() -> tuple[Path, Path] | str:
-    from wisp_shim import local_model
+    from wisp_shim.localmodel import local_model
 
     try:
         binary, gguf = local_model.find_server(), local_model.find_model()
@@ -86,7 +86,7 @@ def _local() -> tuple[Path, Path] | str:
 
 @asynccontextmanager
 async def server(context: int, slots: int = SLOTS):
-    from wisp_shim import local_model
+    from wisp_shim.localmodel import local_model
 
     found = _local()
     assert not isinstance(found, str)

@@ -107,7 +107,7 @@ def summary(samples: list[dict[str, int]]) -> dict[str, Any]:
 
 
 async def precount_section(quick: bool, local_model_found: Any) -> dict[str, Any]:
-    from wisp_shim import local_model
+    from wisp_shim.localmodel import local_model
 
     if isinstance(local_model_found, str):
         return {"precount_error_tokens_max": None, "precount_reason": local_model_found}

@@ -106,7 +106,7 @@ async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
     """One wisp thread and the baselines, all connected at once, called in turn.
 
     Two baselines: the bare SDK server as the SDK ships it (the figure the target is about),
-    and the same server on wisp's stdio transport (stdio.py), which shows what wisp's threads,
+    and the same server on wisp's stdio transport (transport/stdio.py), which shows what wisp's threads,
     pipe and core add once the transport, where wisp is faster than the SDK, is taken out."""
     runs = []
     for r in range(repeats):
@@ -151,12 +151,12 @@ async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
 
 
 async def pipe(calls: int, repeats: int, idle_ms: float = 2.0) -> dict[str, Any]:
-    """The shim's own core client (wisp_shim.client.Core) against wisp-core, no MCP at all:
+    """The shim's own core client (wisp_shim.core.client.Core) against wisp-core, no MCP at all:
     calls back to back (the target), then calls with `idle_ms` of idle between them, as an
     MCP client's calls come (both processes' vCPUs go idle in between, and waking them is
     most of what a call costs then)."""
-    from wisp_shim.client import Core
-    from wisp_shim.core_process import CoreLaunch
+    from wisp_shim.core.client import Core
+    from wisp_shim.core.process import CoreLaunch
 
     runs = []
     for r in range(repeats):
@@ -461,7 +461,7 @@ def _direct_chat(endpoint: str, model: str, max_tokens: int) -> tuple[float, int
 
 def _local_model() -> tuple[Path, Path] | str:
     """The installed llama-server and GGUF, or why they are not there."""
-    from wisp_shim import local_model
+    from wisp_shim.localmodel import local_model
 
     try:
         binary = local_model.find_server()
@@ -481,7 +481,7 @@ def _output_tokens(sc: dict[str, Any]) -> int:
 
 
 async def real_tokens(repeats: int, max_tokens: int = 128) -> dict[str, Any]:
-    from wisp_shim import local_model
+    from wisp_shim.localmodel import local_model
 
     found = _local_model()
     if isinstance(found, str):
@@ -556,7 +556,7 @@ async def schema_output(calls: int = 20, max_tokens: int = 200) -> dict[str, Any
     with the same prompt without the schema (order alternating), so both see the same load."""
     import jsonschema
 
-    from wisp_shim import local_model
+    from wisp_shim.localmodel import local_model
 
     found = _local_model()
     if isinstance(found, str):
@@ -677,7 +677,7 @@ async def _at_once(ask: Callable[[str, float], Any], n: int) -> dict[str, float]
 
 
 async def real_concurrency(repeats: int, callers: int = 4) -> dict[str, Any]:
-    from wisp_shim import local_model
+    from wisp_shim.localmodel import local_model
 
     try:
         binary, gguf = local_model.find_server(), local_model.find_model()

@@ -1,4 +1,4 @@
-"""atheris (libFuzzer) target for the shim's side of the pipe: python/wisp_shim/protocol.py.
+"""atheris (libFuzzer) target for the shim's side of the pipe: python/wisp_shim/core/protocol.py.
 
 Any bytes from the core, cut into any pieces, must give whole payloads and messages (an ok
 reply's result decoded with it, in one pass), or a ProtocolError: never another exception, a hang, or a different result for a different
@@ -16,7 +16,7 @@ import atheris
 
 with atheris.instrument_imports():
     import msgspec  # noqa: F401  (compiled: not instrumented, but its errors must stay inside ProtocolError)
-    from wisp_shim import protocol
+    from wisp_shim.core import protocol
 
 def decode_all(pieces: list[bytes]) -> list[object]:
     """What the shim's reader does with a stream: frames, then messages."""

@@ -14,7 +14,7 @@
 # Trust: a binary is used only after it has computed here. `--version` proves nothing (a VM can
 # advertise AVX-512 or AMX and trap them, and only the matrix kernels execute them), so every new
 # binary, and every cached one on a CPU it has not been proven on, runs one real decode with the
-# installed model (`python -m wisp_shim.local_model verify`); a stamp per binary and CPU makes
+# installed model (`python -m wisp_shim.localmodel.local_model verify`); a stamp per binary and CPU makes
 # that a one-time cost. A native build that fails the decode is rebuilt portable, by itself.
 #
 # CPU flags: GGML_NATIVE stays ON (-march=native, measurably faster AVX2/FMA kernels) but with AMX
@@ -61,7 +61,7 @@ STAMP="$DEST_DIR/verified"
 # repository's own wisp_shim, whichever python runs it.
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 verify() {  # verify BINARY
-    PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m wisp_shim.local_model verify --llama-server "$1" >&2
+    PYTHONPATH="$REPO/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m wisp_shim.localmodel.local_model verify --llama-server "$1" >&2
 }
 works() {
     [ -x "$DEST" ] || return 1
@@ -71,7 +71,7 @@ works() {
     local rc=0
     verify "$DEST" || rc=$?
     if [ "$rc" = 3 ]; then
-        # No model to decode with (NOT_FOUND in local_model.py): that says nothing about the
+        # No model to decode with (NOT_FOUND in localmodel/local_model.py): that says nothing about the
         # binary, so neither trust it nor rebuild it.
         log "cannot check $DEST without the model: install it first (\`make local-model\` does both)"
         exit 1

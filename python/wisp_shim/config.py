@@ -4,6 +4,10 @@ which `--help`, the parsing and checking of both, and the core's command line co
 A flag wins over its variable. The core's own settings reach it as its flags when given as
 flags, and through the inherited environment when set as variables (so those are checked here:
 a core refusing its configuration would only be restarted in vain).
+
+It imports no layer of the shim (wisp_shim.LAYERS): the layers that take a setting's value
+(core.process's CoreLaunch.from_flags, http.options's options) read it from here, so that parsing
+flags (`--help`, `--version`) loads none of them.
 """
 
 from __future__ import annotations
@@ -17,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import http_server
-from .core_process import DEFAULT_TIMEOUT_S, PROGRESS_EVERY_S, CoreLaunch
 from .facts import BACKENDS, DEFAULT_MAX_THREADS, FLAG_DEFAULTS, FLAG_MAXIMUMS, FLAG_MINIMUMS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -32,6 +34,18 @@ MAX_SECONDS = 1_000_000.0
 # count of at least 1, seconds, a switch, a list (the flag repeated), or one of `choices`.
 TEXT, CORE_COUNT, COUNT, SECONDS = "text", "core_count", "count", "seconds"
 SWITCH, LIST, CHOICE = "switch", "list", "choice"
+
+# Defaults of settings the layers above take as values (core.process, http.options): declared
+# here, beside their --help lines, so that parsing flags imports none of those layers.
+# A respond call's time limit when none is configured (--timeout / WISP_TIMEOUT).
+DEFAULT_TIMEOUT_S = 300.0
+# Progress at least this often, from a call's start to its end, whatever it waits for: clients
+# that reset their time limit on progress (Claude Code) keep a slow call alive; half the 10 s
+# that wisp promises, so a slow client or loop still keeps it (WISP_PROGRESS_EVERY_S).
+PROGRESS_EVERY_S = 5.0
+DEFAULT_HTTP = "127.0.0.1:8765"
+DEFAULT_MAX_SESSIONS = 64
+DEFAULT_SESSION_IDLE_S = 30 * 60.0
 
 
 @dataclass(frozen=True)
@@ -107,7 +121,7 @@ SETTINGS: tuple[Setting, ...] = (
             "start the core, print backend, model and availability, and exit (0 if a model is available)",
             kind=SWITCH),
     Setting(("--http",), "WISP_HTTP", "serve MCP at http://HOST:PORT/mcp; every request needs the bearer token",
-            f"e.g. {http_server.DEFAULT_HTTP}", metavar="HOST:PORT", group=HTTP),
+            f"e.g. {DEFAULT_HTTP}", metavar="HOST:PORT", group=HTTP),
     Setting(("--token-file",), None,
             "--http: read the token from PATH (mode 0600) when WISP_HTTP_TOKEN is not set (default: a generated one "
             "in $XDG_CONFIG_HOME/wisp/http-token)", metavar="PATH", group=HTTP),
@@ -117,9 +131,9 @@ SETTINGS: tuple[Setting, ...] = (
             kind=SWITCH, group=HTTP),
     Setting(("--max-sessions",), None,
             "--http: 2025-11-25 MCP sessions open at once; 2026-07-28 clients open none "
-            f"(default {http_server.DEFAULT_MAX_SESSIONS})", kind=COUNT, metavar="N", group=HTTP),
+            f"(default {DEFAULT_MAX_SESSIONS})", kind=COUNT, metavar="N", group=HTTP),
     Setting(("--session-idle-timeout",), None,
-            f"--http: a session without a request this long is closed (default {http_server.DEFAULT_SESSION_IDLE_S:g})",
+            f"--http: a session without a request this long is closed (default {DEFAULT_SESSION_IDLE_S:g})",
             kind=SECONDS, metavar="SECONDS", group=HTTP),
     # Read from the environment only.
     Setting((), "WISP_API_KEY", "API key for --endpoint (environment only: it stays out of process listings)"),
@@ -289,7 +303,7 @@ def _seconds(said: str, value: float) -> float:
     return value
 
 
-def core_launch(ns: argparse.Namespace) -> CoreLaunch:
+def core_args(ns: argparse.Namespace) -> list[str]:
     """The core's command line from the flags given; its settings given as variables are checked
     here, since they reach it through the inherited environment."""
     args: list[str] = []
@@ -309,13 +323,25 @@ def core_launch(ns: argparse.Namespace) -> CoreLaunch:
                 args += [s.flags[0], item]
         elif value is not None:
             args += [s.flags[0], str(value)]
-    timeout = _seconds("--timeout / WISP_TIMEOUT",
-                       ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", DEFAULT_TIMEOUT_S))
-    every = _seconds("WISP_PROGRESS_EVERY_S", _env_float("WISP_PROGRESS_EVERY_S", PROGRESS_EVERY_S))
+    return args
+
+
+def core_path(ns: argparse.Namespace) -> str | None:
+    return ns.core or env("WISP_CORE")
+
+
+def timeout_s(ns: argparse.Namespace) -> float:
+    return _seconds("--timeout / WISP_TIMEOUT",
+                    ns.timeout if ns.timeout is not None else _env_float("WISP_TIMEOUT", DEFAULT_TIMEOUT_S))
+
+
+def progress_every_s() -> float:
+    return _seconds("WISP_PROGRESS_EVERY_S", _env_float("WISP_PROGRESS_EVERY_S", PROGRESS_EVERY_S))
+
+
+def state_dir(ns: argparse.Namespace) -> str | None:
     # As the core reads it: the flag wins over the variable, and an empty value means none.
-    state_dir = (ns.state_dir if ns.state_dir is not None else env("WISP_STATE_DIR")) or None
-    return CoreLaunch(core=ns.core or env("WISP_CORE"), args=args, timeout_s=timeout,
-                      state_dir=state_dir, progress_every_s=every)
+    return (ns.state_dir if ns.state_dir is not None else env("WISP_STATE_DIR")) or None
 
 
 def max_threads(ns: argparse.Namespace) -> int:
@@ -327,24 +353,20 @@ def log_level(ns: argparse.Namespace) -> str:
     return level if level in LOG_LEVELS else "info"
 
 
-def http_options(ns: argparse.Namespace, generate_token: bool = True) -> http_server.HttpOptions | None:
-    """--http's settings, checked before anything starts (None: serve stdio)."""
+def http_address(ns: argparse.Namespace) -> str | None:
+    """--http's HOST:PORT as given (None: serve stdio); the shared server's other flags are
+    refused without it."""
     where = ns.http or env("WISP_HTTP")
     if where is None:
         for s in SETTINGS:
             if s.group == HTTP and s.flags[0] != "--http" and getattr(ns, s.dest):
                 raise SystemExit(f"wisp: {s.flags[0]} is for the shared server: add --http HOST:PORT "
                                  "(or set WISP_HTTP)")
-        return None
-    idle = ns.session_idle_timeout if ns.session_idle_timeout is not None else http_server.DEFAULT_SESSION_IDLE_S
+    return where
+
+
+def session_idle_s(ns: argparse.Namespace) -> float:
+    idle = ns.session_idle_timeout if ns.session_idle_timeout is not None else DEFAULT_SESSION_IDLE_S
     if not (math.isfinite(idle) and idle > 0):
         raise SystemExit(f"wisp: --session-idle-timeout must be a finite number of seconds above 0, got {idle}")
-    try:
-        bind = http_server.parse_bind(where)
-        http_server.check_bind(bind, ns.allow_remote)
-        token = http_server.load_token(ns.token_file, env("WISP_HTTP_TOKEN"), generate=generate_token)
-    except http_server.HttpConfigError as exc:
-        raise SystemExit(f"wisp: {exc}") from None
-    return http_server.HttpOptions(bind=bind, token=token, eager=ns.eager,
-                                   max_sessions=ns.max_sessions or http_server.DEFAULT_MAX_SESSIONS,
-                                   session_idle_s=idle)
+    return idle

@@ -8,6 +8,8 @@ the shim stopping.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .facts import CORE_CODES
 
 # --- the core's codes that the shim names --------------------------------------------------
@@ -72,3 +74,32 @@ class CoreRefused(ShimError):
 
     def __init__(self, message: str) -> None:
         super().__init__(CORE_UNAVAILABLE, message)
+
+
+# How every message quotes a value from outside (an argument, an id, a URI): one judgement of it.
+def short(value: Any) -> str:
+    """A value as an error message may quote it: never long, never slow."""
+    if _huge(value):
+        # repr of a huge int is slow, and past 4,300 digits refused by Python itself.
+        return f"an integer of {_digits(value)} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _huge(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200
+
+
+def _digits(n: int) -> str:
+    """How many decimal digits |n| has, exactly, without writing it out: 2**(b-1) <= |n| < 2**b
+    leaves two candidates, told apart by one power of ten (past a million bits, an estimate)."""
+    bits = abs(n).bit_length()
+    low = int((bits - 1) * 0.30102999566398120)  # floor(log10 |n|) is low or low + 1
+    if bits > 1_000_000:
+        return f"about {low + 1:,}"
+    return f"{low + 2 if abs(n) >= 10 ** (low + 1) else low + 1:,}"
+
+
+def got(value: Any) -> str:
+    """A wrong value as `got …` names it: its type and its text, or what a huge integer is."""
+    return short(value) if _huge(value) else f"{type(value).__name__} {short(value)}"

@@ -17,6 +17,9 @@ FACTS = json.loads(Path(__file__).with_name("core_facts.json").read_text(encodin
 # The pipe: its version (what `Ready.protocol` must say) and the largest frame either side reads.
 PROTOCOL_VERSION: int = FACTS["protocol"]
 MAX_FRAME_BYTES: int = FACTS["max_frame_bytes"]
+# The op of every request the core's pipe reads, in its order: core/protocol.py's OPERATIONS
+# declares one request for each (tests/python/test_agreement.py holds the two to each other).
+OPERATIONS: tuple[str, ...] = tuple(FACTS["operations"])
 # The most a call's `max_output_tokens` may ask for (a token count the core holds).
 MAX_OUTPUT_TOKENS: int = FACTS["max_output_tokens"]
 # Every code a core error reply may carry.

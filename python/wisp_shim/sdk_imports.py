@@ -1,5 +1,5 @@
 """What the server process imports of the SDK: its server side only. A seam (listed in
-sdk_seams.py, which cannot hold it: it imports the SDK, and this must run before anything does).
+transport/sdk_seams.py, which cannot hold it: it imports the SDK, and this must run before anything does).
 
 `import mcp.server.lowlevel` runs `mcp/__init__.py` and `mcp/server/__init__.py` first, and those
 import the client side (sessions, session groups, the HTTP client and its TLS stack) and the

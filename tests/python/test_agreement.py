@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 
 import msgspec
 import pytest
 
 from harness import core_exchange, core_path
-from wisp_shim import errors, facts, protocol
+from wisp_shim import errors, facts
+from wisp_shim.core import protocol
 from wisp_shim.facts import BACKENDS, DEFAULT_MAX_THREADS, FLAG_MINIMUMS, REASONING_LEVELS, THREAD_ID_RE
 
 
@@ -33,6 +35,14 @@ def _core_serves(*args: str) -> dict:
 def test_the_shims_copy_of_the_facts_is_the_built_cores():
     proc = subprocess.run([core_path(), "--facts"], stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=True)
     assert json.loads(proc.stdout) == facts.FACTS, "python/wisp_shim/core_facts.json is stale: run `make facts`"
+
+
+def test_every_operation_the_core_reads_has_exactly_one_request_here_and_back():
+    ours, theirs = Counter(protocol.OP_NAMES), Counter(facts.OPERATIONS)
+    assert theirs and max(theirs.values()) == 1, f"the core states an op more than once: {theirs}"
+    assert {op for op, n in ours.items() if n > 1} == set(), f"protocol.OPERATIONS declares an op twice: {ours}"
+    assert set(theirs) - set(ours) == set(), "ops the core reads that have no request in protocol.OPERATIONS"
+    assert set(ours) - set(theirs) == set(), "requests in protocol.OPERATIONS that the core does not read"
 
 
 def test_the_shims_codes_are_its_own_or_the_cores():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from harness import ok, text_of, wisp
 from openai_stub import OpenAIStub, StubConfig
 from unruly_server import Unruly
-from wisp_shim.tool_models import CUT_AT_CAP_NOTE
+from wisp_shim.mcp.tools.respond import CUT_AT_CAP_NOTE
 
 STORY = "Once upon a time a dragon met a knight, and they talked for a very long while. " * 10
 

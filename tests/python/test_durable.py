@@ -24,7 +24,7 @@ import pytest
 from harness import REPO, core_path, core_pids, error_text, ok, shim_env, text_of, until_pending, wait_for, wisp
 
 sys.path.insert(0, str(REPO / "python"))
-from wisp_shim import protocol  # noqa: E402
+from wisp_shim.core import protocol  # noqa: E402
 
 
 def stored(state: Path) -> dict[str, dict]:

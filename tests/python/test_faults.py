@@ -227,7 +227,7 @@ def test_files_lists_count_in_the_in_flight_budget():
     with 750 KB of `files` paths each, all waiting in one thread's queue, used to be taken in
     whole (the budget saw two one-letter strings per call) and grew the shim by over 300 MiB.
     Now the shim stops reading once about 64 MiB of them are in flight, as it does for prompts."""
-    from wisp_shim.transport import MAX_IN_FLIGHT_BYTES
+    from wisp_shim.transport.guard import MAX_IN_FLIGHT_BYTES
 
     proc = spawn_initialized("--max-queue", "256")
     core = children(proc.pid)[0]
@@ -278,7 +278,7 @@ def test_a_time_limit_of_centuries_on_the_pipe_does_not_crash_the_core():
     # --timeout 1e300 reached the core as timeout_s and trapped Swift's Duration: every call
     # crashed it. The shim now takes at most MAX_SECONDS; the core, sent such a limit on the
     # pipe all the same, must still answer.
-    from wisp_shim import protocol
+    from wisp_shim.core import protocol
 
     centuries = protocol.RespondOptions(timeout_s=1e300, deadline=1e300)
     first = protocol.Respond(id=1, prompt="!sleep 50 patient", thread_id="p", options=centuries)

@@ -272,7 +272,7 @@ async def test_a_generated_token_is_kept_0600_in_a_0700_dir_and_check_says_where
     ("example.com:80", ("example.com", 80, False)),
 ])
 def test_the_address_is_parsed_and_judged_loopback_or_not(text, want):
-    from wisp_shim.http_server import parse_bind
+    from wisp_shim.http.options import parse_bind
 
     b = parse_bind(text)
     assert (b.host, b.port, b.loopback) == want
@@ -283,14 +283,14 @@ def test_the_address_is_parsed_and_judged_loopback_or_not(text, want):
     ("127.0.0.1:65536", "0 to 65535"), ("127.0.0.1:-1", "0 to 65535"), ("127.0.0.1:http", "0 to 65535"),
 ])
 def test_a_malformed_address_is_refused_with_what_to_write(text, says):
-    from wisp_shim.http_server import HttpConfigError, parse_bind
+    from wisp_shim.http.options import HttpConfigError, parse_bind
 
     with pytest.raises(HttpConfigError, match=says):
         parse_bind(text)
 
 
 def test_only_this_servers_own_host_and_origin_are_allowed():
-    from wisp_shim.http_server import parse_bind, security_settings
+    from wisp_shim.http.options import parse_bind, security_settings
 
     s = security_settings(parse_bind("127.0.0.1:0"), 4321)
     assert s.enable_dns_rebinding_protection
@@ -347,7 +347,7 @@ async def test_a_foreign_origin_is_403_and_a_foreign_host_421_even_with_the_toke
 
 
 async def test_a_body_over_the_limit_is_413_before_anything_runs():
-    from wisp_shim.http_server import MAX_BODY_BYTES
+    from wisp_shim.http.server import MAX_BODY_BYTES
 
     async with http_wisp() as server:
         big = modern_call("respond", {"prompt": "x" * (MAX_BODY_BYTES + 1), "thread_id": "big"})

@@ -46,7 +46,7 @@ def _closed(sock: socket.socket) -> bool:
 
 
 async def test_a_thousand_connections_that_never_finish_their_headers_leave_the_token_holder_served():
-    from wisp_shim.http_guards import MAX_UNPROVEN_CONNECTIONS
+    from wisp_shim.http.guards import MAX_UNPROVEN_CONNECTIONS
 
     slow = 1030
     _raise_fd_limit(slow + 512)
@@ -90,8 +90,8 @@ async def _guarded_server(**limits):
     an app that reads the whole body and answers its length."""
     import uvicorn
 
-    from wisp_shim.http_guards import ConnectionGuard
-    from wisp_shim.http_token import Credentials
+    from wisp_shim.http.guards import ConnectionGuard
+    from wisp_shim.http.token import Credentials
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
@@ -247,7 +247,7 @@ async def test_one_clients_four_stalled_16_mib_uploads_leave_other_clients_serve
 
 
 async def test_a_sessions_stalled_uploads_exhaust_only_that_sessions_share():
-    from wisp_shim.http_guards import SESSION_BODY_BYTES
+    from wisp_shim.http.guards import SESSION_BODY_BYTES
 
     async with http_wisp() as server:
         async with httpx2.AsyncClient(timeout=30) as hc:
@@ -285,7 +285,7 @@ async def test_a_sessions_stalled_uploads_exhaust_only_that_sessions_share():
 
 
 def test_the_body_budgets_bound_each_session_and_the_total():
-    from wisp_shim.http_guards import SMALL_BODY_BYTES as S, BodyBudgets
+    from wisp_shim.http.guards import SMALL_BODY_BYTES as S, BodyBudgets
 
     b = BodyBudgets(per_session=10 * S, total=25 * S)
     assert b.take("a", 6 * S) is None and b.take("a", 4 * S, request=6 * S) is None

@@ -1,6 +1,6 @@
 """JSON-RPC envelopes and request ids over the shared server, as a hostile client sends them
-(raw HTTP, httpx2): every request gets exactly one reply or runs nothing (request_ids.py
-judges, http_server.py refuses at the door).
+(raw HTTP, httpx2): every request gets exactly one reply or runs nothing (transport/request_ids.py
+judges, http/server.py refuses at the door).
 
 - a request id reused while the first request under it is in flight (also spelled "07" for 7):
   400, -32600 under that id, nothing run; the first gets its one reply and its thread one turn;

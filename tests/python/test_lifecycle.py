@@ -202,7 +202,7 @@ def test_help_lists_every_environment_variable_wisp_reads():
     # is a read there, or the name handed to one), against what --help says.
     import re
 
-    sources = [*sorted((REPO / "python" / "wisp_shim").glob("*.py")), REPO / "swift" / "WispCore" / "Support" / "Config.swift"]
+    sources = [*sorted((REPO / "python" / "wisp_shim").rglob("*.py")), REPO / "swift" / "WispCore" / "Support" / "Config.swift"]
     read = set()
     for path in sources:
         read |= set(re.findall(r"[\"'](WISP_[A-Z_]+)[\"']", path.read_text()))
@@ -248,7 +248,7 @@ def test_the_shims_bound_of_each_core_flag_is_the_cores(flag):
 
 
 def test_unicode_digits_in_the_local_models_numbers_fall_back_to_the_defaults(monkeypatch):
-    from wisp_shim import llama_server, local_model
+    from wisp_shim.localmodel import llama_server, local_model
 
     # "²" is a digit to str.isdigit and no number to int(): once a traceback at start.
     for value in ("²", "1" + "0" * 30):

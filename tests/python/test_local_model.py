@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from harness import REPO, error_text, ok, shim_command, shim_env, wisp
-from wisp_shim import llama_install, llama_server
-from wisp_shim import local_model as lm
-from wisp_shim.local_model import APPLE_ONLY, LEAVE_TO_CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
+from wisp_shim.localmodel import llama_install, llama_server
+from wisp_shim.localmodel import local_model as lm
+from wisp_shim.localmodel.local_model import APPLE_ONLY, LEAVE_TO_CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
 
 FAKE = Path(__file__).with_name("fake_llama_server.py")
 SCRIPT = REPO / "scripts" / "build-llama-server.sh"
@@ -44,7 +44,7 @@ def model_file(tmp_path) -> Path:
 
 def run_verify(binary: Path, model: Path, mode: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "wisp_shim.local_model", "verify", "--llama-server", str(binary), "--model-path", str(model)],
+        [sys.executable, "-m", "wisp_shim.localmodel.local_model", "verify", "--llama-server", str(binary), "--model-path", str(model)],
         capture_output=True, text=True, timeout=120, env=shim_env(FAKE_LLAMA_MODE=mode), cwd=REPO,
     )
 
@@ -199,11 +199,12 @@ def test_plan_sizes_the_slots_from_max_threads(tmp_path, monkeypatch):
     assert (plan(32).slots, plan(32).context_size, plan(3).slots) == (11, 4096, 3)
     # The shim's --max-threads reaches the rule.
     from harness import core_path
-    from wisp_shim.__main__ import LocalModelUse
-    from wisp_shim.config import core_launch, parse_args
+    from wisp_shim.config import parse_args
+    from wisp_shim.core.process import CoreLaunch
+    from wisp_shim.localmodel import plugin
 
     ns = parse_args(["--core", core_path(), "--max-threads", "3", "--llama-server", str(binary), "--model-path", str(model)])
-    assert LocalModelUse(ns, core_launch(ns), platform="linux").lm.slots == 3
+    assert plugin.attach(ns, CoreLaunch.from_flags(ns), platform="linux").lm.slots == 3
 
 
 def test_wisp_slots_sets_the_local_models_slots_apart_from_max_threads(tmp_path, monkeypatch):
@@ -241,18 +242,19 @@ async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_loca
     """The macOS path, run here: this core's apple backend is unavailable, as on a Mac without
     Apple Intelligence, so the probe must pick the local model (and start it) instead."""
     from harness import core_path
-    from wisp_shim.__main__ import LocalModelUse
-    from wisp_shim.config import core_launch, parse_args
-    from wisp_shim.client import Core
+    from wisp_shim.config import parse_args
+    from wisp_shim.core.client import Core
+    from wisp_shim.core.process import CoreLaunch
+    from wisp_shim.localmodel import plugin
 
     for name in ("WISP_BACKEND", "WISP_ENDPOINT", "WISP_LOCAL_MODEL"):
         monkeypatch.delenv(name, raising=False)
     binary = install_fake(tmp_path / "bin")
     monkeypatch.setenv("FAKE_LLAMA_MODE", "decode")
     ns = parse_args(["--core", core_path(), "--llama-server", str(binary), "--model-path", str(model_file)])
-    config = core_launch(ns)
-    use = LocalModelUse(ns, config, platform="darwin")
-    assert (use.plan.decision, use.active) == (PROBE_APPLE, False)
+    config = CoreLaunch.from_flags(ns)
+    use = plugin.attach(ns, config, platform="darwin")
+    assert (use.plan.decision, use.active, config.companion) == (PROBE_APPLE, False, use)
     core = Core(config)
     core.start()
     try:
@@ -633,7 +635,7 @@ def test_describe_exit_for_the_wheel_names_its_fixes():
     sigill = llama_server.describe_exit(wheel, -signal.SIGILL, "during a decode")
     assert sigill.startswith("the local model server (xllamacpp at /v/xllamacpp) was killed by SIGILL during a decode")
     assert "make local-model-native" in sigill
-    from wisp_shim.xllamacpp_server import CANNOT_LOAD
+    from wisp_shim.localmodel.xllamacpp_server import CANNOT_LOAD
 
     tail = ["wisp: cannot load xllamacpp: libgomp.so.1: x"]
     gomp = llama_server.describe_exit(wheel, CANNOT_LOAD, "while starting", tail)
@@ -652,6 +654,14 @@ def test_plan_says_what_the_wheel_needs_from_the_os(tmp_path, model_file, monkey
     p = lm.plan(None, None, model_path=str(model_file), platform="linux")
     assert p.decision == LOCAL and p.lm.kind == llama_install.XLLAMACPP
     assert p.lm.argv()[:3] == [sys.executable, "-m", llama_install.LAUNCHER]
+
+
+def test_the_wheels_launcher_is_a_module_python_can_run():
+    # A name, not an import: a module moved without it would only fail when the real server starts.
+    import importlib.util
+
+    spec = importlib.util.find_spec(llama_install.LAUNCHER)
+    assert spec is not None and spec.origin == str(Path(llama_install.__file__).with_name("xllamacpp_server.py"))
 
 
 # --- any GGUF: what the file says of itself ----------------------------------------------------

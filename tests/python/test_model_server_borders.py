@@ -10,8 +10,8 @@ import pytest
 from harness import error_text, ok, shim_env, wisp
 from openai_stub import OpenAIStub, StubConfig
 from unruly_server import Unruly
-from wisp_shim import llama_server, xllamacpp_server
-from wisp_shim.llama_server import LocalModel
+from wisp_shim.localmodel import llama_server, xllamacpp_server
+from wisp_shim.localmodel.llama_server import LocalModel
 
 SHORT = ["Hi.", "What is two plus two?", "Name a colour.", "Say yes.", "Name a fruit.",
          "What day follows Monday?", "Say hello.", "Name an animal.", "Count to three.", "Bye."]

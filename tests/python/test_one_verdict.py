@@ -190,7 +190,7 @@ async def test_a_costly_reply_check_holds_up_no_other_thread_and_stops_at_its_ti
 def test_the_core_refuses_a_huge_schema_it_is_sent_without_the_shim():
     # Defence in depth: the shim's bounds are the judge, but a core sent such a schema anyway
     # answers invalid_argument (minItems 2^40 once aborted it, 10^8 strings took it down).
-    from wisp_shim import protocol
+    from wisp_shim.core import protocol
 
     huge = json.dumps({"type": "array", "items": {"type": "string"}, "minItems": 2**40})
     deep = json.dumps(_nested(8, {"type": "string"}, minItems=10))

@@ -12,7 +12,7 @@ import pytest
 
 from harness import core_exchange, core_path, ok, shim_env, wisp
 from openai_stub import OpenAIStub, StubConfig
-from wisp_shim import protocol
+from wisp_shim.core import protocol
 from wisp_shim.facts import FLAG_MAXIMUMS, FLAG_MINIMUMS
 
 BIG = str(2**63 - 1)

@@ -10,9 +10,9 @@ import time
 
 from harness import core_exchange, ok, wisp
 from unruly_server import Unruly
-from wisp_shim import protocol
+from wisp_shim.core import protocol
 from wisp_shim.facts import PROGRESS_INTERVAL_S, PROGRESS_PREVIEW_CODE_POINTS
-from wisp_shim.server import PROGRESS_MESSAGE_CHARS
+from wisp_shim.mcp.tools.respond import PROGRESS_MESSAGE_CHARS
 
 # About a million code points in 70,000 deltas, with two- and four-byte characters in each, so
 # that code points, bytes and characters are not the same count.

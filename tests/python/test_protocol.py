@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wisp_shim import protocol
+from wisp_shim.core import protocol
 
 
 def test_respond_omits_absent_optionals():
@@ -188,7 +188,7 @@ def test_garbage_never_escapes_as_another_exception(blob):
         pass
 
 
-# --- request ids as the MCP layer reads them (request_ids.py, transport.py) -----------------
+# --- request ids as the MCP layer reads them (transport/request_ids.py, transport/guard.py) -----------------
 
 
 @pytest.mark.parametrize("line, invalid", [
@@ -212,7 +212,7 @@ def test_garbage_never_escapes_as_another_exception(blob):
     ('not json', False),
 ])
 def test_a_request_id_must_be_a_string_or_an_int64_integer(line, invalid):
-    from wisp_shim.request_ids import Refusal, Request, judge
+    from wisp_shim.transport.request_ids import Refusal, Request, judge
 
     verdict = judge(line)
     assert isinstance(verdict, Refusal if invalid else (Request, type(None))), (line, verdict)
@@ -227,7 +227,7 @@ def test_a_request_id_must_be_a_string_or_an_int64_integer(line, invalid):
     ('{"jsonrpc":"2.0","jsonrpc":"2.0","method":"notifications/initialized"}', '"jsonrpc" more than once'),
 ])
 def test_a_batch_or_an_envelope_member_twice_is_refused(body, says):
-    from wisp_shim.request_ids import Refusal, judge
+    from wisp_shim.transport.request_ids import Refusal, judge
 
     verdict = judge(body)
     assert isinstance(verdict, Refusal) and says in verdict.message and verdict.id is None, verdict
@@ -240,13 +240,13 @@ def test_a_batch_or_an_envelope_member_twice_is_refused(body, says):
 def test_what_the_judge_cannot_read_is_left_to_the_sdks_parser(body):
     """Not JSON as Python reads it (broken, not UTF-8, a number past Python's digit limit,
     nesting past its stack): no verdict here, so the SDK answers its parse error."""
-    from wisp_shim.request_ids import judge
+    from wisp_shim.transport.request_ids import judge
 
     assert judge(body) is None
 
 
 def test_claims_on_ids_are_keyed_as_the_sdk_correlates_them():
-    from wisp_shim.request_ids import IdsInFlight
+    from wisp_shim.transport.request_ids import IdsInFlight
 
     ids = IdsInFlight()
     first = ids.claim(5)
@@ -258,7 +258,7 @@ def test_claims_on_ids_are_keyed_as_the_sdk_correlates_them():
 def test_the_budget_keys_ids_as_the_sdk_correlates_them():
     from mcp.shared.dispatcher import coerce_request_id
 
-    from wisp_shim.sdk_seams import request_key
+    from wisp_shim.transport.sdk_seams import request_key
 
     for spelling in ("05", "5", " 5", 5):
         assert request_key(spelling) == coerce_request_id(spelling) == 5
@@ -273,14 +273,14 @@ def test_the_budget_keys_ids_as_the_sdk_correlates_them():
 ])
 def test_the_in_flight_budget_weighs_a_request_about_as_its_json(value):
     """Every argument counts, nested ones included, at about its JSON length."""
-    from wisp_shim.transport import json_size
+    from wisp_shim.transport.guard import json_size
 
     written = len(json.dumps(value, ensure_ascii=False))
     assert 0.8 * written <= json_size(value) <= 1.5 * written + 16, (json_size(value), written)
 
 
 def test_the_budget_walk_takes_any_depth_the_parser_took():
-    from wisp_shim.transport import json_size
+    from wisp_shim.transport.guard import json_size
 
     deep: list = []
     for _ in range(200_000):
@@ -289,7 +289,7 @@ def test_the_budget_walk_takes_any_depth_the_parser_took():
 
 
 def test_what_a_handler_fetches_is_charged_to_its_request_until_it_ends():
-    from wisp_shim.transport import InFlight, _Budget, charge
+    from wisp_shim.transport.guard import InFlight, _Budget, charge
 
     budget = _Budget()
     token = budget.add("r1", 100)

@@ -26,7 +26,7 @@ import pytest
 from harness import error_text, ok, shim_env, wisp
 from openai_stub import RecordingProxy
 from harness import grandchildren_named, ppid as _ppid, running as _alive
-from wisp_shim import llama_server, local_model
+from wisp_shim.localmodel import llama_server, local_model
 
 SETTINGS = {"temperature": 0, "max_output_tokens": 32}
 

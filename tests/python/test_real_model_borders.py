@@ -17,8 +17,8 @@ import sys
 import pytest
 
 from harness import ok, shim_env, text_of, wisp
-from wisp_shim import llama_server
-from wisp_shim.tool_models import CUT_AT_CAP_NOTE
+from wisp_shim.localmodel import llama_server
+from wisp_shim.mcp.tools.respond import CUT_AT_CAP_NOTE
 from test_real_model import _found
 
 if isinstance(_found, str):

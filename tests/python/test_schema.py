@@ -16,8 +16,8 @@ import pytest
 import test_real_model as real
 from harness import error_text, ok, shim_env, text_of, wisp
 from openai_stub import OpenAIStub, RecordingProxy, StubConfig
-from wisp_shim import local_model
-from wisp_shim.schema import MAX_SCHEMA_BYTES
+from wisp_shim.localmodel import local_model
+from wisp_shim.mcp.schema import MAX_SCHEMA_BYTES
 
 # (schema, the value the echo contract builds on a thread's first call)
 ECHO_TABLE = [

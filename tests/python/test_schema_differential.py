@@ -22,7 +22,7 @@ import jsonschema
 import pytest
 
 from harness import core_path
-from wisp_shim.schema import SchemaError, check_schema
+from wisp_shim.mcp.schema import SchemaError, check_schema
 
 CASES = int(os.environ.get("WISP_SCHEMA_CASES", "400"))
 SEED = int(os.environ.get("WISP_SCHEMA_SEED", str(random.SystemRandom().randrange(1 << 32))))

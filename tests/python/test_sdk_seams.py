@@ -1,4 +1,4 @@
-"""Each seam of python/wisp_shim/sdk_seams.py against the installed `mcp` SDK: an upgrade that
+"""Each seam of python/wisp_shim/transport/sdk_seams.py against the installed `mcp` SDK: an upgrade that
 changes one fails here, by name. After checking the seams against a new SDK, update
 sdk_seams.SDK_VERSION."""
 
@@ -15,7 +15,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared._context_streams import create_context_streams  # the SDK's own read streams
 from mcp.types import jsonrpc_message_adapter
 
-from wisp_shim import sdk_seams
+from wisp_shim.transport import sdk_seams
 
 
 def _reader_error(line: str) -> Exception:
@@ -27,7 +27,7 @@ def _reader_error(line: str) -> Exception:
 
 def test_the_sdk_is_the_version_the_seams_were_written_for():
     assert importlib.metadata.version("mcp") == sdk_seams.SDK_VERSION, (
-        "the mcp SDK changed: check each seam in sdk_seams.py (this file tests them), then update SDK_VERSION"
+        "the mcp SDK changed: check each seam in transport/sdk_seams.py (this file tests them), then update SDK_VERSION"
     )
 
 
@@ -94,12 +94,12 @@ class Keep(logging.Handler):
 logging.basicConfig(level=logging.DEBUG, handlers=[Keep()])  # as the shim's --log-level debug
 from wisp_shim import sdk_imports
 took = sdk_imports.import_server_side_only()
-import wisp_shim.__main__, wisp_shim.client, wisp_shim.server, wisp_shim.stdio, wisp_shim.transport
+import wisp_shim.__main__, wisp_shim.core.client, wisp_shim.mcp.server, wisp_shim.transport.stdio, wisp_shim.transport.guard
 loaded = sorted(m for m in sys.modules if sys.modules[m] is not None)
 import mcp.server.lowlevel.server, mcp.server.context, mcp.shared.exceptions
-same = (wisp_shim.server.Server is mcp.server.lowlevel.server.Server
-        and wisp_shim.server.ServerRequestContext is mcp.server.context.ServerRequestContext
-        and wisp_shim.server.MCPError is mcp.shared.exceptions.MCPError)
+same = (wisp_shim.mcp.server.Server is mcp.server.lowlevel.server.Server
+        and wisp_shim.mcp.server.ServerRequestContext is mcp.server.context.ServerRequestContext
+        and wisp_shim.mcp.server.MCPError is mcp.shared.exceptions.MCPError)
 held = "uvicorn" in sys.modules and sys.modules["uvicorn"] is None
 sdk_imports.imports_done()
 import uvicorn

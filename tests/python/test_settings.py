@@ -48,13 +48,13 @@ def test_the_scan_finds_a_direct_read():
 
 
 def test_only_config_reads_wisp_variables():
-    offenders = {path.name: lines for path in sorted(PACKAGE.glob("*.py")) if path.name != "config.py"
+    offenders = {str(path.relative_to(PACKAGE)): lines for path in sorted(PACKAGE.rglob("*.py")) if path.name != "config.py"
                  if (lines := direct_reads(path.read_text(encoding="utf-8")))}
     assert offenders == {}, f"read these through config.env (declared in config.SETTINGS): {offenders}"
 
 
 def test_every_name_the_package_reads_is_declared():
-    named = {m for path in PACKAGE.glob("*.py")
+    named = {m for path in PACKAGE.rglob("*.py")
              for m in re.findall(r'config\.env\("(WISP_[A-Z0-9_]+)"\)', path.read_text(encoding="utf-8"))}
     assert named, "the scan found no config.env reads at all"
     assert named - config.DECLARED == set()

@@ -1,5 +1,5 @@
 """JSON-RPC envelopes and request ids over stdio, as a hostile client writes them: raw lines
-to `python -m wisp_shim` with the echo backend, judged by request_ids.py as over HTTP
+to `python -m wisp_shim` with the echo backend, judged by transport/request_ids.py as over HTTP
 (test_http_ids.py). test_hostile.py has the older shapes (1.5, true, null, ...) in its table."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from harness import (
 )
 
 sys.path.insert(0, str(REPO / "python"))
-from wisp_shim import protocol  # noqa: E402
+from wisp_shim.core import protocol  # noqa: E402
 
 
 def echo_n(r: dict) -> int:

@@ -61,8 +61,8 @@ async def test_unknown_tool_at_creation_lists_the_valid_names(workspace):
 async def test_the_catalogue_in_respond_description_is_the_cores(tmp_path):
     """tools/list is answered before the core is up, so the shim names the catalogue itself."""
     from harness import core_exchange
-    from wisp_shim import protocol
-    from wisp_shim.tool_models import MODEL_TOOLS
+    from wisp_shim.core import protocol
+    from wisp_shim.facts import MODEL_TOOLS
 
     frames = core_exchange(["--backend", "echo"], protocol.frame(protocol.encode_payload(protocol.Status(id=1))), timeout=30)
     status = next(f for f in frames if f.get("id") == 1)

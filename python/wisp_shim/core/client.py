@@ -2,7 +2,7 @@
 their time limits (cancelling in the core when one passes), forwards progress, and keeps the ids
 of threads lost in a crash so the next call naming one is told so.
 
-The process itself is core_process.py's; starting, watching and restarting it, supervisor.py's.
+The process itself is process.py's; starting, watching and restarting it, core/supervisor.py's.
 Everything here is MCP-agnostic: failures are raised as ShimError, which the MCP layer
 turns into tool errors.
 """
@@ -14,13 +14,15 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from . import errors
+import anyio
+
+from .. import errors
 from . import protocol
-from .errors import ShimError
-from .core_process import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess
+from ..errors import ShimError
+from .process import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess
 from .pending import PendingCall, Answer
 from .progress import OnProgress, pump_progress
 from .supervisor import Supervisor
@@ -32,6 +34,9 @@ log = logging.getLogger("wisp.core")
 CANCEL_GRACE_S = 0.25
 # close_thread and status never wait for a model.
 QUICK_CALL_TIMEOUT_S = 30.0
+# A core started only to be asked its status (`--check`, the local model's Apple probe): its
+# start and the answer together.
+PROBE_TIMEOUT_S = 60.0
 
 
 class Core:
@@ -120,7 +125,7 @@ class Core:
             run.alive.pop(msg.thread_id, None)  # gone already: a later crash did not lose it
 
     @staticmethod
-    def _track(run: CoreProcess, result: protocol.Result) -> None:
+    def _track(run: CoreProcess, result: protocol.PipeResult) -> None:
         """The shim's view of the core's live threads, updated in frame order: an eviction
         or a close that the core sent after this reply must win over it."""
         if isinstance(result, protocol.RespondResult):
@@ -350,8 +355,8 @@ class Core:
             if reply.error.code == errors.TIMEOUT:
                 raise timed_out()  # the core's deadline is the shim's limit: one wording for both
             error = ShimError(reply.error.code, reply.error.message)
-            if self.launch.explain is not None:
-                error = await self.launch.explain(error, started)
+            if self.launch.companion is not None:
+                error = await self.launch.companion.explain(error, started)
             raise error
         assert isinstance(reply.result, protocol.RespondResult)
         return reply.result
@@ -360,33 +365,56 @@ class Core:
         # Closing a lost thread is what the caller would do anyway: no notice needed.
         self.lost.pop(thread_id, None)
         call = PendingCall(self.next_id(), thread_id, False, protocol.CloseThreadResult)
-        result = await self._quick(call, protocol.CloseThread(id=call.id, thread_id=thread_id), "close_thread")
+        result = await self._quick(call, protocol.CloseThread(id=call.id, thread_id=thread_id))
         assert isinstance(result, protocol.CloseThreadResult)
         return result
 
     async def status(self, query: str | None = None, limit: int | None = None,
                      cursor: str | None = None) -> protocol.StatusResult:
         call = PendingCall(self.next_id(), None, False, protocol.StatusResult)
-        result = await self._quick(call, protocol.Status(id=call.id, query=query, limit=limit, cursor=cursor), "status")
+        result = await self._quick(call, protocol.Status(id=call.id, query=query, limit=limit, cursor=cursor))
         assert isinstance(result, protocol.StatusResult)
         return result
 
     async def read_thread(self, thread_id: str, last: int | None, max_bytes: int) -> protocol.ReadThreadResult:
         call = PendingCall(self.next_id(), None, False, protocol.ReadThreadResult)
         asked = protocol.ReadThread(id=call.id, thread_id=thread_id, last=last, max_bytes=max_bytes)
-        result = await self._quick(call, asked, "read_thread")
+        result = await self._quick(call, asked)
         assert isinstance(result, protocol.ReadThreadResult)
         return result
 
-    async def _quick(self, call: PendingCall, message: protocol.Request, op: str) -> protocol.Result:
+    async def _quick(self, call: PendingCall, message: protocol.PipeRequest) -> protocol.PipeResult:
         """A call that never waits for a model: its reply's result, or its error raised."""
         run = await self._supervisor.running()
-        reply = await self._request(run, call, protocol.encode(message), QUICK_CALL_TIMEOUT_S, _quick_timeout(op))
+        timed_out = _quick_timeout(protocol.op_name(type(message)))
+        reply = await self._request(run, call, protocol.encode(message), QUICK_CALL_TIMEOUT_S, timed_out)
         if not reply.ok:
             assert reply.error is not None
             raise ShimError(reply.error.code, reply.error.message)
         assert reply.result is not None
         return reply.result
+
+
+async def probe_status(launch: CoreLaunch,
+                       then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[protocol.StatusResult, str]:
+    """The status of a core of its own, started for the question and stopped after it, and the
+    binary's path; with `then`, also what it says while the core still runs (None: fine)."""
+    core = Core(launch)
+    core.start()
+    try:
+        with anyio.fail_after(PROBE_TIMEOUT_S):
+            st = await core.status()
+        if then is not None:
+            problem = await then()
+            if problem:
+                st.available, st.reason = False, problem
+        return st, str(core.binary)
+    except TimeoutError:
+        raise ShimError(errors.TIMEOUT, f"wisp-core did not answer `status` within {PROBE_TIMEOUT_S:g} s") from None
+    finally:
+        with anyio.CancelScope(shield=True):
+            await core.aclose()
+
 
 class _Expired(Exception):
     """The shim's own time limit for a call passed before the core replied."""

@@ -1,10 +1,11 @@
 """One wisp-core child process: how it is launched (CoreLaunch, find_core), one run of it with
 the calls waiting on it (CoreProcess), and how it is stopped (stdin EOF, SIGTERM with SIGCONT,
-SIGKILL). Reading its stdout is core_reader.py's; restarting it, supervisor.py's.
+SIGKILL). Reading its stdout is core/reader.py's; restarting it, core/supervisor.py's.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -12,14 +13,14 @@ import os
 import signal
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 from pathlib import Path
 
-from . import errors
+from .. import config, errors
 from . import protocol
-from .errors import ShimError
-from .loop import spin_for_reply
+from ..errors import ShimError
+from ..loop import spin_for_reply
 from .pending import PendingCall
 
 log = logging.getLogger("wisp.core")
@@ -40,13 +41,28 @@ EOF_GRACE_S = 0.5
 TERM_GRACE_S = 1.0
 
 
-# A respond call's time limit when none is configured (--timeout / WISP_TIMEOUT).
-DEFAULT_TIMEOUT_S = 300.0
+class ModelCompanion(Protocol):
+    """A model server the shim runs beside the core: the one interface through which the local
+    model (localmodel/plugin.py) plugs into the core's lifetime and into `--check`."""
 
-# Progress at least this often, from a call's start to its end, whatever it waits for: clients
-# that reset their time limit on progress (Claude Code) keep a slow call alive; half the 10 s
-# that wisp promises, so a slow client or loop still keeps it (WISP_PROGRESS_EVERY_S).
-PROGRESS_EVERY_S = 5.0
+    async def before_start(self) -> None:
+        """Awaited before each start of the core, to bring the server up. CoreLaunch's `args`
+        and `env` are read after it, so it may add to them; a ShimError it raises fails the
+        start like a missing binary."""
+
+    def after_stop(self) -> None:
+        """Called once the core is stopped for good (aclose)."""
+
+    async def explain(self, error: ShimError, since: float) -> ShimError:
+        """The error a failed respond call's caller sees, given the call's start
+        (time.monotonic()): e.g. one naming the signal that killed the server during the call,
+        which the core sees only as a broken connection."""
+
+    async def check(self) -> str | None:
+        """`--check`: what only a real request to the server shows (None: fine)."""
+
+    def describe(self, available: bool) -> list[str]:
+        """`--check`'s lines about it, given whether the core's model is available."""
 
 
 @dataclass
@@ -55,23 +71,27 @@ class CoreLaunch:
 
     core: str | None = None
     args: list[str] = field(default_factory=list)
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float = config.DEFAULT_TIMEOUT_S
     env: dict[str, str] | None = None
     # The state dir configured (--state-dir / WISP_STATE_DIR), for what wisp tells callers about
     # retention; whether the core could use it, its Ready (durable) and status say.
     state_dir: str | None = None
-    # Awaited before each start of the core, e.g. to bring up the local model server it will
-    # talk to (local_model.py); `args` is read after it, so it may add to them. A ShimError it
-    # raises fails the start like a missing binary.
-    before_start: Callable[[], Awaitable[None]] | None = None
-    # Called once the core is stopped for good (aclose), e.g. to stop that server.
-    after_stop: Callable[[], None] | None = None
-    # Awaited when a respond call fails, with the call's start (time.monotonic()); returns the
-    # error the caller sees, e.g. one naming the signal that killed the local model server
-    # during the call (the core sees only a broken connection).
-    explain: Callable[[ShimError, float], Awaitable[ShimError]] | None = None
-    # A call that asked for progress hears from wisp at least this often (client.py).
-    progress_every_s: float = PROGRESS_EVERY_S
+    # A model server run beside the core, the local model (localmodel/plugin.py); None: none.
+    companion: ModelCompanion | None = None
+    # A call that asked for progress hears from wisp at least this often (core/client.py).
+    progress_every_s: float = config.PROGRESS_EVERY_S
+
+    @classmethod
+    def from_flags(cls, ns: argparse.Namespace) -> CoreLaunch:
+        """The launch the shim's flags and variables configure (config.py judges each)."""
+        return cls(core=config.core_path(ns), args=config.core_args(ns), timeout_s=config.timeout_s(ns),
+                   state_dir=config.state_dir(ns), progress_every_s=config.progress_every_s())
+
+    def with_backend(self, backend: str) -> CoreLaunch:
+        """A launch of the same core with any --backend replaced by this one, and no companion."""
+        args = self.args
+        kept = [a for i, a in enumerate(args) if a != "--backend" and (i == 0 or args[i - 1] != "--backend")]
+        return CoreLaunch(core=self.core, args=kept + ["--backend", backend], env=self.env)
 
 
 def find_core(explicit: str | None = None) -> Path:
@@ -83,7 +103,7 @@ def find_core(explicit: str | None = None) -> Path:
             return path
         raise ShimError(errors.CORE_MISSING, f"the wisp-core binary named by --core/WISP_CORE ({path}) is not an "
                                              f"executable file. {BUILD_HINT}")
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the wisp_shim package, whose data (pyproject.toml) holds bin/
     candidates = [here / "bin" / CORE_NAME]
     seen: set[Path] = set()
     for start in (here, Path.cwd().resolve()):
@@ -138,7 +158,7 @@ class CoreProcess:
 
         Never waiting is what lets a time limit, a cancel or a ping go out to a core that has
         stopped reading; what can queue here is bounded by the MCP layer's in-flight limits
-        (transport.py: 128 calls, 64 MiB), not by the core."""
+        (transport/guard.py: 128 calls, 64 MiB), not by the core."""
         stdin = self.proc.stdin
         if self.dead or stdin is None:
             return

@@ -15,10 +15,10 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.message import ServerMessageMetadata
 from mcp.types import ListRootsRequest
 
-from . import errors
-from .errors import ShimError
-from .facts import MAX_CLIENT_ROOTS
-from .tool_models import short
+from .. import errors
+from ..errors import ShimError
+from ..facts import MAX_CLIENT_ROOTS
+from ..errors import short
 
 log = logging.getLogger("wisp.server")
 

@@ -11,11 +11,12 @@ import os
 import time
 from typing import Protocol
 
-from . import errors
-from . import protocol, version
-from .core_process import CoreProcess
-from .errors import ShimError
-from .loop import connect_read_pipe
+from .. import errors
+from . import protocol
+from .. import version
+from .process import CoreProcess
+from ..errors import ShimError
+from ..loop import connect_read_pipe
 
 log = logging.getLogger("wisp.core")
 

@@ -9,7 +9,7 @@
   oldest unproven one (a client with the token sends its headers at once, so it is never the
   oldest for long; a peer without it cannot keep its place). Proven ones have their own room
   (MAX_PROVEN_CONNECTIONS, then 503), which no unproven peer can take.
-- Bodies read whole before the SDK (`read_body`), so that request_ids.py judges the envelope
+- Bodies read whole before the SDK (`read_body`), so that transport/request_ids.py judges the envelope
   and a refused one is answered 400 (`refuse`) before anything runs; the SDK then reads the
   same bytes. A body whose Content-Length, or whose bytes, pass the SDK's limit is not read
   whole here: the SDK answers it 413.
@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .http_token import Credentials
-from .request_ids import IdsInFlight, Refusal
-from .transport import MAX_IN_FLIGHT_BYTES
+from .token import Credentials
+from ..transport.request_ids import IdsInFlight, Refusal
+from ..transport.guard import MAX_IN_FLIGHT_BYTES
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -275,7 +275,7 @@ class SessionIds:
 
 
 async def refuse(send: Send, refusal: Refusal) -> None:
-    """A 400 with the JSON-RPC error of a message request_ids.py refused."""
+    """A 400 with the JSON-RPC error of a message transport/request_ids.py refused."""
     import json
 
     data = json.dumps(refusal.error()).encode()

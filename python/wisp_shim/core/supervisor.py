@@ -1,9 +1,9 @@
 """Keeps one wisp-core running: started on demand, its readiness awaited, the watchdog that
 pings a silent core, and the restart policy (backoff, what a death means for pending calls).
 
-The process itself is core_process.py's, its stdout core_reader.py's; what the frames mean to
-callers (calls, replies, lost threads) is the client's business (client.py), reached through
-the small `CoreListener` interface (core_reader.py).
+The process itself is core/process.py's, its stdout core/reader.py's; what the frames mean to
+callers (calls, replies, lost threads) is the client's business (core/client.py), reached through
+the small `CoreListener` interface (core/reader.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import os
 import time
 from pathlib import Path
 
-from . import errors
+from .. import errors
 from . import protocol
-from .core_process import BUILD_HINT, CoreLaunch, CoreProcess, find_core, kill, stop_process
-from .core_reader import CoreListener, read_frames
-from .errors import ShimError
+from .process import BUILD_HINT, CoreLaunch, CoreProcess, find_core, kill, stop_process
+from .reader import CoreListener, read_frames
+from ..errors import ShimError
 
 log = logging.getLogger("wisp.core")
 
@@ -76,8 +76,8 @@ class Supervisor:
             self._listener.shutting_down(run)
         for proc in procs:
             await stop_process(proc)
-        if self.launch.after_stop is not None:
-            self.launch.after_stop()
+        if self.launch.companion is not None:
+            self.launch.companion.after_stop()
         self._notify()
 
     async def running(self) -> CoreProcess:
@@ -128,8 +128,8 @@ class Supervisor:
 
     async def _start_once(self) -> CoreProcess | None:
         try:
-            if self.launch.before_start is not None:
-                await self.launch.before_start()
+            if self.launch.companion is not None:
+                await self.launch.companion.before_start()
             path = find_core(self.launch.core)
             self.binary = path
             argv = [str(path), *self.launch.args]

@@ -4,7 +4,7 @@ SDK, so an upgrade that changes one fails there, by name, rather than as a hang 
 misreading somewhere else.
 
 - request_key: how the SDK correlates request ids (`mcp.shared.dispatcher.coerce_request_id`:
-  "05" and 5 are one id). The transport's budget, request_ids.py's in-flight check and cancels key
+  "05" and 5 are one id). The transport's budget, transport/request_ids.py's in-flight check and cancels key
   ids the same.
 - bad_line: what the SDK's stdio reader puts on its read stream for a line it cannot take: the
   pydantic ValidationError of `mcp.types.jsonrpc_message_adapter.validate_json`, whose details
@@ -15,9 +15,9 @@ misreading somewhere else.
   transport's own context (`request_context`, the handler's `ctx.request`).
 - last_context: the SDK's read streams carry the sender's contextvars (`last_context`); a
   stream that wraps one must pass it on.
-- stdio.py feeds the SDK's `stdio_server(stdin=, stdout=)` objects that are not anyio files, only
+- transport/stdio.py feeds the SDK's `stdio_server(stdin=, stdout=)` objects that are not anyio files, only
   their `async for` / `write` / `flush`.
-- tasks.py, on the low-level Server: `add_request_handler` for `tasks/*` (methods the SDK does
+- mcp/tasks.py, on the low-level Server: `add_request_handler` for `tasks/*` (methods the SDK does
   not know reach their handler in both eras); `Server.middleware`, whose entries wrap a
   handler's result after the era's check of it, which for a 2025-11-25 `tools/call` is
   CallToolResult (so the task handle is swapped in there; the handler runs in the middleware's

@@ -20,16 +20,16 @@ starts llama.cpp's server bound to 127.0.0.1 on a free port and runs the core wi
   told how many (`--slots`) and keeps each live thread on one, so that its earlier turns stay
   in the slot's KV cache.
 - Lifetime: its own process group; its output is drained into the shim's log (never stdout,
-  which carries MCP; llama_server.py); a key only the core knows; stopped with SIGTERM, then
+  which carries MCP; localmodel/llama_server.py); a key only the core knows; stopped with SIGTERM, then
   SIGKILL after 2 s, when wisp
   stops. On Linux it also gets PR_SET_PDEATHSIG=SIGKILL, so it dies with the shim even
   when the shim is SIGKILLed: no orphans. If it dies while wisp runs, it is restarted
   on the same port.
 
 This file is the plan (decide(), the slots, plan()) and the command line; where the binary and
-the model come from is llama_install.py's, running the server llama_server.py's.
+the model come from is localmodel/llama_install.py's, running the server localmodel/llama_server.py's.
 
-`python -m wisp_shim.local_model` prints what would be used; `... serve` runs the server
+`python -m wisp_shim.localmodel.local_model` prints what would be used; `... serve` runs the server
 alone (for benchmarks that compare wisp with the server direct: it prints the endpoint and the
 key); `... verify` proves that a server computes on this machine (one real decode), which
 `make local-model` and the build script require before they trust one: a CPU may advertise
@@ -50,7 +50,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from .. import config
 from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError,
                             ServerProgram, cached_llama_server, find_llama_server, find_model, find_server,
                             find_xllamacpp, libgomp_missing)
@@ -316,7 +316,7 @@ NOT_FOUND = 3
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m wisp_shim.local_model",
+    ap = argparse.ArgumentParser(prog="python -m wisp_shim.localmodel.local_model",
                                  description="wisp's default local model (llama.cpp's server + SmolLM2)")
     ap.add_argument("command", nargs="?", choices=("check", "serve", "verify"), default="check")
     ap.add_argument("--server", choices=("auto", NATIVE, XLLAMACPP), default="auto",

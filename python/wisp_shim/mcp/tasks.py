@@ -60,7 +60,7 @@ from mcp_types import (
 )
 from mcp_types import methods as wire
 
-from . import errors
+from .. import errors
 from .task_records import (
     CANCELLED,
     COMPLETED,
@@ -104,8 +104,11 @@ _LEGACY_HANDLE: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvar
 class Tasks:
     """Every task of one wisp, by owner."""
 
-    def __init__(self, limits: TaskLimits, placement: Callable[[str | None], Awaitable[tuple[str, bool]]]) -> None:
+    def __init__(self, limits: TaskLimits, placement: Callable[[str | None], Awaitable[tuple[str, bool]]],
+                 task_tools: frozenset[str]) -> None:
         self.limits = limits
+        # The tools that may run as a task (those whose module declares task steps: respond).
+        self.task_tools = task_tools
         self._placement = placement
         self._tasks: dict[str, Task] = {}
         self._held: dict[tuple[Any, ...], int] = {}
@@ -116,13 +119,13 @@ class Tasks:
     # --- the rule and the handle ---------------------------------------------------------
 
     def wanted(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> str | None:
-        """The generation under which this call may become a task (None: plain). Only `respond`
-        runs as a task; the other tools' taskSupport is "forbidden", and asking for one as a task
-        is answered as the 2025-11-25 spec says."""
+        """The generation under which this call may become a task (None: plain). Only the
+        task_tools run as a task; the other tools' taskSupport is "forbidden", and asking for one
+        as a task is answered as the 2025-11-25 spec says."""
         generation = declared(ctx)
         if generation == LEGACY and params.task is None:
             return None  # declared, but asked for a plain call
-        if params.name != "respond":
+        if params.name not in self.task_tools:
             if generation == LEGACY:
                 raise MCPError(METHOD_NOT_FOUND, (
                     f"{params.name} does not run as a task (its execution.taskSupport is forbidden): "
@@ -401,7 +404,7 @@ class Tasks:
         server.add_request_handler("tasks/cancel", CancelTaskRequestParams, self.cancel)
         server.add_request_handler("tasks/update", UpdateParams, self.update)
         server.extensions[EXTENSION] = {}
-        server.middleware.append(TaskMiddleware())
+        server.middleware.append(TaskMiddleware(self.task_tools))
 
 
 class TaskMiddleware:
@@ -409,6 +412,9 @@ class TaskMiddleware:
     `tools/list` tell a client that declared tasks that wisp has them (and only such a client:
     the others see what they always saw), and a task-augmented `tools/call` answers with its
     handle (CreateTaskResult) in place of the tool result the SDK expects there."""
+
+    def __init__(self, task_tools: frozenset[str]) -> None:
+        self.task_tools = task_tools
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         method = ctx.method
@@ -431,7 +437,8 @@ class TaskMiddleware:
                 result = {**result, "capabilities": {**result["capabilities"], "tasks": LEGACY_CAPABILITY}}
         elif method == "tools/list" and declared(ctx) == LEGACY and isinstance(result.get("tools"), list):
             result = {**result, "tools": [
-                {**t, "execution": TASK_SUPPORT} if isinstance(t, dict) and t.get("name") == "respond" else t
+                {**t, "execution": TASK_SUPPORT} if isinstance(t, dict) and t.get("name") in self.task_tools
+                else t
                 for t in result["tools"]
             ]}
         return result

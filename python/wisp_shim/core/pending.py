@@ -1,5 +1,5 @@
-"""One call waiting on the core: what the client (client.py) keeps for it and the core's run
-(core_process.py) holds until its reply comes. Its own module, so that neither of those two
+"""One call waiting on the core: what the client (core/client.py) keeps for it and the core's run
+(core/process.py) holds until its reply comes. Its own module, so that neither of those two
 imports the other for it.
 """
 
@@ -15,7 +15,7 @@ class PendingCall:
                  "sent", "answered", "in_task")
 
     def __init__(self, call_id: int, thread_id: str | None, want_progress: bool,
-                 result_type: type[protocol.Result]) -> None:
+                 result_type: type[protocol.PipeResult]) -> None:
         self.id = call_id
         self.thread_id = thread_id
         # What an ok reply's result must be (checked as the frame arrives: dispatch).

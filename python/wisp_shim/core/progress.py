@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from .facts import PROGRESS_INTERVAL_S
+from ..facts import PROGRESS_INTERVAL_S
 from .pending import PendingCall
 
 log = logging.getLogger("wisp.core")

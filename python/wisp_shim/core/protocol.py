@@ -5,23 +5,24 @@ One msgspec Struct per message, under the same names as the Swift side
 4-byte unsigned big-endian length followed by that many bytes of UTF-8 JSON.
 
 Every message is tagged, so each direction decodes in one pass: shim -> core messages
-by `op` (respond, close_thread, cancel, status, read_thread, ping); core -> shim messages by `event`
-(ready, progress, stage, evicted, reply), and an ok reply's result by `op`, the op of the request
-it answers. Version 2 added the core -> shim tags.
+by `op` (one per operation, OPERATIONS); core -> shim messages by `event` (ready, progress,
+stage, evicted, reply), and an ok reply's result by `op`, the op of the request it answers.
+Version 2 added the core -> shim tags.
 """
 
 from __future__ import annotations
 
 import struct
 import time
+from typing import Union
 
 import msgspec
 
-from . import errors
+from .. import errors
 # The pipe's version and frame limit are the core's (facts.py). The core treats a frame over
 # the limit as a protocol error and exits, so the shim must refuse to send one rather than let
 # a single oversized prompt kill every thread.
-from .facts import MAX_FRAME_BYTES, PROTOCOL_VERSION  # noqa: F401 (the pipe's own names)
+from ..facts import MAX_FRAME_BYTES, PROTOCOL_VERSION  # noqa: F401 (the pipe's own names)
 
 # The codes an error reply may carry (errors.py).
 ERROR_CODES = errors.CORE_CODES
@@ -30,7 +31,13 @@ _HEADER = struct.Struct(">I")
 
 
 # --- shim -> core -----------------------------------------------------------
-# omit_defaults keeps absent optionals off the wire, as Swift's Codable expects.
+# omit_defaults keeps absent optionals off the wire, as the core's field tables expect.
+
+
+class PipeRequest(msgspec.Struct, tag_field="op", omit_defaults=True):
+    """A shim -> core request, tagged by its `op`; `id` names it in the reply that answers it."""
+
+    id: int
 
 
 class RespondOptions(msgspec.Struct, omit_defaults=True):
@@ -52,8 +59,7 @@ def monotonic_now() -> float:
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True):
-    id: int
+class Respond(PipeRequest, tag="respond"):
     prompt: str
     thread_id: str | None = None
     instructions: str | None = None
@@ -65,7 +71,7 @@ class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True)
     # Text files the core reads under its roots (and `roots`) and gives the model with the prompt.
     files: list[str] | None = None
     # Structured output: the call's JSON Schema as compact JSON text (text keeps its key order
-    # through Swift's decoder), already checked against wisp's supported subset (schema.py).
+    # through Swift's decoder), already checked against wisp's supported subset (mcp/schema.py).
     schema: str | None = None
     # The call creates its thread as a copy of this one's binding and committed history.
     fork_from: str | None = None
@@ -73,42 +79,34 @@ class Respond(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True)
     rewind: int | None = None
 
 
-class CloseThread(msgspec.Struct, tag_field="op", tag="close_thread"):
-    id: int
+class CloseThread(PipeRequest, tag="close_thread"):
     thread_id: str
 
 
-class Cancel(msgspec.Struct, tag_field="op", tag="cancel"):
-    id: int
+class Cancel(PipeRequest, tag="cancel"):
     request: int
 
 
-class Status(msgspec.Struct, tag_field="op", tag="status", omit_defaults=True):
+class Status(PipeRequest, tag="status"):
     """The backend's state and a page of threads: with `query`, those holding its words, best
     match first; else most recently used first. `cursor`: a StatusResult's `next_cursor`."""
 
-    id: int
     query: str | None = None
     limit: int | None = None
     cursor: str | None = None
 
 
-class ReadThread(msgspec.Struct, tag_field="op", tag="read_thread", omit_defaults=True):
+class ReadThread(PipeRequest, tag="read_thread"):
     """A thread's binding and its last turns (at most `last`), at most `max_bytes` of their text."""
 
-    id: int
     thread_id: str
     last: int | None = None
     max_bytes: int | None = None
 
 
-class Ping(msgspec.Struct, tag_field="op", tag="ping"):
+class Ping(PipeRequest, tag="ping"):
     """Liveness: the core's dispatcher answers at once (PingResult), touching no backend."""
 
-    id: int
-
-
-Request = Respond | CloseThread | Cancel | Status | ReadThread | Ping
 
 
 # --- core -> shim -----------------------------------------------------------
@@ -175,7 +173,11 @@ class UsageBody(msgspec.Struct, omit_defaults=True):
     output_tokens_per_s: float | None = None
 
 
-class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults=True):
+class PipeResult(msgspec.Struct, tag_field="op"):
+    """An ok reply's result, tagged by the `op` of the request it answers."""
+
+
+class RespondResult(PipeResult, tag="respond", omit_defaults=True):
     thread_id: str
     created: bool
     text: str
@@ -192,16 +194,16 @@ class RespondResult(msgspec.Struct, tag_field="op", tag="respond", omit_defaults
     finish_reason: str | None = None
 
 
-class CloseThreadResult(msgspec.Struct, tag_field="op", tag="close_thread"):
+class CloseThreadResult(PipeResult, tag="close_thread"):
     thread_id: str
     closed: bool
 
 
-class CancelResult(msgspec.Struct, tag_field="op", tag="cancel"):
+class CancelResult(PipeResult, tag="cancel"):
     cancelled: bool
 
 
-class PingResult(msgspec.Struct, tag_field="op", tag="ping"):
+class PingResult(PipeResult, tag="ping"):
     pass
 
 
@@ -222,7 +224,7 @@ class ThreadInfo(msgspec.Struct):
     instructions: str | None = None
 
 
-class StatusResult(msgspec.Struct, tag_field="op", tag="status"):
+class StatusResult(PipeResult, tag="status"):
     backend: str
     model: str
     available: bool
@@ -251,7 +253,7 @@ class TurnItem(msgspec.Struct):
     cut: bool = False
 
 
-class ReadThreadResult(msgspec.Struct, tag_field="op", tag="read_thread"):
+class ReadThreadResult(PipeResult, tag="read_thread"):
     thread_id: str
     tools: list[str]
     # Turns the thread holds; `items` are its last ones, `omitted` the earlier ones left out.
@@ -263,7 +265,32 @@ class ReadThreadResult(msgspec.Struct, tag_field="op", tag="read_thread"):
     instructions: str | None = None
 
 
-Result = RespondResult | CloseThreadResult | CancelResult | PingResult | StatusResult | ReadThreadResult
+# --- the operations -----------------------------------------------------------
+# Every operation of the pipe as its request and the result of its ok reply (both tagged by its
+# op): the one list the request and result unions, the op names and the error's names come from.
+# The core states its own list (its facts' "operations"); tests/python/test_agreement.py holds
+# the two to each other.
+OPERATIONS: tuple[tuple[type[PipeRequest], type[PipeResult]], ...] = (
+    (Respond, RespondResult),
+    (CloseThread, CloseThreadResult),
+    (Cancel, CancelResult),
+    (Status, StatusResult),
+    (ReadThread, ReadThreadResult),
+    (Ping, PingResult),
+)
+
+
+def op_name(message: type[PipeRequest] | type[PipeResult]) -> str:
+    tag = message.__struct_config__.tag
+    assert isinstance(tag, str), message
+    return tag
+
+
+assert all(op_name(request) == op_name(result) for request, result in OPERATIONS), "a result tagged by another op"
+OP_NAMES = tuple(op_name(request) for request, _ in OPERATIONS)
+# For msgspec's one-pass decoding (and a request's encoding): the unions of the list above.
+Request = Union[tuple(request for request, _ in OPERATIONS)]  # type: ignore[valid-type]
+Result = Union[tuple(result for _, result in OPERATIONS)]  # type: ignore[valid-type]
 
 
 class Reply(msgspec.Struct, tag_field="event", tag="reply"):
@@ -293,7 +320,7 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(CoreMessage)
 
 
-def encode_payload(message: Request) -> bytes:
+def encode_payload(message: PipeRequest) -> bytes:
     return _encoder.encode(message)
 
 
@@ -303,7 +330,7 @@ def frame(payload: bytes) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
-def encode(message: Request) -> bytes:
+def encode(message: PipeRequest) -> bytes:
     """One whole frame for a shim -> core message."""
     return frame(encode_payload(message))
 
@@ -317,8 +344,7 @@ def decode_message(payload: bytes | memoryview) -> CoreMessage:
         raise ProtocolError(f"undecodable {_meant(payload)} from the core: {exc}") from None
 
 
-_RESULT_NAMES = {t.__struct_config__.tag: t.__name__
-                 for t in (RespondResult, CloseThreadResult, CancelResult, PingResult, StatusResult, ReadThreadResult)}
+_RESULT_NAMES = {op_name(result): result.__name__ for _, result in OPERATIONS}
 
 
 def _meant(payload: bytes | memoryview) -> str:

@@ -1,4 +1,4 @@
-"""What a task is, apart from running it (tasks.py): the two generations' words and wisp's
+"""What a task is, apart from running it (mcp/tasks.py): the two generations' words and wisp's
 bounds, a task's record and its fields on the wire, the job a call hands over, and whose a task is."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, RequestParams
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from . import config
+from .. import config
 
 LEGACY = "2025-11-25"
 MODERN = "2026-07-28"
@@ -76,7 +76,7 @@ P = TypeVar("P")
 
 @dataclass
 class Job(Generic[P]):
-    """What server.py hands over for one `respond` call: `prepare` checks it (a tool error comes
+    """What mcp/server.py hands over for one `respond` call: `prepare` checks it (a tool error comes
     back as a CallToolResult, else the prepared call), `run` runs a prepared call with a progress
     sender (value, message), a stop signal and a callback for when it is queued, and
     `thread_id` names the thread a prepared call continues (None: a new one)."""

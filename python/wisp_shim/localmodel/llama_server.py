@@ -1,4 +1,4 @@
-"""Running llama.cpp's server for wisp, compiled or the xllamacpp wheel's (llama_install.py):
+"""Running llama.cpp's server for wisp, compiled or the xllamacpp wheel's (localmodel/llama_install.py):
 its command line (slots, context, CPU threads), its process (own process group, PR_SET_PDEATHSIG
 on Linux), its key, its log, its health, the restart when it dies, its stop (SIGTERM, then
 SIGKILL), how its exit reads in an error, and `verify`: one real decode, which proves a server
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from .. import config
 from .llama_install import NATIVE, XLLAMACPP, LocalModelError, ServerProgram
 from .xllamacpp_server import API_KEY_ENV, CANNOT_LOAD
 

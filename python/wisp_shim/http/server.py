@@ -1,15 +1,15 @@
 """`--http HOST:PORT`: one wisp for every MCP client on the machine, over MCP's streamable HTTP:
-the address, the app and the server's lifecycle.
+the app and the server's lifecycle (its settings, the address among them, are options.py's).
 
 The `mcp` SDK serves the protocol (`StreamableHTTPSessionManager`: 2025-11-25 clients with
 sessions and their SSE streams, 2026-07-28 clients one request at a time), checks Host and
 Origin (DNS rebinding), bounds request body size, sessions and idle time; uvicorn serves HTTP,
-through http_guards.py's connection (deadlines, connection caps, the token's check from
-http_token.py, body budgets). Decided here: which address may be bound, the bounds' values,
+through http/guards.py's connection (deadlines, connection caps, the token's check from
+http/token.py, body budgets). Decided here: which address may be bound, the bounds' values,
 one `Core` (one core, one model, one thread registry) behind every session, what a dropped
 connection means, and the lifecycle.
 
-The tools are the stdio server's own (server.py's `build_server`): one `Server` object serves
+The tools are the stdio server's own (mcp/server.py's `build_server`): one `Server` object serves
 every session, and each call reads its own session's roots and reports progress to it.
 """
 
@@ -22,145 +22,41 @@ import logging
 import signal
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
-from . import protocol
-from .client import Core
-from .core_process import CoreLaunch
-from .http_token import HttpConfigError, Token, load_token
+from ..core import protocol
+from ..core.client import Core
+from ..core.process import CoreLaunch
+from .options import MCP_PATH, Bind, HttpOptions, security_settings
+from .token import HttpConfigError
 
-# The SDK's HTTP side, starlette, uvicorn (and so http_guards.py and request_ids.py) and the stdlib modules only
-# the shared server needs are imported where they are used: a stdio wisp, which imports this
-# module for its flags, must not pay for them at every start.
+# The SDK's HTTP side, starlette, uvicorn (and so guards.py and transport/request_ids.py) and the
+# stdlib modules only the shared server needs are imported where they are used: a stdio wisp,
+# whose __main__ imports this module, must not pay for them at
+# every start.
 if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-    from mcp.server.transport_security import TransportSecuritySettings
     from starlette.applications import Starlette
     from starlette.types import Message, Receive, Scope, Send
 
-    from .http_guards import BodyBudgets, Claim
-
-__all__ = ["HttpConfigError", "Token", "load_token"]  # --http's settings, for __main__.py
+    from .guards import BodyBudgets, Claim
 
 log = logging.getLogger("wisp.http")
 
-MCP_PATH = "/mcp"
-DEFAULT_HTTP = "127.0.0.1:8765"
-# A tools/call whose arguments fit wisp's frame limit (protocol.py) fits in this body with
+# A tools/call whose arguments fit wisp's frame limit (core/protocol.py) fits in this body with
 # room for the JSON-RPC envelope; a larger body could not be served anyway: 413 before parsing.
 MAX_BODY_BYTES = protocol.MAX_FRAME_BYTES + 1024 * 1024
-DEFAULT_MAX_SESSIONS = 64
-DEFAULT_SESSION_IDLE_S = 30 * 60.0
 # On a stop signal, after the core is down: how long open connections (SSE streams) get to
-# close before the process exits anyway; the core's own stop is bounded by core_process.py.
+# close before the process exits anyway; the core's own stop is bounded by core/process.py.
 SHUTDOWN_GRACE_S = 0.5
 # The SDK's MCP_SESSION_ID_HEADER, as ASGI spells header names.
 SESSION_HEADER = b"mcp-session-id"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-# --- the address ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Bind:
-    host: str  # as given, without brackets
-    port: int
-
-    @property
-    def loopback(self) -> bool:
-        return is_loopback(self.host)
-
-    def url(self, port: int | None = None) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port if port is None else port}{MCP_PATH}"
-
-
-def parse_bind(text: str) -> Bind:
-    """HOST:PORT, with an IPv6 host in brackets ([::1]:8765)."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise HttpConfigError(f"--http {text!r}: expected HOST:PORT, e.g. --http {DEFAULT_HTTP}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise HttpConfigError(f"--http {text!r}: write an IPv6 address in brackets, e.g. --http [::1]:8765")
-    try:
-        port = int(port_text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise HttpConfigError(f"--http {text!r}: the port must be a number from 0 to 65535 (0: any free port)")
-    return Bind(host, port)
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(bind: Bind, allow_remote: bool) -> None:
-    if not bind.loopback and not allow_remote:
-        raise HttpConfigError(
-            f"--http {bind.host}:{bind.port} is not a loopback address: other machines could reach wisp there. "
-            "Bind 127.0.0.1, ::1 or localhost, or pass --allow-remote to serve the network on purpose "
-            "(then put a TLS proxy in front: wisp speaks plain HTTP)."
-        )
-
-
-def _host_names(bind: Bind) -> list[str]:
-    """The names a client may put in Host for this server. A DNS rebinding attack needs a DNS
-    name that resolves to this machine, so loopback literals and `localhost` are safe to add."""
-    host = bind.host
-    if bind.loopback:
-        # `localhost` is served on 127.0.0.1 (listen).
-        if host.lower() == "localhost":
-            return ["localhost", "127.0.0.1"]
-        return ["localhost", f"[{host}]" if ":" in host else host]
-    if host in ("0.0.0.0", "::"):
-        # Every address of the machine: its names, and loopback.
-        names = {"localhost", "127.0.0.1", "[::1]", socket.gethostname(), socket.getfqdn()}
-        with contextlib.suppress(OSError):
-            for *_, addr in socket.getaddrinfo(socket.gethostname(), None):
-                ip = str(addr[0])
-                names.add(f"[{ip}]" if ":" in ip else ip)
-        return sorted(n for n in names if n)
-    return [f"[{host}]" if ":" in host else host]
-
-
-def security_settings(bind: Bind, port: int) -> TransportSecuritySettings:
-    """The SDK's DNS rebinding protection, on, for exactly this server's address and port:
-    a Host that is not it gets 421, an Origin that is present and not its origin gets 403."""
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    names = _host_names(bind)
-    hosts = [f"{n}:{port}" for n in names] + (names if port == 80 else [])
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=hosts,
-        allowed_origins=[f"http://{h}" for h in hosts],
-    )
-
-
 # --- between the guards and the SDK ---------------------------------------------------------
-
-
-@dataclass
-class HttpOptions:
-    bind: Bind
-    token: Token
-    eager: bool = False
-    max_sessions: int = DEFAULT_MAX_SESSIONS
-    session_idle_s: float = DEFAULT_SESSION_IDLE_S
 
 
 class _Sessions:
@@ -172,7 +68,7 @@ class _Sessions:
       resume it, which wisp, with no event store, cannot offer), so the disconnect is handed
       to the session as the client's `notifications/cancelled`. 2026-07-28 requests are
       cancelled by the SDK itself when their stream closes.
-    - Every POST's body is judged by request_ids.py before the SDK sees it: a batch, an id
+    - Every POST's body is judged by transport/request_ids.py before the SDK sees it: a batch, an id
       JSON-RPC does not allow, a member twice, and in a session an id whose request is still
       in flight, get 400 with a -32600 error and run nothing (the SDK would answer an odd id
       `202` and a reused one by overwriting the first request's reply stream).
@@ -183,7 +79,7 @@ class _Sessions:
 
     def __init__(self, manager: StreamableHTTPSessionManager, start_core: Callable[[], None], options: HttpOptions,
                  budgets: BodyBudgets) -> None:
-        from .http_guards import SessionIds
+        from .guards import SessionIds
 
         self.manager = manager
         self._budgets = budgets
@@ -203,8 +99,8 @@ class _Sessions:
                 tg.cancel_scope.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from . import request_ids
-        from .http_guards import OverBudget, make_budget_receive, read_body, refuse, unavailable
+        from ..transport import request_ids
+        from .guards import OverBudget, make_budget_receive, read_body, refuse, unavailable
 
         self._start_core()
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -371,7 +267,7 @@ def listen(bind: Bind) -> socket.socket:
 async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit_now: Callable[[], Any]) -> None:
     import uvicorn
 
-    from .server import build_server
+    from ..mcp.server import build_server
 
     sock = listen(options.bind)
     port = sock.getsockname()[1]
@@ -389,8 +285,8 @@ async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit
             started = True
             core.start()
 
-    from .http_guards import BodyBudgets, ConnectionGuard
-    from .http_token import Credentials
+    from .guards import BodyBudgets, ConnectionGuard
+    from .token import Credentials
 
     app = build_app(build_server(core, max_threads), start_core, options, port, BodyBudgets())
     guard = ConnectionGuard(Credentials(options.token.value))

@@ -26,8 +26,8 @@ import stat
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .loop import connect_read_pipe
-from .transport import screened
+from ..loop import connect_read_pipe
+from .guard import screened
 
 # One JSON-RPC line may carry a 16 MiB prompt, escaped; a longer line is cut here (and
 # answered as a parse error) rather than buffered without limit.
@@ -120,7 +120,7 @@ class _LineReader(asyncio.Protocol):
             self._paused = False
             self._transport.resume_reading()
         text = line.decode("utf-8", errors="replace")
-        # The SDK would read a request with an id such as 1.5 as a notification (transport.py).
+        # The SDK would read a request with an id such as 1.5 as a notification (transport/guard.py).
         return screened(text)
 
 

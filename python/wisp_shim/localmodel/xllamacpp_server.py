@@ -2,7 +2,7 @@
 command line (the part wisp uses), so that the shim starts, watches and stops either server
 the same way (llama_server.LocalModel).
 
-    python -m wisp_shim.xllamacpp_server -m MODEL.gguf --port N [-c N] [-np N] [-t N] [-tb N] ...
+    python -m wisp_shim.localmodel.xllamacpp_server -m MODEL.gguf --port N [-c N] [-np N] [-t N] [-tb N] ...
 
 The wheel compiles llama.cpp's `tools/server` into a Python extension: `xllamacpp.Server(params)`
 listens in threads of its own, so this process only fills the parameters, starts it and waits
@@ -27,7 +27,7 @@ API_KEY_ENV = "LLAMA_API_KEY"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m wisp_shim.xllamacpp_server", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m wisp_shim.localmodel.xllamacpp_server", description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--alias")
     ap.add_argument("--host", default="127.0.0.1")

@@ -10,14 +10,14 @@
   than MAX_IN_FLIGHT requests (and MAX_IN_FLIGHT_BYTES of their arguments, every value
   counted, plus the client's roots fetched for them) await their replies; past that, stdin is
   simply not read, and the client's writes block.
-- Request ids, as request_ids.py judges them. The budget counts requests, keyed exactly as the
+- Request ids, as transport/request_ids.py judges them. The budget counts requests, keyed exactly as the
   SDK correlates ids ("05" and 5 are one id), and a slot is freed when its request ends,
   answered or not (the SDK's `on_request_unanswered` hook covers a cancelled one, however its
   cancel spelled the id). A request whose id is already in flight is refused with -32600
   before the SDK sees it: the SDK would run both and send two replies under one id. A line
-  request_ids.py refuses (an id that is neither a string nor an int64 integer, which the SDK
+  transport/request_ids.py refuses (an id that is neither a string nor an int64 integer, which the SDK
   would read as a notification and never answer; a member twice; a batch) is marked by
-  stdio.py (`screened`) so that it is answered -32600 with id null, as JSON-RPC 2.0 asks.
+  transport/stdio.py (`screened`) so that it is answered -32600 with id null, as JSON-RPC 2.0 asks.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from mcp_types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError, JSO
 from . import request_ids
 from .request_ids import IdsInFlight, Refusal
 from .sdk_seams import bad_line, last_context, request_metadata
-from .tool_models import short
+from ..errors import short
 
 log = logging.getLogger("wisp.transport")
 
@@ -45,7 +45,7 @@ MAX_IN_FLIGHT_BYTES = 64 * 1024 * 1024
 _ID_RE = re.compile(r'"id"\s*:\s*(-?\d{1,18}(?![\d.eE])|"(?:[^"\\]|\\.){0,200}")')
 
 
-# What stdio.py hands the SDK in place of a line request_ids.py refuses: not JSON, so the SDK
+# What transport/stdio.py hands the SDK in place of a line transport/request_ids.py refuses: not JSON, so the SDK
 # reports it, and _answer_for knows it by this prefix (the rest is wisp's own message).
 _REFUSED = "\x00wisp refused: "
 
