@@ -12,6 +12,8 @@ public enum CoreFacts {
             "max_output_tokens": .number(JSONNumber(PipeServer.maxOutputTokens.upperBound)),
             "error_codes": .array(WispError.Code.allCases.map { .string($0.rawValue) }),
             "backends": .array(BackendKind.allCases.map { .string($0.rawValue) }),
+            // The `op` of every request the pipe reads, in the order the core declares them.
+            "operations": .array(Request.Op.allCases.map { .string($0.rawValue) }),
             "flags": .object(CoreConfig.ranges.map { flag, range in
                 var facts: [JSONMember] = [
                     JSONMember("minimum", .number(JSONNumber(range.lowerBound))),
