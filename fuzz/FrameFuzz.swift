@@ -40,7 +40,7 @@ public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
 
 func checkRequest(_ json: UnsafeRawBufferPointer) {
     let data = Data(json)
-    let theirs = try? JSONDecoder().decode(Request.self, from: data)
+    let theirs = try? JSONDecoder().request(from: data)
     let ours: Result<Request, JSONError>
     do throws(JSONError) { ours = .success(try PipeJSON.request(json)) } catch { ours = .failure(error) }
     switch (ours, theirs) {
