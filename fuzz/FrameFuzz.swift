@@ -6,8 +6,9 @@
 //   a key twice, a trailing comma, a fraction for an integer, non-JSON in a skipped value);
 // - a JSON value the reader takes is the one JSONSerialization reads, numbers compared
 //   exactly (an integer as an integer, any other number as the Double both round it to).
-// Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address with the Pipe sources, over the
-// framing and JSON sources of WispInfrastructure built as a module of their own).
+// Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address over WispCore's sources, with
+// this file and tests/swift/WispCoreTests/RequestCoding.swift, JSONDecoder's reading of a request,
+// in the module; WispInfrastructure built as a module of its own).
 import Foundation
 import WispInfrastructure
 
