@@ -224,11 +224,7 @@ public actor ThreadRegistry {
             // A thread whose first call is still running has nothing to copy yet, unless it is stored.
             if !copy.history.isEmpty { return copy }
         }
-        if let durability, let thread = try await stored(id) {
-            let tools = try durability.resolve(thread.tools, thread.roots)
-            return .init(binding: .init(instructions: thread.instructions, tools: tools, roots: thread.roots),
-                         history: thread.history)
-        }
+        if let durability, let thread = try await stored(id) { return try durability.live(thread) }
         throw WispError(.invalidArgument,
                 "fork_from: no thread '\(id)' (not live\(store != nil ? " or stored" : "")); " +
                 "list_threads shows the threads there are")
