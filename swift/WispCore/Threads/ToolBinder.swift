@@ -28,7 +28,8 @@ struct ToolBinder: Sendable {
     }
 
     private func unknown(_ name: String) -> WispError {
-        let listed = catalogue.isEmpty ? "this wisp has no model tools" : "valid tools: \(names.joined(separator: ", "))"
+        let listed = catalogue.isEmpty
+            ? "this wisp has no model tools" : "valid tools: \(names.joined(separator: ", "))"
         return WispError(.invalidArgument, "unknown tool \(name.preview.debugDescription); \(listed)")
     }
 }
