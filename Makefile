@@ -131,22 +131,25 @@ stress: build $(TEST_VENV)
 FUZZ_RUNS ?= 1000000
 SCHEMA_CASES ?= 100000
 FUZZ_OUT  := .build/fuzz
+# The request reader runs every operation's table, and an operation's file says how it runs
+# against the registry too: the frame fuzzer is built over every source of both modules, found,
+# not listed (the Apple backend's compile to nothing off macOS), as a module named WispCore (the
+# core's sources name themselves so).
+FUZZ_INFRA := $(shell find swift/WispInfrastructure -name '*.swift' | sort)
+FUZZ_CORE  := $(shell find swift/WispCore -name '*.swift' | sort)
 fuzz: venv core $(TEST_VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check 'atheris>=2.3'
 	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift $(FUZZ_OUT)/corpus-openai
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -emit-library -static -module-name WispInfrastructure \
-		swift/WispInfrastructure/Pipe/Frame.swift $(wildcard swift/WispInfrastructure/JSON/*.swift) \
-		swift/WispInfrastructure/Support/OutsideNumber.swift swift/WispInfrastructure/Support/BoundedText.swift \
-		swift/WispInfrastructure/HTTP/SSELineSplitter.swift \
+		-I swift/CSQLite $(FUZZ_INFRA) \
 		-emit-module-path $(FUZZ_OUT)/WispInfrastructure.swiftmodule -o $(FUZZ_OUT)/libWispInfrastructure.a
-	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/FrameFuzz.swift \
-		swift/WispCore/Pipe/Requests.swift swift/WispCore/Pipe/Messages.swift swift/WispCore/Pipe/PipeJSON.swift \
-		swift/WispCore/Pipe/RequestReader.swift swift/WispCore/Support/Errors.swift swift/WispCore/Support/Preview.swift \
-		$(FUZZ_OUT)/libWispInfrastructure.a -module-name FrameFuzz -o $(FUZZ_OUT)/frame-fuzz
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) -I swift/CSQLite fuzz/FrameFuzz.swift \
+		tests/swift/WispCoreTests/RequestCoding.swift $(FUZZ_CORE) \
+		$(FUZZ_OUT)/libWispInfrastructure.a -lsqlite3 -module-name WispCore -o $(FUZZ_OUT)/frame-fuzz
 	$(FUZZ_OUT)/frame-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-swift fuzz/corpus-swift
-	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) fuzz/OpenAIFuzz.swift \
-		swift/WispCore/Backends/OpenAI/OpenAIReplies.swift $(FUZZ_OUT)/libWispInfrastructure.a -module-name OpenAIFuzz -o $(FUZZ_OUT)/openai-fuzz
+	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) -I swift/CSQLite fuzz/OpenAIFuzz.swift \
+		swift/WispCore/Backends/OpenAI/OpenAIReplies.swift $(FUZZ_OUT)/libWispInfrastructure.a -lsqlite3 -module-name OpenAIFuzz -o $(FUZZ_OUT)/openai-fuzz
 	$(FUZZ_OUT)/openai-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-openai fuzz/corpus-openai
 	WISP_SCHEMA_CASES=$(SCHEMA_CASES) $(VPY) -m pytest -q tests/python/test_schema_differential.py
 

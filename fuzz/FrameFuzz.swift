@@ -6,8 +6,9 @@
 //   a key twice, a trailing comma, a fraction for an integer, non-JSON in a skipped value);
 // - a JSON value the reader takes is the one JSONSerialization reads, numbers compared
 //   exactly (an integer as an integer, any other number as the Double both round it to).
-// Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address with the Pipe sources, over the
-// framing and JSON sources of WispInfrastructure built as a module of their own).
+// Built and run by `make fuzz` (swiftc -sanitize=fuzzer,address over WispCore's sources, with
+// this file and tests/swift/WispCoreTests/RequestCoding.swift, JSONDecoder's reading of a request,
+// in the module; WispInfrastructure built as a module of its own).
 import Foundation
 import WispInfrastructure
 
@@ -40,7 +41,7 @@ public func fuzz(_ start: UnsafeRawPointer, _ count: Int) -> CInt {
 
 func checkRequest(_ json: UnsafeRawBufferPointer) {
     let data = Data(json)
-    let theirs = try? JSONDecoder().decode(Request.self, from: data)
+    let theirs = try? JSONDecoder().request(from: data)
     let ours: Result<Request, JSONError>
     do throws(JSONError) { ours = .success(try PipeJSON.request(json)) } catch { ours = .failure(error) }
     switch (ours, theirs) {

@@ -109,7 +109,7 @@ let (incoming, continuation) = AsyncStream<RequestReader.Item>.makeStream(buffer
 Task(executorPreference: loop) { [server, incoming] in
     for await item in incoming {
         switch item {
-        case .request(let request): await server.handle(request)
+        case .request(let request): await server.handle(request.operation)
         case .rejected(let id, let message): server.reject(id: id, message)
         }
     }

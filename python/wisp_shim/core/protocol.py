@@ -1,7 +1,7 @@
 """The pipe protocol between the shim and wisp-core, version 2 (ARCHITECTURE.md).
 
 One msgspec Struct per message, under the same names as the Swift side
-(swift/WispCore/Pipe/Requests.swift and Messages.swift); keep the two in step. Frames are a
+(swift/WispCore/Pipe/Operations/, one file per operation, and Messages.swift); keep the two in step. Frames are a
 4-byte unsigned big-endian length followed by that many bytes of UTF-8 JSON.
 
 Every message is tagged, so each direction decodes in one pass: shim -> core messages
@@ -54,7 +54,7 @@ class RespondOptions(msgspec.Struct, omit_defaults=True):
 
 def monotonic_now() -> float:
     """The pipe's clock for RespondOptions.deadline: CLOCK_MONOTONIC, which the core reads too
-    (Requests.swift's monotonicSeconds says why that one). Not time.monotonic(), which on macOS
+    (Operations/Respond.swift's monotonicSeconds says why that one). Not time.monotonic(), which on macOS
     is another clock (mach_absolute_time, stopped while the machine sleeps)."""
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 

@@ -2,11 +2,11 @@ import WispInfrastructure
 
 /// The pipe's messages in JSON, through the core's one codec (WispInfrastructure/JSON/JSON.swift).
 ///
-/// A message's fields are declared once, in its `fields` table (beside the struct, in
-/// Requests.swift or Messages.swift): the reader and the writer both come from that table, so a
-/// new field is its property and one line there. Reading goes straight into the message's type (no tree is built); a
-/// request's `op` is read first (at once when it is the first key, as the shim writes it) and
-/// picks the table for the rest.
+/// A message's fields are declared once, in its `fields` table (beside the struct: in its
+/// operation's file in Operations/, or in Messages.swift): the reader and the writer both come
+/// from that table, so a new field is its property and one line there. Reading goes straight
+/// into the message's type (no tree is built); a request's `op` is read first (at once when it is the first key, as the shim writes it) and
+/// picks its operation's table (`PipeOperations`) for the rest.
 ///
 /// The reader alone decides: a frame it does not read as a request is answered by
 /// `RequestReader` (rejected with the reason, or a protocol error). Unknown keys are skipped, as
@@ -16,16 +16,8 @@ public enum PipeJSON {
     /// The request in `bytes`, or why it is not one.
     public static func request(_ bytes: UnsafeRawBufferPointer) throws(JSONError) -> Request {
         var r = JSONReader(bytes)
-        guard let op = try r.member("op", Request.Op.read) else { throw JSONError.missing("op") }
-        let request: Request
-        switch op {
-        case .respond: request = .respond(try Respond.read(&r))
-        case .close_thread: request = .closeThread(try CloseThread.read(&r))
-        case .cancel: request = .cancel(try Cancel.read(&r))
-        case .status: request = .status(try Status.read(&r))
-        case .read_thread: request = .readThread(try ReadThread.read(&r))
-        case .ping: request = .ping(try Ping.read(&r))
-        }
+        guard let read = try r.member("op", PipeOperations.reader) else { throw JSONError.missing("op") }
+        let request = Request(try read(&r))
         try r.end()
         return request
     }
@@ -180,19 +172,6 @@ extension Array: PipeValue where Element: PipeValue {
         try r.array { r throws(JSONError) in try Element.read(&r) }
     }
     public func write(to w: inout JSONWriter) { w.array(self) { w, item in item.write(to: &w) } }
-}
-
-extension Request.Op: PipeValue {
-    public static func read(_ r: inout JSONReader) throws(JSONError) -> Request.Op {
-        let name = try r.string()
-        guard let op = Request.Op(rawValue: name) else {
-            let all = Request.Op.allCases.map(\.rawValue)
-            let listed = all.dropLast().joined(separator: ", ") + " or " + all.last!
-            throw JSONError("unknown op '\(name.preview)' (\(listed))", at: -1)
-        }
-        return op
-    }
-    public func write(to w: inout JSONWriter) { w.string(rawValue) }
 }
 
 // MARK: writing

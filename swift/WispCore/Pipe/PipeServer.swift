@@ -29,10 +29,6 @@ public final class PipeServer: Sendable {
 
     /// The one task that enforces every call's time limit (see `watch`); nil while no call has one.
     private let watchdog = Locked<Task<Void, Never>?>(nil)
-    /// `read_thread`'s bound on the turns' text when the request gives none.
-    static let readThreadBytes = 64 * 1024
-    /// What `max_output_tokens` may be: a token count (stated in the core's facts).
-    static let maxOutputTokens = 1...TokenCount.range.upperBound
     /// How often the watchdog looks: a time limit fires at most this late.
     private static let watchInterval = Duration.milliseconds(50)
 
@@ -51,53 +47,18 @@ public final class PipeServer: Sendable {
                     version: version, durable: registry.store != nil))
     }
 
-    /// Handles one request. Call in arrival order and await each: that is what keeps calls on
+    /// Serves one request. Call in arrival order and await each: that is what keeps calls on
     /// one thread in arrival order. It returns as soon as a `respond` has its place in line.
-    public func handle(_ request: Request) async {
-        switch request {
-        case .respond(let r):
-            await accept(r)
-        case .closeThread(let c):
-            do {
-                let closed = try await registry.close(c.thread_id)
-                write(Reply.success(c.id, CloseThreadResult(thread_id: c.thread_id, closed: closed)))
-            } catch {
-                fail(c.id, WispError.from(error))
-            }
-        case .cancel(let c):
-            write(Reply.success(c.id, CancelResult(cancelled: stop(c.request, because: .cancelled))))
-        case .ping(let m):
-            write(Reply.success(m.id, PingResult()))
-        case .status(let s):
-            // In its own task: asking a backend about itself can take seconds (an endpoint that
-            // does not answer), and the dispatcher must keep taking calls and cancels meanwhile.
-            Task {
-                let page: (threads: [ThreadInfo], next: String?)
-                do {
-                    page = try await registry.list(query: s.query, limit: s.limit, cursor: s.cursor)
-                } catch {
-                    return fail(s.id, WispError.from(error))
-                }
-                let availability = await backend.availability()
-                write(Reply.success(s.id, StatusResult(
-                    backend: backend.name, model: backend.model, available: availability.available,
-                    reason: availability.reason, context_size: await backend.contextSize(),
-                    max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
-                    tools: registry.toolNames, state_dir: registry.store?.location, state_error: registry.storeError,
-                    next_cursor: page.next, usage: await registry.usage.map { UsageBody(totals: $0) },
-                    context_note: await backend.contextNote())))
-            }
-        case .readThread(let m):
-            // In its own task: a stored thread is read from disk.
-            Task {
-                do {
-                    let result = try await registry.read(m.thread_id, last: m.last,
-                                                         maxBytes: m.max_bytes ?? Self.readThreadBytes)
-                    write(Reply.success(m.id, result))
-                } catch {
-                    fail(m.id, WispError.from(error))
-                }
-            }
+    public func handle(_ operation: any PipeOperation) async {
+        await operation.serve(on: self)
+    }
+
+    /// Replies to `operation` with what it runs to, or its error.
+    func answer<Operation: AnsweredOperation>(_ operation: Operation) async {
+        do throws(WispError) {
+            write(Reply.success(operation.id, try await operation.run(on: self)))
+        } catch {
+            fail(operation.id, error)
         }
     }
 
@@ -141,29 +102,10 @@ public final class PipeServer: Sendable {
 
     // MARK: respond
 
-    private func accept(_ r: Respond) async {
-        guard !r.prompt.isEmpty else {
-            return fail(r.id, WispError(.invalidArgument, "prompt must not be empty"))
-        }
-        if let level = r.options?.reasoning, ReasoningLevel(rawValue: level) == nil {
-            let levels = ReasoningLevel.allCases.map(\.rawValue).joined(separator: ", ")
-            return fail(r.id,
-                        WispError(.invalidArgument, "reasoning must be one of \(levels), got '\(level.preview)'"))
-        }
-        if let n = r.rewind, n < 1 {
-            return fail(r.id, WispError(.invalidArgument, "rewind must be at least 1, got \(n)"))
-        }
-        if r.rewind != nil, r.thread_id == nil, r.fork_from == nil {
-            return fail(r.id,
-                    WispError(.invalidArgument, "rewind takes back turns of an existing thread: name it in thread_id"))
-        }
-        // The shim checks it too; the core trusts no number off the pipe (`max_tokens` goes to a server).
-        if let n = r.options?.max_output_tokens, !Self.maxOutputTokens.contains(n) {
-            let most = Self.maxOutputTokens.upperBound
-            return fail(r.id,
-                        WispError(.invalidArgument, "max_output_tokens must be an integer from 1 to \(most), got \(n)"))
-        }
-        let deadline = Self.deadline(r.options)
+    /// Takes `r`'s id and its place in its thread's line, and starts its task (`run`).
+    func accept(_ r: Respond) async {
+        do throws(WispError) { try r.check() } catch { return fail(r.id, error) }
+        let deadline = r.deadline
         // Read after its limit ran out (the core was stopped, or busy, while it queued): the shim
         // has told the caller it timed out, so it must change nothing, not even create its thread.
         if let deadline, deadline <= monotonicSeconds() {
@@ -179,27 +121,13 @@ public final class PipeServer: Sendable {
         }
         if deadline != nil { startWatchdog() }
 
-        // Before the thread is accepted, so a bad schema neither creates a thread nor reaches a
-        // model; off the pipe loop (its patterns are compiled).
-        let schema: OutputSchema?
-        do {
-            if let text = r.schema {
-                // The dispatcher's own job: the requests after this one (cancels too) wait for it.
-                schema = try await offPipeLoop(as: .dispatcher) { () throws(WispError) in try OutputSchema(text: text) }
-            } else {
-                schema = nil
-            }
+        let schema: OutputSchema?, acceptance: ThreadRegistry.Acceptance
+        do throws(WispError) {
+            schema = try await Self.schema(r)
+            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools,
+                                                   roots: r.roots, forkFrom: r.fork_from, rewinding: r.rewind != nil)
         } catch {
             return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, error)))
-        }
-
-        let acceptance: ThreadRegistry.Acceptance
-        do {
-            acceptance = try await registry.accept(threadID: r.thread_id, instructions: r.instructions, tools: r.tools,
-                                                   roots: r.roots,
-                                                   forkFrom: r.fork_from, rewinding: r.rewind != nil)
-        } catch {
-            return ended(r.id, reply: Frame.encode(ErrorReply.failure(r.id, WispError.from(error))))
         }
         // Before this call's reply, so the shim never takes the evicted thread for alive.
         if let evicted = acceptance.evicted { write(Evicted(thread_id: evicted)) }
@@ -213,12 +141,12 @@ public final class PipeServer: Sendable {
         if stoppedEarly { task.cancel() }
     }
 
-    /// The call's deadline: the shim's, else its limit counted from now (a shim or test that
-    /// sends only `timeout_s`); none for no positive limit.
-    private static func deadline(_ options: RespondOptions?) -> Double? {
-        if let deadline = options?.deadline { return deadline }
-        guard let seconds = options?.timeout_s, seconds > 0 else { return nil }
-        return monotonicSeconds() + seconds
+    /// The call's schema, compiled before its thread is accepted, so a bad schema neither
+    /// creates a thread nor reaches a model; off the pipe loop (its patterns are compiled), as
+    /// the dispatcher's own job: the requests after this one (cancels too) wait for it.
+    private static func schema(_ r: Respond) async throws(WispError) -> OutputSchema? {
+        guard let text = r.schema else { return nil }
+        return try await offPipeLoop(as: .dispatcher) { () throws(WispError) in try OutputSchema(text: text) }
     }
 
     private func run(_ r: Respond, _ acceptance: ThreadRegistry.Acceptance, schema: OutputSchema?) async {
@@ -322,7 +250,7 @@ public final class PipeServer: Sendable {
 
     /// Stops an in-flight call. False when no such call is in flight, or its turn is already
     /// being committed (it ends as if the stop had come after its reply).
-    private func stop(_ id: Int, because code: WispError.Code) -> Bool {
+    func stop(_ id: Int, because code: WispError.Code) -> Bool {
         switch calls.withLock({ $0.byID[id]?.stop(code) }) {
         case .stopped(let task)?:
             task?.cancel()

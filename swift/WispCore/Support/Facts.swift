@@ -9,11 +9,11 @@ public enum CoreFacts {
         [
             "protocol": .number(JSONNumber(protocolVersion)),
             "max_frame_bytes": .number(JSONNumber(maxFrameBytes)),
-            "max_output_tokens": .number(JSONNumber(PipeServer.maxOutputTokens.upperBound)),
+            "max_output_tokens": .number(JSONNumber(Respond.maxOutputTokens.upperBound)),
             "error_codes": .array(WispError.Code.allCases.map { .string($0.rawValue) }),
             "backends": .array(BackendKind.allCases.map { .string($0.rawValue) }),
             // The `op` of every request the pipe reads, in the order the core declares them.
-            "operations": .array(Request.Op.allCases.map { .string($0.rawValue) }),
+            "operations": .array(PipeOperations.names.map { .string($0) }),
             "flags": .object(CoreConfig.ranges.map { flag, range in
                 var facts: [JSONMember] = [
                     JSONMember("minimum", .number(JSONNumber(range.lowerBound))),

@@ -42,6 +42,14 @@ public actor ConversationThread {
             self.store = store
             self.resolve = resolve
         }
+
+        /// A stored thread as a live one starts from, its tools resolved again: the one way from
+        /// stored to live (a fork of a stored thread, a resume, a reload).
+        func live(_ stored: StoredThread) throws(WispError) -> Copy {
+            Copy(binding: Binding(instructions: stored.instructions, tools: try resolve(stored.tools, stored.roots),
+                                  roots: stored.roots),
+                 history: stored.history)
+        }
     }
 
     /// A place in this thread's line, handed out in arrival order by `enqueue()`.
@@ -120,11 +128,7 @@ public actor ConversationThread {
     /// in them (its turn is staged, not committed). A durable thread another process stored since
     /// this one last looked is read from the store.
     public func copy() async throws(WispError) -> Copy {
-        if let durability, case .loaded(let stored, _) = try await newerStored() {
-            let tools = try durability.resolve(stored.tools, stored.roots)
-            return Copy(binding: Binding(instructions: stored.instructions, tools: tools, roots: stored.roots),
-                        history: stored.history)
-        }
+        if let durability, case .loaded(let stored, _) = try await newerStored() { return try durability.live(stored) }
         return Copy(binding: Binding(instructions: conversation.instructions, tools: conversation.tools, roots: roots),
                     history: conversation.history, condensed: conversation.condensedAway)
     }
@@ -290,9 +294,7 @@ public actor ConversationThread {
             state.settle(.inStep(nil))
         }
         guard durability != nil, let lease, state != .closed else { return outcome }
-        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
-                                  roots: roots,
-                                  history: conversation.history)
+        let thread = asStored
         // The store holds the history but this turn (a rewind's kept turns are a prefix of it)
         // unless turns were dropped, kept in memory only, or the thread is a new fork.
         let kept = outcome.dropped > 0 || before.state.holdsUnstoredTurns || firstOfFork ? 0 : thread.history.count - 1
@@ -314,6 +316,12 @@ public actor ConversationThread {
         return outcome
     }
 
+    /// This thread as the store keeps it: the one way from live to stored.
+    private var asStored: StoredThread {
+        StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name), roots: roots,
+                     history: conversation.history)
+    }
+
     /// Stores a thread that holds turns the store missed, whole, when no call is running on it
     /// (the store works again). True when it is stored now.
     public func storeUnstored() async -> Bool {
@@ -323,9 +331,7 @@ public actor ConversationThread {
         guard case .ahead(let version) = state, let lease = try? await durability.store.lease(id) else {
             return !holdsUnstoredTurns
         }
-        let thread = StoredThread(instructions: conversation.instructions, tools: conversation.tools.map(\.name),
-                                  roots: roots,
-                                  history: conversation.history)
+        let thread = asStored
         if let written = try? await lease.commit(thread, kept: 0, after: version, usage: Usage()) {
             state.settle(.inStep(written))
         }
@@ -344,15 +350,15 @@ public actor ConversationThread {
                                         tools: conversation.tools, affinity: affinity)
             state.settle(.inStep(nil))
         case .loaded(let stored, let loaded):
-            let tools: [ModelTool]
+            let live: Copy
             do {
-                tools = try durability.resolve(stored.tools, stored.roots)
+                live = try durability.live(stored)
             } catch {
                 throw await lease?.setAside("it is bound to tools this wisp cannot give it (\(error.message))") ?? error
             }
-            conversation = Conversation(backend: backend, instructions: stored.instructions, tools: tools,
-                                        history: stored.history, affinity: affinity)
-            roots = stored.roots
+            conversation = Conversation(backend: backend, instructions: live.binding.instructions,
+                                        tools: live.binding.tools, history: live.history, affinity: affinity)
+            roots = live.binding.roots
             state.settle(.inStep(loaded))
         }
     }

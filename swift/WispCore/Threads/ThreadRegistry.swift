@@ -49,9 +49,7 @@ public actor ThreadRegistry {
     public nonisolated let capacity: Int
     public nonisolated let maxQueue: Int
     private let backend: any ModelBackend
-    private let catalogue: [String: ModelTool]
-    /// The catalogue again, confined to the default roots plus the given ones (a client's roots).
-    private let catalogueWithRoots: (@Sendable ([String]) -> [ModelTool])?
+    private let tools: ToolBinder
     /// Where `respond`'s `files` may come from (with the calling client's roots added).
     public nonisolated let fileRoots: Roots
     private var entries: [String: Entry] = [:]
@@ -75,12 +73,11 @@ public actor ThreadRegistry {
                 store: (any ThreadStore)? = nil, storeError: String? = nil) {
         self.store = store
         self.startError = storeError
-        self.catalogueWithRoots = toolsWithRoots
         self.fileRoots = fileRoots
         self.backend = backend
         self.capacity = max(1, capacity)
         self.maxQueue = max(0, maxQueue)
-        self.catalogue = Dictionary(tools.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
+        self.tools = ToolBinder(tools, withRoots: toolsWithRoots)
     }
 
     // MARK: ids
@@ -227,11 +224,7 @@ public actor ThreadRegistry {
             // A thread whose first call is still running has nothing to copy yet, unless it is stored.
             if !copy.history.isEmpty { return copy }
         }
-        if let durability, let thread = try await stored(id) {
-            let tools = try durability.resolve(thread.tools, thread.roots)
-            return .init(binding: .init(instructions: thread.instructions, tools: tools, roots: thread.roots),
-                         history: thread.history)
-        }
+        if let durability, let thread = try await stored(id) { return try durability.live(thread) }
         throw WispError(.invalidArgument,
                 "fork_from: no thread '\(id)' (not live\(store != nil ? " or stored" : "")); " +
                 "list_threads shows the threads there are")
@@ -275,32 +268,14 @@ public actor ThreadRegistry {
     /// What a thread created by this call is bound to; empty means none.
     private func binding(instructions: String?, tools toolNames: [String]?,
                          roots: [String]?) throws(WispError) -> ConversationThread.Binding {
-        var tools = try resolve(toolNames ?? [])
-        if !tools.isEmpty, let roots, !roots.isEmpty, let catalogueWithRoots {
-            let names = Set(tools.map(\.name))
-            tools = catalogueWithRoots(roots).filter { names.contains($0.name) }
-        }
+        let tools = try self.tools.tools(toolNames ?? [], roots: roots ?? [])
         return ConversationThread.Binding(instructions: instructions.flatMap { $0.isEmpty ? nil : $0 }, tools: tools,
                                           roots: !tools.isEmpty ? roots ?? [] : [])
     }
 
     private var durability: ConversationThread.Durability? {
         guard let store else { return nil }
-        let catalogue = catalogue, catalogueWithRoots = catalogueWithRoots
-        return ConversationThread.Durability(store: store) { (names: [String],
-                                                              roots: [String]) throws(WispError) -> [ModelTool] in
-            var tools: [ModelTool] = []
-            for name in names {
-                guard let tool = catalogue[name] else { throw WispError(.invalidArgument,
-                                                                        "unknown tool \(name.debugDescription)") }
-                tools.append(tool)
-            }
-            if !tools.isEmpty, !roots.isEmpty, let catalogueWithRoots {
-                let wanted = Set(names)
-                tools = catalogueWithRoots(roots).filter { wanted.contains($0.name) }
-            }
-            return tools
-        }
+        return ConversationThread.Durability(store: store, resolve: tools.tools)
     }
 
     /// Client roots must be local paths a model tool can be confined to, and not too many:
@@ -329,7 +304,7 @@ public actor ThreadRegistry {
 
     public func contains(_ threadID: String) -> Bool { entries[threadID] != nil }
 
-    public nonisolated var toolNames: [String] { catalogue.keys.sorted() }
+    public nonisolated var toolNames: [String] { tools.names }
 
     public var count: Int { entries.count }
 
@@ -425,21 +400,6 @@ public actor ThreadRegistry {
     }
 
     private func storingDone() { storing = nil }
-
-    private func resolve(_ names: [String]) throws(WispError) -> [ModelTool] {
-        var tools: [ModelTool] = []
-        for name in names {
-            guard let tool = catalogue[name] else {
-                let valid = catalogue.keys.sorted()
-                let listed = valid.isEmpty
-                    ? "this wisp has no model tools" : "valid tools: \(valid.joined(separator: ", "))"
-                let shown = name.preview
-                throw WispError(.invalidArgument, "unknown tool \(shown.debugDescription); \(listed)")
-            }
-            if !tools.contains(where: { $0.name == name }) { tools.append(tool) }
-        }
-        return tools
-    }
 
     /// Evicts the least recently used thread, preferring an idle one; returns its id. A thread
     /// holding answered turns the store could not take is never evicted (they would be lost):

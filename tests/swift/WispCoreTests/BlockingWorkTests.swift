@@ -57,8 +57,8 @@ extension WholePool {
         let limit = 0.5
         let clock = ContinuousClock()
         let start = clock.now
-        await server.handle(.respond(Respond(id: 1, prompt: "read it", thread_id: "durable",
-                                             options: RespondOptions(timeout_s: limit), files: ["small.txt"])))
+        await server.handle(Respond(id: 1, prompt: "read it", thread_id: "durable",
+                                             options: RespondOptions(timeout_s: limit), files: ["small.txt"]))
         let reply = await wire.reply(1, within: .seconds(30))
         let took = seconds(clock.now - start)
         let stillBusy = !hold.isOpen
@@ -70,8 +70,8 @@ extension WholePool {
         #expect(took < limit + 1.0, "answered after \(took) s, its limit \(limit) s")
         #expect(await !server.registry.contains("durable"), "a call stopped before its turn leaves no thread")
         // With the pool free again, the same call is served.
-        await server.handle(.respond(Respond(id: 2, prompt: "read it", thread_id: "durable",
-                                             options: RespondOptions(timeout_s: 10), files: ["small.txt"])))
+        await server.handle(Respond(id: 2, prompt: "read it", thread_id: "durable",
+                                             options: RespondOptions(timeout_s: 10), files: ["small.txt"]))
         let served = await wire.reply(2)
         #expect(served.ok && served.body["text"] as? String == "echo 1: read it\nfile small.txt: one small line", "\(served.body)")
     }

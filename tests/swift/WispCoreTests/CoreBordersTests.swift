@@ -71,7 +71,7 @@ let hostileShapes: [(String, String)] = [
     @Test func aHostileReasoningLevelIsQuotedBounded() async throws {
         let (server, wire) = pipeServer(EchoBackend())
         for (k, (shape, text)) in hostileShapes.enumerated() {
-            await server.handle(.respond(Respond(id: k + 1, prompt: "p", options: RespondOptions(reasoning: text))))
+            await server.handle(Respond(id: k + 1, prompt: "p", options: RespondOptions(reasoning: text)))
             let reply = await wire.reply(k + 1)
             let message = try #require(reply.body["message"] as? String)
             #expect(!reply.ok && message.hasPrefix("reasoning must be one of"), "\(shape)")

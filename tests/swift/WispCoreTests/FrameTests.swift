@@ -6,12 +6,12 @@ import WispInfrastructure
 
 @Suite struct Frames {
     let requests: [Request] = [
-        .respond(Respond(id: 1, prompt: "héllo 🙂", thread_id: "t", instructions: "i", tools: ["read_file"],
+        Request(Respond(id: 1, prompt: "héllo 🙂", thread_id: "t", instructions: "i", tools: ["read_file"],
                          options: RespondOptions(temperature: 0.5, max_output_tokens: 10, timeout_s: 2.5), progress: true)),
-        .respond(Respond(id: 2, prompt: "bare")),
-        .closeThread(CloseThread(id: 3, thread_id: "t")),
-        .cancel(Cancel(id: 4, request: 1)),
-        .status(Status(id: 5)),
+        Request(Respond(id: 2, prompt: "bare")),
+        Request(CloseThread(id: 3, thread_id: "t")),
+        Request(Cancel(id: 4, request: 1)),
+        Request(Status(id: 5)),
     ]
 
     func stream() throws -> [UInt8] {
@@ -22,7 +22,7 @@ import WispInfrastructure
         var decoder = FrameDecoder()
         var out: [Request] = []
         for chunk in chunks {
-            for payload in try decoder.feed(chunk) { out.append(try JSONDecoder().decode(Request.self, from: Data(payload))) }
+            for payload in try decoder.feed(chunk) { out.append(try JSONDecoder().request(from: Data(payload))) }
         }
         try decoder.finish()
         return out
@@ -74,7 +74,7 @@ import WispInfrastructure
         let frames = try d.feed(Frame.encode(payload: Array(payload.utf8)))
         #expect(frames.count == 1)
         let frame = try #require(frames.first)
-        #expect(throws: (any Error).self) { try JSONDecoder().decode(Request.self, from: Data(frame)) }
+        #expect(throws: (any Error).self) { try JSONDecoder().request(from: Data(frame)) }
     }
 
     @Test func repliesEncodeAsTheProtocolSays() throws {

@@ -96,7 +96,7 @@ import WispInfrastructure
 
     /// What JSONDecoder makes of `bytes`, or nil when it refuses them.
     func decoded(_ bytes: [UInt8]) -> Request? {
-        try? JSONDecoder().decode(Request.self, from: Data(bytes))
+        try? JSONDecoder().request(from: Data(bytes))
     }
 
     /// Ours, or nil when it refuses the bytes.
@@ -158,18 +158,18 @@ import WispInfrastructure
                                                max_output_tokens: maybe(Int.random(in: 1...Int(Int32.max), using: &rng)),
                                                timeout_s: maybe(Double.random(in: 0...1e9, using: &rng)),
                                                deadline: maybe(Double.random(in: 0...1e12, using: &rng))))
-            return .respond(Respond(id: id, prompt: randomText(&rng), thread_id: maybe(randomText(&rng)), instructions: maybe(randomText(&rng)),
+            return Request(Respond(id: id, prompt: randomText(&rng), thread_id: maybe(randomText(&rng)), instructions: maybe(randomText(&rng)),
                                     tools: maybe((0..<Int.random(in: 0...3, using: &rng)).map { _ in randomText(&rng) }), options: options,
                                     progress: maybe(Bool.random(using: &rng)), roots: maybe([randomText(&rng)]), files: maybe([]),
                                     schema: maybe(randomText(&rng)), fork_from: maybe(randomText(&rng)),
                                     rewind: maybe(Int.random(in: Int.min...Int.max, using: &rng))))
-        case 1: return .closeThread(CloseThread(id: id, thread_id: randomText(&rng)))
-        case 2: return .cancel(Cancel(id: id, request: Int.random(in: Int.min...Int.max, using: &rng)))
-        case 3: return .status(Status(id: id, query: maybe(randomText(&rng)), limit: maybe(Int.random(in: -9...Int.max, using: &rng)),
+        case 1: return Request(CloseThread(id: id, thread_id: randomText(&rng)))
+        case 2: return Request(Cancel(id: id, request: Int.random(in: Int.min...Int.max, using: &rng)))
+        case 3: return Request(Status(id: id, query: maybe(randomText(&rng)), limit: maybe(Int.random(in: -9...Int.max, using: &rng)),
                                       cursor: maybe(randomText(&rng))))
-        case 4: return .readThread(ReadThread(id: id, thread_id: randomText(&rng), last: maybe(Int.random(in: 1...Int.max, using: &rng)),
+        case 4: return Request(ReadThread(id: id, thread_id: randomText(&rng), last: maybe(Int.random(in: 1...Int.max, using: &rng)),
                                               max_bytes: maybe(Int.random(in: 0...Int.max, using: &rng))))
-        default: return .ping(Ping(id: id))
+        default: return Request(Ping(id: id))
         }
     }
 

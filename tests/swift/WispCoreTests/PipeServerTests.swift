@@ -16,8 +16,8 @@ import WispInfrastructure
             try await Task.sleep(for: .seconds(60))
             gate.open()
         }
-        await server.handle(.status(Status(id: 1)))
-        await server.handle(.closeThread(CloseThread(id: 2, thread_id: "t")))
+        await server.handle(Status(id: 1))
+        await server.handle(CloseThread(id: 2, thread_id: "t"))
         #expect(await wire.reply(2).body["closed"] as? Bool == false)
         gate.open()
         backstop.cancel()
@@ -31,7 +31,7 @@ import WispInfrastructure
     @Test func theNoticeComesBeforeTheReplyOfTheCallThatCausedIt() async throws {
         let (server, wire) = pipeServer(EchoBackend(), capacity: 2)
         for (id, thread) in [(1, "a"), (2, "b"), (3, "c")] {
-            await server.handle(.respond(Respond(id: id, prompt: "hi", thread_id: thread)))
+            await server.handle(Respond(id: id, prompt: "hi", thread_id: thread))
             _ = await wire.reply(id)
         }
         let frames = wire.all.map(Wire.object)
@@ -54,10 +54,10 @@ import WispInfrastructure
         for k in 0..<120 {
             let (a, c, b) = (3 * k + 1, 3 * k + 2, 3 * k + 3)
             let thread = "x\(k)"
-            await server.handle(.respond(Respond(id: a, prompt: "!sleep \(k % 3) a", thread_id: thread, instructions: "A's")))
+            await server.handle(Respond(id: a, prompt: "!sleep \(k % 3) a", thread_id: thread, instructions: "A's"))
             if k % 4 == 1 { try await Task.sleep(for: .microseconds(Int.random(in: 0...3000))) }
-            await server.handle(.cancel(Cancel(id: c, request: a)))
-            await server.handle(.respond(Respond(id: b, prompt: "hi", thread_id: thread)))
+            await server.handle(Cancel(id: c, request: a))
+            await server.handle(Respond(id: b, prompt: "hi", thread_id: thread))
             let cancel = await wire.reply(c)
             let first = await wire.reply(a)
             let next = await wire.reply(b)
@@ -81,7 +81,7 @@ import WispInfrastructure
     @Test(arguments: [false, true])
     func aCancelledCallOnAnExistingThreadNeverKeepsItsTurn(deaf: Bool) async throws {
         let (server, wire) = pipeServer(deaf ? GateBackend(gate: Gate()) : EchoBackend())
-        await server.handle(.respond(Respond(id: 1, prompt: "first", thread_id: "t")))
+        await server.handle(Respond(id: 1, prompt: "first", thread_id: "t"))
         #expect(await wire.reply(1).body["text"] as? String == "echo 1: first")
         var turns = 1
         var outcomes = (kept: 0, cancelled: 0)
@@ -89,9 +89,9 @@ import WispInfrastructure
             let (r, c) = (2 * k + 2, 2 * k + 3)
             let ms = k % 4
             let prompt = "\(deaf ? "nap" : "!sleep") \(ms) k\(k)"
-            await server.handle(.respond(Respond(id: r, prompt: prompt, thread_id: "t")))
+            await server.handle(Respond(id: r, prompt: prompt, thread_id: "t"))
             try await Task.sleep(for: .microseconds(Int.random(in: 0...(ms * 1000 + 1500))))
-            await server.handle(.cancel(Cancel(id: c, request: r)))
+            await server.handle(Cancel(id: c, request: r))
             let cancel = await wire.reply(c)
             let call = await wire.reply(r)
             if call.ok {
@@ -104,7 +104,7 @@ import WispInfrastructure
                 #expect(cancel.body["cancelled"] as? Bool == true && call.body["code"] as? String == "cancelled", "trial \(k): \(call.body)")
             }
         }
-        await server.handle(.respond(Respond(id: 10_000, prompt: "probe", thread_id: "t")))
+        await server.handle(Respond(id: 10_000, prompt: "probe", thread_id: "t"))
         #expect(await wire.reply(10_000).body["text"] as? String == "echo \(turns + 1): probe")
         #expect(outcomes.kept > 0 && outcomes.cancelled > 0, "\(outcomes): the cancels did not land on both sides of the end")
     }
@@ -114,15 +114,15 @@ import WispInfrastructure
     @Test func aCallPastItsTimeLimitNeverKeepsItsTurn() async throws {
         let gate = Gate()
         let (server, wire) = pipeServer(GateBackend(gate: gate))
-        await server.handle(.respond(Respond(id: 1, prompt: "first", thread_id: "t")))
+        await server.handle(Respond(id: 1, prompt: "first", thread_id: "t"))
         #expect(await wire.reply(1).body["text"] as? String == "echo 1: first")
-        await server.handle(.respond(Respond(id: 2, prompt: "gate", thread_id: "t", options: RespondOptions(timeout_s: 0.1))))
+        await server.handle(Respond(id: 2, prompt: "gate", thread_id: "t", options: RespondOptions(timeout_s: 0.1)))
         await gate.waitUntilEntered()
         try await Task.sleep(for: .milliseconds(400))
         gate.open()
         let late = await wire.reply(2)
         #expect(!late.ok && late.body["code"] as? String == "timeout", "\(late.body)")
-        await server.handle(.respond(Respond(id: 3, prompt: "probe", thread_id: "t")))
+        await server.handle(Respond(id: 3, prompt: "probe", thread_id: "t"))
         #expect(await wire.reply(3).body["text"] as? String == "echo 2: probe")
     }
 
@@ -131,12 +131,12 @@ import WispInfrastructure
     @Test func theDeadlineIsCheckedAtCommitNotOnlyByTheWatchdog() async throws {
         for k in 0..<5 {
             let (server, wire) = pipeServer(EchoBackend())
-            await server.handle(.respond(Respond(id: 1, prompt: "first", thread_id: "t")))
+            await server.handle(Respond(id: 1, prompt: "first", thread_id: "t"))
             #expect(await wire.reply(1).body["text"] as? String == "echo 1: first")
-            await server.handle(.respond(Respond(id: 2, prompt: "!sleep 25 late", thread_id: "t", options: RespondOptions(timeout_s: 0.01))))
+            await server.handle(Respond(id: 2, prompt: "!sleep 25 late", thread_id: "t", options: RespondOptions(timeout_s: 0.01)))
             let late = await wire.reply(2)
             #expect(!late.ok && late.body["code"] as? String == "timeout", "trial \(k): \(late.body)")
-            await server.handle(.respond(Respond(id: 3, prompt: "probe", thread_id: "t")))
+            await server.handle(Respond(id: 3, prompt: "probe", thread_id: "t"))
             #expect(await wire.reply(3).body["text"] as? String == "echo 2: probe", "trial \(k)")
         }
     }
@@ -145,34 +145,34 @@ import WispInfrastructure
     /// `timeout` at once: it runs nothing, and a thread it would have created does not exist.
     @Test func aCallReadAfterItsDeadlineRunsNothingAndCreatesNoThread() async throws {
         let (server, wire) = pipeServer(EchoBackend())
-        await server.handle(.respond(Respond(id: 1, prompt: "first", thread_id: "t")))
+        await server.handle(Respond(id: 1, prompt: "first", thread_id: "t"))
         #expect(await wire.reply(1).body["text"] as? String == "echo 1: first")
         let past = RespondOptions(timeout_s: 2, deadline: monotonicSeconds() - 0.001)
-        await server.handle(.respond(Respond(id: 2, prompt: "late", thread_id: "t", options: past)))
-        await server.handle(.respond(Respond(id: 3, prompt: "late", thread_id: "new", options: past)))
+        await server.handle(Respond(id: 2, prompt: "late", thread_id: "t", options: past))
+        await server.handle(Respond(id: 3, prompt: "late", thread_id: "new", options: past))
         for id in [2, 3] {
             let late = await wire.reply(id)
             #expect(!late.ok && late.body["code"] as? String == "timeout", "\(late.body)")
         }
         #expect(await server.registry.snapshot().map(\.thread_id) == ["t"])
         let ahead = RespondOptions(timeout_s: 2, deadline: monotonicSeconds() + 60)
-        await server.handle(.respond(Respond(id: 4, prompt: "probe", thread_id: "t", options: ahead)))
+        await server.handle(Respond(id: 4, prompt: "probe", thread_id: "t", options: ahead))
         #expect(await wire.reply(4).body["text"] as? String == "echo 2: probe")
     }
 
     @Test func aCancelThatCameFirstWinsOverAnAnswerThatCameAnyway() async throws {
         let gate = Gate()
         let (server, wire) = pipeServer(GateBackend(gate: gate))
-        await server.handle(.respond(Respond(id: 1, prompt: "gate", thread_id: "t")))
+        await server.handle(Respond(id: 1, prompt: "gate", thread_id: "t"))
         await gate.waitUntilEntered()
-        await server.handle(.cancel(Cancel(id: 2, request: 1)))
+        await server.handle(Cancel(id: 2, request: 1))
         #expect(await wire.reply(2).body["cancelled"] as? Bool == true)
         gate.open()
         let stopped = await wire.reply(1)
         #expect(!stopped.ok && stopped.body["code"] as? String == "cancelled")
         // The creating call was cancelled: no thread is left, and the id starts afresh.
         #expect(await !server.registry.contains("t"))
-        await server.handle(.respond(Respond(id: 3, prompt: "again", thread_id: "t")))
+        await server.handle(Respond(id: 3, prompt: "again", thread_id: "t"))
         let again = await wire.reply(3)
         #expect(again.body["created"] as? Bool == true && again.body["text"] as? String == "echo 1: again")
     }
@@ -207,7 +207,7 @@ func exitOf(_ server: PipeServer, _ escalation: Lifecycle.Escalation, input: Int
     @Test func theShutdownEndsWithinItsTimeEvenWhenACallIgnoresCancellation() async throws {
         let gate = Gate()
         let (server, wire) = pipeServer(GateBackend(gate: gate))
-        await server.handle(.respond(Respond(id: 1, prompt: "gate", thread_id: "wedged")))
+        await server.handle(Respond(id: 1, prompt: "gate", thread_id: "wedged"))
         await gate.waitUntilEntered()
         let start = ContinuousClock.now
         let exit = await exitOf(server, Self.escalation(cancel: .milliseconds(300)))
@@ -223,12 +223,12 @@ func exitOf(_ server: PipeServer, _ escalation: Lifecycle.Escalation, input: Int
     /// than the test, and the exit comes with no call left.
     @Test func theShutdownStopsCallsThatListenAndThoseAcceptedAfterIt() async throws {
         let (server, wire) = pipeServer(EchoBackend())
-        await server.handle(.respond(Respond(id: 1, prompt: "!sleep 600000 long", thread_id: "t")))
+        await server.handle(Respond(id: 1, prompt: "!sleep 600000 long", thread_id: "t"))
         let exit = await exitOf(server, Self.escalation(cancel: .seconds(600)))
         #expect(exit.status == 0 && exit.callsLeft == 0)
         #expect(await wire.reply(1).body["code"] as? String == "cancelled")
         // A request the dispatcher takes after stdin closed starts stopped.
-        await server.handle(.respond(Respond(id: 2, prompt: "!sleep 600000 late", thread_id: "u")))
+        await server.handle(Respond(id: 2, prompt: "!sleep 600000 late", thread_id: "u"))
         #expect(await wire.reply(2).body["code"] as? String == "cancelled")
     }
 
@@ -236,13 +236,13 @@ func exitOf(_ server: PipeServer, _ escalation: Lifecycle.Escalation, input: Int
     /// and the exit as soon as no call is left (the cancel's own time is far longer than the test).
     @Test func aDrainLetsCallsFinishAndTheCancelComesAfterIt() async throws {
         let (server, wire) = pipeServer(EchoBackend())
-        await server.handle(.respond(Respond(id: 1, prompt: "!sleep 200 short", thread_id: "a")))
+        await server.handle(Respond(id: 1, prompt: "!sleep 200 short", thread_id: "a"))
         let drained = await exitOf(server, Self.escalation(drain: .seconds(600), cancel: .seconds(600)))
         #expect(drained.callsLeft == 0)
         #expect(await wire.reply(1).body["text"] as? String == "echo 1: !sleep 200 short")
 
         let (server2, wire2) = pipeServer(EchoBackend())
-        await server2.handle(.respond(Respond(id: 1, prompt: "!sleep 600000 long", thread_id: "b")))
+        await server2.handle(Respond(id: 1, prompt: "!sleep 600000 long", thread_id: "b"))
         let start = ContinuousClock.now
         let cancelled = await exitOf(server2, Self.escalation(drain: .milliseconds(400), cancel: .seconds(600)))
         let took = seconds(cancelled.at - start)

@@ -9,8 +9,8 @@ import WispInfrastructure
     func frame(_ json: String) -> [UInt8] { Frame.encode(payload: Array(json.utf8)) }
 
     @Test func requestsComeOutWhateverTheSplit() throws {
-        let requests: [Request] = [.respond(Respond(id: 1, prompt: "héllo 🙂", thread_id: "t")), .ping(Ping(id: 2)),
-                                   .cancel(Cancel(id: 3, request: 1))]
+        let requests: [Request] = [Request(Respond(id: 1, prompt: "héllo 🙂", thread_id: "t")), Request(Ping(id: 2)),
+                                   Request(Cancel(id: 3, request: 1))]
         let bytes = try requests.flatMap { try Frame.encodeWithJSONEncoder($0) }
         for size in [1, 2, 3, 7, bytes.count] {
             var reader = RequestReader()
@@ -69,7 +69,7 @@ import WispInfrastructure
         #expect(throws: PipeProtocolError(FrameError.truncated(have: bytes.count - 2, need: bytes.count).description)) {
             try reader.finish()
         }
-        #expect(try reader.feed(bytes.suffix(2)) == [.request(.ping(Ping(id: 1)))])
+        #expect(try reader.feed(bytes.suffix(2)) == [.request(Request(Ping(id: 1)))])
         try reader.finish()
     }
 }

@@ -36,9 +36,9 @@ extension WholePool {
         let backend = EchoBackend()
         let server = PipeServer(registry: ThreadRegistry(backend: backend, store: store), backend: backend, log: Log(level: .error),
                                 executor: loop) { wire.send($0) }
-        await Task(executorPreference: loop) { await server.handle(.respond(Respond(id: 1, prompt: "hi", thread_id: "hung"))) }.value
+        await Task(executorPreference: loop) { await server.handle(Respond(id: 1, prompt: "hi", thread_id: "hung")) }.value
         // Not awaited: on a stalled loop the request would not even be taken.
-        Task(executorPreference: loop) { await server.handle(.respond(Respond(id: 2, prompt: "hi", thread_id: "other"))) }
+        Task(executorPreference: loop) { await server.handle(Respond(id: 2, prompt: "hi", thread_id: "other")) }
         let other = await wire.reply(2)
         let hungAnswered = await wire.replyIndex(1, within: .zero) != nil
         hung.open()

@@ -27,6 +27,10 @@ extension Frame {
     static func encodeWithJSONEncoder<T: Encodable>(_ message: T) throws -> [UInt8] {
         encode(payload: try JSONEncoder().encode(message))
     }
+
+    static func encodeWithJSONEncoder(_ request: Request) throws -> [UInt8] {
+        encode(payload: try JSONEncoder().encode(request))
+    }
 }
 
 /// One call through the registry, as the pipe server makes it.

@@ -101,6 +101,31 @@ import Testing
         #expect(await !registry.contains("t"))
     }
 
+    /// A stored thread's tool names are judged as a call's are (ToolBinder): one wording, which
+    /// lists the tools there are, whether the names come from a call or from the store.
+    @Test func aStoredThreadBoundToAToolThisCoreLacksIsRefusedListingTheValidNames() async throws {
+        func tool(_ name: String) -> ModelTool {
+            ModelTool(name: name, description: name, parametersSchema: "{}") { _ in "x" }
+        }
+        let store = MemoryThreadStore()
+        let first = ThreadRegistry(backend: EchoBackend(), tools: [tool("read_file")], store: store)
+        try await call(first, "t", "hi", tools: ["read_file"])
+        let second = ThreadRegistry(backend: EchoBackend(), tools: [tool("list_directory")], store: store)
+        do {
+            _ = try await second.accept(threadID: nil, instructions: nil, tools: nil, forkFrom: "t")
+            Issue.record("a fork of a thread bound to a missing tool must fail")
+        } catch {
+            #expect(error.code == .invalidArgument)
+            #expect(error.message == #"fork_from 't': unknown tool "read_file"; valid tools: list_directory"#,
+                    "\(error.message)")
+        }
+        let bare = ThreadRegistry(backend: EchoBackend(), store: store)
+        let e = await #expect(throws: WispError.self) {
+            _ = try await bare.accept(threadID: nil, instructions: nil, tools: nil, forkFrom: "t")
+        }
+        #expect(e?.message.hasSuffix("this wisp has no model tools") == true, "\(String(describing: e))")
+    }
+
     @Test func closeKnownAndUnknown() async throws {
         let registry = ThreadRegistry(backend: EchoBackend())
         try await call(registry, "t", "hi")
