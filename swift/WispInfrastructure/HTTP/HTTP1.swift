@@ -46,8 +46,9 @@ enum RequestHead {
         let body = request.body ?? Data()
         var head = "\(request.method) \(target.path) HTTP/1.1\r\nHost: \(target.authority)\r\nConnection: close\r\n"
         for (name, value) in request.headers where name.lowercased() != "content-length" {
-            // A line break in a header (a key from the environment, say) would start a header of its own.
-            guard !name.isEmpty, !(name + value).contains(where: { $0 == "\r" || $0 == "\n" }) else {
+            // A line break in a header (a key from the environment, say) would start a header of its
+            // own. Bytes, not Characters: "\r\n" is one Character, equal to neither "\r" nor "\n".
+            guard !name.isEmpty, !(name + value).utf8.contains(where: { $0 == 0x0D || $0 == 0x0A }) else {
                 throw HTTPError(.badURL, "the request's header '\(name.clipped(toBytes: 100).text)' holds a line break")
             }
             head += "\(name): \(value)\r\n"
@@ -104,6 +105,7 @@ struct ResponseReader {
         var searched = 0 // bytes after `start` already known to hold no LF
         while true {
             if let i = buffer[(start + searched)...].firstIndex(of: 0x0A) {
+                if i - start > Self.maxLine { break }
                 var end = i
                 if end > start && buffer[end - 1] == 0x0D { end -= 1 }
                 let text = String(decoding: buffer[start..<end], as: UTF8.self)
@@ -111,9 +113,10 @@ struct ResponseReader {
                 return text
             }
             searched = buffer.count - start
-            if buffer.count - start > Self.maxLine { throw Self.malformed("a line longer than \(Self.maxLine) bytes") }
+            if searched > Self.maxLine { break }
             guard try fill() else { throw Self.lost(early) }
         }
+        throw Self.malformed("a line longer than \(Self.maxLine) bytes")
     }
 
     /// The final answer's head (1xx interim answers skipped) and how its body ends.
