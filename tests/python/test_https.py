@@ -8,12 +8,14 @@ keychain's trust (SSL_CERT_FILE is OpenSSL's convention)."""
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 from harness import REPO, core_path, error_text, ok, shim_command, shim_env, wisp
@@ -61,6 +63,33 @@ async def test_trusted_ca_serves_a_turn_and_a_streamed_turn(certs):
     assert len(chats) == 2 and chats[1]["messages"][-1] == {"role": "user", "content": "Again, slowly."}
     assert all(r.headers["host"] == f"localhost:{stub.port}" for r in stub.requests)
     assert stub.handshake_errors == []
+
+
+async def test_cancel_and_time_limit_close_the_tls_connection(certs):
+    """As over http: a cancelled call closes its request at once and keeps no turn; a server
+    that goes silent is bounded by the call's time limit."""
+    cfg = StubConfig()
+    with served_over_tls(OpenAIStub(cfg), certs["localhost"]) as stub:
+        async with trusting(certs, stub.endpoint, WISP_TIMEOUT="3") as c:
+            tid = ok(await c.call_tool("respond", {"prompt": "first"}))["thread_id"]
+            cfg.words, cfg.chunk_delay_s = 200, 0.1  # about 20 s if not cancelled
+            with anyio.move_on_after(1.0) as scope:
+                await c.call_tool("respond", {"prompt": "long one", "thread_id": tid})
+            assert scope.cancelled_caught
+            deadline = time.monotonic() + 5
+            while stub.disconnects < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert stub.disconnects == 1  # the stub's next write met a closed TLS connection
+            cfg.words, cfg.chunk_delay_s, cfg.first_byte_delay_s = 0, 0.0, 30.0
+            t0 = time.monotonic()
+            msg = error_text(await c.call_tool("respond", {"prompt": "silent", "thread_id": tid}))
+            took = time.monotonic() - t0
+            assert msg.startswith("timeout: no reply within 3 s") and f"thread '{tid}' is unchanged" in msg, msg
+            assert took < 8, f"the time limit of 3 s fired after {took:.1f} s"
+            cfg.first_byte_delay_s = 0.0
+            s = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": tid}))
+    assert s["text"] == "reply 2: after" and s["turns"] == 2, s
+    assert [m["content"] for m in stub.chats()[-1]["messages"]] == ["first", "reply 1: first", "after"]
 
 
 async def test_ip_address_certificate_serves_127_0_0_1(certs):
