@@ -9,6 +9,7 @@ keychain's trust (SSL_CERT_FILE is OpenSSL's convention)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import stat
 import subprocess
 import sys
@@ -119,6 +120,21 @@ async def test_refused_certificate_fails_at_once_naming_the_problem(certs, leaf,
     assert st["available"] is False and reason in st["reason"].lower(), st
     assert stub.chats() == [] and stub.requests == []  # nothing was sent over the refused connection
     assert stub.handshake_errors, "the server saw no failed handshake"
+
+
+async def test_ssl_cert_dir_is_trusted_too(certs, tmp_path):
+    """SSL_CERT_DIR: a directory of CA certificates named by subject hash (`openssl rehash`)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to name the CA by its subject hash")
+    ca = certs["ca"].cert
+    digest = subprocess.run([openssl, "x509", "-hash", "-noout", "-in", str(ca)], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    (tmp_path / f"{digest}.0").write_bytes(ca.read_bytes())
+    with served_over_tls(OpenAIStub(), certs["localhost"]) as stub:
+        env = shim_env(SSL_CERT_DIR=str(tmp_path), SSL_CERT_FILE=str(tmp_path / "none.pem"))
+        async with wisp("--endpoint", stub.endpoint, backend="openai", env=env) as c:
+            assert ok(await c.call_tool("respond", {"prompt": "by directory"}))["text"] == "reply 1: by directory"
 
 
 async def test_system_store_does_not_trust_the_test_ca(certs):

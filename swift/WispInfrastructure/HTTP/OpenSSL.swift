@@ -53,7 +53,7 @@ struct OpenSSL: Sendable {
     /// `ssl`, `crypto`: file names for `dlopen` (tests name ones that do not exist).
     static func load(_ ssl: String, _ crypto: String) -> Result<OpenSSL, HTTPError> {
         func missing(_ why: String) -> Result<OpenSSL, HTTPError> {
-            .failure(HTTPError(.tlsUnavailable, "https needs OpenSSL 3 (\(ssl)), which could not be loaded (\(why)): "
+            .failure(HTTPError(.tlsUnavailable, "https needs OpenSSL 3, and \(ssl) could not be loaded (\(why)): "
                                + "\(installHint); plain http works without it"))
         }
         // RTLD_LOCAL: OpenSSL's symbols stay out of the core's namespace.

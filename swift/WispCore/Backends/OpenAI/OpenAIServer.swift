@@ -69,7 +69,7 @@ final class OpenAIServer: Sendable {
                             "--endpoint must be an http(s) URL such as http://127.0.0.1:8080/v1, got '\(endpoint)'")
         }
         if scheme == "https", let problem = HTTPClient.tlsProblem {
-            throw WispError(.modelUnavailable, "--endpoint \(endpoint) is https: \(problem)")
+            throw WispError(.modelUnavailable, "--endpoint \(endpoint): \(problem)")
         }
         if components.path.isEmpty || components.path == "/" { components.path = "/v1" }
         guard let base = components.url else {
