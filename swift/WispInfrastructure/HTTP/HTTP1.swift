@@ -22,14 +22,14 @@ struct HTTPTarget: Equatable {
         guard let parts = URLComponents(url: url, resolvingAgainstBaseURL: false),
               let scheme = parts.scheme?.lowercased(), scheme == "http" || scheme == "https",
               var host = parts.host, !host.isEmpty else {
-            throw HTTPError(.badURL, "not an http(s) URL with a host: \(url.absoluteString.clipped(toBytes: 200).text)")
+            throw HTTPError(.invalidRequest, "not an http(s) URL with a host (\(url.scheme ?? "no scheme")://…)")
         }
         // URLComponents keeps an IPv6 literal's brackets; the resolver and the verifier take it bare.
         if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
         secure = scheme == "https"
         self.host = host
         port = parts.port ?? (secure ? 443 : 80)
-        guard Self.ports.contains(port) else { throw HTTPError(.badURL, "port \(port) is not a TCP port") }
+        guard Self.ports.contains(port) else { throw HTTPError(.invalidRequest, "port \(port) is not a TCP port") }
         var target = parts.percentEncodedPath.isEmpty ? "/" : parts.percentEncodedPath
         if let query = parts.percentEncodedQuery { target += "?" + query }
         path = target
@@ -49,7 +49,8 @@ enum RequestHead {
             // A line break in a header (a key from the environment, say) would start a header of its
             // own. Bytes, not Characters: "\r\n" is one Character, equal to neither "\r" nor "\n".
             guard !name.isEmpty, !(name + value).utf8.contains(where: { $0 == 0x0D || $0 == 0x0A }) else {
-                throw HTTPError(.badURL, "the request's header '\(name.clipped(toBytes: 100).text)' holds a line break")
+                let quoted = name.clipped(toBytes: 100).text
+                throw HTTPError(.invalidRequest, "the request's header '\(quoted)' holds a line break")
             }
             head += "\(name): \(value)\r\n"
         }
@@ -169,7 +170,9 @@ struct ResponseReader {
             while true {
                 let sizeLine = try line(or: "the body ended before its last chunk")
                 let digits = sizeLine.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) ?? ""
-                guard digits.allSatisfy(\.isHexDigit), let size = OutsideNumber.int(digits, radix: 16, in: Self.lengths) else {
+                // Hex digits only: Int(_:radix:) would also take a sign.
+                guard digits.allSatisfy(\.isHexDigit),
+                      let size = OutsideNumber.int(digits, radix: 16, in: Self.lengths) else {
                     throw Self.malformed("chunk size '\(sizeLine.clipped(toBytes: 100).text)'")
                 }
                 if size == 0 { return }

@@ -69,7 +69,8 @@ final class HTTPConnection: Sendable {
             return s.cancelled
         }
         if cancelled { throw cancelledError }
-        let channel: any ByteChannel = try tls.map { try TLSChannel($0, over: connected, host: target.host) } ?? connected
+        let channel: any ByteChannel
+        if let tls { channel = try TLSChannel(tls, over: connected, host: target.host) } else { channel = connected }
         try channel.sendAll(head)
         var reader = ResponseReader(channel)
         let (answer, framing) = try reader.head()

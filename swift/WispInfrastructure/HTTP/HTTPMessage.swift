@@ -38,8 +38,8 @@ public enum HTTPEvent: Sendable {
 /// says it in words (the peer's or the system's), for the message the caller builds.
 public struct HTTPError: Error, Sendable, Equatable, CustomStringConvertible {
     public enum Kind: Sendable, Equatable {
-        /// Not an http(s) URL with a host.
-        case badURL
+        /// Not an http(s) URL with a host and a port, or a header that cannot be sent as it is.
+        case invalidRequest
         case cannotFindHost
         case cannotConnect
         /// Nothing moved for the request's idle timeout.

@@ -54,7 +54,7 @@ final class SessionTransport: Sendable {
         case .timedOut: return HTTPError(.timedOut, detail)
         case .networkConnectionLost: return HTTPError(.connectionLost, detail)
         case .cancelled: return HTTPError(.cancelled, detail)
-        case .badURL, .unsupportedURL: return HTTPError(.badURL, detail)
+        case .badURL, .unsupportedURL: return HTTPError(.invalidRequest, detail)
         case .cannotParseResponse, .badServerResponse: return HTTPError(.malformedResponse, detail)
         case .serverCertificateUntrusted, .serverCertificateHasBadDate, .serverCertificateNotYetValid,
              .serverCertificateHasUnknownRoot:

@@ -97,7 +97,8 @@ func kind(_ result: Result<(Int, String), HTTPError>) -> HTTPError.Kind? {
     @Test func theRequestIsWrittenOnceWithItsLength() throws {
         let url = URL(string: "https://[::1]:8443/v1/chat/completions?x=1")!
         let target = try HTTPTarget(url)
-        #expect(target.secure && target.host == "::1" && target.port == 8443 && target.path == "/v1/chat/completions?x=1")
+        #expect(target.secure && target.host == "::1" && target.port == 8443)
+        #expect(target.path == "/v1/chat/completions?x=1")
         let request = HTTPRequest(method: "POST", url: url,
                                   headers: [("Accept", "text/event-stream"), ("Content-Length", "999")],
                                   body: Data("{}".utf8), idleTimeout: 5)

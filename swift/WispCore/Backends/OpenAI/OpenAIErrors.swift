@@ -88,7 +88,7 @@ extension OpenAIServer {
             return WispError(.generationFailed, "\(at) closed the connection mid-answer (did it crash?): \(detail)")
         case .cancelled:
             return .callCancelled
-        case .certificateRejected, .tlsFailed, .tlsUnavailable, .malformedResponse, .tooLarge, .badURL:
+        case .certificateRejected, .tlsFailed, .tlsUnavailable, .malformedResponse, .tooLarge, .invalidRequest:
             return WispError(.modelUnavailable, "could not \(what) \(at): \(detail)")
         }
     }

@@ -69,7 +69,8 @@ final class OpenAIServer: Sendable {
                             "--endpoint must be an http(s) URL such as http://127.0.0.1:8080/v1, got '\(endpoint)'")
         }
         if scheme == "https", let problem = HTTPClient.tlsProblem {
-            throw WispError(.modelUnavailable, "--endpoint \(endpoint): \(problem)")
+            // The host alone: an endpoint may carry credentials.
+            throw WispError(.modelUnavailable, "the https endpoint at \(components.host ?? "") cannot be used: \(problem)")
         }
         if components.path.isEmpty || components.path == "/" { components.path = "/v1" }
         guard let base = components.url else {
