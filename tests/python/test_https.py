@@ -155,6 +155,19 @@ async def test_plain_http_to_a_tls_port_is_a_clear_error(certs):
     assert msg.startswith(("model_unavailable:", "generation_failed:")) and plain in msg, msg
 
 
+def test_the_core_links_no_tls_or_http_library():
+    """OpenSSL is loaded at run time, and only for https; URLSession's stack (FoundationNetworking,
+    libcurl) is not in the Linux core at all: a static core could not link them."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("no readelf to list the core's NEEDED libraries")
+    dynamic = subprocess.run([readelf, "-d", core_path()], capture_output=True, text=True, check=True).stdout
+    needed = [line.split("[", 1)[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert needed, dynamic  # a dynamic core lists its libraries; none would mean the parse is wrong
+    linked = [lib for lib in needed if lib.startswith(("libssl", "libcrypto", "libcurl", "libFoundationNetworking"))]
+    assert linked == [], f"the core links {linked}"
+
+
 def core_without_openssl(tmp_path: Path) -> str:
     """The release core as a system without OpenSSL 3 runs it: dlopen("libssl.so.3") finds a
     file that is no library first (LD_LIBRARY_PATH is searched before the system's), set for
