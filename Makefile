@@ -125,9 +125,9 @@ bench-smoke: build $(TEST_VENV)
 stress: build $(TEST_VENV)
 	$(VPY) tests/python/stress.py --calls 10000
 
-## fuzz: 1,000,000 inputs into each side's reader: the shim's frame decoder (atheris), the core's request reader and JSON reader (libFuzzer, against JSONDecoder and JSONSerialization) and its decoders of a model server's answers (libFuzzer: /props, /v1/models, /api/show, /tokenize, input tokens, stream events, SSE lines); then the long schema differential (core verdict vs jsonschema)
+## fuzz: 1,000,000 inputs into each side's reader: the shim's frame decoder (atheris), the core's request reader and JSON reader (libFuzzer, against JSONDecoder and JSONSerialization) and its decoders of a model server's answers (libFuzzer: /props, /v1/models, /api/show, /tokenize, input tokens, stream events, SSE lines) and of the HTTP/1.1 answers they come in; then the long schema differential (core verdict vs jsonschema)
 # New corpus entries and any crash land in .build/fuzz; the seeds (real traffic, recorded
-# by fuzz/record_corpus.py) stay in fuzz/corpus-*.
+# by fuzz/record_corpus.py; fuzz/corpus-http's are written by hand) stay in fuzz/corpus-*.
 FUZZ_RUNS ?= 1000000
 SCHEMA_CASES ?= 100000
 FUZZ_OUT  := .build/fuzz
@@ -139,7 +139,7 @@ FUZZ_INFRA := $(shell find swift/WispInfrastructure -name '*.swift' | sort)
 FUZZ_CORE  := $(shell find swift/WispCore -name '*.swift' | sort)
 fuzz: venv core $(TEST_VENV)
 	$(VPY) -m pip install --quiet --disable-pip-version-check 'atheris>=2.3'
-	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift $(FUZZ_OUT)/corpus-openai
+	mkdir -p $(FUZZ_OUT)/corpus-python $(FUZZ_OUT)/corpus-swift $(FUZZ_OUT)/corpus-openai $(FUZZ_OUT)/corpus-http
 	$(VPY) fuzz/fuzz_frames.py -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-python fuzz/corpus-python
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -emit-library -static -module-name WispInfrastructure \
 		-I swift/CSQLite $(FUZZ_INFRA) \
@@ -151,6 +151,10 @@ fuzz: venv core $(TEST_VENV)
 	swiftc -O -sanitize=fuzzer,address -parse-as-library -I $(FUZZ_OUT) -I swift/CSQLite fuzz/OpenAIFuzz.swift \
 		swift/WispCore/Backends/OpenAI/OpenAIReplies.swift $(FUZZ_OUT)/libWispInfrastructure.a -lsqlite3 -module-name OpenAIFuzz -o $(FUZZ_OUT)/openai-fuzz
 	$(FUZZ_OUT)/openai-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-openai fuzz/corpus-openai
+	swiftc -O -sanitize=fuzzer,address -parse-as-library fuzz/HTTPFuzz.swift swift/WispInfrastructure/HTTP/HTTP1.swift \
+		swift/WispInfrastructure/HTTP/HTTPMessage.swift swift/WispInfrastructure/Support/OutsideNumber.swift \
+		swift/WispInfrastructure/Support/BoundedText.swift -module-name HTTPFuzz -o $(FUZZ_OUT)/http-fuzz
+	$(FUZZ_OUT)/http-fuzz -runs=$(FUZZ_RUNS) -timeout=10 -print_final_stats=1 -artifact_prefix=$(FUZZ_OUT)/ $(FUZZ_OUT)/corpus-http fuzz/corpus-http
 	WISP_SCHEMA_CASES=$(SCHEMA_CASES) $(VPY) -m pytest -q tests/python/test_schema_differential.py
 
 ## sanitize: the Swift tests under ThreadSanitizer, then AddressSanitizer (own build dirs), in parallel

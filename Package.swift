@@ -3,7 +3,8 @@
 // JSON codec, the pipe loop and framing, the HTTP client, the linear regex, locks, the log sink),
 // written by hand rather than taken from packages because no Swift package registry is
 // reachable from the build machines: nothing outside the toolchain is depended on but the
-// system's SQLite (durable threads): the SDK's SQLite3 module on macOS, libsqlite3 on Linux.
+// system's SQLite (durable threads): the SDK's SQLite3 module on macOS, libsqlite3 on Linux; and,
+// on Linux for https only, OpenSSL 3, loaded at run time (dlopen), never linked.
 import PackageDescription
 
 let package = Package(

@@ -9,7 +9,8 @@
 #   2. check which side of the 27-SDK gate `canImport(FoundationModels, _version: 2.0)` takes,
 #      and that it is the side this interface's module version calls for;
 #   3. build WispInfrastructure's module (its SQLite code on the macOS branch, against the system's
-#      sqlite3.h presented as the SDK's SQLite3 module), then WispCore against it (every source, so
+#      sqlite3.h presented as the SDK's SQLite3 module; its HTTP client's URLSession transport, the
+#      one Apple's systems use, against swift-corelibs-foundation's URLSession), then WispCore against it (every source, so
 #      canImport(FoundationModels) is true wherever it is asked) with -D WISP_CHECK_APPLE, and
 #      typecheck tests/swift/WispCoreTests/AppleBackendTests.swift.
 # Any error, or any warning in the apple backend (Backends/Apple/*.swift) or AppleBackendTests.swift, fails the check.
@@ -74,7 +75,7 @@ for iface in "${interfaces[@]}"; do
 
     mkdir -p "$dir/infra"
     if ! "$swiftc" -emit-module -module-name WispInfrastructure -parse-as-library -swift-version 6 -enable-testing \
-            -I "$sqlite" -emit-module-path "$dir/infra/WispInfrastructure.swiftmodule" "${infra_sources[@]}" >"$log" 2>&1; then
+            -D WISP_CHECK_APPLE -I "$sqlite" -emit-module-path "$dir/infra/WispInfrastructure.swiftmodule" "${infra_sources[@]}" >"$log" 2>&1; then
         cat "$log"; echo "check-apple: $label: FAILED: WispInfrastructure (which WispCore imports) does not typecheck"
         failed=1; continue
     fi

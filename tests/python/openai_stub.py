@@ -7,6 +7,7 @@ import contextlib
 import http.client
 import json
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -217,7 +218,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._event({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
                     if cfg.chunk_delay_s:
                         time.sleep(cfg.chunk_delay_s)
-            except (BrokenPipeError, ConnectionResetError):
+            except (BrokenPipeError, ConnectionResetError, ssl.SSLError):  # SSLError: the same over https
                 self.stub.disconnects += 1
                 return
             self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})

@@ -1,7 +1,4 @@
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 
 /// `openai`: any OpenAI-compatible chat server (llama.cpp's `llama-server`, Ollama, vLLM,
 /// LM Studio, OpenAI itself) over `POST {endpoint}/chat/completions` with streaming (SSE).

@@ -130,10 +130,10 @@ extension OpenAIServer {
         }
         var received = 0
         do {
-            for try await event in chatClient.open(request) {
+            for try await event in http.open(request) {
                 switch event {
-                case .response(let s):
-                    status = s
+                case .head(let head):
+                    status = head.status
                 case .data(let chunk):
                     guard (200..<300).contains(status) else {
                         if errorBody.count < 65_536 { errorBody.append(chunk) }

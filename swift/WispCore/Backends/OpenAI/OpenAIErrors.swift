@@ -1,7 +1,5 @@
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
+import WispInfrastructure
 
 /// The error dialects of OpenAI-compatible servers and their transports, as `WispError`s.
 extension OpenAIServer {
@@ -71,26 +69,26 @@ extension OpenAIServer {
         return nil
     }
 
-    /// A transport failure (no HTTP answer), as a WispError naming the endpoint.
+    /// A transport failure (no HTTP answer, or one that cannot be read), as a WispError naming the endpoint.
     func mapTransport(_ error: any Error, what: String) -> WispError {
         if let e = error as? WispError { return e }
         if error is CancellationError { return .callCancelled }
         let at = "the model server at \(endpointDescription)"
-        let detail = (error as NSError).localizedDescription
-        guard let code = (error as? URLError)?.code else {
-            return WispError(.modelUnavailable, "could not \(what) \(at): \(detail)")
+        guard let failure = error as? HTTPError else {
+            return WispError(.modelUnavailable, "could not \(what) \(at): \(error)")
         }
-        switch code {
-        case .cannotConnectToHost, .cannotFindHost, .dnsLookupFailed, .notConnectedToInternet:
+        let detail = failure.detail
+        switch failure.kind {
+        case .cannotConnect, .cannotFindHost:
             return WispError(.modelUnavailable,
                     "could not \(what) \(at): connection refused or host not found (\(detail)); is the server running?")
         case .timedOut:
             return WispError(.generationFailed, "\(at) stopped sending for too long (timed out): \(detail)")
-        case .networkConnectionLost:
+        case .connectionLost:
             return WispError(.generationFailed, "\(at) closed the connection mid-answer (did it crash?): \(detail)")
         case .cancelled:
             return .callCancelled
-        default:
+        case .certificateRejected, .tlsFailed, .tlsUnavailable, .malformedResponse, .tooLarge, .invalidRequest:
             return WispError(.modelUnavailable, "could not \(what) \(at): \(detail)")
         }
     }

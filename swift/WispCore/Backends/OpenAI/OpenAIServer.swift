@@ -1,7 +1,4 @@
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import Synchronization
 import WispInfrastructure
 
@@ -57,8 +54,8 @@ final class OpenAIServer: Sendable {
         var stalled: (at: ContinuousClock.Instant, error: WispError)?
     }
     let facts = Mutex(Facts())
-    let chatClient = HTTPClient(idleTimeout: OpenAIServer.chatIdleTimeout)
-    private let probeClient = HTTPClient(idleTimeout: OpenAIServer.probeTimeout)
+    /// Chat requests and probes alike; each request carries its own idle timeout.
+    let http = HTTPClient()
 
     init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
          keepAlive: OllamaKeepAlive? = OllamaKeepAlive(CoreConfig.defaultKeepAlive),
@@ -70,6 +67,10 @@ final class OpenAIServer: Sendable {
               scheme == "http" || scheme == "https", components.host?.isEmpty == false else {
             throw WispError(.invalidArgument,
                             "--endpoint must be an http(s) URL such as http://127.0.0.1:8080/v1, got '\(endpoint)'")
+        }
+        if scheme == "https", let problem = HTTPClient.tlsProblem {
+            // The host alone: an endpoint may carry credentials.
+            throw WispError(.modelUnavailable, "the https endpoint at \(components.host ?? "") cannot be used: \(problem)")
         }
         if components.path.isEmpty || components.path == "/" { components.path = "/v1" }
         guard let base = components.url else {
@@ -291,16 +292,11 @@ final class OpenAIServer: Sendable {
     // MARK: HTTP
 
     func makeRequest(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval,
-                     streaming: Bool = false) -> URLRequest {
-        var r = URLRequest(url: url)
-        r.httpMethod = method
-        r.timeoutInterval = timeout
-        if let body {
-            r.httpBody = body
-            r.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        }
-        r.setValue(streaming ? "text/event-stream" : "application/json", forHTTPHeaderField: "Accept")
-        if let apiKey { r.setValue("Bearer \(apiKey)", forHTTPHeaderField: "Authorization") }
+                     streaming: Bool = false) -> HTTPRequest {
+        var r = HTTPRequest(method: method, url: url, body: body, idleTimeout: timeout)
+        if body != nil { r.headers.append(("Content-Type", "application/json")) }
+        r.headers.append(("Accept", streaming ? "text/event-stream" : "application/json"))
+        if let apiKey { r.headers.append(("Authorization", "Bearer \(apiKey)")) }
         return r
     }
 
@@ -342,16 +338,18 @@ final class OpenAIServer: Sendable {
     }
 
     /// One request's whole answer, however long it takes (`fetch` bounds it).
-    private func collect(_ request: URLRequest) async throws -> (Int, Data) {
+    private func collect(_ request: HTTPRequest) async throws -> (Int, Data) {
         var status = 0
         var data = Data()
-        for try await event in probeClient.open(request) {
+        for try await event in http.open(request) {
             switch event {
-            case .response(let s): status = s
+            case .head(let head): status = head.status
             case .data(let d):
                 data.append(d)
                 // The length is the server's to choose: past what any answer about itself needs, it is refused.
-                if data.count > Self.maxProbeBytes { throw URLError(.dataLengthExceedsMaximum) }
+                if data.count > Self.maxProbeBytes {
+                    throw HTTPError(.tooLarge, "its answer about itself was longer than \(Self.maxProbeBytes) bytes")
+                }
             }
         }
         try Task.checkCancellation()
