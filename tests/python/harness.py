@@ -235,6 +235,22 @@ async def until_pending(client, thread_id: str, calls: int = 1, since_turns: int
         await asyncio.sleep(0.02)
 
 
+# Echo's meeting points (docs/echo.md): a call sent as `!hold KEY …` is parked until `release`;
+# `held` returns once the calls are parked, so a test knows they started. Each goes to a thread
+# of its own: a thread answers one call at a time, and these must not wait behind what they free.
+
+
+async def held(client, key: str, calls: int = 1) -> None:
+    """Return once `calls` calls are parked at echo's `!hold KEY` at the same time."""
+    ok(await client.call_tool("respond", {"prompt": f"!held {key} {calls}", "thread_id": f"held-{key}"}))
+
+
+async def release(client, key: str) -> int:
+    """Free the calls parked at `!hold KEY`; how many there were."""
+    text = ok(await client.call_tool("respond", {"prompt": f"!release {key}", "thread_id": f"release-{key}"}))["text"]
+    return int(text.rsplit(" ", 1)[1])
+
+
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE

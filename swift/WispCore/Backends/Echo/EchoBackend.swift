@@ -12,6 +12,7 @@ public struct EchoBackend: ModelBackend {
     let context: Int
     let delayMs: Int
     let crash: @Sendable () -> Never
+    let holds = EchoHolds()
 
     /// `crash` is what `!crash` does: the process ends it (wisp-core exits 70); library code never exits.
     public init(contextSize: Int? = nil, delayMs: Int = 0,
@@ -29,7 +30,7 @@ public struct EchoBackend: ModelBackend {
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
         EchoSession(instructions: instructions, tools: tools, turns: history, context: context, delayMs: delayMs,
-                    crash: crash)
+                    holds: holds, crash: crash)
     }
 }
 
@@ -39,11 +40,13 @@ final class EchoSession: ModelSession {
     private var turns: [Turn]
     private let context: Int
     private let delayMs: Int
+    private let holds: EchoHolds
     private let crash: @Sendable () -> Never
 
     init(instructions: String?, tools: [ModelTool], turns: [Turn], context: Int, delayMs: Int,
-         crash: @escaping @Sendable () -> Never) {
+         holds: EchoHolds, crash: @escaping @Sendable () -> Never) {
         self.crash = crash
+        self.holds = holds
         self.instructions = instructions
         self.tools = Dictionary(tools.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
         self.turns = turns
@@ -64,6 +67,7 @@ final class EchoSession: ModelSession {
                  onPartial: PartialHandler?) async throws -> Generation {
         let n = turns.count + 1
         var sleepMs = 0
+        var holdKey: String?
         var exchanges: [ToolExchange] = []
         let prompt = message.rendered
         var body = message.text
@@ -75,6 +79,12 @@ final class EchoSession: ModelSession {
             crash()
         case .sleep(let ms):
             sleepMs = ms
+        case .hold(let key):
+            holdKey = key
+        case .held(let key, let count):
+            try await holds.held(key, count: count)
+        case .release(let key):
+            body = "released \(holds.release(key))"
         case .fail(let code):
             throw WispError(code, "echo backend: failed on purpose (!fail \(code.rawValue))")
         case .tool(let name, let arguments):
@@ -106,6 +116,8 @@ final class EchoSession: ModelSession {
             throw WispError(.contextOverflow, "echo backend: \(used) tokens exceed the \(context)-token context")
         }
 
+        // Parked once the call would otherwise reply, so a released hold answers as a sleep would.
+        if let holdKey { try await holds.hold(holdKey) }
         let delay = sleepMs.addingClamped(delayMs)
         do {
             if let onPartial {
@@ -151,12 +163,17 @@ final class EchoSession: ModelSession {
 enum EchoDirective: Equatable {
     case none
     case sleep(Int)
+    case hold(String)
+    case held(String, count: Int)
+    case release(String)
     case fail(WispError.Code)
     case crash
     case tool(name: String, arguments: String)
 
     /// `!sleep`'s milliseconds: up to a day.
     static let sleepRange = 0...86_400_000
+    /// `!held`'s count: no more calls than a core could ever run at once.
+    static let heldRange = 1...1_000_000
 
     init(_ prompt: String) throws {
         guard prompt.hasPrefix("!") else { self = .none; return }
@@ -171,6 +188,18 @@ enum EchoDirective: Equatable {
                                 + "\(Self.sleepRange.upperBound), e.g. `!sleep 500 hello`")
             }
             self = .sleep(ms)
+        case "!hold", "!release":
+            guard !argument.isEmpty else {
+                throw WispError(.invalidArgument, "echo: \(words[0]) needs a key, e.g. `\(words[0]) first hello`")
+            }
+            self = words[0] == "!hold" ? .hold(argument) : .release(argument)
+        case "!held":
+            let count = words.count > 2 ? String(words[2].prefix { $0 != " " }) : "1"
+            guard !argument.isEmpty, let n = OutsideNumber.int(count, in: Self.heldRange) else {
+                throw WispError(.invalidArgument, "echo: !held needs a key and a count of calls from 1 to "
+                                + "\(Self.heldRange.upperBound), e.g. `!held first 2`")
+            }
+            self = .held(argument, count: n)
         case "!fail":
             guard let code = WispError.Code(rawValue: argument) else {
                 let codes = WispError.Code.allCases.map(\.rawValue).joined(separator: ", ")
