@@ -199,15 +199,28 @@ def core_pids(client, wait: float = 5.0) -> list[int]:
     """The pids of the cores the shim has started, from its log. The shim's log is written by a
     thread of its own, so a line can land after the reply that followed it: wait (up to `wait`
     seconds) until at least one is there."""
-    deadline = time.monotonic() + wait
-    while True:
+    pids: list[int] = []
+
+    def logged() -> bool:
         client.errlog.flush()
         client.errlog.seek(0)
-        pids = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
+        pids[:] = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
         client.errlog.seek(0, os.SEEK_END)
-        if pids or time.monotonic() >= deadline:
-            return pids
-        time.sleep(0.05)
+        return bool(pids)
+
+    wait_until(logged, wait)
+    return pids
+
+
+def wait_until(predicate, timeout: float) -> bool:
+    """Whether `predicate` came true within `timeout` seconds (a poll of what the test can see,
+    for the tests that are not async)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        time.sleep(0.02)  # the poll's interval
+    return True
 
 
 async def wait_for(predicate, timeout: float) -> None:
@@ -321,12 +334,7 @@ def cpu_s(p: psutil.Process) -> float:
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not running(pid):
-            return True
-        time.sleep(0.05)
-    return not running(pid)
+    return wait_until(lambda: not running(pid), timeout)
 
 
 # --- the model tools' workspace ---
