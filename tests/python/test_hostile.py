@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from typing import Any, Callable
 
 import pytest
 
-from harness import INITIALIZE, INITIALIZED, REPO, close_shim, jsonrpc, shim_command, shim_env, text_of, wisp
+from harness import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env, text_of, wisp
+from harness.raw import RawChannel, raw_roots_session
 
 MB = 1024 * 1024
 SENTINEL = "sentinel"
@@ -77,74 +77,6 @@ class ClientChannel:
         if self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
         self.thread.join(30)
-
-
-class RawChannel:
-    """JSON-RPC lines on the shim's stdin; responses collected by id from its stdout."""
-
-    def __init__(self, *args: str) -> None:
-        self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.err, env=shim_env(), cwd=REPO,
-        )
-        self.lines: list[bytes] = []
-        self.by_id: dict[Any, list[dict]] = {}
-        self.cond = threading.Condition()
-        self.eof = False
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        self.send(INITIALIZE)
-        assert "result" in self.wait(1)
-        self.send(INITIALIZED)
-        self.next_id = 100
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            msg = json.loads(line)  # every line on stdout must be JSON: a failure here fails the test
-            with self.cond:
-                self.lines.append(line)
-                self.by_id.setdefault(msg.get("id", "notification"), []).append(msg)
-                self.cond.notify_all()
-        with self.cond:
-            self.eof = True
-            self.cond.notify_all()
-
-    def send(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def wait(self, rid: Any, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not self.by_id.get(rid):
-                left = deadline - time.monotonic()
-                if self.eof or left <= 0:
-                    raise AssertionError(f"no response with id {rid!r} ({'stdout closed' if self.eof else 'timed out'}); stderr:\n{self.stderr()}")
-                self.cond.wait(left)
-            return self.by_id[rid].pop(0)
-
-    def quiet_for(self, seconds: float) -> list[bytes]:
-        """Lines that arrive within `seconds` (for inputs that must get no answer)."""
-        with self.cond:
-            n = len(self.lines)
-        time.sleep(seconds)
-        with self.cond:
-            return self.lines[n:]
-
-    def call(self, name: str, arguments: Any, rid: Any = None) -> dict:
-        if rid is None:
-            self.next_id += 1
-            rid = self.next_id
-        self.send(jsonrpc("tools/call", {"name": name, "arguments": arguments}, id=rid))
-        return self.wait(rid)
-
-    def stderr(self) -> str:
-        self.err.seek(0)
-        return self.err.read().decode(errors="replace")[-4000:]
-
-    def close(self) -> None:
-        close_shim(self.proc, 10)
 
 
 class Sentinel:
@@ -409,7 +341,7 @@ def test_raw_case(raw, case: RawCase):
         assert msg["result"] == {}
         answer = "answered (ping result) under its 1 MB id"
     elif case.expect is None:
-        assert raw.quiet_for(0.5) == []
+        assert raw.quiet() == []
         answer = "nothing (not a request: no reply is due), server carries on"
     else:
         # Errors for lines whose id cannot be read come back with id null.
@@ -431,7 +363,7 @@ def test_raw_a_request_id_already_in_flight_is_refused(raw):
         assert m["error"]["code"] == -32600 and "already in flight" in m["error"]["message"], m
     first = raw.wait(7777)
     assert first["result"]["structuredContent"]["text"] == "echo 1: !sleep 500 first", first
-    assert raw.quiet_for(0.3) == []
+    assert raw.quiet() == []
     # Refused calls ran nowhere: neither thread exists.
     for tid in ("dup-b", "dup-c"):
         assert raw.call("respond", {"prompt": "p", "thread_id": tid})["result"]["structuredContent"]["created"] is True
@@ -449,14 +381,14 @@ def test_raw_a_request_whose_id_is_not_a_string_or_integer_is_invalid(raw, spell
     raw.send(b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"respond","arguments":{"prompt":"p","thread_id":"bad-id"}}}\n' % INVALID_IDS[spelling])
     msg = raw.wait(None, timeout=10)
     assert msg["id"] is None and msg["error"]["code"] == -32600 and "string or an integer" in msg["error"]["message"], msg
-    assert raw.quiet_for(0.2) == []
+    assert raw.quiet() == []
     ANSWERS.append(("raw", f"a request whose id is {spelling}", f"JSON-RPC error -32600 (id null): {msg['error']['message'][:80]}"))
     raw.sentinel.check(f"id {spelling}")
 
 
 def test_raw_a_notification_and_a_response_with_odd_ids_stay_unanswered(raw):
     raw.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n' + b'{"jsonrpc":"2.0","id":1.5,"result":{}}\n')
-    assert raw.quiet_for(0.5) == []
+    assert raw.quiet() == []
     raw.sentinel.check("odd-id response")
 
 
@@ -631,37 +563,8 @@ async def test_a_client_root_that_is_not_an_absolute_path_is_refused(uri, why):
 def _raw_roots_call(uris: list[str]) -> tuple[dict, float]:
     """A raw client that offers roots: calls respond with tools, answers the shim's roots/list
     with `uris`, and returns the call's reply and the time from that answer to the reply."""
-    reply, took, _ = _raw_roots_session(uris)
+    reply, took, _ = raw_roots_session(uris)
     return reply, took
-
-
-def _raw_roots_session(uris: list[str], then: bytes = b"") -> tuple[dict, float, dict | None]:
-    """`_raw_roots_call`, and the answer to the request `then` sent after its reply, if any."""
-    init = jsonrpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"roots": {"listChanged": False}},
-                                  "clientInfo": {"name": "wisp-tests", "version": "0"}}, id=1)
-    proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO)
-    try:
-        proc.stdin.write(init)
-        proc.stdin.flush()
-        assert "result" in json.loads(proc.stdout.readline())
-        proc.stdin.write(INITIALIZED + _call(2, {"prompt": "p", "thread_id": "r", "tools": ["read_file"]}))
-        proc.stdin.flush()
-        ask = json.loads(proc.stdout.readline())
-        assert ask.get("method") == "roots/list", ask
-        answer = (json.dumps({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": [{"uri": u} for u in uris]}}) + "\n").encode()
-        proc.stdin.write(answer)
-        proc.stdin.flush()
-        start = time.monotonic()
-        reply = json.loads(proc.stdout.readline())
-        took = time.monotonic() - start
-        if then:
-            proc.stdin.write(then)
-            proc.stdin.flush()
-        return reply, took, json.loads(proc.stdout.readline()) if then else None
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
 
 
 def test_too_many_client_roots_are_refused_at_once():

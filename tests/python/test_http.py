@@ -16,10 +16,7 @@ import secrets
 import signal
 import stat
 import subprocess
-import sys
-import tempfile
 import time
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -29,95 +26,9 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from harness import REPO, error_text, ok, running, shim_command, shim_env, text_of, until_pending
-
-MODES = ("legacy", "2026-07-28")  # 2025-11-25 with a session; 2026-07-28 without
-ACCEPT = "application/json, text/event-stream"
-
-
-class HttpWisp:
-    def __init__(self, proc: subprocess.Popen, errlog, url: str, token: str) -> None:
-        self.proc, self.errlog, self.url, self.token = proc, errlog, url, token
-        self.port = int(re.search(r":(\d+)/mcp", url).group(1))
-
-    def log(self) -> str:
-        self.errlog.flush()
-        self.errlog.seek(0)
-        text = self.errlog.read()
-        self.errlog.seek(0, os.SEEK_END)
-        return text
-
-    def core_pids(self) -> list[int]:
-        return [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", self.log())]
-
-    def headers(self, **extra: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}", "Accept": ACCEPT, **extra}
-
-
-def start_http(*args: str, env: dict[str, str] | None = None, token: str | None = None, errlog=None,
-               backend: str | None = "echo") -> subprocess.Popen:
-    token_env = {"WISP_HTTP_TOKEN": token} if token else {}
-    backend_args = ("--backend", backend) if backend else ()
-    return subprocess.Popen(
-        shim_command(*backend_args, "--http", "127.0.0.1:0", *args), stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=errlog if errlog is not None else subprocess.PIPE,
-        env=shim_env(**token_env, **(env or {})), cwd=REPO,
-    )
-
-
-@asynccontextmanager
-async def http_wisp(*args: str, env: dict[str, str] | None = None, backend: str | None = "echo"):
-    token = secrets.token_urlsafe(32)
-    with tempfile.TemporaryFile("w+") as errlog:
-        proc = start_http(*args, env=env, token=token, errlog=errlog, backend=backend)
-        server = None
-        try:
-            with anyio.fail_after(20):
-                while True:
-                    errlog.seek(0)
-                    m = re.search(r"serving MCP at (http://\S+/mcp)", errlog.read())
-                    if m:
-                        break
-                    assert proc.poll() is None, f"wisp --http exited with {proc.returncode}"
-                    await anyio.sleep(0.02)
-            server = HttpWisp(proc, errlog, m.group(1), token)
-            yield server
-        except BaseException:
-            sys.stderr.write("---- wisp --http stderr ----\n" + (server.log() if server else "")[-8000:] + "\n")
-            raise
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-
-
-@asynccontextmanager
-async def client(server: HttpWisp, mode: str = "legacy", token: str | None = None, **kw):
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token or server.token}"}, timeout=60) as hc:
-        async with Client(streamable_http_client(server.url, http_client=hc), mode=mode, **kw) as c:
-            yield c
-
-
-def modern_call(name: str, arguments: dict, id: int = 1) -> dict:
-    """A 2026-07-28 tools/call, self-contained as that protocol sends one."""
-    return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-        "name": name, "arguments": arguments,
-        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}},
-    }}
-
-
-MODERN_HEADERS = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": "tools/call", "Mcp-Name": "respond"}
-
-
-async def threads_of(server: HttpWisp) -> dict[str, int]:
-    async with client(server) as c:
-        listing = ok(await c.call_tool("list_threads", {}))
-    return {t["thread_id"]: t["turns"] for t in listing["threads"]}
-
+from harness import REPO, error_text, install_fake, ok, running, shim_command, shim_env, text_of, until_pending
+from harness.http import (ACCEPT, MODERN_HEADERS, MODES, client, events, http_wisp, legacy_session, modern_call, start_http,
+                          threads_of)
 
 # --- 1. one server, many clients ----------------------------------------------------------------
 
@@ -393,30 +304,22 @@ async def test_each_call_uses_the_roots_of_the_session_that_made_it(tmp_path):
             assert "outside the readable roots" in ok(await modern.call_tool("respond", {"prompt": read(dirs["a"] / "note.txt"), "thread_id": "m"}))["text"]
 
 
-async def _events(lines) -> dict:
-    """The next JSON-RPC message on an SSE stream."""
-    async for line in lines:
-        if line.startswith("data:"):
-            return json.loads(line[5:])
-    raise AssertionError("the stream ended")
-
-
 @pytest.mark.parametrize("answer, why", [
     ({"roots": [{"uri": 5}]}, "roots.0.uri"),
     ({"roots": "file:///tmp"}, "roots"),
 ], ids=["uri not a string", "roots not a list"])
 async def test_a_hostile_answer_to_roots_list_fails_that_call_with_invalid_argument(answer, why):
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        headers = await _legacy_session(hc, server, {"roots": {"listChanged": False}})
+        headers = await legacy_session(hc, server, {"roots": {"listChanged": False}})
         body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                 "params": {"name": "respond", "arguments": {"prompt": "p", "thread_id": "r", "tools": ["read_file"]}}}
         async with hc.stream("POST", server.url, json=body, headers=headers) as r:
             lines = r.aiter_lines()
-            ask = await _events(lines)
+            ask = await events(lines)
             assert ask.get("method") == "roots/list", ask  # asked on the call's own stream
             posted = await hc.post(server.url, json={"jsonrpc": "2.0", "id": ask["id"], "result": answer}, headers=headers)
             assert posted.status_code == 202
-            reply = await _events(lines)
+            reply = await events(lines)
         assert reply["id"] == 7 and reply["result"]["isError"], reply
         text = reply["result"]["content"][0]["text"]
         assert text.startswith("invalid_argument:") and "roots/list" in text and why in text, text
@@ -473,18 +376,6 @@ async def test_a_clients_cancel_stops_its_call_only_and_leaves_the_thread_unchan
             assert (after["text"], after["turns"]) == ("echo 2: after", 2) and time.monotonic() - start < 2.5
 
 
-async def _legacy_session(hc: httpx2.AsyncClient, server: HttpWisp, capabilities: dict | None = None) -> dict[str, str]:
-    """A raw 2025-11-25 session: initialize, initialized; the headers its requests carry."""
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": capabilities or {}, "clientInfo": {"name": "raw", "version": "0"}}}
-    r = await hc.post(server.url, json=init, headers=server.headers())
-    assert r.status_code == 200, r.text
-    headers = server.headers(**{"Mcp-Session-Id": r.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-11-25"})
-    r = await hc.post(server.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
-    assert r.status_code == 202, r.text
-    return headers
-
-
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_client_that_drops_its_connection_mid_call_leaves_the_thread_unchanged(mode):
     async with http_wisp() as server:
@@ -492,7 +383,7 @@ async def test_a_client_that_drops_its_connection_mid_call_leaves_the_thread_unc
             ok(await a.call_tool("respond", {"prompt": "one", "thread_id": "t"}))
             async with httpx2.AsyncClient(timeout=30) as hc:
                 if mode == "legacy":
-                    headers = await _legacy_session(hc, server)
+                    headers = await legacy_session(hc, server)
                     body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                             "params": {"name": "respond", "arguments": {"prompt": "!sleep 4000 dropped", "thread_id": "t"}}}
                 else:
@@ -512,8 +403,8 @@ async def test_a_client_that_drops_its_connection_mid_call_leaves_the_thread_unc
 async def test_one_session_over_the_cap_gets_a_clear_error_and_idle_sessions_expire():
     async with http_wisp("--max-sessions", "2", "--session-idle-timeout", "1.5") as server:
         async with httpx2.AsyncClient(timeout=30) as hc:
-            first = await _legacy_session(hc, server)
-            await _legacy_session(hc, server)
+            first = await legacy_session(hc, server)
+            await legacy_session(hc, server)
             init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "third", "version": "0"}}}
             r = await hc.post(server.url, json=init, headers=server.headers())
@@ -527,7 +418,7 @@ async def test_one_session_over_the_cap_gets_a_clear_error_and_idle_sessions_exp
             await anyio.sleep(2.5)
             r = await hc.post(server.url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=first)
             assert r.status_code == 404, r.text
-            await _legacy_session(hc, server)
+            await legacy_session(hc, server)
 
 
 # --- 6. lifecycle -------------------------------------------------------------------------------------
@@ -573,8 +464,6 @@ async def test_a_stop_signal_during_calls_exits_within_3_s_with_no_orphan(sig):
 
 
 async def test_a_stop_signal_stops_the_local_model_too(tmp_path):
-    from test_local_model import install_fake
-
     binary = install_fake(tmp_path / "bin")
     model = tmp_path / "any.gguf"
     model.write_bytes(b"GGUF")
@@ -641,7 +530,7 @@ async def test_malformed_requests_with_the_token_are_refused_and_take_nothing_do
         async with client(server) as c:
             ok(await c.call_tool("respond", {"prompt": "before", "thread_id": "steady"}))
             async with httpx2.AsyncClient(timeout=30) as hc:
-                session = await _legacy_session(hc, server)
+                session = await legacy_session(hc, server)
                 json_type = {"Content-Type": "application/json"}
                 bad = [
                     ("POST", b"not json", server.headers(**json_type)),

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from harness import ok
-from test_http import MODERN_HEADERS, _legacy_session, client, http_wisp, modern_call, threads_of
+from harness.http import MODERN_HEADERS, client, http_wisp, legacy_session, modern_call, threads_of
 
 MIB = 1024 * 1024
 
@@ -251,7 +251,7 @@ async def test_a_sessions_stalled_uploads_exhaust_only_that_sessions_share():
 
     async with http_wisp() as server:
         async with httpx2.AsyncClient(timeout=30) as hc:
-            session = await _legacy_session(hc, server)
+            session = await legacy_session(hc, server)
             stalled = []
             try:
                 for _ in range(SESSION_BODY_BYTES // (16 * MIB)):

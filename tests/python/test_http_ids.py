@@ -19,7 +19,7 @@ import httpx2
 import pytest
 
 from harness import ok, until_pending
-from test_http import MODERN_HEADERS, MODES, _events, _legacy_session, client, http_wisp, modern_call, threads_of
+from harness.http import MODERN_HEADERS, MODES, client, events, http_wisp, legacy_session, modern_call, threads_of
 
 
 def _legacy_call(rid: object, name: str, arguments: dict) -> dict:
@@ -46,7 +46,7 @@ async def _reply(stream) -> dict:
     """The JSON-RPC reply a POST got, as JSON or as the next message on its SSE stream."""
     if stream.headers["content-type"].startswith("application/json"):
         return json.loads(await stream.aread())
-    return await _events(stream.aiter_lines())
+    return await events(stream.aiter_lines())
 
 
 async def _turns(server, thread_id: str) -> list[dict]:
@@ -56,7 +56,7 @@ async def _turns(server, thread_id: str) -> list[dict]:
 
 async def test_an_id_reused_while_the_first_is_in_flight_is_refused_and_the_first_gets_its_one_reply():
     async with http_wisp() as server, client(server) as watcher, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server)
+        session = await legacy_session(hc, server)
         first = _legacy_call(7, "respond", {"prompt": "!sleep 800 first", "thread_id": "first"})
         async with hc.stream("POST", server.url, json=first, headers=session) as stream:
             assert stream.status_code == 200
@@ -77,13 +77,13 @@ async def test_an_id_reused_while_the_first_is_in_flight_is_refused_and_the_firs
         # Answered, the id is free again in its session.
         async with hc.stream("POST", server.url, json=_legacy_call(7, "respond", {"prompt": "reuse", "thread_id": "first"}),
                              headers=session) as stream:
-            reply = await _events(stream.aiter_lines())
+            reply = await events(stream.aiter_lines())
         assert reply["id"] == 7 and reply["result"]["structuredContent"]["text"] == "echo 2: reuse", reply
 
 
 async def test_ids_in_flight_are_per_session_and_a_2026_client_has_none_to_collide_with():
     async with http_wisp() as server, client(server) as watcher, httpx2.AsyncClient(timeout=30) as hc:
-        a, b = await _legacy_session(hc, server), await _legacy_session(hc, server)
+        a, b = await legacy_session(hc, server), await legacy_session(hc, server)
         async with anyio.create_task_group() as tg:
             results: dict[str, dict] = {}
 
@@ -104,7 +104,7 @@ async def test_ids_in_flight_are_per_session_and_a_2026_client_has_none_to_colli
 
 async def test_an_id_whose_connection_dropped_is_free_again_once_its_call_is_cancelled():
     async with http_wisp() as server, client(server) as watcher, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server)
+        session = await legacy_session(hc, server)
         dropped = _legacy_call(9, "respond", {"prompt": "!sleep 5000 dropped", "thread_id": "d"})
         async with hc.stream("POST", server.url, json=dropped, headers=session) as stream:
             assert stream.status_code == 200
@@ -115,7 +115,7 @@ async def test_an_id_whose_connection_dropped_is_free_again_once_its_call_is_can
                 async with hc.stream("POST", server.url, json=_legacy_call(9, "respond", {"prompt": "after", "thread_id": "d"}),
                                      headers=session) as stream:
                     if stream.status_code == 200:
-                        reply = await _events(stream.aiter_lines())
+                        reply = await events(stream.aiter_lines())
                         break
                     _refused(httpx2.Response(stream.status_code, headers=stream.headers, content=await stream.aread()), 9, "already in flight")
                 await anyio.sleep(0.05)
@@ -133,7 +133,7 @@ INVALID_IDS = {
 @pytest.mark.parametrize("mode", MODES)
 async def test_an_id_json_rpc_does_not_allow_is_an_error_never_202_and_silence(mode):
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server) if mode == "legacy" else None
+        session = await legacy_session(hc, server) if mode == "legacy" else None
         for i, (what, spelling) in enumerate(INVALID_IDS.items()):
             body = b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"respond","arguments":{"prompt":"p","thread_id":"bad%d"}%s}}' % (
                 spelling, i, b',"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}'
@@ -148,7 +148,7 @@ EDGE_IDS = [2**63 - 1, -(2**63), 0, "", "🙂", "x" * 100_000, "05"]
 @pytest.mark.parametrize("mode", MODES)
 async def test_ids_at_the_edges_of_what_is_allowed_are_answered_under_themselves(mode):
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server) if mode == "legacy" else None
+        session = await legacy_session(hc, server) if mode == "legacy" else None
         for rid in EDGE_IDS:
             call = _legacy_call(rid, "list_threads", {}) if mode == "legacy" else modern_call("list_threads", {}, id=rid)
             headers = session if mode == "legacy" else server.headers(**{**MODERN_HEADERS, "Mcp-Name": "list_threads"})
@@ -172,7 +172,7 @@ REFUSED_BODIES = {
 async def test_a_batch_or_an_envelope_member_twice_is_refused_whole(mode, what):
     body, says = REFUSED_BODIES[what]
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server) if mode == "legacy" else None
+        session = await legacy_session(hc, server) if mode == "legacy" else None
         _refused(await _post_raw(hc, server, mode, body, session), None, says)
         assert await threads_of(server) == {}
 
@@ -180,7 +180,7 @@ async def test_a_batch_or_an_envelope_member_twice_is_refused_whole(mode, what):
 @pytest.mark.parametrize("mode", MODES)
 async def test_what_is_no_request_passes_the_door_and_unreadable_json_is_a_parse_error(mode):
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server) if mode == "legacy" else None
+        session = await legacy_session(hc, server) if mode == "legacy" else None
         # A notification owes no reply: 202 as before.
         r = await _post_raw(hc, server, mode, b'{"jsonrpc":"2.0","method":"notifications/initialized"}', session)
         assert r.status_code == 202, r.text

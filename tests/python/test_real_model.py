@@ -24,44 +24,15 @@ import anyio
 import pytest
 
 from harness import error_text, ok, shim_env, wisp
+from harness.real_model import FOUND, serve, skip_unless_installed, via
 from openai_stub import RecordingProxy
 from harness import grandchildren_named, ppid as _ppid, running as _alive
 from wisp_shim import llama_server, local_model
 
 SETTINGS = {"temperature": 0, "max_output_tokens": 32}
 
-
-def _installed() -> tuple[local_model.ServerProgram, Path] | str:
-    try:
-        server, model = local_model.find_server(), local_model.find_model()
-    except local_model.LocalModelError as exc:
-        return str(exc)
-    if server is None or model is None:
-        what = " and ".join(x for x, v in (("llama.cpp's server", server), ("the SmolLM2 model", model)) if v is None)
-        return f"the local model is not installed ({what} missing): {local_model.INSTALL_HINT}"
-    return server, model
-
-
-_found = _installed()
-if isinstance(_found, str):
-    if os.environ.get("WISP_REQUIRE_LOCAL_MODEL") == "1":
-        pytest.fail(f"WISP_REQUIRE_LOCAL_MODEL=1 but {_found}", pytrace=False)
-    print(f"\nSKIPPING real-model tests: {_found}")
-    pytestmark = pytest.mark.skip(reason=_found)
-
-
-def _serve(context_size: int, slots: int = 1):
-    assert not isinstance(_found, str)
-    server, model = _found
-    lm = local_model.LocalModel.of(server, model, context_size=context_size, slots=slots)
-    lm.spawn()
-    deadline = time.monotonic() + 120
-    while not lm.healthy():
-        assert lm.proc is not None and lm.proc.poll() is None, "llama-server exited while starting"
-        assert time.monotonic() < deadline, "llama-server did not become healthy in 120 s"
-        time.sleep(0.05)
-    return lm
-
+if (skip := skip_unless_installed()) is not None:
+    pytestmark = skip
 
 PARALLEL = 4
 
@@ -69,14 +40,14 @@ PARALLEL = 4
 @pytest.fixture(scope="module")
 def llama():
     # Several slots, as wisp starts it: each thread's context is a slot's, not the whole -c.
-    lm = _serve(local_model.DEFAULT_CONTEXT, slots=PARALLEL)
+    lm = serve(local_model.DEFAULT_CONTEXT, slots=PARALLEL)
     yield lm
     lm.stop()
 
 
 @pytest.fixture(scope="module")
 def llama_small():
-    lm = _serve(512)
+    lm = serve(512)
     yield lm
     lm.stop()
 
@@ -84,16 +55,12 @@ def llama_small():
 @pytest.fixture(scope="module")
 def llama_long():
     # A context a few turns fill: a thread soon runs past it.
-    lm = _serve(LONG_CONTEXT, slots=2)
+    lm = serve(LONG_CONTEXT, slots=2)
     yield lm
     lm.stop()
 
 
 LONG_CONTEXT = 1024
-
-
-def via(proxy: RecordingProxy, *args: str):
-    return wisp("--endpoint", proxy.endpoint, "--model", llama_server.MODEL_ALIAS, *args, backend="openai", env=shim_env())
 
 
 # The default these tests mean: on a Mac whose Apple model can answer, `auto` picks that instead.
@@ -497,8 +464,8 @@ async def test_each_installed_server_decodes_answers_only_its_key_and_serves_wis
     """The compiled server and the wheel's, each where it is installed (the default picks one)."""
     if server is None:
         pytest.skip(missing)
-    assert not isinstance(_found, str)
-    lm = local_model.LocalModel.of(server, _found[1], context_size=1024)
+    assert not isinstance(FOUND, str)
+    lm = local_model.LocalModel.of(server, FOUND[1], context_size=1024)
     t0 = time.monotonic()
     try:
         await lm.ensure_running()

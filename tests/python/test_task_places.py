@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from test_tasks import GENERATIONS, LEGACY, call, handle_of, make_task, raw_clients  # noqa: F401 (a fixture)
+from harness.tasks import GENERATIONS, LEGACY, call, handle_of, make_task
 
 
 @pytest.mark.parametrize("generation", GENERATIONS)

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from harness import children
-from test_tasks import LEGACY, MODERN, GENERATIONS, call, handle_of, raw_clients  # noqa: F401 (a fixture)
+from harness.tasks import GENERATIONS, LEGACY, MODERN, call, handle_of
 
 
 def prompts(c, thread_id: str) -> list[str]:

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from test_tasks import LEGACY, MODERN, RELATED, call, handle_of, make_task, raw_clients  # noqa: F401 (a fixture)
+from harness.tasks import LEGACY, MODERN, RELATED, call, handle_of, make_task
 
 STATUS = "notifications/tasks/status"
 

@@ -12,164 +12,23 @@ and echo's N), never by clocks; the one time checked is the ttl the README promi
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
-import threading
 import time
-from typing import Any
 
 import anyio
 import httpx2
 import pytest
 
-from harness import REPO, close_shim, jsonrpc, shim_command, shim_env
+from harness import REPO, shim_command, shim_env
 from openai_stub import OpenAIStub
-from test_http import MODERN_HEADERS, _legacy_session, http_wisp
-
-LEGACY, MODERN = "2025-11-25", "2026-07-28"
-GENERATIONS = (LEGACY, MODERN)
-EXT = "io.modelcontextprotocol/tasks"
-RELATED = "io.modelcontextprotocol/related-task"
-
-
-def call(tool: str, **arguments: Any) -> dict:
-    """tools/call params."""
-    return {"name": tool, "arguments": arguments}
-
-
-def legacy(rid: int, method: str, params: dict) -> dict:
-    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
-
-
-def envelope(declare: bool = True) -> dict:
-    """A 2026-07-28 request's `_meta`, declaring the tasks extension or not."""
-    caps = {"extensions": {EXT: {}}} if declare else {}
-    return {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": caps}
-
-
-class Raw:
-    """A shim over stdio driven by JSON-RPC lines: requests by id, notifications kept in order."""
-
-    def __init__(self, generation: str, declare: bool = True, *args: str, env: dict[str, str] | None = None) -> None:
-        self.generation, self.declare = generation, declare
-        self.proc = subprocess.Popen(
-            shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, env=shim_env(**(env or {})), cwd=REPO,
-        )
-        self.replies: dict[Any, dict] = {}
-        self.notes: list[dict] = []
-        self._arrived = threading.Condition()
-        self._next = 100
-        threading.Thread(target=self._read, daemon=True).start()
-        if generation == LEGACY:
-            caps = {"tasks": {}} if declare else {}
-            self.initialized = self.request("initialize", {
-                "protocolVersion": LEGACY, "capabilities": caps, "clientInfo": {"name": "raw", "version": "0"}})
-            self.send(jsonrpc("notifications/initialized"))
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            with self._arrived:
-                if "id" in msg and "method" not in msg:
-                    self.replies[msg["id"]] = msg
-                else:
-                    self.notes.append(msg)
-                self._arrived.notify_all()
-
-    def send(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def start(self, method: str, params: dict | None = None) -> int:
-        self._next += 1
-        params = dict(params or {})
-        if self.generation == MODERN:
-            params["_meta"] = {**params.get("_meta", {}), **envelope(self.declare)}
-        self.send(jsonrpc(method, params, id=self._next))
-        return self._next
-
-    def wait(self, rid: int, timeout: float = 30) -> dict:
-        with self._arrived:
-            assert self._arrived.wait_for(lambda: rid in self.replies, timeout), f"no reply {rid}"
-            return self.replies.pop(rid)
-
-    def request(self, method: str, params: dict | None = None) -> dict:
-        return self.wait(self.start(method, params))
-
-    def respond(self, prompt: str, thread_id: str, task: bool = True, progress: str | None = None) -> int:
-        params: dict = {"name": "respond", "arguments": {"prompt": prompt, "thread_id": thread_id}}
-        if task and self.generation == LEGACY:
-            params["task"] = {"ttl": 60000}
-        if progress:
-            params["_meta"] = {"progressToken": progress}
-        return self.start("tools/call", params)
-
-    def pending(self, thread_id: str) -> int:
-        listing = self.request("tools/call", {"name": "list_threads", "arguments": {}})["result"]["structuredContent"]
-        return next((t["pending"] for t in listing["threads"] if t["thread_id"] == thread_id), 0)
-
-    def until_pending(self, thread_id: str, n: int) -> None:
-        deadline = time.monotonic() + 20
-        while self.pending(thread_id) != n:
-            assert time.monotonic() < deadline, f"thread {thread_id} never had {n} call(s) pending"
-
-    def outcome(self, task_id: str) -> dict:
-        """The task's end as its generation gives it: tasks/result (2025-11-25), or tasks/get
-        polled until terminal (2026-07-28): {"status", "result" | "error"}."""
-        if self.generation == LEGACY:
-            answer = self.request("tasks/result", {"taskId": task_id})
-            status = self.request("tasks/get", {"taskId": task_id})["result"]["status"]
-            return {"status": status, **{k: answer[k] for k in ("result", "error") if k in answer}}
-        deadline = time.monotonic() + 30
-        while True:
-            got = self.request("tasks/get", {"taskId": task_id})["result"]
-            if got["status"] in ("completed", "failed", "cancelled"):
-                return got
-            assert time.monotonic() < deadline, "the task never ended"
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        close_shim(self.proc, 15)
-
-
-@pytest.fixture
-def raw_clients():
-    made: list[Raw] = []
-
-    def make(*args: Any, **kw: Any) -> Raw:
-        made.append(Raw(*args, **kw))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.close()
-
-
-def handle_of(reply: dict, generation: str) -> str:
-    """The task id a tools/call answered with (failing when it answered plainly)."""
-    result = reply["result"]
-    if generation == LEGACY:
-        assert set(result) == {"task", "_meta"} and result["task"]["status"] == "working", result
-        return result["task"]["taskId"]
-    assert result.get("resultType") == "task" and result["status"] == "working", result
-    return result["taskId"]
-
+from harness.http import MODERN_HEADERS, http_wisp, legacy_session
+from harness.tasks import EXT, GENERATIONS, LEGACY, MODERN, RELATED, call, envelope, handle_of, legacy, make_task
 
 def plain(result: dict, thread_id: str, other: str) -> dict:
     """A tool result as the plain call's would read, with `other` thread id in place of `thread_id`,
     and without the envelope's `_meta` (serverInfo, related-task)."""
     text = json.dumps({k: v for k, v in result.items() if k != "_meta"})
     return json.loads(text.replace(thread_id, other))
-
-
-def make_task(c: Raw, prompt: str, thread_id: str) -> str:
-    """A respond call that becomes a task in either generation, as the thread's second turn.
-    2026-07-28 (echo): wisp makes a task only of a call that cannot start at once, so a slow
-    plain call runs on the thread first (in both generations, for the same history)."""
-    c.respond(f"!sleep 400 before {prompt}", thread_id, task=False)
-    c.until_pending(thread_id, 1)
-    return handle_of(c.wait(c.respond(prompt, thread_id)), c.generation)
 
 
 # --- a task is the call -----------------------------------------------------------------------
@@ -428,8 +287,8 @@ def _modern(method: str, params: dict, rid: int, declare: bool = True) -> tuple[
 async def test_http_tasks_in_both_generations_scoped_to_their_client():
     async with http_wisp() as server:
         async with httpx2.AsyncClient(timeout=60) as hc:
-            a = await _legacy_session(hc, server, {"tasks": {}})
-            b = await _legacy_session(hc, server, {"tasks": {}})
+            a = await legacy_session(hc, server, {"tasks": {}})
+            b = await legacy_session(hc, server, {"tasks": {}})
             params = {**call("respond", prompt="!sleep 300 over http", thread_id="h"), "task": {"ttl": 60000}}
             task_id = handle_of(await _rpc(hc, server.url, legacy(2, "tools/call", params), a), LEGACY)
             # Another session (same token) cannot see or cancel it.

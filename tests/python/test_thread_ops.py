@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from harness import core_pids, error_text, held, ok, release, text_of, until_pending, wait_for, wisp
-from test_http import client, http_wisp
+from harness import core_pids, error_text, held, ok, release, text_of, wait_for, wisp
+from harness.http import client, http_wisp
 
 TRANSPORTS = ("stdio", "http")
 

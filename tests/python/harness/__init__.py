@@ -1,4 +1,5 @@
-"""The tests' one harness: the real shim (`python -m wisp_shim`) over stdio, driven by the
+"""The tests' one harness (this package; its modules add the shared server, MCP tasks, raw
+JSON-RPC channels and the real local model): the real shim (`python -m wisp_shim`) over stdio, driven by the
 `mcp` SDK's own client or by raw JSON-RPC lines, in front of the real Swift wisp-core with
 the echo backend (or tests/python/fake_core.py); the core on its own over the pipe; process
 inspection; and the model tools' workspace.
@@ -26,7 +27,7 @@ import pytest
 from mcp import Client, StdioServerParameters, stdio_client
 from wisp_shim.version import version
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def core_path() -> str:
@@ -192,7 +193,7 @@ def spawn_initialized(*args: str, argv: list[str] | None = None) -> subprocess.P
 # --- the core's processes ---
 
 
-FAKE_CORE = Path(__file__).with_name("fake_core.py")
+FAKE_CORE = Path(__file__).parents[1] / "fake_core.py"
 
 
 def core_pids(client, wait: float = 5.0) -> list[int]:
@@ -253,15 +254,29 @@ async def until_pending(client, thread_id: str, calls: int = 1, since_turns: int
 # of its own: a thread answers one call at a time, and these must not wait behind what they free.
 
 
+def held_args(key: str, calls: int = 1) -> dict:
+    """respond's arguments for a call that answers once `calls` calls are parked at `!hold KEY`."""
+    return {"prompt": f"!held {key} {calls}", "thread_id": f"held-{key}"}
+
+
+def release_args(key: str) -> dict:
+    """respond's arguments for a call that frees the calls parked at `!hold KEY`."""
+    return {"prompt": f"!release {key}", "thread_id": f"release-{key}"}
+
+
+def released(text: str) -> int:
+    """How many calls a release freed, from its reply (`echo N: released C`)."""
+    return int(text.rsplit(" ", 1)[1])
+
+
 async def held(client, key: str, calls: int = 1) -> None:
     """Return once `calls` calls are parked at echo's `!hold KEY` at the same time."""
-    ok(await client.call_tool("respond", {"prompt": f"!held {key} {calls}", "thread_id": f"held-{key}"}))
+    ok(await client.call_tool("respond", held_args(key, calls)))
 
 
 async def release(client, key: str) -> int:
     """Free the calls parked at `!hold KEY`; how many there were."""
-    text = ok(await client.call_tool("respond", {"prompt": f"!release {key}", "thread_id": f"release-{key}"}))["text"]
-    return int(text.rsplit(" ", 1)[1])
+    return released(ok(await client.call_tool("respond", release_args(key)))["text"])
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -408,3 +423,16 @@ def stub_core(tmp_path, after_ready: str) -> str:
     )
     stub.chmod(0o755)
     return str(stub)
+
+
+# --- a stand-in llama-server ---
+
+
+FAKE_LLAMA = Path(__file__).parents[1] / "fake_llama_server.py"
+def install_fake(directory: Path) -> Path:
+    """The fake as an executable named llama-server, run by this venv's python."""
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = directory / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + FAKE_LLAMA.read_text())
+    binary.chmod(0o755)
+    return binary
