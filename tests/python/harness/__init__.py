@@ -224,11 +224,11 @@ def wait_until(predicate, timeout: float) -> bool:
     return True
 
 
-async def wait_for(predicate, timeout: float) -> None:
+async def wait_for(predicate, timeout: float, what: str = "condition not met in time") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)  # the poll's interval
 
 
 async def until_pending(client, thread_id: str, calls: int = 1, since_turns: int | None = None,
