@@ -251,7 +251,8 @@ async def until_pending(client, thread_id: str, calls: int = 1, since_turns: int
 
 # Echo's meeting points (docs/echo.md): a call sent as `!hold KEY …` is parked until `release`;
 # `held` returns once the calls are parked, so a test knows they started. Each goes to a thread
-# of its own: a thread answers one call at a time, and these must not wait behind what they free.
+# of its own (a thread answers one call at a time, and these must not wait behind what they
+# free), closed once it has answered, so that listings and thread counts show the test's own.
 
 
 def held_args(key: str, calls: int = 1) -> dict:
@@ -271,12 +272,18 @@ def released(text: str) -> int:
 
 async def held(client, key: str, calls: int = 1) -> None:
     """Return once `calls` calls are parked at echo's `!hold KEY` at the same time."""
-    ok(await client.call_tool("respond", held_args(key, calls)))
+    await _meet(client, held_args(key, calls))
 
 
 async def release(client, key: str) -> int:
     """Free the calls parked at `!hold KEY`; how many there were."""
-    return released(ok(await client.call_tool("respond", release_args(key)))["text"])
+    return released(await _meet(client, release_args(key)))
+
+
+async def _meet(client, arguments: dict) -> str:
+    text = ok(await client.call_tool("respond", arguments))["text"]
+    ok(await client.call_tool("close_thread", {"thread_id": arguments["thread_id"]}))
+    return text
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -74,12 +74,17 @@ class RawChannel:
 
     def held(self, key: str, calls: int = 1) -> None:
         """`harness.held`, by raw lines."""
-        msg = self.call("respond", held_args(key, calls))
-        assert not msg["result"].get("isError"), msg
+        self._meet(held_args(key, calls))
 
     def release(self, key: str) -> int:
         """`harness.release`, by raw lines."""
-        return released(self.call("respond", release_args(key))["result"]["structuredContent"]["text"])
+        return released(self._meet(release_args(key)))
+
+    def _meet(self, arguments: dict) -> str:
+        msg = self.call("respond", arguments)
+        assert not msg["result"].get("isError"), msg
+        assert self.call("close_thread", {"thread_id": arguments["thread_id"]})["result"]["structuredContent"]["closed"]
+        return msg["result"]["structuredContent"]["text"]
 
     def call(self, name: str, arguments: Any, rid: Any = None) -> dict:
         if rid is None:

@@ -102,13 +102,17 @@ class Raw:
 
     def held(self, key: str, calls: int = 1) -> None:
         """`harness.held`, by raw lines (a plain call: its thread is idle, so never a task)."""
-        msg = self.request("tools/call", {"name": "respond", "arguments": held_args(key, calls)})
-        assert not msg["result"].get("isError"), msg
+        self._meet(held_args(key, calls))
 
     def release(self, key: str) -> int:
         """`harness.release`, by raw lines."""
-        msg = self.request("tools/call", {"name": "respond", "arguments": release_args(key)})
-        return released(msg["result"]["structuredContent"]["text"])
+        return released(self._meet(release_args(key)))
+
+    def _meet(self, arguments: dict) -> str:
+        msg = self.request("tools/call", {"name": "respond", "arguments": arguments})
+        assert not msg["result"].get("isError"), msg
+        self.request("tools/call", {"name": "close_thread", "arguments": {"thread_id": arguments["thread_id"]}})
+        return msg["result"]["structuredContent"]["text"]
 
     def outcome(self, task_id: str) -> dict:
         """The task's end as its generation gives it: tasks/result (2025-11-25), or tasks/get
