@@ -356,13 +356,15 @@ def test_raw_case(raw, case: RawCase):
 def test_raw_a_request_id_already_in_flight_is_refused(raw):
     # Two calls in flight under one id (or one the SDK reads as the same id, "7777"): the
     # second is refused, so one reply per id, and the first is served normally.
-    raw.send(_call(7777, {"prompt": "!sleep 500 first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"})
+    raw.send(_call(7777, {"prompt": "!hold dup first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"})
              + _call("7777", {"prompt": "third", "thread_id": "dup-c"}))
     refused = [raw.wait(7777), raw.wait("7777")]
     for m in refused:
         assert m["error"]["code"] == -32600 and "already in flight" in m["error"]["message"], m
+    raw.held("dup")  # in flight until released, whatever the machine's speed
+    assert raw.release("dup") == 1
     first = raw.wait(7777)
-    assert first["result"]["structuredContent"]["text"] == "echo 1: !sleep 500 first", first
+    assert first["result"]["structuredContent"]["text"] == "echo 1: !hold dup first", first
     assert raw.quiet() == []
     # Refused calls ran nowhere: neither thread exists.
     for tid in ("dup-b", "dup-c"):
@@ -400,8 +402,8 @@ def test_cancels_that_spell_the_id_loosely_free_the_budget():
     try:
         for i in range(140):
             rid = 1000 + i
-            ch.send(_call(rid, {"prompt": f"!sleep 30000 call {i}", "thread_id": f"c{i % 8}"}))
-            time.sleep(0.005)  # let the SDK start the handler before the cancel reaches it
+            ch.send(_call(rid, {"prompt": f"!hold c{i} call {i}", "thread_id": f"c{i % 8}"}))
+            ch.held(f"c{i}")  # its handler has started: the call is parked in the core
             ch.send(jsonrpc("notifications/cancelled", {"requestId": f"0{rid}", "reason": "loose spelling"}))
         start = time.monotonic()
         msg = ch.call("respond", {"prompt": "prompt", "thread_id": "after"})
@@ -428,8 +430,8 @@ def _reused_ids_growth(n: int) -> tuple[float, float]:
         shim = psutil.Process(ch.proc.pid)
         core = psutil.Process(children(ch.proc.pid)[0])
         big = "z" * 100_000
-        ch.send(_call(42, {"prompt": f"!sleep 120000 {big}", "thread_id": "held"}))
-        ch.call("list_threads", {})
+        ch.send(_call(42, {"prompt": f"!hold never {big}", "thread_id": "held"}))
+        ch.held("never")  # id 42 stays in flight
         base = (shim.memory_info().rss, core.memory_info().rss)
         line = _call(42, {"prompt": big, "thread_id": "dup"})
         batch = 50
@@ -481,15 +483,15 @@ def test_a_call_before_initialize_is_refused_and_the_session_still_starts():
 def test_requests_after_shutdown_starts_get_no_torn_output_and_no_orphan():
     """SIGTERM while calls run, then more requests: wisp exits at once with status 0, stdout
     stays whole JSON-RPC lines, and any answer to those calls says wisp is shutting down."""
-    from harness import children, running
+    from harness import children, wait_gone
 
     ch = RawChannel()
     try:
         ch.call("respond", {"prompt": "warm", "thread_id": "w"})
         core = children(ch.proc.pid)
         assert len(core) == 1
-        ch.send(_call(501, {"prompt": "!sleep 10000 running"}))
-        time.sleep(0.2)
+        ch.send(_call(501, {"prompt": "!hold never running"}))
+        ch.held("never")
         start = time.monotonic()
         ch.proc.send_signal(signal.SIGTERM)
         try:
@@ -504,10 +506,7 @@ def test_requests_after_shutdown_starts_get_no_torn_output_and_no_orphan():
             for m in msgs:
                 if m.get("result", {}).get("isError"):
                     assert "shutting down" in m["result"]["content"][0]["text"], m
-        deadline = time.monotonic() + 3
-        while running(core[0]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not running(core[0]), "wisp-core outlived the shim"
+        assert wait_gone(core[0], 3), "wisp-core outlived the shim"
         ANSWERS.append(("raw", "SIGTERM with a call running, then 18 more requests", "exits 0 within 3 s; answers (if any) are `shutting_down` tool errors; stdout stays whole JSON-RPC lines; no orphaned core"))
     finally:
         if ch.proc.poll() is None:
