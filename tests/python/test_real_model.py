@@ -23,7 +23,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness import error_text, ok, shim_env, wisp
+from harness import error_text, ok, shim_env, wait_for, wait_until, wisp
 from harness.real_model import FOUND, serve, skip_unless_installed, via
 from openai_stub import RecordingProxy
 from harness import grandchildren_named, ppid as _ppid, running as _alive
@@ -85,10 +85,7 @@ async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):
         ours = _our_llama_servers()
         assert len(ours) == 1, "wisp should have started exactly one llama-server"
     print(f"\ncold start to first real answer through wisp: {first_answer_s:.2f} s")
-    deadline = time.monotonic() + 5
-    while any(map(_alive, ours)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert not any(map(_alive, ours)), "llama-server outlived wisp"
+    await wait_for(lambda: not any(map(_alive, ours)), 5, "llama-server outlived wisp")
 
 
 async def test_second_call_carries_the_first_turn(llama):
@@ -192,13 +189,9 @@ async def test_cancel_mid_generation_frees_the_thread(llama):
                     await started.wait()  # generating now
                 tg.cancel_scope.cancel()
             # The HTTP request was closed mid-stream, and llama-server's slot is free again.
-            deadline = time.monotonic() + 5
-            while proxy.disconnects < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await wait_for(lambda: proxy.disconnects >= 1, 5, "the request to llama-server was not closed")
             assert proxy.disconnects == 1
-            while time.monotonic() < deadline and _slot_busy(llama):
-                await asyncio.sleep(0.05)
-            assert not _slot_busy(llama)
+            await wait_for(lambda: not _slot_busy(llama), 5, "llama-server's slot stayed busy")
             threads = ok(await c.call_tool("list_threads", {}))["threads"]
             assert [(t["thread_id"], t["turns"], t["pending"]) for t in threads] == [(tid, 1, 0)]
             s = ok(await c.call_tool("respond", {"prompt": "Say goodbye.", "thread_id": tid, **SETTINGS}))
@@ -254,19 +247,17 @@ def test_local_server_dies_with_a_killed_shim(llama):
     shim = subprocess.Popen([sys.executable, "-m", "wisp_shim", "--core", core_path()], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=shim_env())
     try:
-        deadline = time.monotonic() + 60
         ours: set[int] = set()
-        while not ours and time.monotonic() < deadline:
-            ours = {p for p in _our_llama_servers() if _ppid(p) == shim.pid}
-            time.sleep(0.05)
-        assert ours, "the shim did not start llama-server"
+
+        def started() -> bool:
+            ours.update(p for p in _our_llama_servers() if _ppid(p) == shim.pid)
+            return bool(ours)
+
+        assert wait_until(started, 60), "the shim did not start llama-server"
     finally:
         shim.send_signal(signal.SIGKILL)
         shim.wait()
-    deadline = time.monotonic() + 5
-    while any(map(_alive, ours)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(map(_alive, ours)), "llama-server outlived a SIGKILLed shim"
+    assert wait_until(lambda: not any(map(_alive, ours)), 5), "llama-server outlived a SIGKILLed shim"
 
 
 async def test_local_server_is_restarted_if_it_dies(llama):
@@ -277,18 +268,13 @@ async def test_local_server_is_restarted_if_it_dies(llama):
         (first,) = _our_llama_servers()
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            now = _our_llama_servers() - {first}
-            if now:
-                break
-            await asyncio.sleep(0.1)
-        assert now, "llama-server was not restarted"
+        await wait_for(lambda: _our_llama_servers() - {first}, 90, "llama-server was not restarted")
         # Once it answers /health again, calls work as before (same port, same core).
         while time.monotonic() < deadline:
             r = await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS})
             if not r.is_error:
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # the poll's interval
         assert "paris" in ok(r)["text"].lower()
 
 
