@@ -161,7 +161,8 @@ async def test_calls_read_after_their_deadline_by_a_stopped_core_keep_no_turn():
             quick = [asyncio.create_task(c.call_tool("list_threads", {})) for _ in range(100)]
             results = await asyncio.wait_for(asyncio.gather(*calls), 10)
             took = time.monotonic() - start
-            # Resumed before the watchdog (ping after 2 s of silence, 3 s for its answer) would replace it.
+            # Kept: stopped past the deadline is the thing tested; resumed before the watchdog (ping
+            # after 2 s of silence, 3 s for its answer) would replace it.
             await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - start)))
         finally:
             core.resume()

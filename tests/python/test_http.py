@@ -392,7 +392,7 @@ async def test_a_client_that_drops_its_connection_mid_call_leaves_the_thread_unc
                     async def post() -> None:
                         async with hc.stream("POST", server.url, json=body, headers=headers) as r:
                             assert r.status_code == 200
-                            await anyio.sleep_forever()
+                            await anyio.sleep_forever()  # holds the stream open till cancelled
 
                     tg.start_soon(post)
                     await held(a, "dropped")

@@ -348,7 +348,7 @@ async def test_http_tasks_in_both_generations_scoped_to_their_client():
                 if got["status"] == "completed":
                     break
                 assert time.monotonic() < deadline
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # the poll's interval
             assert got["result"]["structuredContent"]["text"] == "echo 2: behind"
             body, headers = _modern("tasks/get", {"taskId": modern_id}, 26)
             mismatch = await _rpc(hc, server.url, body, server.headers(**{**headers, "Mcp-Name": "another-id"}))

@@ -246,7 +246,7 @@ async def until_pending(client, thread_id: str, calls: int = 1, since_turns: int
         if found and found[0] >= calls:
             return
         assert time.monotonic() < deadline, f"{thread_id} never had {calls} call(s) pending: {found}"
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the poll's interval
 
 
 # Echo's meeting points (docs/echo.md): a call sent as `!hold KEY …` is parked until `release`;

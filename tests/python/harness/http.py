@@ -69,7 +69,7 @@ async def http_wisp(*args: str, env: dict[str, str] | None = None, backend: str 
                     if m:
                         break
                     assert proc.poll() is None, f"wisp --http exited with {proc.returncode}"
-                    await anyio.sleep(0.02)
+                    await anyio.sleep(0.02)  # the poll's interval
             server = HttpWisp(proc, errlog, m.group(1), token)
             yield server
         except BaseException:
