@@ -93,22 +93,7 @@ final class EchoSession: ModelSession {
             body = exchange.failed ? "tool \(name) failed: \(exchange.output)" : "tool \(name) -> \(exchange.output)"
         }
 
-        // With a schema, the reply is the value the contract builds from it (directives still act);
-        // otherwise `echo N: P` and a line per attached file.
-        var text: String
-        if let schema = settings.schema {
-            // Off the pipe loop: a schema may ask for a large value (bounded by echoValue).
-            text = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
-                try schema.echoValue(n: n).jsonText
-            }
-        } else {
-            text = "echo \(n): \(body)"
-        }
-        if settings.schema == nil {
-            for file in message.files {
-                text += "\nfile \(file.path): \(TextLines.first(file.text))"
-            }
-        }
+        let text = try await replyText(n: n, body: body, files: message.files, schema: settings.schema)
         // A stored turn's count is not echo's own: the sum saturates.
         let used = ([estimatedTokens(instructions ?? ""), estimatedTokens(prompt), estimatedTokens(text)]
             + turns.map(\.tokens) + exchanges.map(\.estimatedTokens)).clampedSum()
@@ -118,10 +103,39 @@ final class EchoSession: ModelSession {
 
         // Parked once the call would otherwise reply, so a released hold answers as a sleep would.
         if let holdKey { try await holds.hold(holdKey) }
-        let delay = sleepMs.addingClamped(delayMs)
+        try await pace(text, delay: sleepMs.addingClamped(delayMs), onPartial: onPartial)
+
+        let turn = Turn(prompt: prompt, toolExchanges: exchanges, response: text)
+        turns.append(turn)
+        // Usage is echo's own count of what it read and wrote (the contract); `reasoning` changes nothing here.
+        let read = used - estimatedTokens(text), wrote = estimatedTokens(text)
+        return Generation(text: text, toolExchanges: exchanges, promptTokens: read, outputTokens: wrote,
+                          usage: Usage(inputTokens: read, outputTokens: wrote))
+    }
+
+    /// With a schema, the reply is the value the contract builds from it (directives still act);
+    /// otherwise `echo N: P` and a line per attached file.
+    nonisolated(nonsending)
+    private func replyText(n: Int, body: String, files: [AttachedFile], schema: OutputSchema?) async throws -> String {
+        if let schema {
+            // Off the pipe loop: a schema may ask for a large value (bounded by echoValue).
+            return try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
+                try schema.echoValue(n: n).jsonText
+            }
+        }
+        var text = "echo \(n): \(body)"
+        for file in files {
+            text += "\nfile \(file.path): \(TextLines.first(file.text))"
+        }
+        return text
+    }
+
+    /// Waits `delay` ms before the reply; with `onPartial`, at least two cumulative partials spread
+    /// over it, as a streaming model would.
+    nonisolated(nonsending)
+    private func pace(_ text: String, delay: Int, onPartial: PartialHandler?) async throws {
         do {
             if let onPartial {
-                // At least two cumulative partials, spread over the delay, as a streaming model would.
                 let half = text.prefix(max(1, text.count / 2))
                 try await Self.sleep(ms: delay / 2)
                 let first = estimatedTokens(String(half))
@@ -135,13 +149,6 @@ final class EchoSession: ModelSession {
             throw WispError.callCancelled
         }
         try Task.checkCancellation()
-
-        let turn = Turn(prompt: prompt, toolExchanges: exchanges, response: text)
-        turns.append(turn)
-        // Usage is echo's own count of what it read and wrote (the contract); `reasoning` changes nothing here.
-        let read = used - estimatedTokens(text), wrote = estimatedTokens(text)
-        return Generation(text: text, toolExchanges: exchanges, promptTokens: read, outputTokens: wrote,
-                          usage: Usage(inputTokens: read, outputTokens: wrote))
     }
 
     private static func sleep(ms: Int) async throws {
