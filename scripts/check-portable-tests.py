@@ -13,7 +13,7 @@ A use is guarded when
   `os.uname()`, a `skipif`);
 - shell: the 15 lines before it ask `uname` or `$OSTYPE`;
 - or its line says why it is fine: a `portable: <reason>` comment.
-Comments and docstrings are prose, not uses. Process inspection goes through tests/python/harness.py
+Comments and docstrings are prose, not uses. Process inspection goes through tests/python/harness/
 (psutil) instead of /proc.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 RULES: list[tuple[str, re.Pattern[str]]] = [
-    ("a /proc path (Linux only; use tests/python/harness.py, i.e. psutil)", re.compile(r"/proc(/|\b)")),
+    ("a /proc path (Linux only; use tests/python/harness/, i.e. psutil)", re.compile(r"/proc(/|\b)")),
     ("a /sys path (Linux only)", re.compile(r"/sys/")),
     ("/dev/shm (Linux only)", re.compile(r"/dev/shm\b")),
     ("grep -P (GNU grep only)", re.compile(r"\bgrep\s+(-\w*\s+)*-\w*P")),

@@ -12,7 +12,8 @@ per thread), `close_thread` and `status`, until a prompt asks it to misbehave:
   !wrongresult reply ok with a CloseThreadResult (a result for another op), then go on serving
   !evicted-at-once  reply (creating the thread) and, in the same write, an `evicted` event
                for that very thread, as when another call evicts it right after
-  !stall       stop reading and answering (pings included), as a wedged core would
+  !stall       stop reading and answering (pings included), as a wedged core would; with
+               WISP_FAKE_CORE_LOG, first create that file's name + ".stalled", so a test knows
 
 `--max-threads N` (default 32) is honoured like the real core's LRU: creating a thread past
 it evicts the least recently used one and sends an `evicted` event before the reply.
@@ -117,10 +118,12 @@ def main() -> None:
                 out.flush()
                 continue
             if prompt.startswith("!stall"):
+                if log:
+                    open(f"{log}.stalled", "a").close()
                 while True:
-                    time.sleep(3600)
+                    time.sleep(3600)  # kept: the wedge is this fake's behaviour
             if prompt.startswith("!sleep"):
-                time.sleep(int(prompt.split()[1]) / 1000)
+                time.sleep(int(prompt.split()[1]) / 1000)  # kept: a slow reply is this fake's behaviour
             tid = req.get("thread_id") or f"fake{rid}"
             created = tid not in threads
             if created and len(threads) >= capacity:

@@ -176,7 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
                 same += 1
             cached = _chars({"messages": body["messages"][:same]}) // 4
         if cfg.first_byte_delay_s:
-            time.sleep(cfg.first_byte_delay_s)
+            time.sleep(cfg.first_byte_delay_s)  # kept: a slow server is this fake's behaviour
         users = [m for m in body["messages"] if m["role"] == "user"]
         if cfg.on_chat is not None:
             cfg.on_chat(len(self.stub.chats()) - 1)
@@ -217,7 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
                 for piece in pieces:
                     self._event({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
                     if cfg.chunk_delay_s:
-                        time.sleep(cfg.chunk_delay_s)
+                        time.sleep(cfg.chunk_delay_s)  # kept: a slow stream is this fake's behaviour
             except (BrokenPipeError, ConnectionResetError, ssl.SSLError):  # SSLError: the same over https
                 self.stub.disconnects += 1
                 return

@@ -146,7 +146,7 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
 
         async def one(i: int) -> None:
             tid = rng.choice(ids)
-            prompt = f"!sleep {rng.randint(0, max_sleep_ms)} call {i}"
+            prompt = f"!sleep {rng.randint(0, max_sleep_ms)} call {i}"  # kept: calls of mixed lengths are the load tested
             rid = next(next_id)
             t0 = time.perf_counter()
             try:
@@ -213,7 +213,7 @@ async def run(calls: int = 10_000, thread_ids: int = 64, capacity: int = 32, in_
         rss_end = {"shim": rss_kib(proc.pid), "wisp-core": rss_kib(core_pid(proc.pid))}
         fig.rss_kib = {k: (rss_start[k], rss_end[k]) for k in rss_start}
         fig.max_live = max(fig.max_live, len(live))
-        await asyncio.sleep(0.3)  # a late duplicate would arrive now
+        await asyncio.sleep(0.3)  # kept: a late duplicate would arrive now; nothing marks its absence but a window
 
         # Exactly once.
         dup = {rid: n for rid, n in client.answers.items() if n != 1}

@@ -12,7 +12,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from harness import REPO, jsonrpc
-from test_hostile import RawChannel, _raw_roots_session
+from harness.raw import RawChannel, raw_roots_session
 
 # Shapes a bound on characters lets through whole: one "e" with 300,000 combining accents
 # (600 KB, a single grapheme cluster), a ZWJ chain of 100,000 emoji (one cluster too).
@@ -127,7 +127,7 @@ def test_a_fork_of_a_thread_lost_in_a_crash_names_it():
 def _with_roots(uris: list[str]) -> tuple[dict, dict]:
     """A raw client offering `uris` as its roots: a call that binds tools, then a list_threads
     (was anything bound?)."""
-    reply, _, listing = _raw_roots_session(uris, then=jsonrpc("tools/call", {"name": "list_threads", "arguments": {}},
+    reply, _, listing = raw_roots_session(uris, then=jsonrpc("tools/call", {"name": "list_threads", "arguments": {}},
                                                               id=3))
     assert listing is not None
     return reply, listing

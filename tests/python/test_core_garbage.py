@@ -66,7 +66,8 @@ async def test_a_reply_whose_result_is_not_its_calls_restarts_the_core(tmp_path,
 
 
 async def test_garbage_from_the_core_fails_calls_and_restarts_it(tmp_path):
-    stub = stub_core(tmp_path, "time.sleep(0.3)\nframe(b'this is not json')\nsys.stdin.buffer.read()\n")
+    # Garbage once the call has been written to it (its frame's length prefix has come).
+    stub = stub_core(tmp_path, "sys.stdin.buffer.read(4)\nframe(b'this is not json')\nsys.stdin.buffer.read()\n")
     async with wisp(core=stub) as c:
         with anyio.fail_after(10):
             msg = error_text(await c.call_tool("respond", {"prompt": "hi", "thread_id": "t"}))

@@ -28,8 +28,7 @@ async def test_crafted_paths_are_refused_at_once_and_starve_no_one(tmp_path):
         async def crafted(n: int) -> None:
             results[f"crafted{n}"] = await client.call_tool("respond", {"prompt": "read", "thread_id": f"c{n}", "files": [CRAFTED]})
 
-        async def plain() -> None:
-            await anyio.sleep(0.2)
+        async def plain() -> None:  # sent right behind the crafted calls, while they are read
             start = time.monotonic()
             results["plain"] = await client.call_tool("respond", {"prompt": "read", "thread_id": "plain", "files": ["plain.txt"]})
             results["plain_s"] = time.monotonic() - start
@@ -49,7 +48,7 @@ async def test_crafted_paths_are_refused_at_once_and_starve_no_one(tmp_path):
             assert len(text) < 600, len(text)
         # Nothing of the crafted calls runs on: the core's CPU over the next second is idle.
         core = psutil.Process(core_pids(client)[-1])
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # kept, as the next: the core's CPU over a second is the thing tested
         before = cpu_s(core)
         await asyncio.sleep(1.0)
         assert cpu_s(core) - before < 0.2

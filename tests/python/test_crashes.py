@@ -10,13 +10,14 @@ import os
 import signal
 import stat
 import time
+from pathlib import Path
 
 import anyio
 import psutil
 import pytest
 
-from harness import (call, children, core_pids, error_text, fake_core_binary, fake_core_starts, ok, shim_env, stub_core,
-                     until_pending, wait_for, wisp)
+from harness import (call, children, core_pids, error_text, fake_core_binary, fake_core_starts, held, ok, release, shim_env,
+                     stub_core, wait_for, wisp)
 
 
 
@@ -24,15 +25,14 @@ async def test_crash_fails_pending_calls_restarts_and_reports_lost_threads():
     async with wisp() as c:
         alive = ok(await c.call_tool("respond", {"prompt": "keep me", "thread_id": "alive"}))
         assert alive["created"]
-        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 10000 slow", "thread_id": "slow"}))
-        await until_pending(c, "slow")
-        start = time.monotonic()
+        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!hold never slow", "thread_id": "slow"}))
+        await held(c, "never")
         crash = await c.call_tool("respond", {"prompt": "!crash", "thread_id": "doomed"})
         msg = error_text(crash)
         assert msg.startswith("core_crashed:") and "doomed" in msg and "restarted" in msg
-        # The call that was running elsewhere fails at once, not after its 10 s.
+        # The call that was running elsewhere, parked and never released, fails with the crash.
         slow_msg = error_text(await slow)
-        assert time.monotonic() - start < 5 and slow_msg.startswith("core_crashed:") and "slow" in slow_msg
+        assert slow_msg.startswith("core_crashed:") and "slow" in slow_msg
         # The next call naming a thread that was alive at the crash is told its history is gone...
         lost = error_text(await c.call_tool("respond", {"prompt": "still there?", "thread_id": "alive"}))
         assert lost.startswith("thread_lost:") and "alive" in lost and "lost" in lost
@@ -77,7 +77,7 @@ async def test_a_core_killed_while_idle_loses_every_live_thread():
         cores = [k for shim in children(os.getpid()) for k in children(shim)]
         assert len(cores) == 1, cores
         os.kill(cores[0], signal.SIGKILL)
-        await asyncio.sleep(0.5)
+        await wait_for(lambda: len(core_pids(c)) == 2, 10)  # the shim saw it die and started another
         msg = error_text(await c.call_tool("respond", {"prompt": "still?", "thread_id": "a"}))
         assert msg.startswith("thread_lost:"), msg
         # b was closed before the crash: nothing was lost, it simply starts anew.
@@ -93,12 +93,13 @@ async def test_a_thread_closed_while_a_call_runs_is_not_reported_lost_later():
             results = []
 
             async def slow() -> None:
-                results.append(ok(await c.call_tool("respond", {"prompt": "!sleep 600 busy", "thread_id": "x"})))
+                results.append(ok(await c.call_tool("respond", {"prompt": "!hold busy x", "thread_id": "x"})))
 
             tg.start_soon(slow)
-            await until_pending(c, "x")
+            await held(c, "busy")
             assert ok(await c.call_tool("close_thread", {"thread_id": "x"}))["closed"] is True
-        assert results[0]["text"] == "echo 2: !sleep 600 busy"  # an accepted call still finishes
+            assert await release(c, "busy") == 1
+        assert results[0]["text"] == "echo 2: !hold busy x"  # an accepted call still finishes
         error_text(await c.call_tool("respond", {"prompt": "!crash", "thread_id": "other"}))
         # x was closed before the crash, so nothing of it was lost: it simply starts anew.
         s = ok(await c.call_tool("respond", {"prompt": "new", "thread_id": "x"}))
@@ -115,18 +116,19 @@ async def test_the_time_limit_holds_while_the_core_is_stopped():
     async with wisp("--timeout", "2") as c:
         assert ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))["text"] == "echo 1: one"
         core = psutil.Process(core_pids(c)[-1])
-        call = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 3000 slow", "thread_id": "t"}))
+        call = asyncio.create_task(c.call_tool("respond", {"prompt": "!hold slow slow", "thread_id": "t"}))
         start = time.monotonic()
-        await until_pending(c, "t")
+        await held(c, "slow")
         core.suspend()
         try:
             msg = error_text(await asyncio.wait_for(call, 10))
             took = time.monotonic() - start
-            # Resumed after the 3 s sleep would have ended: only the core's commit-time check
-            # of the deadline (timeout_s, which the shim always sends) keeps that turn out.
+            # Kept: the core stopped past the deadline is the thing tested. Resumed and released
+            # after it, only the core's deadline (timeout_s, which the shim always sends) keeps that turn out.
             await asyncio.sleep(max(0.0, 3.5 - (time.monotonic() - start)))
         finally:
             core.resume()
+        await release(c, "slow")
         assert msg == (
             "timeout: no reply within 2 s; the call was stopped and thread 't' is unchanged. "
             "(--timeout / WISP_TIMEOUT sets the limit for respond.)"
@@ -152,11 +154,15 @@ async def test_calls_read_after_their_deadline_by_a_stopped_core_keep_no_turn():
         start = time.monotonic()
         try:
             calls = [asyncio.create_task(c.call_tool("respond", {"prompt": "late", "thread_id": t})) for t in threads]
+            # Kept: gives the 4 calls a head start on the quick requests. Nothing can meet them
+            # while the core is stopped (every listing is the core's); were they overtaken, the
+            # cancels would queue behind fewer requests, a weaker test but not a wrong one.
             await asyncio.sleep(0.05)
             quick = [asyncio.create_task(c.call_tool("list_threads", {})) for _ in range(100)]
             results = await asyncio.wait_for(asyncio.gather(*calls), 10)
             took = time.monotonic() - start
-            # Resumed before the watchdog (ping after 2 s of silence, 3 s for its answer) would replace it.
+            # Kept: stopped past the deadline is the thing tested; resumed before the watchdog (ping
+            # after 2 s of silence, 3 s for its answer) would replace it.
             await asyncio.sleep(max(0.0, 3.0 - (time.monotonic() - start)))
         finally:
             core.resume()
@@ -178,13 +184,12 @@ async def test_kill_9_of_the_core_mid_call():
         done_at: dict[str, float] = {}
 
         async def slow(tid: str):
-            r = await c.call_tool("respond", {"prompt": "!sleep 20000 slow", "thread_id": tid})
+            r = await c.call_tool("respond", {"prompt": "!hold never slow", "thread_id": tid})
             done_at[tid] = time.monotonic()
             return r
 
         calls = [asyncio.create_task(slow(f"busy-{i}")) for i in range(3)]
-        for i in range(3):
-            await until_pending(c, f"busy-{i}")
+        await held(c, "never", calls=3)
         os.kill(core, signal.SIGKILL)
         killed = time.monotonic()
         results = await asyncio.wait_for(asyncio.gather(*calls), 10)
@@ -252,11 +257,13 @@ async def test_a_core_that_stops_answering_is_restarted_by_the_watchdog(tmp_path
     async with wisp(*args, core=core, env=env) as c:
         assert ok(await c.call_tool("respond", {"prompt": "hello", "thread_id": "idle"}))["created"]
         pid = fake_core_starts(starts)[-1] if starts else core_pids(c)[-1]
-        prompt = "!sleep 60000 slow" if how == "SIGSTOP" else "!stall"
+        prompt = "!hold never slow" if how == "SIGSTOP" else "!stall"
         calls = [asyncio.create_task(c.call_tool("respond", {"prompt": prompt, "thread_id": f"busy-{i}"})) for i in range(2)]
-        await asyncio.sleep(0.3)
         if how == "SIGSTOP":
+            await held(c, "never", calls=2)
             os.kill(pid, signal.SIGSTOP)
+        else:
+            await wait_for(Path(f"{starts}.stalled").exists, 10)  # the fake core stopped reading
         start = time.monotonic()
         try:
             results = await asyncio.wait_for(asyncio.gather(*calls), 15)
@@ -323,6 +330,7 @@ async def test_a_slow_call_on_a_healthy_core_is_not_taken_for_a_wedged_one():
         ok(await c.call_tool("respond", {"prompt": "up"}))
         core = core_pids(c)
         assert len(core) == 1
+        # Kept: 7 s of sleep in the core is the thing tested.
         r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!sleep 7000 slow", "thread_id": "s"}), 20))
         assert r["text"] == "echo 1: !sleep 7000 slow"
         assert core_pids(c) == core

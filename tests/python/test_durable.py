@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, core_path, core_pids, error_text, ok, shim_env, text_of, until_pending, wait_for, wisp
+from harness import REPO, core_path, core_pids, error_text, held, ok, shim_env, text_of, wait_for, wisp
 
 sys.path.insert(0, str(REPO / "python"))
 from wisp_shim.core import protocol  # noqa: E402
@@ -97,8 +97,8 @@ async def test_kill_9_of_the_core_between_and_during_calls_loses_no_thread(tmp_p
             assert (r["created"], echo_n(r)) == (False, 4), r
 
         # Mid-call: the running call fails, its thread keeps every turn answered before it.
-        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 20000 slow", "thread_id": "y"}))
-        await until_pending(c, "y")
+        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!hold never slow", "thread_id": "y"}))
+        await held(c, "never")  # running, never released: the crash ends it
         os.kill(core_pids(c)[-1], signal.SIGKILL)
         failed = error_text(await asyncio.wait_for(slow, 10))
         assert failed.startswith("core_crashed") and "is stored" in failed, failed
@@ -154,7 +154,7 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
             proc.stdin.flush()
         except BrokenPipeError:
             pass
-        time.sleep(rng.uniform(0.0, 0.08))
+        time.sleep(rng.uniform(0.0, 0.08))  # kept: a kill at a random moment of the writes is the thing tested
         proc.kill()
         proc.wait()
         t.join(5)

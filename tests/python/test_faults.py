@@ -24,7 +24,7 @@ import subprocess
 from harness import (
     INITIALIZE, INITIALIZED, REPO, call, children, core_exchange, error_text, ok, read_until, rss_kib as _rss_kib, running,
     shim_command, shim_env,
-    spawn_initialized, wait_gone, wisp,
+    spawn_initialized, held_args, wait_gone, wait_until, wisp,
 )
 
 
@@ -34,9 +34,10 @@ def test_client_disconnecting_mid_call(how):
     core = children(proc.pid)
     try:
         assert len(core) == 1
-        proc.stdin.write(call("respond", {"prompt": "!sleep 800 mid-call"}, 3))
+        proc.stdin.write(call("respond", {"prompt": "!hold never mid-call"}, 3))
+        proc.stdin.write(call("respond", held_args("never"), 4))
         proc.stdin.flush()
-        time.sleep(0.2)
+        read_until(proc, 4, [])  # call 3 is in the core, parked, when the client goes
         start = time.monotonic()
         proc.stdout.close()
         if how == "closes both pipes":
@@ -85,7 +86,7 @@ def flood_without_reading(seconds: float, prompt_bytes: int = 1024, argv: list[s
     sent_at: list[tuple[float, int]] = []
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        time.sleep(0.1)
+        time.sleep(0.1)  # kept: the sampling interval of a flood that lasts `seconds`, the thing tested
         peak["shim"] = max(peak["shim"], _rss_kib(proc.pid))
         peak["core"] = max(peak["core"], _rss_kib(core))
         sent_at.append((time.monotonic() - start, sent[0]))
@@ -149,9 +150,7 @@ def test_a_client_that_never_reads_stderr_stalls_nothing(tmp_path):
         # What the pipe and the core's buffer held is written once stderr is read again: this many
         # lines fit, so none was dropped (LogTests and test_logs check the dropping and its count).
         want = [f"stored thread 'n{i}' deleted" for i in range(759)]
-        deadline = time.monotonic() + 5
-        while want[-1] not in b"".join(err).decode(errors="replace") and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: want[-1] in b"".join(err).decode(errors="replace"), 5)
         text = b"".join(err).decode(errors="replace")
         missing = [w for w in want if w not in text]
         assert not missing and "dropped" not in text, (missing[:3], text[-1000:])
@@ -215,7 +214,7 @@ def test_the_shims_own_warnings_never_wait_on_stderr():
         while not note.search(err) and time.monotonic() < deadline:
             proc.stdin.write(b"not json again\n")
             proc.stdin.flush()
-            time.sleep(0.1)
+            time.sleep(0.1)  # the poll's interval: each round writes one more line to be warned of
         assert note.search(err), bytes(err[-1000:])
     finally:
         proc.kill()
@@ -241,7 +240,7 @@ def test_files_lists_count_in_the_in_flight_budget():
     def writer():
         try:
             # The first call holds the thread, so every later one waits in its queue, in flight.
-            proc.stdin.write(call("respond", {"prompt": "!sleep 60000 hold", "thread_id": "q"}, 3))
+            proc.stdin.write(call("respond", {"prompt": "!hold never hold", "thread_id": "q"}, 3))
             proc.stdin.flush()
             for i in range(calls):
                 proc.stdin.write(call("respond", {"prompt": "p", "thread_id": "q", "files": paths}, 4 + i))
@@ -257,7 +256,7 @@ def test_files_lists_count_in_the_in_flight_budget():
     try:
         # Until every call is written or the writes have been blocked for 3 s.
         while t.is_alive() and time.monotonic() - still < 3.0:
-            time.sleep(0.1)
+            time.sleep(0.1)  # kept: the sampling interval; writes blocked for 3 s is the thing tested
             peak = max(peak, _rss_kib(proc.pid))
             if sent[0] != last:
                 last, still = sent[0], time.monotonic()
@@ -281,6 +280,7 @@ def test_a_time_limit_of_centuries_on_the_pipe_does_not_crash_the_core():
     from wisp_shim.core import protocol
 
     centuries = protocol.RespondOptions(timeout_s=1e300, deadline=1e300)
+    # Kept: a call that sleeps under that limit is the thing tested.
     first = protocol.Respond(id=1, prompt="!sleep 50 patient", thread_id="p", options=centuries)
     again = protocol.Respond(id=2, prompt="again", thread_id="p", options=centuries)
     frames = core_exchange(["--backend", "echo"], protocol.encode(first) + protocol.encode(again), want=(1, 2))
@@ -297,6 +297,7 @@ async def test_a_time_limit_of_centuries_does_not_crash_the_core():
     assert refused.returncode != 0 and "at most" in refused.stderr, refused.stderr
     limit = "1000000"
     async with wisp("--timeout", limit) as c:
+        # Kept: a call that sleeps under that limit is the thing tested.
         r = ok(await asyncio.wait_for(c.call_tool("respond", {"prompt": "!sleep 50 patient", "thread_id": "p"}), 20))
         assert r["text"] == "echo 1: !sleep 50 patient"
         assert ok(await c.call_tool("respond", {"prompt": "again", "thread_id": "p"}))["text"] == "echo 2: again"

@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ from typing import Any, Callable
 
 import pytest
 
-from harness import INITIALIZE, INITIALIZED, REPO, close_shim, jsonrpc, shim_command, shim_env, text_of, wisp
+from harness import INITIALIZE, INITIALIZED, REPO, jsonrpc, shim_command, shim_env, text_of, wisp
+from harness.raw import RawChannel, raw_roots_session
 
 MB = 1024 * 1024
 SENTINEL = "sentinel"
@@ -77,74 +77,6 @@ class ClientChannel:
         if self._stop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
         self.thread.join(30)
-
-
-class RawChannel:
-    """JSON-RPC lines on the shim's stdin; responses collected by id from its stdout."""
-
-    def __init__(self, *args: str) -> None:
-        self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self.err, env=shim_env(), cwd=REPO,
-        )
-        self.lines: list[bytes] = []
-        self.by_id: dict[Any, list[dict]] = {}
-        self.cond = threading.Condition()
-        self.eof = False
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        self.send(INITIALIZE)
-        assert "result" in self.wait(1)
-        self.send(INITIALIZED)
-        self.next_id = 100
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            msg = json.loads(line)  # every line on stdout must be JSON: a failure here fails the test
-            with self.cond:
-                self.lines.append(line)
-                self.by_id.setdefault(msg.get("id", "notification"), []).append(msg)
-                self.cond.notify_all()
-        with self.cond:
-            self.eof = True
-            self.cond.notify_all()
-
-    def send(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def wait(self, rid: Any, timeout: float = 30) -> dict:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not self.by_id.get(rid):
-                left = deadline - time.monotonic()
-                if self.eof or left <= 0:
-                    raise AssertionError(f"no response with id {rid!r} ({'stdout closed' if self.eof else 'timed out'}); stderr:\n{self.stderr()}")
-                self.cond.wait(left)
-            return self.by_id[rid].pop(0)
-
-    def quiet_for(self, seconds: float) -> list[bytes]:
-        """Lines that arrive within `seconds` (for inputs that must get no answer)."""
-        with self.cond:
-            n = len(self.lines)
-        time.sleep(seconds)
-        with self.cond:
-            return self.lines[n:]
-
-    def call(self, name: str, arguments: Any, rid: Any = None) -> dict:
-        if rid is None:
-            self.next_id += 1
-            rid = self.next_id
-        self.send(jsonrpc("tools/call", {"name": name, "arguments": arguments}, id=rid))
-        return self.wait(rid)
-
-    def stderr(self) -> str:
-        self.err.seek(0)
-        return self.err.read().decode(errors="replace")[-4000:]
-
-    def close(self) -> None:
-        close_shim(self.proc, 10)
 
 
 class Sentinel:
@@ -409,7 +341,7 @@ def test_raw_case(raw, case: RawCase):
         assert msg["result"] == {}
         answer = "answered (ping result) under its 1 MB id"
     elif case.expect is None:
-        assert raw.quiet_for(0.5) == []
+        assert raw.quiet() == []
         answer = "nothing (not a request: no reply is due), server carries on"
     else:
         # Errors for lines whose id cannot be read come back with id null.
@@ -424,14 +356,16 @@ def test_raw_case(raw, case: RawCase):
 def test_raw_a_request_id_already_in_flight_is_refused(raw):
     # Two calls in flight under one id (or one the SDK reads as the same id, "7777"): the
     # second is refused, so one reply per id, and the first is served normally.
-    raw.send(_call(7777, {"prompt": "!sleep 500 first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"})
+    raw.send(_call(7777, {"prompt": "!hold dup first", "thread_id": "dup-a"}) + _call(7777, {"prompt": "second", "thread_id": "dup-b"})
              + _call("7777", {"prompt": "third", "thread_id": "dup-c"}))
     refused = [raw.wait(7777), raw.wait("7777")]
     for m in refused:
         assert m["error"]["code"] == -32600 and "already in flight" in m["error"]["message"], m
+    raw.held("dup")  # in flight until released, whatever the machine's speed
+    assert raw.release("dup") == 1
     first = raw.wait(7777)
-    assert first["result"]["structuredContent"]["text"] == "echo 1: !sleep 500 first", first
-    assert raw.quiet_for(0.3) == []
+    assert first["result"]["structuredContent"]["text"] == "echo 1: !hold dup first", first
+    assert raw.quiet() == []
     # Refused calls ran nowhere: neither thread exists.
     for tid in ("dup-b", "dup-c"):
         assert raw.call("respond", {"prompt": "p", "thread_id": tid})["result"]["structuredContent"]["created"] is True
@@ -449,14 +383,14 @@ def test_raw_a_request_whose_id_is_not_a_string_or_integer_is_invalid(raw, spell
     raw.send(b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"respond","arguments":{"prompt":"p","thread_id":"bad-id"}}}\n' % INVALID_IDS[spelling])
     msg = raw.wait(None, timeout=10)
     assert msg["id"] is None and msg["error"]["code"] == -32600 and "string or an integer" in msg["error"]["message"], msg
-    assert raw.quiet_for(0.2) == []
+    assert raw.quiet() == []
     ANSWERS.append(("raw", f"a request whose id is {spelling}", f"JSON-RPC error -32600 (id null): {msg['error']['message'][:80]}"))
     raw.sentinel.check(f"id {spelling}")
 
 
 def test_raw_a_notification_and_a_response_with_odd_ids_stay_unanswered(raw):
     raw.send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n' + b'{"jsonrpc":"2.0","id":1.5,"result":{}}\n')
-    assert raw.quiet_for(0.5) == []
+    assert raw.quiet() == []
     raw.sentinel.check("odd-id response")
 
 
@@ -468,8 +402,8 @@ def test_cancels_that_spell_the_id_loosely_free_the_budget():
     try:
         for i in range(140):
             rid = 1000 + i
-            ch.send(_call(rid, {"prompt": f"!sleep 30000 call {i}", "thread_id": f"c{i % 8}"}))
-            time.sleep(0.005)  # let the SDK start the handler before the cancel reaches it
+            ch.send(_call(rid, {"prompt": f"!hold c{i} call {i}", "thread_id": f"c{i % 8}"}))
+            ch.held(f"c{i}")  # its handler has started: the call is parked in the core
             ch.send(jsonrpc("notifications/cancelled", {"requestId": f"0{rid}", "reason": "loose spelling"}))
         start = time.monotonic()
         msg = ch.call("respond", {"prompt": "prompt", "thread_id": "after"})
@@ -496,8 +430,8 @@ def _reused_ids_growth(n: int) -> tuple[float, float]:
         shim = psutil.Process(ch.proc.pid)
         core = psutil.Process(children(ch.proc.pid)[0])
         big = "z" * 100_000
-        ch.send(_call(42, {"prompt": f"!sleep 120000 {big}", "thread_id": "held"}))
-        ch.call("list_threads", {})
+        ch.send(_call(42, {"prompt": f"!hold never {big}", "thread_id": "held"}))
+        ch.held("never")  # id 42 stays in flight
         base = (shim.memory_info().rss, core.memory_info().rss)
         line = _call(42, {"prompt": big, "thread_id": "dup"})
         batch = 50
@@ -549,15 +483,15 @@ def test_a_call_before_initialize_is_refused_and_the_session_still_starts():
 def test_requests_after_shutdown_starts_get_no_torn_output_and_no_orphan():
     """SIGTERM while calls run, then more requests: wisp exits at once with status 0, stdout
     stays whole JSON-RPC lines, and any answer to those calls says wisp is shutting down."""
-    from harness import children, running
+    from harness import children, wait_gone
 
     ch = RawChannel()
     try:
         ch.call("respond", {"prompt": "warm", "thread_id": "w"})
         core = children(ch.proc.pid)
         assert len(core) == 1
-        ch.send(_call(501, {"prompt": "!sleep 10000 running"}))
-        time.sleep(0.2)
+        ch.send(_call(501, {"prompt": "!hold never running"}))
+        ch.held("never")
         start = time.monotonic()
         ch.proc.send_signal(signal.SIGTERM)
         try:
@@ -572,10 +506,7 @@ def test_requests_after_shutdown_starts_get_no_torn_output_and_no_orphan():
             for m in msgs:
                 if m.get("result", {}).get("isError"):
                     assert "shutting down" in m["result"]["content"][0]["text"], m
-        deadline = time.monotonic() + 3
-        while running(core[0]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not running(core[0]), "wisp-core outlived the shim"
+        assert wait_gone(core[0], 3), "wisp-core outlived the shim"
         ANSWERS.append(("raw", "SIGTERM with a call running, then 18 more requests", "exits 0 within 3 s; answers (if any) are `shutting_down` tool errors; stdout stays whole JSON-RPC lines; no orphaned core"))
     finally:
         if ch.proc.poll() is None:
@@ -631,37 +562,8 @@ async def test_a_client_root_that_is_not_an_absolute_path_is_refused(uri, why):
 def _raw_roots_call(uris: list[str]) -> tuple[dict, float]:
     """A raw client that offers roots: calls respond with tools, answers the shim's roots/list
     with `uris`, and returns the call's reply and the time from that answer to the reply."""
-    reply, took, _ = _raw_roots_session(uris)
+    reply, took, _ = raw_roots_session(uris)
     return reply, took
-
-
-def _raw_roots_session(uris: list[str], then: bytes = b"") -> tuple[dict, float, dict | None]:
-    """`_raw_roots_call`, and the answer to the request `then` sent after its reply, if any."""
-    init = jsonrpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"roots": {"listChanged": False}},
-                                  "clientInfo": {"name": "wisp-tests", "version": "0"}}, id=1)
-    proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO)
-    try:
-        proc.stdin.write(init)
-        proc.stdin.flush()
-        assert "result" in json.loads(proc.stdout.readline())
-        proc.stdin.write(INITIALIZED + _call(2, {"prompt": "p", "thread_id": "r", "tools": ["read_file"]}))
-        proc.stdin.flush()
-        ask = json.loads(proc.stdout.readline())
-        assert ask.get("method") == "roots/list", ask
-        answer = (json.dumps({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": [{"uri": u} for u in uris]}}) + "\n").encode()
-        proc.stdin.write(answer)
-        proc.stdin.flush()
-        start = time.monotonic()
-        reply = json.loads(proc.stdout.readline())
-        took = time.monotonic() - start
-        if then:
-            proc.stdin.write(then)
-            proc.stdin.flush()
-        return reply, took, json.loads(proc.stdout.readline()) if then else None
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
 
 
 def test_too_many_client_roots_are_refused_at_once():

@@ -18,8 +18,8 @@ import anyio
 import httpx2
 import pytest
 
-from harness import ok, until_pending
-from test_http import MODERN_HEADERS, MODES, _events, _legacy_session, client, http_wisp, modern_call, threads_of
+from harness import held, ok, release, wait_for
+from harness.http import MODERN_HEADERS, MODES, client, events, http_wisp, legacy_session, modern_call, threads_of
 
 
 def _legacy_call(rid: object, name: str, arguments: dict) -> dict:
@@ -46,7 +46,7 @@ async def _reply(stream) -> dict:
     """The JSON-RPC reply a POST got, as JSON or as the next message on its SSE stream."""
     if stream.headers["content-type"].startswith("application/json"):
         return json.loads(await stream.aread())
-    return await _events(stream.aiter_lines())
+    return await events(stream.aiter_lines())
 
 
 async def _turns(server, thread_id: str) -> list[dict]:
@@ -56,34 +56,35 @@ async def _turns(server, thread_id: str) -> list[dict]:
 
 async def test_an_id_reused_while_the_first_is_in_flight_is_refused_and_the_first_gets_its_one_reply():
     async with http_wisp() as server, client(server) as watcher, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server)
-        first = _legacy_call(7, "respond", {"prompt": "!sleep 800 first", "thread_id": "first"})
+        session = await legacy_session(hc, server)
+        first = _legacy_call(7, "respond", {"prompt": "!hold first first", "thread_id": "first"})
         async with hc.stream("POST", server.url, json=first, headers=session) as stream:
             assert stream.status_code == 200
-            await until_pending(watcher, "first")  # the first call has reached its thread
+            await held(watcher, "first")  # the first call is running, parked till released
             for spelling in (7, "7", "07"):  # one id as the SDK correlates ids
                 again = _legacy_call(spelling, "respond", {"prompt": "second", "thread_id": "second"})
                 r = await hc.post(server.url, json=again, headers=session)
                 msg = _refused(r, spelling, "already in flight", json.dumps(spelling))
                 assert "Nothing was done" in msg["error"]["message"]
+            assert await release(watcher, "first") == 1
             replies = []
             async for line in stream.aiter_lines():
                 if line.startswith("data:") and (m := json.loads(line[5:])).get("id") == 7:
                     replies.append(m)
         # Exactly one reply under id 7 on its stream, the first call's, and its thread holds one turn.
-        assert [m["result"]["structuredContent"]["text"] for m in replies] == ["echo 1: !sleep 800 first"]
-        assert [t["prompt"] for t in await _turns(server, "first")] == ["!sleep 800 first"]
+        assert [m["result"]["structuredContent"]["text"] for m in replies] == ["echo 1: !hold first first"]
+        assert [t["prompt"] for t in await _turns(server, "first")] == ["!hold first first"]
         assert "second" not in await threads_of(server)  # the refused call ran nowhere
         # Answered, the id is free again in its session.
         async with hc.stream("POST", server.url, json=_legacy_call(7, "respond", {"prompt": "reuse", "thread_id": "first"}),
                              headers=session) as stream:
-            reply = await _events(stream.aiter_lines())
+            reply = await events(stream.aiter_lines())
         assert reply["id"] == 7 and reply["result"]["structuredContent"]["text"] == "echo 2: reuse", reply
 
 
 async def test_ids_in_flight_are_per_session_and_a_2026_client_has_none_to_collide_with():
     async with http_wisp() as server, client(server) as watcher, httpx2.AsyncClient(timeout=30) as hc:
-        a, b = await _legacy_session(hc, server), await _legacy_session(hc, server)
+        a, b = await legacy_session(hc, server), await legacy_session(hc, server)
         async with anyio.create_task_group() as tg:
             results: dict[str, dict] = {}
 
@@ -91,12 +92,14 @@ async def test_ids_in_flight_are_per_session_and_a_2026_client_has_none_to_colli
                 async with hc.stream("POST", server.url, json=body, headers=headers) as stream:
                     results[name] = await _reply(stream)
 
-            tg.start_soon(run, "a", a, _legacy_call(3, "respond", {"prompt": "!sleep 600 a", "thread_id": "a"}))
-            await until_pending(watcher, "a")
+            tg.start_soon(run, "a", a, _legacy_call(3, "respond", {"prompt": "!hold a a", "thread_id": "a"}))
+            await held(watcher, "a")
             # The same id in another session, and twice at once from 2026-07-28 clients: all served.
             tg.start_soon(run, "b", b, _legacy_call(3, "respond", {"prompt": "b", "thread_id": "b"}))
             tg.start_soon(run, "m1", server.headers(**MODERN_HEADERS), modern_call("respond", {"prompt": "m1", "thread_id": "m1"}, id=3))
             tg.start_soon(run, "m2", server.headers(**MODERN_HEADERS), modern_call("respond", {"prompt": "m2", "thread_id": "m2"}, id=3))
+            await wait_for(lambda: {"b", "m1", "m2"} <= set(results), 30, f"served only {sorted(results)}")
+            assert await release(watcher, "a") == 1  # in flight till all three were served
         for name in ("a", "b", "m1", "m2"):
             assert results[name]["id"] == 3 and not results[name]["result"]["isError"], (name, results[name])
         assert await threads_of(server) == {"a": 1, "b": 1, "m1": 1, "m2": 1}
@@ -104,21 +107,21 @@ async def test_ids_in_flight_are_per_session_and_a_2026_client_has_none_to_colli
 
 async def test_an_id_whose_connection_dropped_is_free_again_once_its_call_is_cancelled():
     async with http_wisp() as server, client(server) as watcher, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server)
-        dropped = _legacy_call(9, "respond", {"prompt": "!sleep 5000 dropped", "thread_id": "d"})
+        session = await legacy_session(hc, server)
+        dropped = _legacy_call(9, "respond", {"prompt": "!hold never dropped", "thread_id": "d"})
         async with hc.stream("POST", server.url, json=dropped, headers=session) as stream:
             assert stream.status_code == 200
-            await until_pending(watcher, "d")
+            await held(watcher, "never")  # running, and only the cancel of the drop can end it
         # The id is held until wisp has handed the SDK the cancel for it; then it is served.
         with anyio.fail_after(10):
             while True:
                 async with hc.stream("POST", server.url, json=_legacy_call(9, "respond", {"prompt": "after", "thread_id": "d"}),
                                      headers=session) as stream:
                     if stream.status_code == 200:
-                        reply = await _events(stream.aiter_lines())
+                        reply = await events(stream.aiter_lines())
                         break
                     _refused(httpx2.Response(stream.status_code, headers=stream.headers, content=await stream.aread()), 9, "already in flight")
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # the poll's interval
         assert reply["id"] == 9 and reply["result"]["structuredContent"]["text"] == "echo 1: after", reply
         assert [t["prompt"] for t in await _turns(server, "d")] == ["after"]  # the dropped call kept no turn
 
@@ -133,7 +136,7 @@ INVALID_IDS = {
 @pytest.mark.parametrize("mode", MODES)
 async def test_an_id_json_rpc_does_not_allow_is_an_error_never_202_and_silence(mode):
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server) if mode == "legacy" else None
+        session = await legacy_session(hc, server) if mode == "legacy" else None
         for i, (what, spelling) in enumerate(INVALID_IDS.items()):
             body = b'{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"respond","arguments":{"prompt":"p","thread_id":"bad%d"}%s}}' % (
                 spelling, i, b',"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}'
@@ -148,7 +151,7 @@ EDGE_IDS = [2**63 - 1, -(2**63), 0, "", "🙂", "x" * 100_000, "05"]
 @pytest.mark.parametrize("mode", MODES)
 async def test_ids_at_the_edges_of_what_is_allowed_are_answered_under_themselves(mode):
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server) if mode == "legacy" else None
+        session = await legacy_session(hc, server) if mode == "legacy" else None
         for rid in EDGE_IDS:
             call = _legacy_call(rid, "list_threads", {}) if mode == "legacy" else modern_call("list_threads", {}, id=rid)
             headers = session if mode == "legacy" else server.headers(**{**MODERN_HEADERS, "Mcp-Name": "list_threads"})
@@ -172,7 +175,7 @@ REFUSED_BODIES = {
 async def test_a_batch_or_an_envelope_member_twice_is_refused_whole(mode, what):
     body, says = REFUSED_BODIES[what]
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server) if mode == "legacy" else None
+        session = await legacy_session(hc, server) if mode == "legacy" else None
         _refused(await _post_raw(hc, server, mode, body, session), None, says)
         assert await threads_of(server) == {}
 
@@ -180,7 +183,7 @@ async def test_a_batch_or_an_envelope_member_twice_is_refused_whole(mode, what):
 @pytest.mark.parametrize("mode", MODES)
 async def test_what_is_no_request_passes_the_door_and_unreadable_json_is_a_parse_error(mode):
     async with http_wisp() as server, httpx2.AsyncClient(timeout=30) as hc:
-        session = await _legacy_session(hc, server) if mode == "legacy" else None
+        session = await legacy_session(hc, server) if mode == "legacy" else None
         # A notification owes no reply: 202 as before.
         r = await _post_raw(hc, server, mode, b'{"jsonrpc":"2.0","method":"notifications/initialized"}', session)
         assert r.status_code == 202, r.text

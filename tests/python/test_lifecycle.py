@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import stat
 import subprocess
@@ -15,18 +16,19 @@ import time
 import anyio
 import pytest
 
-from harness import REPO, core_path, error_text, ok, shim_command, shim_env, stub_core, wisp
+from harness import REPO, children, core_path, error_text, held, ok, shim_command, shim_env, stub_core, wait_for, wisp
 
 
 async def test_cancel_frees_the_thread_and_leaves_its_history_unchanged():
     async with wisp() as c:
         ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))
-        with anyio.move_on_after(0.5) as scope:
-            await c.call_tool("respond", {"prompt": "!sleep 10000 never", "thread_id": "t"})
-        assert scope.cancelled_caught
-        start = time.monotonic()
-        s = ok(await c.call_tool("respond", {"prompt": "two", "thread_id": "t"}))
-        assert time.monotonic() - start < 3.0, "the cancelled call still held the thread"
+        never = asyncio.create_task(c.call_tool("respond", {"prompt": "!hold never x", "thread_id": "t"}))
+        await held(c, "never")  # running on the thread, and only a cancel can end it
+        never.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await never
+        with anyio.fail_after(30):  # were the thread still held, this would wait for ever
+            s = ok(await c.call_tool("respond", {"prompt": "two", "thread_id": "t"}))
         assert s["text"] == "echo 2: two" and s["turns"] == 2  # as if the cancelled call never happened
 
 
@@ -34,7 +36,7 @@ async def test_time_limit_cancels_and_reports_timeout():
     async with wisp("--timeout", "1") as c:
         ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))
         start = time.monotonic()
-        msg = error_text(await c.call_tool("respond", {"prompt": "!sleep 10000 slow", "thread_id": "t"}))
+        msg = error_text(await c.call_tool("respond", {"prompt": "!hold never slow", "thread_id": "t"}))  # only the limit ends it
         assert msg.startswith("timeout:"), msg
         assert time.monotonic() - start < 4.5
         s = ok(await c.call_tool("respond", {"prompt": "two", "thread_id": "t"}))
@@ -43,7 +45,7 @@ async def test_time_limit_cancels_and_reports_timeout():
 
 async def test_timeout_from_the_environment():
     async with wisp(env=shim_env(WISP_TIMEOUT="0.5")) as c:
-        msg = error_text(await c.call_tool("respond", {"prompt": "!sleep 5000 slow"}))
+        msg = error_text(await c.call_tool("respond", {"prompt": "!hold never slow"}))
         assert msg.startswith("timeout:"), msg
 
 
@@ -54,9 +56,11 @@ async def test_progress_notifications_strictly_increase_and_carry_partial_text()
         seen.append((progress, message))
 
     async with wisp() as c:
+        # Kept: echo spreads its partials over the sleep, which is what makes progress here.
         r = await c.call_tool("respond", {"prompt": "!sleep 600 streaming reply"}, progress_callback=on_progress)
         final = ok(r)["text"]
-        await asyncio.sleep(0.1)  # notifications race the result over a real transport
+        # Notifications race the result over a real transport: the last one carries the whole reply.
+        await wait_for(lambda: any((m or "").endswith(final) for _, m in seen), 10)
     assert len(seen) >= 2, seen
     values = [p for p, _ in seen]
     assert all(b > a for a, b in zip(values, values[1:])), values
@@ -128,13 +132,14 @@ async def test_initialize_and_list_do_not_wait_for_a_slow_core(tmp_path):
     # This core only starts once the test says so: no timing involved.
     go = tmp_path / "go"
     slow = tmp_path / "wisp-core"
-    slow.write_text(f"#!/bin/sh\nwhile [ ! -e {go} ]; do sleep 0.05; done\nexec {core_path()} \"$@\"\n")
+    slow.write_text(f"#!/bin/sh\nwhile [ ! -e {go} ]; do sleep 0.05; done\nexec {core_path()} \"$@\"\n")  # kept: the fake's wait for go
     slow.chmod(slow.stat().st_mode | stat.S_IXUSR)
     async with wisp(core=str(slow)) as c:
         with anyio.fail_after(30):
             assert {t.name for t in (await c.list_tools()).tools} >= {"respond", "close_thread"}
         call = asyncio.create_task(c.call_tool("respond", {"prompt": "waited"}))
-        await asyncio.sleep(0.5)
+        # The shim has launched the core and waits for it: that call cannot have an answer yet.
+        await wait_for(lambda: any(children(shim) for shim in children(os.getpid())), 30)
         assert not call.done(), "respond answered before the core existed"
         go.touch()
         with anyio.fail_after(30):
@@ -186,7 +191,7 @@ async def test_a_reply_that_beats_the_cancel_is_returned(tmp_path):
         "    n = struct.unpack('>I', sys.stdin.buffer.read(4))[0]\n"
         "    return json.loads(sys.stdin.buffer.read(n))\n"
         "req = read()\n"
-        "time.sleep(1.1)\n"
+        "time.sleep(1.1)\n"  # kept: this core's lateness is the thing tested
         "frame({'id': req['id'], 'event': 'reply', 'ok': True, 'result': {'op': 'respond', 'thread_id': 'late', 'created': True,"
         " 'text': 'just in time',"
         " 'condensed': False, 'turns': 1, 'dropped': 0}})\n"
@@ -264,7 +269,8 @@ def test_unicode_digits_in_the_local_models_numbers_fall_back_to_the_defaults(mo
 def _fake_core_argv(tmp_path) -> list[str]:
     wrapper = tmp_path / "wisp-core"
     fake = REPO / "tests" / "python" / "fake_core.py"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{fake}" "$@"\n')
+    log = tmp_path / "starts"  # and log.stalled once it stalls (fake_core.py)
+    wrapper.write_text(f'#!/bin/sh\nWISP_FAKE_CORE_LOG="{log}" exec "{sys.executable}" "{fake}" "$@"\n')
     wrapper.chmod(0o755)
     return shim_command("--backend", "echo", core=str(wrapper))
 
@@ -278,16 +284,21 @@ def test_stopping_wisp_with_a_stopped_or_wedged_core_leaves_no_orphan(tmp_path, 
     core within 2 s even when it is SIGSTOPped or wedged (it neither reads nor answers)."""
     import psutil
 
-    from harness import call, spawn_initialized
+    from harness import call, read_until, spawn_initialized, wait_until
 
     proc = spawn_initialized(argv=_fake_core_argv(tmp_path) if core_state == "wedged" else None)
     shim = psutil.Process(proc.pid)
     [core] = shim.children()
     try:
-        prompt = "!stall" if core_state == "wedged" else "!sleep 30000 busy"
+        prompt = "!stall" if core_state == "wedged" else "!hold never busy"
         proc.stdin.write(call("respond", {"prompt": prompt, "thread_id": "busy"}, 3))
-        proc.stdin.flush()
-        time.sleep(0.3)
+        if core_state == "wedged":
+            proc.stdin.flush()
+            assert wait_until((tmp_path / "starts.stalled").exists, 10), "the fake core never stalled"
+        else:  # the call is in the core, parked
+            proc.stdin.write(call("respond", {"prompt": "!held never", "thread_id": "held-never"}, 4))
+            proc.stdin.flush()
+            read_until(proc, 4, [])
         if core_state == "stopped":
             core.suspend()
         start = time.monotonic()

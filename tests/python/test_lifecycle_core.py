@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from harness import error_text, ok, until_pending, wisp
+from harness import error_text, held, ok, release, wisp
 
 
 def _core_pid(client) -> int:
@@ -42,14 +42,16 @@ async def test_a_turn_past_its_time_limit_is_not_kept_when_a_stopped_core_resume
     async with wisp("--timeout", "1") as c:
         assert ok(await c.call_tool("respond", {"prompt": "one", "thread_id": "t"}))["text"] == "echo 1: one"
         core = _core_pid(c)
-        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 300 two", "thread_id": "t"}))
-        await until_pending(c, "t")  # the core has the call and is sleeping in it
+        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!hold two two", "thread_id": "t"}))
+        await held(c, "two")  # the core has the call and is in it, parked
         os.kill(core, signal.SIGSTOP)
         try:
-            # Past the 1 s limit: on resume the answer is ready at once, and the deadline long gone.
+            # Kept: the time passing while the core is stopped is the thing tested (past the 1 s limit).
             await asyncio.sleep(1.6)
         finally:
             os.kill(core, signal.SIGCONT)
+        # The answer ready on resume (or the deadline first): either way the deadline is long gone.
+        await release(c, "two")
         start = time.monotonic()
         msg = error_text(await asyncio.wait_for(slow, 10))
         assert msg.startswith("timeout:"), msg

@@ -15,23 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, error_text, ok, shim_command, shim_env, wisp
+from harness import REPO, error_text, install_fake, ok, shim_command, shim_env, wisp
 from wisp_shim.localmodel import llama_install, llama_server
 from wisp_shim.localmodel import local_model as lm
 from wisp_shim.localmodel.local_model import APPLE_ONLY, LEAVE_TO_CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
 
-FAKE = Path(__file__).with_name("fake_llama_server.py")
 SCRIPT = REPO / "scripts" / "build-llama-server.sh"
 SIGILL_FIX = "WISP_LLAMA_NATIVE=0 make local-model-native"
-
-
-def install_fake(directory: Path) -> Path:
-    """The fake as an executable named llama-server, run by this venv's python."""
-    directory.mkdir(parents=True, exist_ok=True)
-    binary = directory / "llama-server"
-    binary.write_text(f"#!{sys.executable}\n" + FAKE.read_text())
-    binary.chmod(0o755)
-    return binary
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ def _drain(fd: int, out: bytearray, done, timeout: float = 10.0) -> None:
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
-            time.sleep(0.01)
+            time.sleep(0.01)  # the poll's interval
             continue
         out += chunk
 
@@ -41,7 +41,7 @@ def test_a_pipe_nobody_reads_drops_lines_and_the_count_follows_once_it_drains():
         for i in range(posted):
             log.info("line %d %s", i, "x" * 80)
             if i % 50 == 0:
-                time.sleep(0.001)  # the writer gets the GIL and fills the pipe: the drops then are the pipe's
+                time.sleep(0.001)  # kept: the writer gets the GIL and fills the pipe: the drops then are the pipe's
         # Nobody read: a log call that waited on the pipe would not have returned at all.
         assert time.monotonic() - start < 5
         out = bytearray()

@@ -17,7 +17,8 @@ import statistics
 import time
 
 import psutil
-from harness import INITIALIZE, INITIALIZED, call, core_exchange, cpu_s, error_text, ok, read_until, shim_env, spawn, text_of, wisp
+from harness import (INITIALIZE, INITIALIZED, call, core_exchange, cpu_s, error_text, ok, read_until, shim_env, spawn, text_of,
+                     wait_for, wisp)
 from openai_stub import OpenAIStub, StubConfig
 
 NFC, NFD = "caf\u00e9", "cafe\u0301"
@@ -163,7 +164,8 @@ async def test_a_costly_reply_check_holds_up_no_other_thread_and_stops_at_its_ti
         cpu1, t1 = cpu_s(core), time.monotonic()
         quick_cpu = cpu1 - cpu0  # what 20 quick calls cost the core
         hostile = asyncio.create_task(c.call_tool("respond", {"prompt": "x", "thread_id": "h", "schema": COSTLY}))
-        await asyncio.sleep(0.5)  # the check is under way
+        # The check is under way once the core burns CPU on it.
+        await wait_for(lambda: cpu_s(core) - cpu1 > 0.05, 10, "the costly check never started")
         during = statistics.median(await _quick_latencies(c, 20))
         r = await hostile
         assert r.is_error and text_of(r).startswith("timeout:"), text_of(r)[:300]
@@ -174,7 +176,7 @@ async def test_a_costly_reply_check_holds_up_no_other_thread_and_stops_at_its_ti
         span = time.monotonic() - t1
         assert busy > 0.4, f"the costly check was not running meanwhile ({busy:.3f} s of CPU in {span:.1f} s)"
         # Within 0.5 s of its time limit the core is idle again: the check stopped.
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # kept, as the next: the time after the limit is the thing tested
         cpu2 = cpu_s(core)
         await asyncio.sleep(1.0)
         idle = cpu_s(core) - cpu2

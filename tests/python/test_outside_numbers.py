@@ -81,7 +81,7 @@ def test_slots_are_bounded_by_what_a_server_could_hold():
 
 def test_an_echo_sleep_out_of_range_fails_the_call_only():
     frames = core_exchange(["--backend", "echo", "--echo-delay-ms", "1"],
-                           protocol.encode(protocol.Respond(id=1, prompt=f"!sleep {BIG} x", thread_id="s"))
+                           protocol.encode(protocol.Respond(id=1, prompt=f"!sleep {BIG} x", thread_id="s"))  # kept: tested
                            + protocol.encode(protocol.Respond(id=2, prompt="still here", thread_id="s")), want=(1, 2))
     by_id = {f["id"]: f for f in frames if "ok" in f}
     assert not by_id[1]["ok"] and by_id[1]["error"]["code"] == "invalid_argument", by_id[1]

@@ -9,9 +9,11 @@ import subprocess
 import tempfile
 import time
 
+import psutil
 import pytest
 
-from harness import INITIALIZE, INITIALIZED, REPO, call, children, jsonrpc, read_until, running, shim_command, shim_env, spawn, spawn_initialized, wait_gone
+from harness import (INITIALIZE, INITIALIZED, REPO, call, children, held_args, jsonrpc, read_until, running, shim_command,
+                     shim_env, spawn, spawn_initialized, wait_gone, wait_until)
 
 
 def test_stdout_carries_only_json_rpc():
@@ -26,7 +28,7 @@ def test_stdout_carries_only_json_rpc():
             requests = [
                 jsonrpc("tools/list", {}, id=2),
                 call("respond", {"prompt": "hello", "thread_id": "t"}, 3),
-                call("respond", {"prompt": "!sleep 300 progress"}, 4, progress_token="tok"),
+                call("respond", {"prompt": "!sleep 300 progress"}, 4, progress_token="tok"),  # kept: its partials are the progress
                 call("respond", {"prompt": 5}, 5),
                 call("respond", {"prompt": "!fail internal"}, 6),
                 call("close_thread", {"thread_id": "t"}, 7),
@@ -63,11 +65,19 @@ def test_stdout_carries_only_json_rpc():
     assert "wisp-core" in log and "wisp INFO" in log
 
 
+def _name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:
     proc = spawn_initialized(*args)
-    # A call left running in the core, so shutdown cannot wait for quiet.
-    proc.stdin.write(call("respond", {"prompt": "!sleep 30000 busy"}, 3))
+    # A call left running in the core, parked and never released, so shutdown cannot wait for quiet.
+    proc.stdin.write(call("respond", {"prompt": "!hold never busy"}, 3) + call("respond", held_args("never"), 4))
     proc.stdin.flush()
+    read_until(proc, 4, [])
     cores = children(proc.pid)
     assert len(cores) == 1, cores
     return proc, cores[0]
@@ -77,7 +87,6 @@ def _start_with_core(*args: str) -> tuple[subprocess.Popen, int]:
 def test_no_orphaned_core(how):
     proc, core = _start_with_core()
     try:
-        time.sleep(0.2)
         start = time.monotonic()
         if how == "stdin-eof":
             proc.stdin.close()
@@ -113,6 +122,7 @@ def test_a_core_that_ignores_eof_and_sigterm_is_killed(tmp_path, how):
                         "version": version()}).encode()
     (tmp_path / "ready").write_bytes(struct.pack(">I", len(ready)) + ready)
     stub = tmp_path / "wisp-core"
+    # Kept: a core asleep, deaf to EOF and SIGTERM, is this fake's behaviour.
     stub.write_text(f"#!/bin/sh\ntrap '' TERM\ncat {tmp_path / 'ready'}\nexec sleep 60 < /dev/null\n")
     stub.chmod(0o755)
     proc = subprocess.Popen(
@@ -127,13 +137,10 @@ def test_a_core_that_ignores_eof_and_sigterm_is_killed(tmp_path, how):
         read_until(proc, 1, lines)
         proc.stdin.write(INITIALIZED + call("list_threads", {}, 2))
         proc.stdin.flush()
-        deadline = time.monotonic() + 10
-        while core is None and time.monotonic() < deadline:
-            kids = children(proc.pid)
-            core = kids[0] if kids else None
-            time.sleep(0.05)
-        assert core is not None
-        time.sleep(0.3)  # let it print ready and settle into sleep
+        assert wait_until(lambda: children(proc.pid), 10), "the shim started no core"
+        core = children(proc.pid)[0]
+        # It has printed ready and settled into sleep (SIGTERM still ignored) once it runs as `sleep`.
+        assert wait_until(lambda: _name(core) == "sleep", 10), _name(core)
         start = time.monotonic()
         if how == "stdin-eof":
             proc.stdin.close()

@@ -23,45 +23,16 @@ from pathlib import Path
 import anyio
 import pytest
 
-from harness import error_text, ok, shim_env, wisp
+from harness import error_text, ok, shim_env, wait_for, wait_until, wisp
+from harness.real_model import FOUND, serve, skip_unless_installed, via
 from openai_stub import RecordingProxy
 from harness import grandchildren_named, ppid as _ppid, running as _alive
 from wisp_shim.localmodel import llama_server, local_model
 
 SETTINGS = {"temperature": 0, "max_output_tokens": 32}
 
-
-def _installed() -> tuple[local_model.ServerProgram, Path] | str:
-    try:
-        server, model = local_model.find_server(), local_model.find_model()
-    except local_model.LocalModelError as exc:
-        return str(exc)
-    if server is None or model is None:
-        what = " and ".join(x for x, v in (("llama.cpp's server", server), ("the SmolLM2 model", model)) if v is None)
-        return f"the local model is not installed ({what} missing): {local_model.INSTALL_HINT}"
-    return server, model
-
-
-_found = _installed()
-if isinstance(_found, str):
-    if os.environ.get("WISP_REQUIRE_LOCAL_MODEL") == "1":
-        pytest.fail(f"WISP_REQUIRE_LOCAL_MODEL=1 but {_found}", pytrace=False)
-    print(f"\nSKIPPING real-model tests: {_found}")
-    pytestmark = pytest.mark.skip(reason=_found)
-
-
-def _serve(context_size: int, slots: int = 1):
-    assert not isinstance(_found, str)
-    server, model = _found
-    lm = local_model.LocalModel.of(server, model, context_size=context_size, slots=slots)
-    lm.spawn()
-    deadline = time.monotonic() + 120
-    while not lm.healthy():
-        assert lm.proc is not None and lm.proc.poll() is None, "llama-server exited while starting"
-        assert time.monotonic() < deadline, "llama-server did not become healthy in 120 s"
-        time.sleep(0.05)
-    return lm
-
+if (skip := skip_unless_installed()) is not None:
+    pytestmark = skip
 
 PARALLEL = 4
 
@@ -69,14 +40,14 @@ PARALLEL = 4
 @pytest.fixture(scope="module")
 def llama():
     # Several slots, as wisp starts it: each thread's context is a slot's, not the whole -c.
-    lm = _serve(local_model.DEFAULT_CONTEXT, slots=PARALLEL)
+    lm = serve(local_model.DEFAULT_CONTEXT, slots=PARALLEL)
     yield lm
     lm.stop()
 
 
 @pytest.fixture(scope="module")
 def llama_small():
-    lm = _serve(512)
+    lm = serve(512)
     yield lm
     lm.stop()
 
@@ -84,16 +55,12 @@ def llama_small():
 @pytest.fixture(scope="module")
 def llama_long():
     # A context a few turns fill: a thread soon runs past it.
-    lm = _serve(LONG_CONTEXT, slots=2)
+    lm = serve(LONG_CONTEXT, slots=2)
     yield lm
     lm.stop()
 
 
 LONG_CONTEXT = 1024
-
-
-def via(proxy: RecordingProxy, *args: str):
-    return wisp("--endpoint", proxy.endpoint, "--model", llama_server.MODEL_ALIAS, *args, backend="openai", env=shim_env())
 
 
 # The default these tests mean: on a Mac whose Apple model can answer, `auto` picks that instead.
@@ -118,10 +85,7 @@ async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):
         ours = _our_llama_servers()
         assert len(ours) == 1, "wisp should have started exactly one llama-server"
     print(f"\ncold start to first real answer through wisp: {first_answer_s:.2f} s")
-    deadline = time.monotonic() + 5
-    while any(map(_alive, ours)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert not any(map(_alive, ours)), "llama-server outlived wisp"
+    await wait_for(lambda: not any(map(_alive, ours)), 5, "llama-server outlived wisp")
 
 
 async def test_second_call_carries_the_first_turn(llama):
@@ -225,13 +189,9 @@ async def test_cancel_mid_generation_frees_the_thread(llama):
                     await started.wait()  # generating now
                 tg.cancel_scope.cancel()
             # The HTTP request was closed mid-stream, and llama-server's slot is free again.
-            deadline = time.monotonic() + 5
-            while proxy.disconnects < 1 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await wait_for(lambda: proxy.disconnects >= 1, 5, "the request to llama-server was not closed")
             assert proxy.disconnects == 1
-            while time.monotonic() < deadline and _slot_busy(llama):
-                await asyncio.sleep(0.05)
-            assert not _slot_busy(llama)
+            await wait_for(lambda: not _slot_busy(llama), 5, "llama-server's slot stayed busy")
             threads = ok(await c.call_tool("list_threads", {}))["threads"]
             assert [(t["thread_id"], t["turns"], t["pending"]) for t in threads] == [(tid, 1, 0)]
             s = ok(await c.call_tool("respond", {"prompt": "Say goodbye.", "thread_id": tid, **SETTINGS}))
@@ -287,19 +247,17 @@ def test_local_server_dies_with_a_killed_shim(llama):
     shim = subprocess.Popen([sys.executable, "-m", "wisp_shim", "--core", core_path()], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=shim_env())
     try:
-        deadline = time.monotonic() + 60
         ours: set[int] = set()
-        while not ours and time.monotonic() < deadline:
-            ours = {p for p in _our_llama_servers() if _ppid(p) == shim.pid}
-            time.sleep(0.05)
-        assert ours, "the shim did not start llama-server"
+
+        def started() -> bool:
+            ours.update(p for p in _our_llama_servers() if _ppid(p) == shim.pid)
+            return bool(ours)
+
+        assert wait_until(started, 60), "the shim did not start llama-server"
     finally:
         shim.send_signal(signal.SIGKILL)
         shim.wait()
-    deadline = time.monotonic() + 5
-    while any(map(_alive, ours)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(map(_alive, ours)), "llama-server outlived a SIGKILLed shim"
+    assert wait_until(lambda: not any(map(_alive, ours)), 5), "llama-server outlived a SIGKILLed shim"
 
 
 async def test_local_server_is_restarted_if_it_dies(llama):
@@ -310,18 +268,13 @@ async def test_local_server_is_restarted_if_it_dies(llama):
         (first,) = _our_llama_servers()
         os.kill(first, signal.SIGKILL)
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            now = _our_llama_servers() - {first}
-            if now:
-                break
-            await asyncio.sleep(0.1)
-        assert now, "llama-server was not restarted"
+        await wait_for(lambda: _our_llama_servers() - {first}, 90, "llama-server was not restarted")
         # Once it answers /health again, calls work as before (same port, same core).
         while time.monotonic() < deadline:
             r = await c.call_tool("respond", {"prompt": "What is the capital of France? Answer in one word.", **SETTINGS})
             if not r.is_error:
                 break
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # the poll's interval
         assert "paris" in ok(r)["text"].lower()
 
 
@@ -497,8 +450,8 @@ async def test_each_installed_server_decodes_answers_only_its_key_and_serves_wis
     """The compiled server and the wheel's, each where it is installed (the default picks one)."""
     if server is None:
         pytest.skip(missing)
-    assert not isinstance(_found, str)
-    lm = local_model.LocalModel.of(server, _found[1], context_size=1024)
+    assert not isinstance(FOUND, str)
+    lm = local_model.LocalModel.of(server, FOUND[1], context_size=1024)
     t0 = time.monotonic()
     try:
         await lm.ensure_running()

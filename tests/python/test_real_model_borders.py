@@ -11,20 +11,15 @@ makes that a failure), as test_real_model.py is.
 
 from __future__ import annotations
 
-import os
 import sys
 
-import pytest
-
 from harness import ok, shim_env, text_of, wisp
+from harness.real_model import skip_unless_installed
 from wisp_shim.localmodel import llama_server
 from wisp_shim.mcp.tools.respond import CUT_AT_CAP_NOTE
-from test_real_model import _found
 
-if isinstance(_found, str):
-    if os.environ.get("WISP_REQUIRE_LOCAL_MODEL") == "1":
-        pytest.fail(f"WISP_REQUIRE_LOCAL_MODEL=1 but {_found}", pytrace=False)
-    pytestmark = pytest.mark.skip(reason=_found)
+if (skip := skip_unless_installed()) is not None:
+    pytestmark = skip
 
 LOCAL = {"WISP_LOCAL_MODEL": "1"} if sys.platform == "darwin" else {}
 SETTINGS = {"temperature": 0, "max_output_tokens": 24}

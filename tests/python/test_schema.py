@@ -13,8 +13,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-import test_real_model as real
 from harness import error_text, ok, shim_env, text_of, wisp
+from harness.real_model import FOUND, serve, via
 from openai_stub import OpenAIStub, RecordingProxy, StubConfig
 from wisp_shim.localmodel import local_model
 from wisp_shim.mcp.schema import MAX_SCHEMA_BYTES
@@ -298,12 +298,12 @@ REAL_PROMPTS = [
 ]
 
 
-@pytest.mark.skipif(isinstance(real._found, str), reason=str(real._found))
+@pytest.mark.skipif(isinstance(FOUND, str), reason=str(FOUND))
 async def test_real_model_20_calls_all_validate():
-    lm = real._serve(local_model.DEFAULT_CONTEXT)
+    lm = serve(local_model.DEFAULT_CONTEXT)
     try:
         with RecordingProxy(lm.port, api_key=lm.api_key) as proxy:
-            async with real.via(proxy) as c:
+            async with via(proxy) as c:
                 started = time.monotonic()
                 for i in range(20):
                     r = await c.call_tool("respond", {"prompt": REAL_PROMPTS[i % len(REAL_PROMPTS)], "schema": REAL_SCHEMA,

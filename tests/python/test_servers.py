@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from harness import error_text, ok, shim_env, until_pending, wisp
+from harness import error_text, held, ok, release, shim_env, until_pending, wait_for, wisp
 from openai_stub import OpenAIStub, StubConfig
 
 
@@ -192,11 +192,15 @@ async def test_progress_names_the_calls_ahead_in_the_threads_queue():
 
     async with wisp(env=shim_env(WISP_PROGRESS_EVERY_S="0.2")) as c:
         tid = ok(await c.call_tool("respond", {"prompt": "first"}))["thread_id"]
-        running = [asyncio.create_task(c.call_tool("respond", {"prompt": f"!sleep 1500 hold {k}", "thread_id": tid}))
+        running = [asyncio.create_task(c.call_tool("respond", {"prompt": f"!hold ahead{k} hold {k}", "thread_id": tid}))
                    for k in range(2)]
-        await until_pending(c, tid, calls=2, since_turns=1)
-        last = await c.call_tool("respond", {"prompt": "third", "thread_id": tid}, progress_callback=on_progress)
-        ok(last)
+        await until_pending(c, tid, calls=2)
+        last = asyncio.create_task(c.call_tool("respond", {"prompt": "third", "thread_id": tid}, progress_callback=on_progress))
+        for k, behind in enumerate(("queued behind 2 calls on this thread", "queued behind 1 call on this thread")):
+            await wait_for(lambda behind=behind: any(m.startswith(behind) for m in seen), 30)
+            await held(c, f"ahead{k}")
+            assert await release(c, f"ahead{k}") == 1
+        ok(await last)
         for t in running:
             ok(await t)
     queued = [m for m in seen if m.startswith("queued behind")]

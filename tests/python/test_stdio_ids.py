@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness import jsonrpc
-from test_hostile import RawChannel
+from harness.raw import RawChannel
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +26,15 @@ def _turn_prompts(raw: RawChannel, thread_id: str) -> list[str]:
 
 def test_an_id_reused_in_flight_is_refused_and_the_first_keeps_one_reply_and_one_turn(raw):
     call = lambda rid, prompt, tid: jsonrpc("tools/call", {"name": "respond", "arguments": {"prompt": prompt, "thread_id": tid}}, id=rid)  # noqa: E731
-    raw.send(call(4242, "!sleep 500 first", "s-first") + call(" 4242", "second", "s-second"))
+    raw.send(call(4242, "!hold first first", "s-first") + call(" 4242", "second", "s-second"))
     refused = raw.wait(" 4242")
     assert refused["error"]["code"] == -32600 and "already in flight" in refused["error"]["message"], refused
+    raw.held("first")  # in flight until released, whatever the machine's speed
+    assert raw.release("first") == 1
     first = raw.wait(4242)
-    assert first["result"]["structuredContent"]["text"] == "echo 1: !sleep 500 first", first
-    assert raw.quiet_for(0.3) == []  # no second reply under either spelling
-    assert _turn_prompts(raw, "s-first") == ["!sleep 500 first"]
+    assert first["result"]["structuredContent"]["text"] == "echo 1: !hold first first", first
+    assert raw.quiet() == []  # no second reply under either spelling
+    assert _turn_prompts(raw, "s-first") == ["!hold first first"]
     listed = raw.call("list_threads", {})["result"]["structuredContent"]["threads"]
     assert "s-second" not in {t["thread_id"] for t in listed}
     # Answered, the id may be used again.
@@ -52,7 +54,7 @@ def test_an_id_past_int64_or_not_text_is_invalid_with_id_null(raw, what):
              % NEW_INVALID_IDS[what])
     msg = raw.wait(None, timeout=10)
     assert msg["error"]["code"] == -32600 and "string or an integer" in msg["error"]["message"], msg
-    assert raw.quiet_for(0.2) == []
+    assert raw.quiet() == []
 
 
 @pytest.mark.parametrize("line, says", [
@@ -64,7 +66,7 @@ def test_a_batch_or_an_envelope_member_twice_is_refused_with_id_null(raw, line, 
     raw.send(line)
     msg = raw.wait(None, timeout=10)
     assert msg["error"]["code"] == -32600 and says in msg["error"]["message"], msg
-    assert raw.quiet_for(0.2) == []
+    assert raw.quiet() == []
 
 
 @pytest.mark.parametrize("rid", [2**63 - 1, -(2**63), "", "🙂", "x" * 10_000])

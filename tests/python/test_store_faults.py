@@ -81,7 +81,7 @@ async def test_a_full_state_dir_serves_in_memory_says_so_and_recovers(tmpfs):
         assert "threads are not stored" in listed and "full" in listed, listed
         # Writable again: the store is tried again (every 5 s) and the thread stored whole.
         (tmpfs / "filler").unlink()
-        await anyio.sleep(5.5)
+        await anyio.sleep(5.5)  # kept: the store's retry every 5 s is the thing tested
         r = await say(c, "t", "3")
         assert r["text"] == "echo 3: 3" and r.get("store_error") is None, r
         assert "threads are not stored" not in text_of(await c.call_tool("list_threads", {}))
@@ -109,13 +109,13 @@ async def test_a_thread_evicted_while_the_state_dir_fails_loses_no_answered_turn
         r = await say(c, "t", "after")
         assert (r["created"], r["text"]) == (False, "echo 6: after"), r
         (tmpfs / "filler").unlink()
-        await anyio.sleep(5.5)
+        await anyio.sleep(5.5)  # kept: the store's retry every 5 s is the thing tested
         await say(c, "d", "x")  # a new thread: wisp stores the waiting ones meanwhile
         for _ in range(100):
             listed = ok(await c.call_tool("list_threads", {}))
             if "state_error" not in listed or not listed["state_error"]:
                 break
-            await anyio.sleep(0.1)
+            await anyio.sleep(0.1)  # the poll's interval
     async with wisp("--state-dir", str(state), "--context-size", "100000000") as c:
         r = await say(c, "t", "resumed")
         assert (r["created"], r["text"]) == (False, "echo 7: resumed"), r

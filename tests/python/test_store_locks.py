@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from harness import (
-    INITIALIZE, INITIALIZED, REPO, call, close_shim, core_path, error_text, ok, read_until, shim_env, spawn, wisp,
+    INITIALIZE, INITIALIZED, REPO, call, close_shim, core_path, error_text, held, ok, read_until, release, shim_env, spawn,
+    wisp,
 )
 
 sys.path.insert(0, str(REPO / "python"))
@@ -93,10 +94,10 @@ async def test_a_thread_busy_in_another_wisp_is_read_listed_searched_and_forked_
     state = tmp_path / "state"
     async with wisp("--state-dir", str(state)) as one, wisp("--state-dir", str(state)) as two:
         await say(two, "held", "walrus one")
-        # The running call holds the thread's lease in the other process for 30 s.
-        running = asyncio.create_task(two.call_tool("respond", {"prompt": "!sleep 30000 walrus", "thread_id": "held"}))
+        # The running call holds the thread's lease in the other process until it is released.
+        running = asyncio.create_task(two.call_tool("respond", {"prompt": "!hold lease walrus", "thread_id": "held"}))
         try:
-            await asyncio.sleep(0.3)  # lets that call take its lease: the reads below must not need it
+            await held(two, "lease")  # it has its turn, so its lease: the reads below must not need it
             read = ok(await one.call_tool("read_thread", {"thread_id": "held"}))
             assert read["turns"] == 1, read
             found = ok(await one.call_tool("list_threads", {"query": "walrus"}))["threads"]
@@ -104,6 +105,8 @@ async def test_a_thread_busy_in_another_wisp_is_read_listed_searched_and_forked_
             fork = ok(await one.call_tool("respond", {"prompt": "copy", "fork_from": "held", "thread_id": "copy"}))
             assert (fork["created"], echo_n(fork)) == (True, 2), fork
             assert not running.done()
+            assert await release(two, "lease") == 1
+            assert echo_n(ok(await running)) == 2
         finally:
             running.cancel()
 

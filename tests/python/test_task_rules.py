@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import psutil
 import pytest
 
-from harness import children
-from test_tasks import LEGACY, MODERN, GENERATIONS, call, handle_of, raw_clients  # noqa: F401 (a fixture)
+from harness import children, wait_until
+from harness.tasks import GENERATIONS, LEGACY, MODERN, call, handle_of
 
 
 def prompts(c, thread_id: str) -> list[str]:
@@ -26,22 +25,24 @@ def prompts(c, thread_id: str) -> list[str]:
 
 def core_of(c) -> int:
     """The shim's running wisp-core (its child), found as the other tests find it: by process."""
-    deadline = time.monotonic() + 10
-    while True:
-        cores = [p for p in children(c.proc.pid) if psutil.Process(p).name().startswith("wisp-core")]
-        if cores:
-            return cores[-1]
-        assert time.monotonic() < deadline, "no wisp-core under the shim"
-        time.sleep(0.05)
+    cores: list[int] = []
+
+    def found() -> bool:
+        cores[:] = [p for p in children(c.proc.pid) if psutil.Process(p).name().startswith("wisp-core")]
+        return bool(cores)
+
+    assert wait_until(found, 10), "no wisp-core under the shim"
+    return cores[-1]
 
 
 def first_call(c, prompt: str, thread_id: str) -> None:
-    """A slow first call on the thread, as a task where the generation lets the client ask for one
-    (2026-07-28 with echo makes a task only of a call that cannot start at once)."""
+    """A first call on the thread held by echo (`prompt` is `!hold KEY …`) until the test
+    releases it, as a task where the generation lets the client ask for one (2026-07-28 with
+    echo makes a task only of a call that cannot start at once); returns once it is parked."""
     rid = c.respond(prompt, thread_id, task=c.generation == LEGACY)
     if c.generation == LEGACY:
         handle_of(c.wait(rid), LEGACY)
-    c.until_pending(thread_id, 1)
+    c.held(prompt.split()[1])
 
 
 def plain(c, prompt: str, thread_id: str) -> int:
@@ -73,7 +74,7 @@ def together(c, make):
 @pytest.mark.parametrize("pipelined", [False, True], ids=["each-handle-awaited", "sent-together"])
 def test_a_plain_call_after_two_tasks_on_one_thread_runs_after_them(raw_clients, generation, pipelined):
     c = raw_clients(generation)
-    first_call(c, "!sleep 1500 one", "t")  # still running when the others arrive
+    first_call(c, "!hold one one", "t")  # still running when the others arrive
     if pipelined:
         # Written in one go: wisp reads them in this order, and that is their order on the thread.
         rids = together(c, lambda: [c.respond("two", "t"), c.respond("three", "t"), plain(c, "four", "t")])
@@ -83,25 +84,29 @@ def test_a_plain_call_after_two_tasks_on_one_thread_runs_after_them(raw_clients,
         two = handle_of(c.wait(c.respond("two", "t")), generation)
         three = handle_of(c.wait(c.respond("three", "t")), generation)
         four = plain(c, "four", "t")
+    c.until_pending("t", 4)
+    assert c.release("one") == 1
     assert c.wait(four)["result"]["structuredContent"]["text"] == "echo 4: four"
     assert [c.outcome(t)["result"]["structuredContent"]["text"] for t in (two, three)] == ["echo 2: two",
                                                                                              "echo 3: three"]
-    assert prompts(c, "t") == ["!sleep 1500 one", "two", "three", "four"]
+    assert prompts(c, "t") == ["!hold one one", "two", "three", "four"]
 
 
 def test_calls_of_every_shape_sent_together_run_in_arrival_order(raw_clients):
     c = raw_clients(LEGACY)
-    first_call(c, "!sleep 1000 a", "t")
+    first_call(c, "!hold a a", "t")
     shapes = [("b", True), ("c", False), ("d", True), ("e", False), ("f", True)]
     rids = together(c, lambda: [c.respond(p, "t", task=task) for p, task in shapes])
     for rid, (p, task) in zip(rids, shapes):
-        reply = c.wait(rid)
         if task:
-            handle_of(reply, LEGACY)
-        else:
-            assert reply["result"]["structuredContent"]["text"].endswith(f": {p}")
+            handle_of(c.wait(rid), LEGACY)
+    c.until_pending("t", 6)
+    assert c.release("a") == 1
+    for rid, (p, task) in zip(rids, shapes):
+        if not task:
+            assert c.wait(rid)["result"]["structuredContent"]["text"].endswith(f": {p}")
     c.until_pending("t", 0)
-    assert prompts(c, "t") == ["!sleep 1000 a", "b", "c", "d", "e", "f"]
+    assert prompts(c, "t") == ["!hold a a", "b", "c", "d", "e", "f"]
 
 
 # --- a core crash under a task ---------------------------------------------------------------
@@ -112,7 +117,7 @@ def test_a_core_killed_under_a_running_and_a_queued_task_fails_both_and_the_thre
                                                                                          generation):
     c = raw_clients(generation)
     c.request("tools/call", call("respond", prompt="history", thread_id="t"))
-    first_call(c, "!sleep 20000 running", "t")
+    first_call(c, "!hold never running", "t")
     queued = handle_of(c.wait(c.respond("queued", "t")), generation)
     c.until_pending("t", 2)
     os.kill(core_of(c), signal.SIGKILL)
@@ -134,8 +139,8 @@ def test_a_core_killed_under_a_running_and_a_queued_task_fails_both_and_the_thre
 def test_a_core_killed_under_a_task_on_a_new_thread_loses_no_history(raw_clients):
     # A call that creates a thread and does not end normally leaves no thread: nothing was lost.
     c = raw_clients(LEGACY)
-    task_id = handle_of(c.wait(c.respond("!sleep 20000 creating", "new")), LEGACY)
-    c.until_pending("new", 1)
+    task_id = handle_of(c.wait(c.respond("!hold never creating", "new")), LEGACY)
+    c.held("never")
     os.kill(core_of(c), signal.SIGKILL)
     assert c.outcome(task_id)["result"]["content"][0]["text"].startswith("core_crashed:")
     again = c.request("tools/call", call("respond", prompt="again", thread_id="new"))["result"]
@@ -156,6 +161,7 @@ def test_a_task_cancelled_as_it_completes_ends_as_its_thread_shows(raw_clients, 
     turns, delay, seen = 1, 5, {"completed": 0, "cancelled": 0}
     for n in range(40 if generation == LEGACY else 25):
         if generation == MODERN:
+            # Kept, as below: the call's length on the race's edge is the thing tested.
             plain(c, f"!sleep {delay} ahead", "t")  # its reply is not waited for: the task is behind it
             turns += 1
         prompt = f"round {n}" if generation == MODERN else f"!sleep {delay} round {n}"

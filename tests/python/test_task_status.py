@@ -14,11 +14,11 @@ tasks), so there is no SDK end-to-end task test here; the raw client stands in f
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
-from test_tasks import LEGACY, MODERN, RELATED, call, handle_of, make_task, raw_clients  # noqa: F401 (a fixture)
+from harness import wait_until
+from harness.tasks import LEGACY, MODERN, RELATED, call, handle_of, make_task
 
 STATUS = "notifications/tasks/status"
 
@@ -28,11 +28,8 @@ def statuses(c, task_id: str) -> list[dict]:
 
 
 def until_notified(c, task_id: str, timeout: float = 20) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while not (seen := statuses(c, task_id)):
-        assert time.monotonic() < deadline, f"no {STATUS} for task {task_id}"
-        time.sleep(0.02)
-    return seen
+    assert wait_until(lambda: statuses(c, task_id), timeout), f"no {STATUS} for task {task_id}"
+    return statuses(c, task_id)
 
 
 def ends_as_tasks_get_shows(c, task_id: str, status: str) -> None:
@@ -48,12 +45,14 @@ def ends_as_tasks_get_shows(c, task_id: str, status: str) -> None:
 
 def test_a_task_that_completes_is_seen_working_then_completed(raw_clients):
     c = raw_clients(LEGACY)
-    rid = c.respond("!sleep 300 done", "t")
+    rid = c.respond("!hold done done", "t")
     handle = c.wait(rid)
     task_id = handle_of(handle, LEGACY)
-    assert statuses(c, task_id) == []  # nothing before its handle: the handle is its `working`
+    c.held("done")
+    assert statuses(c, task_id) == []  # nothing while it works: the handle is its `working`
+    assert c.release("done") == 1
     answer = c.request("tasks/result", {"taskId": task_id})
-    assert answer["result"]["structuredContent"]["text"] == "echo 1: !sleep 300 done"
+    assert answer["result"]["structuredContent"]["text"] == "echo 1: !hold done done"
     # The notification went out before the reply that shows the end.
     assert [n["status"] for n in statuses(c, task_id)] == ["completed"]
     ends_as_tasks_get_shows(c, task_id, "completed")
@@ -71,8 +70,8 @@ def test_a_task_that_fails_is_seen_working_then_failed(raw_clients):
 
 def test_a_cancelled_task_is_seen_working_then_cancelled_and_nothing_after(raw_clients):
     c = raw_clients(LEGACY)
-    task_id = handle_of(c.wait(c.respond("!sleep 20000 never kept", "t")), LEGACY)
-    c.until_pending("t", 1)
+    task_id = handle_of(c.wait(c.respond("!hold never kept", "t")), LEGACY)
+    c.held("never")
     assert c.request("tasks/cancel", {"taskId": task_id})["result"]["status"] == "cancelled"
     assert [n["status"] for n in statuses(c, task_id)] == ["cancelled"]  # before the cancel's reply
     ends_as_tasks_get_shows(c, task_id, "cancelled")
@@ -84,6 +83,7 @@ def test_a_cancelled_task_is_seen_working_then_cancelled_and_nothing_after(raw_c
 
 def test_many_tasks_each_end_once(raw_clients):
     c = raw_clients(LEGACY)
+    # Kept: calls of six lengths, so that they end apart; their ends are the thing tested.
     ids = [handle_of(c.wait(c.respond(f"!sleep {50 * i} n{i}", f"t{i}")), LEGACY) for i in range(6)]
     for task_id in ids:
         assert c.outcome(task_id)["status"] == "completed"
@@ -95,9 +95,12 @@ def test_many_tasks_each_end_once(raw_clients):
 def test_no_status_notification_to_a_client_that_did_not_ask_for_them(raw_clients, generation, declare):
     c = raw_clients(generation, declare)
     # A plain call on a busy thread, and (for the extension's client) the task wisp makes of one.
-    c.respond("!sleep 400 first", "t", task=False)
-    c.until_pending("t", 1)
-    second = c.wait(c.respond("second", "t"))["result"]
+    c.respond("!hold first first", "t", task=False)
+    c.held("first")
+    rid = c.respond("second", "t")
+    c.until_pending("t", 2)
+    assert c.release("first") == 1
+    second = c.wait(rid)["result"]
     if generation == MODERN and declare:
         task_id = handle_of({"result": second}, MODERN)
         assert c.outcome(task_id)["status"] == "completed"

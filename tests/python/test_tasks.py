@@ -12,164 +12,23 @@ and echo's N), never by clocks; the one time checked is the ttl the README promi
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
-import threading
 import time
-from typing import Any
 
 import anyio
 import httpx2
 import pytest
 
-from harness import REPO, close_shim, jsonrpc, shim_command, shim_env
+from harness import REPO, held_args, release_args, released, shim_command, shim_env, wait_until
 from openai_stub import OpenAIStub
-from test_http import MODERN_HEADERS, _legacy_session, http_wisp
-
-LEGACY, MODERN = "2025-11-25", "2026-07-28"
-GENERATIONS = (LEGACY, MODERN)
-EXT = "io.modelcontextprotocol/tasks"
-RELATED = "io.modelcontextprotocol/related-task"
-
-
-def call(tool: str, **arguments: Any) -> dict:
-    """tools/call params."""
-    return {"name": tool, "arguments": arguments}
-
-
-def legacy(rid: int, method: str, params: dict) -> dict:
-    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
-
-
-def envelope(declare: bool = True) -> dict:
-    """A 2026-07-28 request's `_meta`, declaring the tasks extension or not."""
-    caps = {"extensions": {EXT: {}}} if declare else {}
-    return {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": caps}
-
-
-class Raw:
-    """A shim over stdio driven by JSON-RPC lines: requests by id, notifications kept in order."""
-
-    def __init__(self, generation: str, declare: bool = True, *args: str, env: dict[str, str] | None = None) -> None:
-        self.generation, self.declare = generation, declare
-        self.proc = subprocess.Popen(
-            shim_command("--backend", "echo", *args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, env=shim_env(**(env or {})), cwd=REPO,
-        )
-        self.replies: dict[Any, dict] = {}
-        self.notes: list[dict] = []
-        self._arrived = threading.Condition()
-        self._next = 100
-        threading.Thread(target=self._read, daemon=True).start()
-        if generation == LEGACY:
-            caps = {"tasks": {}} if declare else {}
-            self.initialized = self.request("initialize", {
-                "protocolVersion": LEGACY, "capabilities": caps, "clientInfo": {"name": "raw", "version": "0"}})
-            self.send(jsonrpc("notifications/initialized"))
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            with self._arrived:
-                if "id" in msg and "method" not in msg:
-                    self.replies[msg["id"]] = msg
-                else:
-                    self.notes.append(msg)
-                self._arrived.notify_all()
-
-    def send(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def start(self, method: str, params: dict | None = None) -> int:
-        self._next += 1
-        params = dict(params or {})
-        if self.generation == MODERN:
-            params["_meta"] = {**params.get("_meta", {}), **envelope(self.declare)}
-        self.send(jsonrpc(method, params, id=self._next))
-        return self._next
-
-    def wait(self, rid: int, timeout: float = 30) -> dict:
-        with self._arrived:
-            assert self._arrived.wait_for(lambda: rid in self.replies, timeout), f"no reply {rid}"
-            return self.replies.pop(rid)
-
-    def request(self, method: str, params: dict | None = None) -> dict:
-        return self.wait(self.start(method, params))
-
-    def respond(self, prompt: str, thread_id: str, task: bool = True, progress: str | None = None) -> int:
-        params: dict = {"name": "respond", "arguments": {"prompt": prompt, "thread_id": thread_id}}
-        if task and self.generation == LEGACY:
-            params["task"] = {"ttl": 60000}
-        if progress:
-            params["_meta"] = {"progressToken": progress}
-        return self.start("tools/call", params)
-
-    def pending(self, thread_id: str) -> int:
-        listing = self.request("tools/call", {"name": "list_threads", "arguments": {}})["result"]["structuredContent"]
-        return next((t["pending"] for t in listing["threads"] if t["thread_id"] == thread_id), 0)
-
-    def until_pending(self, thread_id: str, n: int) -> None:
-        deadline = time.monotonic() + 20
-        while self.pending(thread_id) != n:
-            assert time.monotonic() < deadline, f"thread {thread_id} never had {n} call(s) pending"
-
-    def outcome(self, task_id: str) -> dict:
-        """The task's end as its generation gives it: tasks/result (2025-11-25), or tasks/get
-        polled until terminal (2026-07-28): {"status", "result" | "error"}."""
-        if self.generation == LEGACY:
-            answer = self.request("tasks/result", {"taskId": task_id})
-            status = self.request("tasks/get", {"taskId": task_id})["result"]["status"]
-            return {"status": status, **{k: answer[k] for k in ("result", "error") if k in answer}}
-        deadline = time.monotonic() + 30
-        while True:
-            got = self.request("tasks/get", {"taskId": task_id})["result"]
-            if got["status"] in ("completed", "failed", "cancelled"):
-                return got
-            assert time.monotonic() < deadline, "the task never ended"
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        close_shim(self.proc, 15)
-
-
-@pytest.fixture
-def raw_clients():
-    made: list[Raw] = []
-
-    def make(*args: Any, **kw: Any) -> Raw:
-        made.append(Raw(*args, **kw))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.close()
-
-
-def handle_of(reply: dict, generation: str) -> str:
-    """The task id a tools/call answered with (failing when it answered plainly)."""
-    result = reply["result"]
-    if generation == LEGACY:
-        assert set(result) == {"task", "_meta"} and result["task"]["status"] == "working", result
-        return result["task"]["taskId"]
-    assert result.get("resultType") == "task" and result["status"] == "working", result
-    return result["taskId"]
-
+from harness.http import MODERN_HEADERS, http_wisp, legacy_session
+from harness.tasks import EXT, GENERATIONS, LEGACY, MODERN, RELATED, call, envelope, handle_of, legacy, make_task
 
 def plain(result: dict, thread_id: str, other: str) -> dict:
     """A tool result as the plain call's would read, with `other` thread id in place of `thread_id`,
     and without the envelope's `_meta` (serverInfo, related-task)."""
     text = json.dumps({k: v for k, v in result.items() if k != "_meta"})
     return json.loads(text.replace(thread_id, other))
-
-
-def make_task(c: Raw, prompt: str, thread_id: str) -> str:
-    """A respond call that becomes a task in either generation, as the thread's second turn.
-    2026-07-28 (echo): wisp makes a task only of a call that cannot start at once, so a slow
-    plain call runs on the thread first (in both generations, for the same history)."""
-    c.respond(f"!sleep 400 before {prompt}", thread_id, task=False)
-    c.until_pending(thread_id, 1)
-    return handle_of(c.wait(c.respond(prompt, thread_id)), c.generation)
 
 
 # --- a task is the call -----------------------------------------------------------------------
@@ -179,8 +38,12 @@ def make_task(c: Raw, prompt: str, thread_id: str) -> str:
 def test_a_task_runs_is_polled_and_its_result_is_the_plain_calls(raw_clients, generation):
     c = raw_clients(generation)
     # The same two calls on two threads: plainly on one, the second as a task on the other.
-    for prompt in ("!sleep 400 before second", "second"):
-        expected = c.request("tools/call", {"name": "respond", "arguments": {"prompt": prompt, "thread_id": "plain-1"}})
+    # make_task's first call, as it is on the task's thread (its key the same length, for the same usage).
+    first = c.respond("!hold before-plain-1 before second", "plain-1", task=False)
+    c.held("before-plain-1")
+    assert c.release("before-plain-1") == 1
+    c.wait(first)
+    expected = c.request("tools/call", {"name": "respond", "arguments": {"prompt": "second", "thread_id": "plain-1"}})
     task_id = make_task(c, "second", "tasks-1")
     polled = c.request("tasks/get", {"taskId": task_id})["result"]
     assert polled["taskId"] == task_id and polled["status"] in ("working", "completed")
@@ -218,6 +81,7 @@ def test_a_task_refused_by_its_arguments_is_answered_as_the_plain_call_would_be(
 
 def test_progress_goes_on_with_the_calls_token_tagged_with_the_task(raw_clients):
     c = raw_clients(LEGACY)
+    # Kept: echo spreads its partials over the sleep, which is what makes progress here.
     task_id = handle_of(c.wait(c.respond("!sleep 300 tell me", "t", progress="tok")), LEGACY)
     assert c.outcome(task_id)["status"] == "completed"
     seen = [n["params"] for n in c.notes if n.get("method") == "notifications/progress"]
@@ -258,14 +122,17 @@ def test_a_2026_call_with_no_core_to_run_it_is_the_plain_calls_tool_error(raw_cl
 
 def test_tasks_and_plain_calls_on_one_thread_run_in_order(raw_clients):
     c = raw_clients(LEGACY)
-    first = handle_of(c.wait(c.respond("!sleep 600 a", "t")), LEGACY)
+    first = handle_of(c.wait(c.respond("!hold a a", "t")), LEGACY)
+    c.held("a")
     b = c.respond("b", "t", task=False)
     c.until_pending("t", 2)  # b is queued behind the task
     third = handle_of(c.wait(c.respond("c", "t")), LEGACY)
     d = c.respond("d", "t", task=False)
+    c.until_pending("t", 4)
+    assert c.release("a") == 1
     assert c.wait(b)["result"]["structuredContent"]["text"] == "echo 2: b"
     assert c.wait(d)["result"]["structuredContent"]["text"] == "echo 4: d"
-    assert c.outcome(first)["result"]["structuredContent"]["text"] == "echo 1: !sleep 600 a"
+    assert c.outcome(first)["result"]["structuredContent"]["text"] == "echo 1: !hold a a"
     assert c.outcome(third)["result"]["structuredContent"]["text"] == "echo 3: c"
 
 
@@ -273,8 +140,8 @@ def test_tasks_and_plain_calls_on_one_thread_run_in_order(raw_clients):
 def test_cancel_mid_run_leaves_the_thread_as_it_was(raw_clients, generation):
     c = raw_clients(generation)
     c.request("tools/call", {"name": "respond", "arguments": {"prompt": "one", "thread_id": "t"}})
-    task_id = make_task(c, "!sleep 20000 never kept", "t")
-    c.until_pending("t", 1)  # the task's call is the one running
+    task_id = make_task(c, "!hold never kept", "t")
+    c.held("never")  # the task's call is the one running
     answer = c.request("tasks/cancel", {"taskId": task_id})
     if generation == LEGACY:
         assert answer["result"]["status"] == "cancelled"
@@ -304,8 +171,8 @@ def test_a_cancel_after_the_task_completed_changes_nothing(raw_clients, generati
 @pytest.mark.parametrize("generation", GENERATIONS)
 def test_a_core_crash_fails_the_running_task_with_the_lost_thread_wording(raw_clients, generation):
     c = raw_clients(generation)
-    task_id = make_task(c, "!sleep 20000 doomed", "doomed")
-    c.until_pending("doomed", 1)
+    task_id = make_task(c, "!hold never doomed", "doomed")
+    c.held("never")
     crash = c.request("tools/call", {"name": "respond", "arguments": {"prompt": "!crash", "thread_id": "other"}})
     assert crash["result"]["content"][0]["text"].startswith("core_crashed:")
     got = c.outcome(task_id)
@@ -326,28 +193,36 @@ def test_a_task_is_freed_when_its_ttl_passes(raw_clients, generation):
     task_id = make_task(c, "short-lived", "t")
     assert c.request("tasks/get", {"taskId": task_id})["result"]["ttl" if generation == LEGACY else "ttlMs"] == 2000
     assert c.outcome(task_id)["status"] == "completed"
-    while "error" not in (got := c.request("tasks/get", {"taskId": task_id})):
-        assert time.monotonic() - started < 10, "the task outlived its ttl"
-        time.sleep(0.1)
+    got: dict = {}
+
+    def expired() -> bool:
+        got.clear()
+        got.update(c.request("tasks/get", {"taskId": task_id}))
+        return "error" in got
+
+    assert wait_until(expired, 10), "the task outlived its ttl"
     assert time.monotonic() - started >= 2.0  # never before its ttl
     assert got["error"]["code"] == -32602 and "expired" in got["error"]["message"]
 
 
 def test_a_task_running_when_its_ttl_passes_is_cancelled_and_its_turn_not_kept(raw_clients):
-    c = raw_clients(LEGACY, env={"WISP_TASK_TTL": "1"})
-    c.wait(c.respond("!sleep 20000 forgotten", "t"))
-    c.until_pending("t", 0)
+    c = raw_clients(LEGACY, env={"WISP_TASK_TTL": "2"})  # room for the rendezvous below, on a loaded machine
+    c.wait(c.respond("!hold never forgotten", "t"))
+    c.held("never")
+    c.until_pending("t", 0)  # its ttl passed: cancelled, though never released
     after = c.request("tools/call", {"name": "respond", "arguments": {"prompt": "after", "thread_id": "t"}})
     assert after["result"]["structuredContent"]["text"] == "echo 1: after"
 
 
 def test_a_client_holds_at_most_its_bound_of_tasks(raw_clients):
     c = raw_clients(LEGACY, env={"WISP_MAX_TASKS": "2"})
-    held = [handle_of(c.wait(c.respond(f"!sleep 1500 {i}", f"t{i}")), LEGACY) for i in range(2)]
+    held = [handle_of(c.wait(c.respond(f"!hold bound {i}", f"t{i}")), LEGACY) for i in range(2)]
+    c.held("bound", calls=2)
     refused = c.wait(c.respond("one too many", "t3"))
     assert refused["error"]["code"] == -32000 and "WISP_MAX_TASKS" in refused["error"]["message"]
     listing = c.request("tools/call", call("list_threads"))["result"]["structuredContent"]
     assert "t3" not in [t["thread_id"] for t in listing["threads"]]
+    assert c.release("bound") == 2
     assert [c.outcome(t)["status"] for t in held] == ["completed", "completed"]
     # A plain call is not a task: not bounded by it.
     assert "result" in c.request("tools/call", {"name": "respond", "arguments": {"prompt": "plain", "thread_id": "t3"}})
@@ -355,7 +230,7 @@ def test_a_client_holds_at_most_its_bound_of_tasks(raw_clients):
 
 def test_another_process_cannot_see_a_task_and_a_lost_id_answers_at_once(raw_clients):
     a, b = raw_clients(LEGACY), raw_clients(LEGACY)
-    task_id = handle_of(a.wait(a.respond("!sleep 300 mine", "t")), LEGACY)
+    task_id = handle_of(a.wait(a.respond("mine", "t")), LEGACY)
     for method in ("tasks/get", "tasks/result", "tasks/cancel"):
         assert b.request(method, {"taskId": task_id})["error"]["code"] == -32602
     assert b.request("tasks/list")["result"]["tasks"] == []
@@ -389,11 +264,14 @@ def test_a_handshake_client_without_tasks_sees_todays_server(raw_clients):
 
 def test_a_2026_client_without_the_extension_gets_plain_answers_and_32021(raw_clients):
     c = raw_clients(MODERN, declare=False)
-    slow = c.respond("!sleep 400 first", "t", task=False)
-    c.until_pending("t", 1)
-    queued = c.wait(c.respond("second", "t"))["result"]  # it cannot start at once, but no task for this client
+    slow = c.respond("!hold first first", "t", task=False)
+    c.held("first")
+    second = c.respond("second", "t")  # it cannot start at once, but no task for this client
+    c.until_pending("t", 2)
+    assert c.release("first") == 1
+    queued = c.wait(second)["result"]
     assert queued["resultType"] == "complete" and queued["structuredContent"]["text"] == "echo 2: second"
-    assert c.wait(slow)["result"]["structuredContent"]["text"] == "echo 1: !sleep 400 first"
+    assert c.wait(slow)["result"]["structuredContent"]["text"] == "echo 1: !hold first first"
     assert c.request("tasks/get", {"taskId": "x"})["error"]["code"] == -32021
     # server/discover advertises the extension to every client, and never the legacy capability.
     caps = c.request("server/discover")["result"]["capabilities"]
@@ -425,33 +303,37 @@ def _modern(method: str, params: dict, rid: int, declare: bool = True) -> tuple[
     return body, {**MODERN_HEADERS, "Mcp-Method": method, "Mcp-Name": name}
 
 
+async def _modern_tool(hc: httpx2.AsyncClient, server, arguments: dict, rid: int) -> dict:
+    """A plain 2026-07-28 respond call (the client declares no tasks): its structured result."""
+    body, headers = _modern("tools/call", call("respond", **arguments), rid, declare=False)
+    answer = await _rpc(hc, server.url, body, server.headers(**headers))
+    assert not answer["result"].get("isError"), answer
+    return answer["result"]["structuredContent"]
+
+
 async def test_http_tasks_in_both_generations_scoped_to_their_client():
     async with http_wisp() as server:
         async with httpx2.AsyncClient(timeout=60) as hc:
-            a = await _legacy_session(hc, server, {"tasks": {}})
-            b = await _legacy_session(hc, server, {"tasks": {}})
-            params = {**call("respond", prompt="!sleep 300 over http", thread_id="h"), "task": {"ttl": 60000}}
+            a = await legacy_session(hc, server, {"tasks": {}})
+            b = await legacy_session(hc, server, {"tasks": {}})
+            params = {**call("respond", prompt="!hold h over http", thread_id="h"), "task": {"ttl": 60000}}
             task_id = handle_of(await _rpc(hc, server.url, legacy(2, "tools/call", params), a), LEGACY)
+            await _modern_tool(hc, server, held_args("h"), 4)  # working, till released
             # Another session (same token) cannot see or cancel it.
             for rid, method in enumerate(("tasks/get", "tasks/cancel", "tasks/result"), 10):
                 got = await _rpc(hc, server.url, legacy(rid, method, {"taskId": task_id}), b)
                 assert got["error"]["code"] == -32602
+            assert released((await _modern_tool(hc, server, release_args("h"), 5))["text"]) == 1
             got = await _rpc(hc, server.url, legacy(3, "tasks/result", {"taskId": task_id}), a)
-            assert got["result"]["structuredContent"]["text"] == "echo 1: !sleep 300 over http"
+            assert got["result"]["structuredContent"]["text"] == "echo 1: !hold h over http"
             # 2026-07-28 over HTTP: a call behind another on its thread becomes a task; its id rides Mcp-Name.
             async with anyio.create_task_group() as tg:
-                body, headers = _modern("tools/call", call("respond", prompt="!sleep 600 slow", thread_id="m"), 20)
+                body, headers = _modern("tools/call", call("respond", prompt="!hold m slow", thread_id="m"), 20)
                 tg.start_soon(_rpc, hc, server.url, body, server.headers(**headers))
-                deadline = time.monotonic() + 20
-                while True:
-                    body, headers = _modern("tools/call", {"name": "list_threads", "arguments": {}}, 21)
-                    answer = await _rpc(hc, server.url, body, server.headers(**headers))
-                    listing = answer["result"]["structuredContent"]
-                    if any(t["thread_id"] == "m" and t["pending"] == 1 for t in listing["threads"]):
-                        break
-                    assert time.monotonic() < deadline
+                await _modern_tool(hc, server, held_args("m"), 21)
                 body, headers = _modern("tools/call", call("respond", prompt="behind", thread_id="m"), 22)
                 modern_id = handle_of(await _rpc(hc, server.url, body, server.headers(**headers)), MODERN)
+                assert released((await _modern_tool(hc, server, release_args("m"), 27))["text"]) == 1
             # A handshake session does not see a 2026-07-28 task (no session there), nor the reverse.
             got = await _rpc(hc, server.url, legacy(23, "tasks/get", {"taskId": modern_id}), a)
             assert got["error"]["code"] == -32602
@@ -466,7 +348,7 @@ async def test_http_tasks_in_both_generations_scoped_to_their_client():
                 if got["status"] == "completed":
                     break
                 assert time.monotonic() < deadline
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # the poll's interval
             assert got["result"]["structuredContent"]["text"] == "echo 2: behind"
             body, headers = _modern("tasks/get", {"taskId": modern_id}, 26)
             mismatch = await _rpc(hc, server.url, body, server.headers(**{**headers, "Mcp-Name": "another-id"}))

@@ -11,11 +11,10 @@ import os
 import signal
 from contextlib import asynccontextmanager
 
-import anyio
 import pytest
 
-from harness import core_pids, error_text, ok, text_of, until_pending, wait_for, wisp
-from test_http import client, http_wisp
+from harness import core_pids, error_text, held, ok, release, text_of, wait_for, wisp
+from harness.http import client, http_wisp
 
 TRANSPORTS = ("stdio", "http")
 
@@ -72,13 +71,13 @@ async def test_fork_of_a_live_thread_copies_it_and_leaves_the_source_alone(trans
 async def test_fork_of_a_busy_thread_copies_its_last_committed_turn(transport):
     async with connected(transport) as c:
         await thread_of(c, "busy", 3)
-        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!sleep 1500 slow", "thread_id": "busy"}))
-        await until_pending(c, "busy")
-        assert not slow.done()
+        slow = asyncio.create_task(c.call_tool("respond", {"prompt": "!hold busy slow", "thread_id": "busy"}))
+        await held(c, "busy")
         f = await say(c, "while busy", fork_from="busy")
         assert (f["text"], f["turns"]) == ("echo 4: while busy", 4)
-        assert not slow.done()  # the fork did not wait for the source's call
-        assert ok(await slow)["text"] == "echo 4: !sleep 1500 slow"
+        assert not slow.done()  # the fork did not wait for the source's call, parked till released
+        assert await release(c, "busy") == 1
+        assert ok(await slow)["text"] == "echo 4: !hold busy slow"
         assert (await say(c, "after", thread_id=f["thread_id"]))["text"] == "echo 5: after"
         assert await prompts(c, f["thread_id"]) == ["turn 1", "turn 2", "turn 3", "while busy", "after"]
 
@@ -134,13 +133,17 @@ async def test_rewind_refused_past_the_start_or_on_no_thread(transport):
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_rewind_that_times_out_or_is_cancelled_changes_nothing(transport):
-    async with connected(transport, "--timeout", "1") as c:
+    # A limit a loaded machine meets the cancel below well within.
+    async with connected(transport, "--timeout", "3") as c:
         await thread_of(c, "r", 3)
-        timed_out = error_text(await c.call_tool("respond", {"prompt": "!sleep 3000 late", "thread_id": "r", "rewind": 2}))
+        # Parked until the limit: never released.
+        timed_out = error_text(await c.call_tool("respond", {"prompt": "!hold never late", "thread_id": "r", "rewind": 2}))
         assert timed_out.startswith("timeout") and "unchanged" in timed_out
-        with anyio.move_on_after(0.3) as scope:
-            await c.call_tool("respond", {"prompt": "!sleep 3000 cancelled", "thread_id": "r", "rewind": 1})
-        assert scope.cancelled_caught
+        cancelled = asyncio.create_task(c.call_tool("respond", {"prompt": "!hold cancelled x", "thread_id": "r", "rewind": 1}))
+        await held(c, "cancelled")  # running, its rewind applied to the history it answers from
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
         assert await prompts(c, "r") == ["turn 1", "turn 2", "turn 3"]
         assert (await say(c, "next", thread_id="r"))["text"] == "echo 4: next"
 

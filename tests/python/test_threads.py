@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
-from harness import error_text, ok, text_of, until_pending, wisp
+from harness import error_text, held, ok, release, text_of, until_pending, wait_for, wisp
 
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -132,39 +131,43 @@ async def test_lru_eviction_at_max_threads():
 
 async def test_different_threads_run_concurrently():
     async with wisp() as c:
-        await c.call_tool("respond", {"prompt": "warm up"})
-        start = time.monotonic()
-        results = await asyncio.gather(
-            *(c.call_tool("respond", {"prompt": "!sleep 500 go", "thread_id": f"par-{i}"}) for i in range(4))
-        )
-        elapsed = time.monotonic() - start
-        assert [ok(r)["text"] for r in results] == ["echo 1: !sleep 500 go"] * 4
-        assert elapsed < 1.6, f"4 threads x 0.5 s took {elapsed:.2f} s: they did not overlap"
+        calls = [asyncio.create_task(c.call_tool("respond", {"prompt": "!hold par go", "thread_id": f"par-{i}"}))
+                 for i in range(4)]
+        await held(c, "par", calls=4)  # all four parked at once: they overlap, however slow the machine
+        assert await release(c, "par") == 4
+        assert [ok(r)["text"] for r in await asyncio.gather(*calls)] == ["echo 1: !hold par go"] * 4
 
 
 async def test_one_thread_runs_calls_one_at_a_time_in_order():
+    words = ("two", "three", "four")
     async with wisp() as c:
         ok(await c.call_tool("respond", {"prompt": "first", "thread_id": "serial"}))
-        start = time.monotonic()
         tasks = []
-        for k, word in enumerate(("two", "three", "four"), 1):
-            tasks.append(asyncio.create_task(c.call_tool("respond", {"prompt": f"!sleep 250 {word}", "thread_id": "serial"})))
-            await until_pending(c, "serial", calls=k, since_turns=1)  # fixes the arrival order
+        for k, word in enumerate(words, 1):
+            tasks.append(asyncio.create_task(c.call_tool("respond", {"prompt": f"!hold {word} {word}", "thread_id": "serial"})))
+            await until_pending(c, "serial", calls=k)  # fixes the arrival order
+        for k, word in enumerate(words):
+            await held(c, word)
+            # While it is parked, the calls behind it have not started: none waits at its hold.
+            assert [await release(c, later) for later in words[k + 1:]] == [0] * (len(words) - k - 1)
+            assert await release(c, word) == 1
         results = [ok(r)["text"] for r in await asyncio.gather(*tasks)]
-        elapsed = time.monotonic() - start
-        assert results == ["echo 2: !sleep 250 two", "echo 3: !sleep 250 three", "echo 4: !sleep 250 four"]
-        assert elapsed >= 0.7, f"3 x 0.25 s on one thread took {elapsed:.2f} s: they overlapped"
+        assert results == ["echo 2: !hold two two", "echo 3: !hold three three", "echo 4: !hold four four"]
 
 
 async def test_queue_limit_gives_busy():
     async with wisp("--max-queue", "1") as c:
         ok(await c.call_tool("respond", {"prompt": "first", "thread_id": "q"}))
-        results = await asyncio.gather(
-            *(c.call_tool("respond", {"prompt": "!sleep 300 x", "thread_id": "q"}) for _ in range(4))
-        )
+        calls = [asyncio.create_task(c.call_tool("respond", {"prompt": "!hold q x", "thread_id": "q"})) for _ in range(4)]
+        await held(c, "q")  # one runs; one may wait behind it; the other two are refused at once
+        await wait_for(lambda: sum(t.done() for t in calls) == 2, 30)
+        for _ in range(2):  # the running call, then the one that waited
+            await held(c, "q")
+            assert await release(c, "q") == 1
+        results = await asyncio.gather(*calls)
         errors = [text_of(r) for r in results if r.is_error]
-        assert errors and all(e.startswith("busy:") for e in errors), errors
-        assert any(not r.is_error for r in results)
+        assert len(errors) == 2 and all(e.startswith("busy:") for e in errors), errors
+        assert [ok(r)["text"] for r in results if not r.is_error] == ["echo 2: !hold q x", "echo 3: !hold q x"]
 
 
 async def test_condensing_drops_oldest_turns():

@@ -64,7 +64,7 @@ class Unruly:
                 if path in self.trickle:
                     for i in range(len(answer)):
                         conn.sendall(answer[i : i + 1])
-                        time.sleep(self.trickle_s)
+                        time.sleep(self.trickle_s)  # kept: trickling is this fake's behaviour
                 else:
                     conn.sendall(answer)
             except OSError:

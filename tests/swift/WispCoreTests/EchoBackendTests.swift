@@ -60,4 +60,41 @@ import WispInfrastructure
         let elapsed = try await clock.measure { try await call(registry, nil, "slow") }
         #expect(seconds(elapsed) >= 0.15)
     }
+
+    @Test func aHeldCallAnswersOnlyWhenReleased() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        let first = try await startCall(registry, "a", "!hold k one")
+        let second = try await startCall(registry, "b", "!hold k two")
+        // `!held` is the rendezvous: it answers only once both calls are parked at the hold.
+        #expect(try await call(registry, "w", "!held k 2").outcome.text == "echo 1: !held k 2")
+        #expect(try await call(registry, "r", "!release other").outcome.text == "echo 1: released 0")
+        #expect(try await call(registry, "r", "!release k").outcome.text == "echo 2: released 2")
+        #expect(try await first.value.outcome.text == "echo 1: !hold k one")
+        #expect(try await second.value.outcome.text == "echo 1: !hold k two")
+        // A release frees the holds of its moment only: a later hold waits for a later one.
+        let later = try await startCall(registry, "a", "!hold k three")
+        try await call(registry, "w", "!held k")
+        #expect(try await call(registry, "r", "!release k").outcome.text == "echo 3: released 1")
+        #expect(try await later.value.outcome.text == "echo 2: !hold k three")
+    }
+
+    @Test func aHoldOrAWatchIsCancellable() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        let held = try await startCall(registry, "a", "!hold gone")
+        try await call(registry, "w", "!held gone")
+        held.cancel()
+        await #expect(throws: WispError.self) { try await held.value }
+        let watch = try await startCall(registry, "w", "!held nobody 3")
+        watch.cancel()
+        await #expect(throws: WispError.self) { try await watch.value }
+        // The cancelled hold no longer counts: nothing is left to release.
+        #expect(try await call(registry, "r", "!release gone").outcome.text == "echo 1: released 0")
+    }
+
+    @Test func holdDirectivesRefuseWhatTheyCannotRead() async throws {
+        let registry = ThreadRegistry(backend: EchoBackend())
+        for bad in ["!hold", "!release", "!held", "!held k 0", "!held k -1", "!held k many", "!held k 99999999999999999999"] {
+            await #expect(throws: WispError.self, "\(bad)") { try await call(registry, "t", bad) }
+        }
+    }
 }

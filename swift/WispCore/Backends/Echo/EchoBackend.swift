@@ -12,6 +12,7 @@ public struct EchoBackend: ModelBackend {
     let context: Int
     let delayMs: Int
     let crash: @Sendable () -> Never
+    let holds = EchoHolds()
 
     /// `crash` is what `!crash` does: the process ends it (wisp-core exits 70); library code never exits.
     public init(contextSize: Int? = nil, delayMs: Int = 0,
@@ -29,7 +30,7 @@ public struct EchoBackend: ModelBackend {
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
         EchoSession(instructions: instructions, tools: tools, turns: history, context: context, delayMs: delayMs,
-                    crash: crash)
+                    holds: holds, crash: crash)
     }
 }
 
@@ -39,11 +40,13 @@ final class EchoSession: ModelSession {
     private var turns: [Turn]
     private let context: Int
     private let delayMs: Int
+    private let holds: EchoHolds
     private let crash: @Sendable () -> Never
 
     init(instructions: String?, tools: [ModelTool], turns: [Turn], context: Int, delayMs: Int,
-         crash: @escaping @Sendable () -> Never) {
+         holds: EchoHolds, crash: @escaping @Sendable () -> Never) {
         self.crash = crash
+        self.holds = holds
         self.instructions = instructions
         self.tools = Dictionary(tools.map { ($0.name, $0) }, uniquingKeysWith: { a, _ in a })
         self.turns = turns
@@ -64,6 +67,7 @@ final class EchoSession: ModelSession {
                  onPartial: PartialHandler?) async throws -> Generation {
         let n = turns.count + 1
         var sleepMs = 0
+        var holdKey: String?
         var exchanges: [ToolExchange] = []
         let prompt = message.rendered
         var body = message.text
@@ -75,6 +79,12 @@ final class EchoSession: ModelSession {
             crash()
         case .sleep(let ms):
             sleepMs = ms
+        case .hold(let key):
+            holdKey = key
+        case .held(let key, let count):
+            try await holds.held(key, count: count)
+        case .release(let key):
+            body = "released \(holds.release(key))"
         case .fail(let code):
             throw WispError(code, "echo backend: failed on purpose (!fail \(code.rawValue))")
         case .tool(let name, let arguments):
@@ -83,22 +93,7 @@ final class EchoSession: ModelSession {
             body = exchange.failed ? "tool \(name) failed: \(exchange.output)" : "tool \(name) -> \(exchange.output)"
         }
 
-        // With a schema, the reply is the value the contract builds from it (directives still act);
-        // otherwise `echo N: P` and a line per attached file.
-        var text: String
-        if let schema = settings.schema {
-            // Off the pipe loop: a schema may ask for a large value (bounded by echoValue).
-            text = try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
-                try schema.echoValue(n: n).jsonText
-            }
-        } else {
-            text = "echo \(n): \(body)"
-        }
-        if settings.schema == nil {
-            for file in message.files {
-                text += "\nfile \(file.path): \(TextLines.first(file.text))"
-            }
-        }
+        let text = try await replyText(n: n, body: body, files: message.files, schema: settings.schema)
         // A stored turn's count is not echo's own: the sum saturates.
         let used = ([estimatedTokens(instructions ?? ""), estimatedTokens(prompt), estimatedTokens(text)]
             + turns.map(\.tokens) + exchanges.map(\.estimatedTokens)).clampedSum()
@@ -106,10 +101,41 @@ final class EchoSession: ModelSession {
             throw WispError(.contextOverflow, "echo backend: \(used) tokens exceed the \(context)-token context")
         }
 
-        let delay = sleepMs.addingClamped(delayMs)
+        // Parked once the call would otherwise reply, so a released hold answers as a sleep would.
+        if let holdKey { try await holds.hold(holdKey) }
+        try await pace(text, delay: sleepMs.addingClamped(delayMs), onPartial: onPartial)
+
+        let turn = Turn(prompt: prompt, toolExchanges: exchanges, response: text)
+        turns.append(turn)
+        // Usage is echo's own count of what it read and wrote (the contract); `reasoning` changes nothing here.
+        let read = used - estimatedTokens(text), wrote = estimatedTokens(text)
+        return Generation(text: text, toolExchanges: exchanges, promptTokens: read, outputTokens: wrote,
+                          usage: Usage(inputTokens: read, outputTokens: wrote))
+    }
+
+    /// With a schema, the reply is the value the contract builds from it (directives still act);
+    /// otherwise `echo N: P` and a line per attached file.
+    nonisolated(nonsending)
+    private func replyText(n: Int, body: String, files: [AttachedFile], schema: OutputSchema?) async throws -> String {
+        if let schema {
+            // Off the pipe loop: a schema may ask for a large value (bounded by echoValue).
+            return try await offPipeLoop(ifDropped: WispError.callCancelled) { () throws(WispError) in
+                try schema.echoValue(n: n).jsonText
+            }
+        }
+        var text = "echo \(n): \(body)"
+        for file in files {
+            text += "\nfile \(file.path): \(TextLines.first(file.text))"
+        }
+        return text
+    }
+
+    /// Waits `delay` ms before the reply; with `onPartial`, at least two cumulative partials spread
+    /// over it, as a streaming model would.
+    nonisolated(nonsending)
+    private func pace(_ text: String, delay: Int, onPartial: PartialHandler?) async throws {
         do {
             if let onPartial {
-                // At least two cumulative partials, spread over the delay, as a streaming model would.
                 let half = text.prefix(max(1, text.count / 2))
                 try await Self.sleep(ms: delay / 2)
                 let first = estimatedTokens(String(half))
@@ -123,13 +149,6 @@ final class EchoSession: ModelSession {
             throw WispError.callCancelled
         }
         try Task.checkCancellation()
-
-        let turn = Turn(prompt: prompt, toolExchanges: exchanges, response: text)
-        turns.append(turn)
-        // Usage is echo's own count of what it read and wrote (the contract); `reasoning` changes nothing here.
-        let read = used - estimatedTokens(text), wrote = estimatedTokens(text)
-        return Generation(text: text, toolExchanges: exchanges, promptTokens: read, outputTokens: wrote,
-                          usage: Usage(inputTokens: read, outputTokens: wrote))
     }
 
     private static func sleep(ms: Int) async throws {
@@ -151,12 +170,17 @@ final class EchoSession: ModelSession {
 enum EchoDirective: Equatable {
     case none
     case sleep(Int)
+    case hold(String)
+    case held(String, count: Int)
+    case release(String)
     case fail(WispError.Code)
     case crash
     case tool(name: String, arguments: String)
 
     /// `!sleep`'s milliseconds: up to a day.
     static let sleepRange = 0...86_400_000
+    /// `!held`'s count: no more calls than a core could ever run at once.
+    static let heldRange = 1...1_000_000
 
     init(_ prompt: String) throws {
         guard prompt.hasPrefix("!") else { self = .none; return }
@@ -171,6 +195,18 @@ enum EchoDirective: Equatable {
                                 + "\(Self.sleepRange.upperBound), e.g. `!sleep 500 hello`")
             }
             self = .sleep(ms)
+        case "!hold", "!release":
+            guard !argument.isEmpty else {
+                throw WispError(.invalidArgument, "echo: \(words[0]) needs a key, e.g. `\(words[0]) first hello`")
+            }
+            self = words[0] == "!hold" ? .hold(argument) : .release(argument)
+        case "!held":
+            let count = words.count > 2 ? String(words[2].prefix { $0 != " " }) : "1"
+            guard !argument.isEmpty, let n = OutsideNumber.int(count, in: Self.heldRange) else {
+                throw WispError(.invalidArgument, "echo: !held needs a key and a count of calls from 1 to "
+                                + "\(Self.heldRange.upperBound), e.g. `!held first 2`")
+            }
+            self = .held(argument, count: n)
         case "!fail":
             guard let code = WispError.Code(rawValue: argument) else {
                 let codes = WispError.Code.allCases.map(\.rawValue).joined(separator: ", ")

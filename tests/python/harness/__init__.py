@@ -1,4 +1,5 @@
-"""The tests' one harness: the real shim (`python -m wisp_shim`) over stdio, driven by the
+"""The tests' one harness (this package; its modules add the shared server, MCP tasks, raw
+JSON-RPC channels and the real local model): the real shim (`python -m wisp_shim`) over stdio, driven by the
 `mcp` SDK's own client or by raw JSON-RPC lines, in front of the real Swift wisp-core with
 the echo backend (or tests/python/fake_core.py); the core on its own over the pipe; process
 inspection; and the model tools' workspace.
@@ -26,7 +27,7 @@ import pytest
 from mcp import Client, StdioServerParameters, stdio_client
 from wisp_shim.version import version
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def core_path() -> str:
@@ -192,29 +193,42 @@ def spawn_initialized(*args: str, argv: list[str] | None = None) -> subprocess.P
 # --- the core's processes ---
 
 
-FAKE_CORE = Path(__file__).with_name("fake_core.py")
+FAKE_CORE = Path(__file__).parents[1] / "fake_core.py"
 
 
 def core_pids(client, wait: float = 5.0) -> list[int]:
     """The pids of the cores the shim has started, from its log. The shim's log is written by a
     thread of its own, so a line can land after the reply that followed it: wait (up to `wait`
     seconds) until at least one is there."""
-    deadline = time.monotonic() + wait
-    while True:
+    pids: list[int] = []
+
+    def logged() -> bool:
         client.errlog.flush()
         client.errlog.seek(0)
-        pids = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
+        pids[:] = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
         client.errlog.seek(0, os.SEEK_END)
-        if pids or time.monotonic() >= deadline:
-            return pids
-        time.sleep(0.05)
+        return bool(pids)
+
+    wait_until(logged, wait)
+    return pids
 
 
-async def wait_for(predicate, timeout: float) -> None:
+def wait_until(predicate, timeout: float) -> bool:
+    """Whether `predicate` came true within `timeout` seconds (a poll of what the test can see,
+    for the tests that are not async)."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        time.sleep(0.02)  # the poll's interval
+    return True
+
+
+async def wait_for(predicate, timeout: float, what: str = "condition not met in time") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)  # the poll's interval
 
 
 async def until_pending(client, thread_id: str, calls: int = 1, since_turns: int | None = None,
@@ -232,7 +246,44 @@ async def until_pending(client, thread_id: str, calls: int = 1, since_turns: int
         if found and found[0] >= calls:
             return
         assert time.monotonic() < deadline, f"{thread_id} never had {calls} call(s) pending: {found}"
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the poll's interval
+
+
+# Echo's meeting points (docs/echo.md): a call sent as `!hold KEY …` is parked until `release`;
+# `held` returns once the calls are parked, so a test knows they started. Each goes to a thread
+# of its own (a thread answers one call at a time, and these must not wait behind what they
+# free), closed once it has answered, so that listings and thread counts show the test's own.
+
+
+def held_args(key: str, calls: int = 1) -> dict:
+    """respond's arguments for a call that answers once `calls` calls are parked at `!hold KEY`."""
+    return {"prompt": f"!held {key} {calls}", "thread_id": f"held-{key}"}
+
+
+def release_args(key: str) -> dict:
+    """respond's arguments for a call that frees the calls parked at `!hold KEY`."""
+    return {"prompt": f"!release {key}", "thread_id": f"release-{key}"}
+
+
+def released(text: str) -> int:
+    """How many calls a release freed, from its reply (`echo N: released C`)."""
+    return int(text.rsplit(" ", 1)[1])
+
+
+async def held(client, key: str, calls: int = 1) -> None:
+    """Return once `calls` calls are parked at echo's `!hold KEY` at the same time."""
+    await _meet(client, held_args(key, calls))
+
+
+async def release(client, key: str) -> int:
+    """Free the calls parked at `!hold KEY`; how many there were."""
+    return released(await _meet(client, release_args(key)))
+
+
+async def _meet(client, arguments: dict) -> str:
+    text = ok(await client.call_tool("respond", arguments))["text"]
+    ok(await client.call_tool("close_thread", {"thread_id": arguments["thread_id"]}))
+    return text
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -305,12 +356,7 @@ def cpu_s(p: psutil.Process) -> float:
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not running(pid):
-            return True
-        time.sleep(0.05)
-    return not running(pid)
+    return wait_until(lambda: not running(pid), timeout)
 
 
 # --- the model tools' workspace ---
@@ -384,3 +430,16 @@ def stub_core(tmp_path, after_ready: str) -> str:
     )
     stub.chmod(0o755)
     return str(stub)
+
+
+# --- a stand-in llama-server ---
+
+
+FAKE_LLAMA = Path(__file__).parents[1] / "fake_llama_server.py"
+def install_fake(directory: Path) -> Path:
+    """The fake as an executable named llama-server, run by this venv's python."""
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = directory / "llama-server"
+    binary.write_text(f"#!{sys.executable}\n" + FAKE_LLAMA.read_text())
+    binary.chmod(0o755)
+    return binary
