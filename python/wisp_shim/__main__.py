@@ -10,22 +10,18 @@ import logging
 import os
 import signal
 import sys
-from typing import NoReturn
-
-import anyio
+from typing import TYPE_CHECKING, NoReturn
 
 from . import logs, sdk_imports
 from .config import log_level, max_threads, parse_args
-from .core.client import Core, probe_status
-from .core.process import CoreLaunch, ModelCompanion
-from .errors import ShimError
-from .http import server as http_server
-from .http.options import HttpOptions
-from .http.options import options as http_options
-from .http.token import HttpConfigError
-from .localmodel import plugin
-from .loop import WispEventLoop
 from .version import version
+
+# The layers (the pipe's client and msgspec, anyio, the HTTP server, the local model) are imported
+# where the run needs them, once the flags are parsed: `--help` and `--version` load none of them
+# (test_version.py).
+if TYPE_CHECKING:
+    from .core.process import CoreLaunch, ModelCompanion
+    from .http.options import HttpOptions
 
 log = logging.getLogger("wisp")
 
@@ -34,10 +30,12 @@ CORE_START_DELAY_S = 2.0
 
 
 async def _serve(config: CoreLaunch, max_threads: int) -> None:
-    from .transport.stdio import stdio_server  # the SDK's stdio transport on asyncio pipes (transport/stdio.py)
+    import anyio
 
+    from .core.client import Core
     from .mcp.server import build_server
     from .transport.guard import guard
+    from .transport.stdio import stdio_server  # the SDK's stdio transport on asyncio pipes (transport/stdio.py)
 
     _imports_done()
     core = Core(config)
@@ -75,6 +73,10 @@ async def _serve(config: CoreLaunch, max_threads: int) -> None:
 
 async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
                  http: HttpOptions | None = None) -> int:
+    from .core.client import probe_status
+    from .errors import ShimError
+    from .http import server as http_server
+
     try:
         st, binary = await probe_status(config, use.check if use is not None else None)
         apple = None
@@ -125,8 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     if level != "debug":
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
-    config = CoreLaunch.from_flags(ns)
+    import anyio
+
+    from .core.process import CoreLaunch
+    from .http import server as http_server
+    from .http.options import options as http_options
+    from .http.token import HttpConfigError
+    from .localmodel import plugin
+    from .loop import WispEventLoop
     from .mcp.task_records import TaskLimits  # after the SDK's server side is in (start)
+
+    config = CoreLaunch.from_flags(ns)
 
     try:
         TaskLimits.from_env()  # refused here, before anything starts, rather than at the first call

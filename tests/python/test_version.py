@@ -70,8 +70,10 @@ def test_help_and_version_load_neither_the_sdk_nor_the_http_stack(flag):
         "import wisp_shim.__main__ as m\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    m.start()\n"
-        "heavy = ('mcp', 'mcp_types', 'starlette', 'sse_starlette', 'uvicorn', 'pydantic', 'httpx', 'jsonschema')\n"
-        "print(' '.join(n for n, mod in sys.modules.items() if n.split('.')[0] in heavy and mod is not None))\n"
+        "heavy = ('mcp', 'mcp_types', 'starlette', 'sse_starlette', 'uvicorn', 'pydantic', 'httpx', 'jsonschema',\n"
+        "         'anyio', 'msgspec', 'wisp_shim.core.client', 'wisp_shim.http.server')\n"
+        "print(' '.join(n for n, mod in sys.modules.items()\n"
+        "               if (n.split('.')[0] in heavy or n in heavy) and mod is not None))\n"
         "print(hasattr(sys.modules.get('mcp'), 'Client'))\n"
     )
     done = _run([sys.executable, "-c", probe])

@@ -27,10 +27,7 @@ struct CodedRequest: Codable, Equatable {
     func encode(to encoder: any Encoder) throws {
         var keys = encoder.container(keyedBy: Keys.self)
         try keys.encode(type(of: request.operation).op, forKey: .op)
-        guard let operation = request.operation as? any Encodable else {
-            throw EncodingError.invalidValue(request, .init(codingPath: [], debugDescription: "not Encodable"))
-        }
-        try operation.encode(to: encoder)
+        try request.operation.encode(to: encoder)
     }
 }
 
