@@ -73,7 +73,7 @@ async def _serve(config: CoreLaunch, max_threads: int) -> None:
 
 async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
                  http: HttpOptions | None = None) -> int:
-    from .core.client import probe_status
+    from .core.probe import probe_status
     from .errors import ShimError
     from .http import server as http_server
 

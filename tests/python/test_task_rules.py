@@ -8,13 +8,15 @@ waited for by list_threads' `pending`, never by a clock."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 
 import psutil
 import pytest
 
-from harness import children, wait_until
+from harness import INITIALIZED, REPO, call as tool_call, children, close_shim, jsonrpc, shim_command, shim_env, wait_until
 from harness.tasks import GENERATIONS, LEGACY, MODERN, call, handle_of
 
 
@@ -182,3 +184,50 @@ def test_a_task_cancelled_as_it_completes_ends_as_its_thread_shows(raw_clients, 
         assert (read["turns"], kept) == (turns, status == "completed"), (n, status, read["turns"], turns)
         delay = max(0, delay + (3 if status == "completed" else -2))
     assert seen["completed"] and seen["cancelled"], f"the race was never on its edge: {seen}"
+
+
+# --- a call that asks the client for its roots ----------------------------------------------
+
+
+def test_a_call_waiting_for_the_clients_roots_keeps_its_place_on_its_thread():
+    # A call that binds tools asks the client for its roots before it can go to the core. A plain
+    # call on the same thread sent after it must not overtake it: it would create the thread
+    # without tools, and the first call would then be refused for binding tools to a thread that
+    # exists. The client holds its roots answer until the second call and a ping barrier are in.
+    init = jsonrpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {"roots": {"listChanged": False}},
+                                  "clientInfo": {"name": "wisp-tests", "version": "0"}}, id=1)
+    proc = subprocess.Popen(shim_command("--backend", "echo"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=shim_env(), cwd=REPO)
+
+    def send(data: bytes) -> None:
+        proc.stdin.write(data)
+        proc.stdin.flush()
+
+    def until(rids: set) -> dict:
+        got: dict = {}
+        while not rids <= got.keys():
+            line = proc.stdout.readline()
+            assert line, f"the shim closed stdout; answers so far: {got}"
+            msg = json.loads(line)
+            got[msg.get("id")] = msg
+        return got
+
+    try:
+        send(init)
+        assert "result" in until({1})[1]
+        send(INITIALIZED + tool_call("respond", {"prompt": "warm", "thread_id": "w"}, 2))
+        assert "result" in until({2})[2]  # the core is up: nothing else delays a call
+        send(tool_call("respond", {"prompt": "first", "thread_id": "t", "tools": ["read_file"]}, 3))
+        ask = json.loads(proc.stdout.readline())
+        assert ask.get("method") == "roots/list", ask
+        send(tool_call("respond", {"prompt": "second", "thread_id": "t"}, 4) + jsonrpc("ping", id=5))
+        early = until({5})
+        send((json.dumps({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": [{"uri": f"file://{REPO}"}]}})
+              + "\n").encode())
+        got = {**early, **until({3, 4} - early.keys())}
+        first, second = got[3]["result"], got[4]["result"]
+        assert not first.get("isError") and first["structuredContent"]["created"], first
+        assert not second.get("isError"), second
+        assert second["structuredContent"]["text"] == "echo 2: second", second
+    finally:
+        close_shim(proc, 10)

@@ -17,12 +17,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import anyio
-
 from .. import errors
 from . import protocol
 from ..errors import ShimError
 from .process import MAX_REMEMBERED_IDS, CoreLaunch, CoreProcess
+from .arrivals import Arrivals, Place
 from .pending import PendingCall, Answer
 from .progress import OnProgress, pump_progress
 from .supervisor import Supervisor
@@ -34,9 +33,6 @@ log = logging.getLogger("wisp.core")
 CANCEL_GRACE_S = 0.25
 # close_thread and status never wait for a model.
 QUICK_CALL_TIMEOUT_S = 30.0
-# A core started only to be asked its status (`--check`, the local model's Apple probe): its
-# start and the answer together.
-PROBE_TIMEOUT_S = 60.0
 
 
 class Core:
@@ -51,6 +47,12 @@ class Core:
         # Ids of threads this wisp has answered for (most recent last), so that a call that starts
         # a new thread under one of them can say the old one is gone, and a new id says nothing.
         self._known: OrderedDict[str, None] = OrderedDict()
+        self._arrivals = Arrivals()
+
+    def arrive(self, thread_id: str | None) -> Place:
+        """A respond call's place on its thread, taken as it arrives, before it awaits anything
+        (core/arrivals.py); hand it to `respond`, and `leave` it if the call never gets there."""
+        return self._arrivals.arrive(thread_id)
 
     def knew(self, thread_id: str) -> bool:
         """Whether this wisp has held a thread under `thread_id` (since it started, among the
@@ -292,10 +294,14 @@ class Core:
         rewind: int | None = None,
         stop: asyncio.Future[None] | None = None,
         on_sent: Callable[[], None] | None = None,
+        place: Place | None = None,
     ) -> protocol.RespondResult:
         """`stop` (set by a task's cancel): cancel the call as an MCP cancel would, but wait for the
         core's verdict (a ShimError `cancelled`, or the result that came first). `on_sent`: called once
-        the call has its place in the core's queue (its frame is written)."""
+        the call has its place in the core's queue (its frame is written). `place`: the call's place
+        among its thread's arrivals (`arrive`), left here once its frame is written; the caller leaves
+        it if the call fails before."""
+        place = place if place is not None else Place(None, None, None)
         if fork_from is not None and fork_from in self.lost:
             raise ShimError(
                 errors.THREAD_LOST,
@@ -311,12 +317,26 @@ class Core:
                 "a new thread, and resend whatever context it needs.",
             )
         limit = self.launch.timeout_s
+        # The limit counts from the call's arrival, the wait behind its thread's earlier arrivals too.
+        arrived = protocol.monotonic_now()
+        try:
+            if place.behind:  # most calls are: asyncio.wait_for costs a task on the round trip
+                await asyncio.wait_for(place.turn(), limit)
+        except TimeoutError:
+            raise ShimError(
+                errors.TIMEOUT,
+                f"no reply within {limit:g} s: the calls that arrived before it on thread {thread_id!r} were "
+                "still waiting to be sent (for the MCP client's roots), so nothing reached the model and the "
+                "thread is unchanged. (--timeout / WISP_TIMEOUT sets the limit for respond.)",
+            ) from None
         run = await self._supervisor.running()
         call_id = self.next_id()
+        deadline = arrived + limit
+        remaining = max(deadline - protocol.monotonic_now(), 0.0)
         # The core gets the same limit as an instant on the clock both read, so that it neither runs
         # nor commits a call past it, even one it reads late (stopped, or busy, while it queued).
         options = protocol.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit,
-                                   deadline=protocol.monotonic_now() + limit, reasoning=reasoning)
+                                   deadline=deadline, reasoning=reasoning)
         msg = protocol.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
@@ -349,7 +369,12 @@ class Core:
         del payload, msg
         if stop is not None and stop.done():
             raise ShimError(errors.CANCELLED, "the call was cancelled before it started; nothing reached the model.")
-        reply = await self._request(run, call, box, limit, timed_out, on_progress, stop, on_sent)
+        def sent() -> None:
+            place.leave()  # the next call on this thread may now be written behind this one
+            if on_sent is not None:
+                on_sent()
+
+        reply = await self._request(run, call, box, remaining, timed_out, on_progress, stop, sent)
         if not reply.ok:
             assert reply.error is not None
             if reply.error.code == errors.TIMEOUT:
@@ -393,27 +418,6 @@ class Core:
             raise ShimError(reply.error.code, reply.error.message)
         assert reply.result is not None
         return reply.result
-
-
-async def probe_status(launch: CoreLaunch,
-                       then: Callable[[], Awaitable[str | None]] | None = None) -> tuple[protocol.StatusResult, str]:
-    """The status of a core of its own, started for the question and stopped after it, and the
-    binary's path; with `then`, also what it says while the core still runs (None: fine)."""
-    core = Core(launch)
-    core.start()
-    try:
-        with anyio.fail_after(PROBE_TIMEOUT_S):
-            st = await core.status()
-        if then is not None:
-            problem = await then()
-            if problem:
-                st.available, st.reason = False, problem
-        return st, str(core.binary)
-    except TimeoutError:
-        raise ShimError(errors.TIMEOUT, f"wisp-core did not answer `status` within {PROBE_TIMEOUT_S:g} s") from None
-    finally:
-        with anyio.CancelScope(shield=True):
-            await core.aclose()
 
 
 class _Expired(Exception):

@@ -11,7 +11,7 @@ import logging
 import sys
 
 from .. import config, errors
-from ..core.client import probe_status
+from ..core.probe import probe_status
 from ..core.process import CoreLaunch
 from ..errors import ShimError
 from . import llama_server, local_model

@@ -79,12 +79,14 @@ class Job(Generic[P]):
     """What mcp/server.py hands over for one `respond` call: `prepare` checks it (a tool error comes
     back as a CallToolResult, else the prepared call), `run` runs a prepared call with a progress
     sender (value, message), a stop signal and a callback for when it is queued, and
-    `thread_id` names the thread a prepared call continues (None: a new one)."""
+    `thread_id` names the thread a prepared call continues (None: a new one), and `abandon` lets
+    go of a prepared call that will not run (its place among its thread's arrivals)."""
 
     prepare: Callable[[], Awaitable[P | CallToolResult]]
     run: Callable[[P, Callable[[float, str], Awaitable[None]] | None, asyncio.Future[None] | None,
                    Callable[[], None] | None], Awaitable[CallToolResult]]
     thread_id: Callable[[P], str | None]
+    abandon: Callable[[P], None]
     plain_progress: Callable[[float, str], Awaitable[None]] | None
 
 

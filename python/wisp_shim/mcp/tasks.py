@@ -146,14 +146,18 @@ class Tasks:
     async def call(self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams, generation: str,
                    job: Job[Any]) -> CallToolResult | dict[str, Any]:
         prepared = await job.prepare()
-        if isinstance(prepared, CallToolResult):
-            if generation == MODERN:
-                return prepared  # refused before it reached a model: nothing to wait for
-        elif generation == MODERN and not await self.decide(job.thread_id(prepared)):
-            return await job.run(prepared, job.plain_progress, None, None)
-        # 2026-07-28 ignores a `task` on the call (that generation has none): wisp's ttl applies.
-        ttl = params.task.ttl if generation == LEGACY and params.task is not None else None
-        task = self._create(owner(ctx), generation, ttl)
+        try:
+            if isinstance(prepared, CallToolResult):
+                if generation == MODERN:
+                    return prepared  # refused before it reached a model: nothing to wait for
+            elif generation == MODERN and not await self.decide(job.thread_id(prepared)):
+                return await job.run(prepared, job.plain_progress, None, None)
+            # 2026-07-28 ignores a `task` on the call (that generation has none): wisp's ttl applies.
+            ttl = params.task.ttl if generation == LEGACY and params.task is not None else None
+            task = self._create(owner(ctx), generation, ttl)
+        except BaseException:
+            job.abandon(prepared)  # refused, or cancelled while deciding: it holds no place on its thread
+            raise
         # The handle shows the task as created (a task begins `working`), however soon it ends.
         seed = fields(task, generation, detail=False)
         token = ctx.meta.get("progress_token") if ctx.meta else None

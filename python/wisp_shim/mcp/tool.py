@@ -56,11 +56,13 @@ Handler = Callable[[ToolContext, ServerRequestContext[Any], dict[str, Any]], Awa
 class TaskSteps:
     """A tool call as an MCP task runs it (mcp/tasks.py): `prepare` checks the call on its own
     channel before the handle goes out (arguments, roots); `run` runs what it prepared, with
-    progress, a stop and the moment its frame is written; `thread_id` is the thread it queues on."""
+    progress, a stop and the moment its frame is written; `thread_id` is the thread it queues on;
+    `abandon` lets go of a prepared call that will not run."""
 
     prepare: Callable[[ToolContext, ServerRequestContext[Any], dict[str, Any]], Awaitable[Any]]
     run: Callable[[ToolContext, Any, SendProgress | None, Any, Callable[[], None] | None], Awaitable[CallToolResult]]
     thread_id: Callable[[Any], str | None]
+    abandon: Callable[[Any], None]
 
 
 @dataclass(frozen=True)

@@ -166,15 +166,22 @@ class _Call:
     args: RespondArgs
     roots: list[str] | None
     knew: bool
+    place: Place
 
 
 async def prepare(tc: ToolContext, ctx: ServerRequestContext[Any], args: dict[str, Any]) -> _Call:
     a: RespondArgs = parse_args(RespondArgs, args)
-    roots = await client_roots(ctx) if a.tools or a.files else None
-    if roots:
-        charge(ctx.request, json_size(roots))  # held while the call runs, like its arguments
+    # Its place on its thread before the roots are asked: a later call must not overtake it.
+    place = tc.core.arrive(a.thread_id)
+    try:
+        roots = await client_roots(ctx) if a.tools or a.files else None
+        if roots:
+            charge(ctx.request, json_size(roots))  # held while the call runs, like its arguments
+    except BaseException:
+        place.leave()
+        raise
     # Asked before the call, which makes the id known: a new caller-chosen id was never lost.
-    return _Call(a, roots, a.thread_id is not None and tc.core.knew(a.thread_id))
+    return _Call(a, roots, a.thread_id is not None and tc.core.knew(a.thread_id), place)
 
 
 async def run(
@@ -188,13 +195,16 @@ async def run(
             await send_progress(float(count), _progress_message(status, text))
 
     checked: output_schema.CheckedSchema | None = a.output_schema
-    r = await tc.core.respond(
-        a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,
-        temperature=a.temperature, max_output_tokens=a.max_output_tokens,
-        on_progress=on_progress, roots=roots, schema=checked.text if checked else None, reasoning=a.reasoning,
-        fork_from=a.fork_from, rewind=a.rewind,
-        stop=stop, on_sent=on_sent,
-    )
+    try:
+        r = await tc.core.respond(
+            a.prompt, thread_id=a.thread_id, instructions=a.instructions, tools=a.tools, files=a.files or None,
+            temperature=a.temperature, max_output_tokens=a.max_output_tokens,
+            on_progress=on_progress, roots=roots, schema=checked.text if checked else None, reasoning=a.reasoning,
+            fork_from=a.fork_from, rewind=a.rewind,
+            stop=stop, on_sent=on_sent, place=call.place,
+        )
+    finally:
+        call.place.leave()  # sent already, or failed before: either way the next call may go
     # With a schema the reply is its value: `output` alone carries it.
     out = RespondOutput(
         thread_id=r.thread_id, created=r.created, text=None if checked else r.text, condensed=r.condensed,
@@ -247,4 +257,5 @@ def _progress_message(status: str, text: str) -> str:
     return f"{status}: {text}"
 
 
-TOOL = McpTool("respond", declare, handle, TaskSteps(prepare, run, lambda call: call.args.thread_id))
+TOOL = McpTool("respond", declare, handle, TaskSteps(prepare, run, lambda call: call.args.thread_id,
+                                                       lambda call: call.place.leave()))
