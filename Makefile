@@ -11,7 +11,7 @@ BACKEND ?= auto
 ARGS    ?=
 
 .PHONY: build core facts venv local-model local-model-native run serve check test test-swift test-python check-apple \
-	check-portable bench bench-smoke stress fuzz sanitize clean
+	check-portable lint bench bench-smoke stress fuzz sanitize clean
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
 # first install the default local model (see local-model), which the shim then starts itself.
@@ -90,7 +90,7 @@ check:
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
 ## test: Swift unit tests, the end-to-end Python suite against the release core, a smoke of the echo bench sections
-test: check-apple check-portable test-swift test-python bench-smoke
+test: lint check-apple check-portable test-swift test-python bench-smoke
 
 # In parallel, as plain `swift test` runs: the tests prove overlap and order by meeting points
 # and recorded sequences, not by the clock, so a loaded machine slows them but fails none.
@@ -99,6 +99,12 @@ test-swift:
 
 test-python: build $(TEST_VENV)
 	$(VPY) -m pytest
+
+## lint: ruff over the shim, tests and bench (the rules that find bugs, in pyproject.toml) and mypy
+## on the shim. Neither formats: the code keeps its own layout (no `ruff format`, no `swift format`).
+lint: $(TEST_VENV)
+	$(VPY) -m ruff check python tests bench
+	$(VPY) -m mypy
 
 ## check-portable: fail on a /proc, /sys or GNU-only tool use in tests/ that no platform check guards
 check-portable:

@@ -25,7 +25,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-from clients import PY, REPO, RawClient, child_env, mcp_client, rss_kb, wisp_argv
+from clients import PY, REPO, RawClient, child_env, rss_kb, wisp_argv
 
 HTTP_TARGETS: dict[str, tuple[float, str]] = {
     "http_roundtrip_ratio_p50": (1.2, "max"),

@@ -33,7 +33,6 @@ progress notification the MCP client gets of the reply being written ("writing: 
 
 from __future__ import annotations
 
-import asyncio
 import random
 import statistics
 import sys

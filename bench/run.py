@@ -297,13 +297,13 @@ async def memory(repeats: int, cycles: int, growth_repeats: int) -> dict[str, An
             await c.call("list_threads", {"limit": 1})  # the core is up
             idle = await _settled_rss(c.proc.pid)
 
-            async def worker(i: int) -> None:
+            async def worker(i: int, c: RawClient = c) -> None:
                 tid = f"mem-{i}"
                 for _ in range(50):
                     await c.call("respond", {"prompt": prompt_1k, "thread_id": tid})
 
             await asyncio.gather(*(worker(i) for i in range(32)))
-            threads, _ = await all_threads(lambda a: c.call("list_threads", a))
+            threads, _ = await all_threads(lambda a, c=c: c.call("list_threads", a))
             assert len(threads) == 32 and all(t["turns"] == 50 for t in threads), threads
             loaded = await _settled_rss(c.proc.pid)
         finally:
@@ -317,7 +317,7 @@ async def memory(repeats: int, cycles: int, growth_repeats: int) -> dict[str, An
         try:
             await c.initialize()
 
-            async def cycle(n: int) -> None:
+            async def cycle(n: int, c: RawClient = c) -> None:
                 for _ in range(n):
                     out = await c.call("respond", {"prompt": "hello"})
                     await c.call("close_thread", {"thread_id": out["thread_id"]})
@@ -330,7 +330,7 @@ async def memory(repeats: int, cycles: int, growth_repeats: int) -> dict[str, An
             await asyncio.gather(*(cycle(cycles // lanes) for _ in range(lanes)))
             took = time.perf_counter() - t
             after = await _settled_rss(c.proc.pid)
-            threads, _ = await all_threads(lambda a: c.call("list_threads", a))
+            threads, _ = await all_threads(lambda a, c=c: c.call("list_threads", a))
             assert not threads, threads
         finally:
             await c.close()

@@ -71,7 +71,7 @@ class BufferedStderrHandler(logging.Handler):
         with self._cond:
             self.dropped += 1
 
-    def flush(self, timeout: float = FLUSH_GRACE_S) -> bool:
+    def flush(self, timeout: float = FLUSH_GRACE_S) -> bool:  # type: ignore[override]  # logging calls flush()
         """Waits at most `timeout` for every queued line to be written; True when they were."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._lines and not self._writing, timeout)

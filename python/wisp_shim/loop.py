@@ -36,7 +36,7 @@ HOT_S = 200e-6
 PIPE_READ_CHUNK = 64 * 1024
 
 
-class SpinSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
+class SpinSelector(selectors.DefaultSelector):
     """The platform's default selector, polling without sleeping until `spin_until`."""
 
     def __init__(self) -> None:

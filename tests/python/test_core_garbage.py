@@ -38,7 +38,7 @@ async def test_a_core_that_breaks_the_frame_protocol_is_restarted_cleanly(tmp_pa
             msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": f"{fault} now", "thread_id": "bad"}), 10))
             assert msg.startswith("core_crashed:") and reason in msg and "bad" in msg, (fault, msg)
             assert time.monotonic() - start < 3.0, fault
-            await wait_for(lambda: not running(broken), 5)
+            await wait_for(lambda broken=broken: not running(broken), 5)
             r = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": f"new-{n}"}))
             assert (r["created"], r["text"]) == (True, "echo 1: after"), fault
             assert len(starts.read_text().split()) == n + 1, fault
@@ -57,7 +57,7 @@ async def test_a_reply_whose_result_is_not_its_calls_restarts_the_core(tmp_path,
         broken = fake_core_starts(starts)[-1]
         msg = error_text(await asyncio.wait_for(c.call_tool("respond", {"prompt": fault, "thread_id": "bad"}), 10))
         assert msg.startswith("core_crashed:") and "protocol error" in msg and named in msg and "'bad'" in msg, msg
-        await wait_for(lambda: not running(broken), 5)
+        await wait_for(lambda broken=broken: not running(broken), 5)
         r = ok(await c.call_tool("respond", {"prompt": "after", "thread_id": "new"}))
         assert (r["created"], r["text"]) == (True, "echo 1: after")
         assert len(fake_core_starts(starts)) == 2

@@ -16,7 +16,7 @@ import anyio
 import psutil
 import pytest
 
-from harness import (call, children, core_pids, error_text, fake_core_binary, fake_core_starts, held, ok, release, shim_env,
+from harness import (core_pids, error_text, fake_core_binary, fake_core_starts, held, ok, release, shim_env,
                      stub_core, wait_for, wisp)
 
 

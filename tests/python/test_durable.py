@@ -19,7 +19,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from harness import REPO, core_path, core_pids, error_text, held, ok, shim_env, text_of, wait_for, wisp
 
@@ -138,7 +137,7 @@ def test_kill_9_during_state_writes_leaves_every_file_old_or_new(tmp_path):
         proc = _spawn_core(state, "--context-size", "100000000")
         ids = {}
 
-        def reader():
+        def reader(proc=proc):
             while (m := _read_frame(proc)) is not None:
                 if m.get("ok"):
                     r = m["result"]

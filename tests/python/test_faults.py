@@ -22,7 +22,7 @@ import pytest
 import subprocess
 
 from harness import (
-    INITIALIZE, INITIALIZED, REPO, call, children, core_exchange, error_text, ok, read_until, rss_kib as _rss_kib, running,
+    INITIALIZE, INITIALIZED, REPO, call, children, core_exchange, ok, read_until, rss_kib as _rss_kib, running,
     shim_command, shim_env,
     spawn_initialized, held_args, wait_gone, wait_until, wisp,
 )

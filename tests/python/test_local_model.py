@@ -6,8 +6,6 @@ and wisp must name the signal, the binary and the fix wherever the death shows."
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys

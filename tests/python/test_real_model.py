@@ -27,7 +27,7 @@ from harness import error_text, ok, shim_env, wait_for, wait_until, wisp
 from harness.real_model import FOUND, serve, skip_unless_installed, via
 from openai_stub import RecordingProxy
 from harness import grandchildren_named, ppid as _ppid, running as _alive
-from wisp_shim.localmodel import llama_server, local_model
+from wisp_shim.localmodel import llama_install, llama_server, local_model
 
 SETTINGS = {"temperature": 0, "max_output_tokens": 32}
 
@@ -70,7 +70,7 @@ LOCAL = {"WISP_LOCAL_MODEL": "1"} if sys.platform == "darwin" else {}
 def _our_llama_servers() -> set[int]:
     """llama-server processes started by a shim that this test process started
     (other test runs on the same machine may have their own)."""
-    return grandchildren_named(os.getpid(), "llama-server", module=local_model.LAUNCHER)
+    return grandchildren_named(os.getpid(), "llama-server", module=llama_install.LAUNCHER)
 
 
 async def test_default_on_linux_is_the_local_model_and_leaves_no_orphan(llama):

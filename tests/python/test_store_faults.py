@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from harness import REPO, core_path, ok, text_of, wisp
+from harness import ok, text_of, wisp
 
 pytestmark = pytest.mark.anyio
 

@@ -28,7 +28,7 @@ def test_a_cancelled_task_frees_its_place_and_an_uncollected_one_does_not(raw_cl
         assert c.request("tasks/cancel", {"taskId": task_id})["result"]["status"] == "cancelled"
     done = [handle_of(c.wait(c.respond(f"kept {i}", f"k{i}")), LEGACY) for i in range(2)]
     for task_id in done:  # ended, but no one collected them: they still count
-        assert wait_until(lambda: c.request("tasks/get", {"taskId": task_id})["result"]["status"] == "completed", 30)
+        assert wait_until(lambda task_id=task_id: c.request("tasks/get", {"taskId": task_id})["result"]["status"] == "completed", 30)
     refused = c.wait(c.respond("one too many", "k3"))
     assert refused["error"]["code"] == -32000 and "not yet collected" in refused["error"]["message"]
     assert "result" in c.request("tasks/result", {"taskId": done[0]})

@@ -39,7 +39,7 @@ class Place:
         if ahead is None or ahead.done():
             left.set_result(None)
         else:  # a call that gives up early still holds back those behind it until the ones ahead left
-            ahead.add_done_callback(lambda _: left.done() or left.set_result(None))
+            ahead.add_done_callback(lambda _: _settle(left))
         assert self._line is not None and self._key is not None
         self._line.forget(self._key, left)
 
@@ -65,7 +65,12 @@ class Arrivals:
         if self._last.get(thread_id) is left and left.done():
             del self._last[thread_id]
         elif self._last.get(thread_id) is left:
-            left.add_done_callback(lambda _: self._last.get(thread_id) is left and self._last.pop(thread_id))
+            left.add_done_callback(lambda _: self.forget(thread_id, left))
 
     def __len__(self) -> int:
         return len(self._last)
+
+
+def _settle(left: asyncio.Future[None]) -> None:
+    if not left.done():
+        left.set_result(None)

@@ -298,7 +298,7 @@ class Reply(msgspec.Struct, tag_field="event", tag="reply"):
 
     id: int
     ok: bool
-    result: Result | None = None
+    result: Result | None = None  # type: ignore[valid-type]  # the union is built from OPERATIONS
     error: ErrorBody | None = None
 
     def __post_init__(self) -> None:

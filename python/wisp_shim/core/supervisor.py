@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from .. import errors
 from . import protocol
@@ -156,7 +157,8 @@ class Supervisor:
         run.stdout_fd = out_r
         run.reader = asyncio.get_running_loop().create_task(read_frames(run, self._listener), name="wisp-core reader")
         try:
-            done, _ = await asyncio.wait({run.ready, run.reader}, timeout=READY_TIMEOUT_S,
+            first: set[asyncio.Future[Any]] = {run.ready, run.reader}
+            done, _ = await asyncio.wait(first, timeout=READY_TIMEOUT_S,
                                          return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             self._starting = None
@@ -243,6 +245,8 @@ async def _failed_start(run: CoreProcess, hung: bool) -> ShimError:
     """Why a core that was stopped before it was ready did not start: it died or hung before
     Ready (nothing was running on it, so nothing was lost), or its Ready was refused."""
     try:
+        if run.reader is None:
+            raise LookupError("no reader was started")
         rc, reason = await run.reader
     except Exception:
         rc, reason = run.proc.returncode, None

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -214,7 +214,7 @@ class BodyBudgets:
 async def read_body(scope: Scope, receive: Receive, limit: int) -> tuple[bytes | None, Receive]:
     """The request's whole body (None when it passes `limit`, as declared or as sent) and the
     `receive` that gives the SDK what was read, then the rest of the connection's messages."""
-    read: list[dict[str, Any]] = []
+    read: list[MutableMapping[str, Any]] = []
     size, whole = 0, False
     declared = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
     if not (declared.isdigit() and (len(declared) > 19 or int(declared) > limit)):
@@ -296,7 +296,7 @@ async def unavailable(send: Send, message: str, close: bool = False) -> None:
 
 
 def make_budget_receive(budgets: BodyBudgets, session: str | None, receive: Receive,
-                        on_message: Callable[[dict[str, Any]], None] | None = None
+                        on_message: Callable[[MutableMapping[str, Any]], None] | None = None
                         ) -> tuple[Receive, Callable[[], None]]:
     """`receive` with each body chunk counted against `session`'s share and the total (raises
     OverBudget, with the reason, past either), and the function that gives the bytes back."""

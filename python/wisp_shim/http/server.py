@@ -295,12 +295,14 @@ async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit
         # wisp handles the stop signals itself (below): uvicorn's own handler would re-raise
         # the signal once it is done, after the core has been left to stop by itself.
         @contextlib.contextmanager
-        def capture_signals(self):  # type: ignore[no-untyped-def]
+        def capture_signals(self):
             yield
 
     http = Server(uvicorn.Config(
         app, http=guard.protocol(), log_config=None, access_log=False, lifespan="on",
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S, server_header=False,
+        # uvicorn waits any number of seconds; its annotation says int.
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,  # type: ignore[arg-type]
+        server_header=False,
     ))
     done = anyio.Event()
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
-from .llama_install import (INSTALL_HINT, LAUNCHER, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError,
+from .llama_install import (INSTALL_HINT, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError,
                             ServerProgram, cached_llama_server, find_llama_server, find_model, find_server,
                             find_xllamacpp, libgomp_missing)
 from .llama_server import DEFAULT_CONTEXT, MODEL_ALIAS, VERIFY_TOKENS, LocalModel, available_cpus, verify

@@ -5,7 +5,7 @@ within the system's length, how many) before it binds anything; the shim judges 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -60,7 +60,7 @@ async def client_roots(ctx: ServerRequestContext[Any]) -> list[str] | None:
     except anyio.get_cancelled_exc_class():
         raise
     except ValidationError as exc:
-        first = exc.errors()[0] if exc.errors() else {}
+        first: Mapping[str, Any] = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ())) or "the result"
         raise ShimError(
             errors.INVALID_ARGUMENT,

@@ -121,7 +121,8 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
         instructions=_instructions(tc),
         get_tool_input_schema=input_schemas.get,
         on_list_tools=list_tools,
-        on_call_tool=call_tool,
+        # A legacy task's call answers a dict, the handle its middleware sends (mcp/tasks.py).
+        on_call_tool=call_tool,  # type: ignore[arg-type]
     )
     tasks.install(server)
     return server

@@ -38,7 +38,7 @@ TOO_MANY_TASKS = -32000
 TASK_CANCELLED = -32001
 HEADER_MISMATCH = -32020
 
-LEGACY_CAPABILITY = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+LEGACY_CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 TASK_SUPPORT = {"taskSupport": "optional"}
 
 WORKING, COMPLETED, FAILED, CANCELLED = "working", "completed", "failed", "cancelled"

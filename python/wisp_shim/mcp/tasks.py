@@ -73,7 +73,6 @@ from .task_records import (
     MAX_TASKS_TOTAL,
     MIN_TTL_MS,
     MODERN,
-    POLL_INTERVAL_MS,
     RELATED_TASK,
     TASK_CANCELLED,
     TASK_SUPPORT,

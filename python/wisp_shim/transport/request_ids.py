@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # the stdlib's, unlisted in typeshed
 from typing import Any
 
 from mcp_types import INVALID_REQUEST
@@ -39,8 +39,14 @@ from .sdk_seams import request_key
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _WS = re.compile(r"[ \t\n\r]*")
-_scan = json.JSONDecoder().scan_once
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the stdlib's, unlisted in typeshed
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _skip(text: str, at: int) -> int:
+    """Past the JSON whitespace at `at` (none is a match too)."""
+    found = _WS.match(text, at)
+    return found.end() if found is not None else at
 
 
 @dataclass(frozen=True)
@@ -94,18 +100,21 @@ def judge(text: str | bytes) -> Refusal | Request | None:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError:
             return None
-    start = _WS.match(text).end()
+    start = _skip(text, 0)
     try:
         if text.startswith("[", start):
             _, end = _scan(text, start)
-            return BATCH if _WS.match(text, end).end() == len(text) else None
+            return BATCH if _skip(text, end) == len(text) else None
         members = _top_level(text, start)
     except (ValueError, StopIteration, RecursionError):
         return None  # not JSON as Python reads it: the SDK's parser answers
     if members is None:
         return None
     seen: set[str] = set()
-    twice = sorted({name for name, _ in members if name in seen or seen.add(name)})
+    repeated: set[str] = set()
+    for name, _ in members:
+        (repeated if name in seen else seen).add(name)
+    twice = sorted(repeated)
     if twice:
         shown = ", ".join(json.dumps(n)[:40] for n in twice[:5])
         return Refusal(f"Invalid Request: the message has the member {shown} more than once, so what it asks "
@@ -124,7 +133,7 @@ def _top_level(text: str, i: int) -> list[tuple[str, Any]] | None:
     if not text.startswith("{", i):
         return None
     members: list[tuple[str, Any]] = []
-    i = _WS.match(text, i + 1).end()
+    i = _skip(text, i + 1)
     if text.startswith("}", i):
         i += 1
     else:
@@ -132,19 +141,19 @@ def _top_level(text: str, i: int) -> list[tuple[str, Any]] | None:
             if not text.startswith('"', i):
                 raise ValueError("a member name must be a string")
             name, i = scanstring(text, i + 1, True)
-            i = _WS.match(text, i).end()
+            i = _skip(text, i)
             if not text.startswith(":", i):
                 raise ValueError("expected ':'")
-            value, i = _scan(text, _WS.match(text, i + 1).end())
+            value, i = _scan(text, _skip(text, i + 1))
             members.append((name, value))
-            i = _WS.match(text, i).end()
+            i = _skip(text, i)
             sep = text[i:i + 1]
-            i = _WS.match(text, i + 1).end()
+            i = _skip(text, i + 1)
             if sep == "}":
                 break
             if sep != ",":
                 raise ValueError("expected ',' or '}'")
-    if _WS.match(text, i).end() != len(text):
+    if _skip(text, i) != len(text):
         raise ValueError("more after the object")
     return members
 

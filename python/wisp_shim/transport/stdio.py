@@ -24,7 +24,7 @@ import contextlib
 import os
 import stat
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from ..loop import connect_read_pipe
 from .guard import screened
@@ -197,9 +197,9 @@ async def stdio_server() -> AsyncIterator[tuple[Any, Any]]:
     finally:
         if len(transports) == 2:
             # Let replies still in the transport's buffer reach the client before closing.
-            wt = transports[1]
+            out = cast(asyncio.WriteTransport, transports[1])
             for _ in range(100):
-                if wt.is_closing() or not wt.get_write_buffer_size():  # type: ignore[attr-defined]
+                if out.is_closing() or not out.get_write_buffer_size():
                     break
                 await asyncio.sleep(0.01)
         for t in transports:

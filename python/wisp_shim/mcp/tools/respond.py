@@ -12,6 +12,7 @@ from mcp.types import CallToolResult, Tool, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from ...core import protocol
+from ...core.arrivals import Place
 from ...facts import MAX_OUTPUT_TOKENS, MODEL_TOOLS, REASONING_LEVELS
 from ...transport.guard import charge, json_size
 from .. import schema as output_schema
@@ -83,7 +84,8 @@ class RespondArgs(Arguments):
         None, ge=1, le=MAX_OUTPUT_TOKENS, description="Most tokens the reply may take.",
     )
     reasoning: Annotated[
-        Literal[REASONING_LEVELS] | None, ErrorWording("one of " + ", ".join(f'"{x}"' for x in REASONING_LEVELS))
+        Literal[REASONING_LEVELS] | None,  # type: ignore[valid-type]  # the levels are the core's facts
+        ErrorWording("one of " + ", ".join(f'"{x}"' for x in REASONING_LEVELS))
     ] = Field(
         None,
         description=(
