@@ -98,7 +98,11 @@ final class OpenAIServer: Sendable {
     }
 
     /// For messages: the base URL, never with credentials.
-    var endpointDescription: String { base.absoluteString }
+    var endpointDescription: String {
+        guard var shown = URLComponents(url: base, resolvingAgainstBaseURL: false) else { return hostPort }
+        (shown.user, shown.password) = (nil, nil)
+        return shown.url?.absoluteString ?? hostPort
+    }
 
     /// For a result's `usage`: the host and port, never credentials.
     var hostPort: String {
