@@ -129,3 +129,28 @@ async def test_no_credentials_anywhere():
         for secret in ("hunter2pass", "wispuser", "sk-topsecret"):
             assert secret not in said
         assert host_port(a) in said  # the endpoint is named, its credentials are not
+
+
+def test_check_lists_every_endpoint_and_no_credentials():
+    import os
+    import subprocess
+    import sys
+
+    from harness import core_path
+    from openai_stub import closed_port
+
+    with OpenAIStub() as a, OpenAIStub(StubConfig(model="other-model")) as b:
+        down = closed_port()
+        env = dict(os.environ, WISP_API_KEY="sk-topsecret", WISP_CORE=core_path(), WISP_LOG_LEVEL="debug")
+        r = subprocess.run([sys.executable, "-m", "wisp_shim", "--check", "--backend", "openai", "--model", "stub-model",
+                            "--endpoint", a.endpoint, "--endpoint", b.endpoint,
+                            "--endpoint", f"http://wispuser:hunter2pass@127.0.0.1:{down}/v1"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.splitlines() if x.startswith("endpoint:")]
+    assert len(lines) == 3
+    assert f"{host_port(a)}: up, model stub-model" in lines[0]
+    assert f"127.0.0.1:{b.port}: down (it does not serve --model 'stub-model'" in lines[1]
+    assert f"127.0.0.1:{down}: down (" in lines[2]
+    for secret in ("hunter2pass", "wispuser", "sk-topsecret"):
+        assert secret not in r.stdout + r.stderr
