@@ -93,6 +93,10 @@ async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
         f"context size: {st.context_size} tokens",
         f"max threads:  {st.max_threads}",
     ]
+    for e in st.endpoints or ():
+        said = (f"up, model {e.model}, context {e.context_size}, slots {e.slots if e.slots is not None else 'none'}"
+                if e.up else f"down ({e.reason})" if e.reason else "down")
+        lines.append(f"endpoint:     {e.endpoint}: {said}, {e.pinned} threads pinned")
     if st.state_dir or st.state_error:
         lines.append(f"state dir:    {st.state_dir or 'not in use: ' + (st.state_error or '')}")
     if apple is not None:

@@ -171,6 +171,8 @@ class UsageBody(msgspec.Struct, omit_defaults=True):
     # of the output tokens a second while generating.
     first_token_ms: int | None = None
     output_tokens_per_s: float | None = None
+    # With several model servers: the one that answered the call (host:port).
+    endpoint: str | None = None
 
 
 class PipeResult(msgspec.Struct, tag_field="op"):
@@ -224,6 +226,18 @@ class ThreadInfo(msgspec.Struct):
     instructions: str | None = None
 
 
+class EndpointInfo(msgspec.Struct):
+    """One model server of several (host:port only)."""
+
+    endpoint: str
+    up: bool
+    pinned: int
+    reason: str | None = None
+    model: str | None = None
+    context_size: int | None = None
+    slots: int | None = None
+
+
 class StatusResult(PipeResult, tag="status"):
     backend: str
     model: str
@@ -242,6 +256,8 @@ class StatusResult(PipeResult, tag="status"):
     usage: UsageBody | None = None
     # The server was found to cut prompts silently: the window wisp learnt, and how.
     context_note: str | None = None
+    # With several model servers: each one, as --check lists it.
+    endpoints: list[EndpointInfo] | None = None
 
 
 class TurnItem(msgspec.Struct):

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,8 @@ class Supervisor:
             path = find_core(self.launch.core)
             self.binary = path
             argv = [str(path), *self.launch.args]
-            log.info("starting %s", " ".join(argv))
+            # An endpoint URL may carry a user and password: the log names the host only.
+            log.info("starting %s", " ".join(re.sub(r"(?<=://)[^/@\s]*@", "", a) for a in argv))
             env = None if self.launch.env is None else {**os.environ, **self.launch.env}
             # stderr is inherited: the core's logs go where the shim's go, never to stdout.
             # Its stdout is a pipe of our own, read by _CoreStdout (see _read).

@@ -16,9 +16,9 @@ public func makeBackend(_ config: CoreConfig,
     case .auto:
         #if canImport(FoundationModels) && (os(macOS) || WISP_CHECK_APPLE)
         // With no endpoint to fall back to, apple still: its availability() says why it cannot answer.
-        if #available(macOS 26.0, *), AppleBackend.isAvailable || config.endpoint == nil { return AppleBackend() }
+        if #available(macOS 26.0, *), AppleBackend.isAvailable || config.endpoints.isEmpty { return AppleBackend() }
         #endif
-        if config.endpoint != nil {
+        if !config.endpoints.isEmpty {
             var c = config
             c.backend = .openai
             return try makeBackend(c, echoCrash: echoCrash)

@@ -40,6 +40,8 @@ public struct Usage: Sendable, Equatable {
     public var firstTokenSeconds: Double?
     /// Seconds spent generating, from each request's first token to its last, as wisp measured it.
     public var generationSeconds: Double?
+    /// The model server that answered (host:port), where a backend has several; a sum keeps the later one.
+    public var endpoint: String?
 
     public init(inputTokens: Int? = nil, outputTokens: Int? = nil, reasoningTokens: Int? = nil,
                 cachedTokens: Int? = nil,
@@ -59,11 +61,13 @@ public struct Usage: Sendable, Equatable {
     public static func + (a: Usage, b: Usage) -> Usage {
         func add(_ x: Int?, _ y: Int?) -> Int? { if let x, let y { x.addingClamped(y) } else { nil } }
         func add(_ x: Double?, _ y: Double?) -> Double? { if let x, let y { x + y } else { nil } }
-        return Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
-                     reasoningTokens: add(a.reasoningTokens, b.reasoningTokens),
-                     cachedTokens: add(a.cachedTokens, b.cachedTokens),
-                     firstTokenSeconds: a.firstTokenSeconds ?? b.firstTokenSeconds,
-                     generationSeconds: add(a.generationSeconds, b.generationSeconds))
+        var sum = Usage(inputTokens: add(a.inputTokens, b.inputTokens), outputTokens: add(a.outputTokens, b.outputTokens),
+                        reasoningTokens: add(a.reasoningTokens, b.reasoningTokens),
+                        cachedTokens: add(a.cachedTokens, b.cachedTokens),
+                        firstTokenSeconds: a.firstTokenSeconds ?? b.firstTokenSeconds,
+                        generationSeconds: add(a.generationSeconds, b.generationSeconds))
+        sum.endpoint = b.endpoint ?? a.endpoint
+        return sum
     }
 
     /// Output tokens a second while generating; nil where either part is unknown.
@@ -183,10 +187,15 @@ public protocol ModelBackend: Sendable {
     /// thread rebuilds. Default: `affinity` is not needed.
     func makeSession(instructions: String?, tools: [ModelTool], history: [Turn],
                      affinity: SessionAffinity) -> any ModelSession
+
+    /// Each model server of a backend that has several, for `--check`; nil for one. Default: nil.
+    func endpoints() async -> [EndpointInfo]?
 }
 
 extension ModelBackend {
     public func condensing() async -> Condensing { .justEnough }
+
+    public func endpoints() async -> [EndpointInfo]? { nil }
 
     public func contextNote() async -> String? { nil }
 

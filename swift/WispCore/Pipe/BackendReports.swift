@@ -17,7 +17,8 @@ extension UsageBody {
         self.init(input_tokens: u.inputTokens, output_tokens: u.outputTokens, reasoning_tokens: u.reasoningTokens,
                   cached_tokens: u.cachedTokens,
                   first_token_ms: u.firstTokenSeconds.map { Int(min(max(0, $0), 1e9) * 1000) },
-                  output_tokens_per_s: u.outputTokensPerSecond.map { ($0 * 10).rounded() / 10 })
+                  output_tokens_per_s: u.outputTokensPerSecond.map { ($0 * 10).rounded() / 10 },
+                  endpoint: u.endpoint)
     }
 
     /// Counts summed over calls.

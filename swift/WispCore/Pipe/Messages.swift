@@ -113,6 +113,8 @@ public struct UsageBody: PipeMessage, Codable, Sendable, Equatable {
     public var cached_tokens: Int?
     public var first_token_ms: Int?
     public var output_tokens_per_s: Double?
+    /// The model server that answered the call (host:port), where the backend has several.
+    public var endpoint: String?
 
     public static let fields = PipeFields<Self>([
         .field("input_tokens", \.input_tokens),
@@ -121,6 +123,7 @@ public struct UsageBody: PipeMessage, Codable, Sendable, Equatable {
         .field("cached_tokens", \.cached_tokens),
         .field("first_token_ms", \.first_token_ms),
         .field("output_tokens_per_s", \.output_tokens_per_s),
+        .field("endpoint", \.endpoint),
     ])
     public static let blank = UsageBody()
 }

@@ -29,8 +29,12 @@ public struct CoreConfig: Sendable, Equatable {
     public var contextSize: Int?
     public var echoDelayMs = 0
     public var logLevel = LogLevel.info
-    /// OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1.
-    public var endpoint: String?
+    /// OpenAI-compatible base URLs, e.g. http://127.0.0.1:8080/v1; several make a fleet
+    /// (`Backends/OpenAI/Fleet.swift`). `--endpoint` flags replace `WISP_ENDPOINT`'s list.
+    public var endpoints: [String] = []
+    /// The header a chat request names its thread in, for a router in front; nil: none.
+    public static let defaultSessionHeader = "X-Session-ID"
+    public var sessionHeader: String? = defaultSessionHeader
     public var model: String?
     /// llama-server's parallel slots, which the openai backend pins threads to; nil: ask the
     /// server (`/props`), 0: never pin.
@@ -74,7 +78,9 @@ public struct CoreConfig: Sendable, Equatable {
       --max-queue N        calls waiting per thread before `busy`   (WISP_MAX_QUEUE, default \(defaultMaxQueue))
       --context-size N     context window in tokens                 (WISP_CONTEXT_SIZE)
       --echo-delay-ms N    extra latency per echo reply             (WISP_ECHO_DELAY_MS, default 0)
-      --endpoint URL       OpenAI-compatible base URL               (WISP_ENDPOINT)
+      --endpoint URL       OpenAI-compatible base URL; repeat for several (WISP_ENDPOINT, ','-separated)
+      --session-header NAME  header naming the thread on each chat request, for a router
+                           (WISP_SESSION_HEADER, default \(defaultSessionHeader); '' for none)
       --model NAME         model name for the openai backend        (WISP_MODEL)
       --slots N            llama-server's parallel slots; each live thread keeps one (WISP_SLOTS;
                            default: what its /props says; 0: never name a slot)
@@ -122,7 +128,16 @@ public struct CoreConfig: Sendable, Equatable {
         case "max-queue": maxQueue = try Self.int("max-queue", value)
         case "context-size": contextSize = try Self.int("context-size", value)
         case "echo-delay-ms": echoDelayMs = try Self.int("echo-delay-ms", value)
-        case "endpoint": endpoint = value.isEmpty ? nil : value
+        case "endpoint": endpoints = value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+                                          .filter { !$0.isEmpty }
+        case "session-header":
+            // RFC 9110's token characters: anything else would break the request's head.
+            let token = Set("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ".utf8)
+            guard value.utf8.allSatisfy(token.contains), value.utf8.count <= 256 else {
+                throw WispError(.invalidArgument, "--session-header must be an HTTP header name (letters, digits "
+                                + "and !#$%&'*+-.^_`|~, at most 256), or '' for none; got '\(value.preview)'")
+            }
+            sessionHeader = value.isEmpty ? nil : value
         case "model": model = value.isEmpty ? nil : value
         case "slots": slots = try Self.int("slots", value)
         case "root": roots.append(value)
@@ -163,6 +178,8 @@ public struct CoreConfig: Sendable, Equatable {
         for (variable, key) in env {
             if let v = environment[variable], !v.isEmpty { try apply(key, v) }
         }
+        // Set but empty says "no header", as `--session-header ''` does.
+        if let v = environment["WISP_SESSION_HEADER"] { try apply("session-header", v) }
         if let joined = environment["WISP_ROOTS"], !joined.isEmpty {
             // Split by bytes: `String.split` would not split a ":" that a combining mark follows.
             roots = joined.utf8.split(separator: UInt8(ascii: ":")).map { String(decoding: $0, as: UTF8.self) }
@@ -176,6 +193,7 @@ public struct CoreConfig: Sendable, Equatable {
     /// Flags override the environment; `--root` flags replace `WISP_ROOTS` rather than add to it.
     private mutating func read(arguments: [String]) throws(WispError) {
         var rootsFromFlags: [String] = []
+        var endpointsFromFlags: [String]?
         var i = 0
         while i < arguments.count {
             var arg = arguments[i]
@@ -197,9 +215,16 @@ public struct CoreConfig: Sendable, Equatable {
                 value = arguments[i + 1]
                 i += 1
             }
-            if key == "root" { rootsFromFlags.append(value) } else { try apply(key, value) }
+            if key == "root" {
+                rootsFromFlags.append(value)
+            } else if key == "endpoint" {
+                endpointsFromFlags = (endpointsFromFlags ?? []) + (value.isEmpty ? [] : [value])
+            } else {
+                try apply(key, value)
+            }
             i += 1
         }
         if !rootsFromFlags.isEmpty { roots = rootsFromFlags }
+        if let endpointsFromFlags { endpoints = endpointsFromFlags }
     }
 }

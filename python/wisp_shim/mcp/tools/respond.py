@@ -123,6 +123,7 @@ class UsageOutput(BaseModel):
     first_token_ms: int | None = Field(None, description="Milliseconds to the first token (wisp's measure).")
     output_tokens_per_s: float | None = Field(
         None, description="Output tokens a second while writing (wisp's measure).")
+    endpoint: str | None = Field(None, description="With several model servers: the one that answered (host:port).")
 
 
 class RespondOutput(BaseModel):
@@ -228,7 +229,7 @@ def _usage(u: protocol.UsageBody | None) -> UsageOutput | None:
         return None
     return UsageOutput(input_tokens=u.input_tokens, output_tokens=u.output_tokens, reasoning_tokens=u.reasoning_tokens,
                        cached_tokens=u.cached_tokens, first_token_ms=u.first_token_ms,
-                       output_tokens_per_s=u.output_tokens_per_s)
+                       output_tokens_per_s=u.output_tokens_per_s, endpoint=u.endpoint)
 
 
 def _content(r: protocol.RespondResult, restarted: bool) -> str:

@@ -25,33 +25,76 @@ import Foundation
 /// Here the facade; the conversation and its tool loop are `OpenAISession`, what the server says
 /// about itself `OpenAIServer`, the chat request and its stream `OpenAIChat.swift`, the servers'
 /// error dialects `OpenAIErrors.swift`, and the HTTP underneath WispInfrastructure's `HTTP/`.
+///
+/// Several endpoints make a fleet (`Fleet.swift`, `FleetSession.swift`): each thread pinned to
+/// one, moved when it fails. What the backend says of the model (its window, counts, condensing)
+/// is the first endpoint's that is in: the fleet serves one model.
 public struct OpenAIBackend: ModelBackend {
     public let name = "openai"
-    let server: OpenAIServer
-
-    /// Throws when `endpoint` is not an http(s) URL.
-    public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
-                keepAlive: String? = CoreConfig.defaultKeepAlive,
-                condenseTo: Double = CoreConfig.defaultCondenseTo) throws(WispError) {
-        server = try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize,
-                                  slots: slots,
-                                  keepAlive: keepAlive.flatMap(OllamaKeepAlive.init), lowWater: condenseTo)
+    let servers: [OpenAIServer]
+    let pins: FleetPins
+    /// The endpoint asked about the model: the first one not left out.
+    var server: OpenAIServer {
+        servers.first { $0.health.withLock { $0.leftOut == nil } } ?? servers[0]
     }
 
-    public init(_ config: CoreConfig) throws(WispError) {
-        guard let endpoint = config.endpoint else {
+    /// Throws when an endpoint is not an http(s) URL.
+    public init(endpoints: [String], model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
+                keepAlive: String? = CoreConfig.defaultKeepAlive,
+                condenseTo: Double = CoreConfig.defaultCondenseTo,
+                sessionHeader: String? = CoreConfig.defaultSessionHeader) throws(WispError) {
+        guard !endpoints.isEmpty else {
             throw WispError(.modelUnavailable,
                     "the openai backend needs --endpoint (an OpenAI-compatible " +
                     "base URL such as http://127.0.0.1:8080/v1)")
         }
-        try self.init(endpoint: endpoint, model: config.model, apiKey: config.apiKey, contextSize: config.contextSize,
-                      slots: config.slots,
-                      keepAlive: config.keepAlive, condenseTo: config.condenseTo)
+        var made: [OpenAIServer] = []
+        for endpoint in endpoints {
+            made.append(try OpenAIServer(endpoint: endpoint, model: model, apiKey: apiKey, contextSize: contextSize,
+                                         slots: slots, keepAlive: keepAlive.flatMap(OllamaKeepAlive.init),
+                                         lowWater: condenseTo, sessionHeader: sessionHeader))
+        }
+        servers = made
+        pins = FleetPins(names: made.map(\.hostPort))
+    }
+
+    public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
+                keepAlive: String? = CoreConfig.defaultKeepAlive,
+                condenseTo: Double = CoreConfig.defaultCondenseTo) throws(WispError) {
+        try self.init(endpoints: [endpoint], model: model, apiKey: apiKey, contextSize: contextSize, slots: slots,
+                      keepAlive: keepAlive, condenseTo: condenseTo)
+    }
+
+    public init(_ config: CoreConfig) throws(WispError) {
+        try self.init(endpoints: config.endpoints, model: config.model, apiKey: config.apiKey,
+                      contextSize: config.contextSize, slots: config.slots, keepAlive: config.keepAlive,
+                      condenseTo: config.condenseTo, sessionHeader: config.sessionHeader)
     }
 
     public var model: String { server.modelName }
 
-    public func availability() async -> Availability { await server.availability() }
+    public func availability() async -> Availability {
+        guard servers.count > 1 else { return await servers[0].availability() }
+        let states = await endpointStates()
+        if states.contains(where: { $0.up }) { return .ready }
+        return .unavailable("no model server can answer: "
+                            + states.map { "\($0.endpoint): \($0.reason ?? "")" }.joined(separator: "; "))
+    }
+
+    /// Each endpoint as `--check` shows it; asking also leaves out one that does not serve `--model`.
+    public func endpoints() async -> [EndpointInfo]? { await endpointStates() }
+
+    func endpointStates() async -> [EndpointInfo] {
+        let loads = pins.loads
+        return await withTaskGroup(of: (Int, EndpointInfo).self) { group in
+            for (i, s) in servers.enumerated() {
+                group.addTask { (i, await s.state(pinned: loads[i], judgeModel: servers.count > 1)) }
+            }
+            var all: [(Int, EndpointInfo)] = []
+            for await one in group { all.append(one) }
+            return all.sorted { $0.0 < $1.0 }.map(\.1)
+        }
+    }
 
     public func contextSize() async -> Int { await server.contextSize() }
 
@@ -71,6 +114,7 @@ public struct OpenAIBackend: ModelBackend {
         let messages = OpenAISession.messages(instructions: instructions, history: history) + [.text("user", prompt)]
         // Sampling and output settings do not change the prompt; the template's inputs do.
         let counted = GenerationSettings(reasoning: settings.reasoning)
+        let server = self.server
         let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: messages,
                                              tools: OpenAISession.offered(tools, settings), toolChoice: nil,
                                              settings: counted)
@@ -78,11 +122,20 @@ public struct OpenAIBackend: ModelBackend {
     }
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn]) -> any ModelSession {
-        OpenAISession(server: server, instructions: instructions, tools: tools, history: history, affinity: nil)
+        guard servers.count > 1 else {
+            return OpenAISession(server: servers[0], instructions: instructions, tools: tools, history: history)
+        }
+        return makeSession(instructions: instructions, tools: tools, history: history,
+                           affinity: SessionAffinity(key: nil))
     }
 
     public func makeSession(instructions: String?, tools: [ModelTool], history: [Turn],
                             affinity: SessionAffinity) -> any ModelSession {
-        OpenAISession(server: server, instructions: instructions, tools: tools, history: history, affinity: affinity)
+        guard servers.count > 1 else {
+            return OpenAISession(server: servers[0], instructions: instructions, tools: tools, history: history,
+                                 affinity: affinity)
+        }
+        return FleetSession(servers: servers, pins: pins, instructions: instructions, tools: tools, history: history,
+                            affinity: affinity)
     }
 }

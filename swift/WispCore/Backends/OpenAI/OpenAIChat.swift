@@ -107,10 +107,12 @@ extension OpenAIServer {
     /// Sends one streamed chat request and folds its SSE events; `onDelta` sees the cumulative text.
     nonisolated(nonsending)
     /// `reasoning`: the level the body asks for, so that a server's refusal of the field is named.
-    func streamChat(body: Data, reasoning: ReasoningLevel? = nil,
+    /// `session`: the thread id, for a router in front (`sessionHeader`).
+    func streamChat(body: Data, reasoning: ReasoningLevel? = nil, session: String? = nil,
                     onDelta: (_ partial: (text: String, tokens: Int)) -> Void) async throws -> ChatReply {
         let url = base.appendingPathComponent("chat/completions")
-        let request = makeRequest("POST", url, body: body, timeout: Self.chatIdleTimeout, streaming: true)
+        let request = makeRequest("POST", url, body: body, timeout: Self.chatIdleTimeout, streaming: true,
+                                  session: session)
         var reply = ChatReply()
         var status = 0
         var errorBody = Data()
@@ -157,12 +159,21 @@ extension OpenAIServer {
             throw error
         } catch {
             try Task.checkCancellation()
-            throw mapTransport(error, what: "get an answer from")
+            let mapped = mapTransport(error, what: "get an answer from")
+            if let failure = error as? HTTPError, [.cannotConnect, .timedOut, .connectionLost].contains(failure.kind) {
+                health.withLock { $0.failed(mapped.message, at: .now) }
+            }
+            throw mapped
         }
         try Task.checkCancellation() // a cancelled stream ends quietly
-        guard (200..<300).contains(status) else { throw httpError(status, errorBody, reasoning: reasoning) }
+        guard (200..<300).contains(status) else {
+            let error = httpError(status, errorBody, reasoning: reasoning)
+            if status >= 500 { health.withLock { $0.failed(error.message, at: .now) } }
+            throw error
+        }
         try end.check(reply.finishReason, received: received, from: endpointDescription)
         facts.withLock { $0.lastReachable = .now }
+        health.withLock { $0.answered() }
         reply.time(sent: sentAt, first: firstAt)
         reply.toolCalls = Self.toolCalls(calls)
         return reply

@@ -18,6 +18,10 @@ final class OpenAIServer: Sendable {
     let keepAlive: OllamaKeepAlive?
     /// Condensing's low-water mark on servers that do not shift their cache (`Condensing`).
     let lowWater: Double
+    /// The header a chat request names its thread in, for a router to pin by; nil: none.
+    let sessionHeader: String?
+    /// Up or down, and why (`Fleet.swift`); only a fleet of several endpoints acts on it.
+    let health = Locked(EndpointHealth())
 
     /// Idle time-out for a chat request: a long prompt on a small CPU can take minutes before
     /// the first byte. The shim's own time limit and cancellation bound a call anyway.
@@ -52,6 +56,8 @@ final class OpenAIServer: Sendable {
         var learned: (window: Int, note: String)?
         /// When a probe last overran `probeDeadline`, and the error that said so.
         var stalled: (at: ContinuousClock.Instant, error: WispError)?
+        /// The model ids `/v1/models` listed (nil: not asked, or it did not say).
+        var served: [String]?
     }
     let facts = Mutex(Facts())
     /// Chat requests and probes alike; each request carries its own idle timeout.
@@ -59,7 +65,8 @@ final class OpenAIServer: Sendable {
 
     init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
          keepAlive: OllamaKeepAlive? = OllamaKeepAlive(CoreConfig.defaultKeepAlive),
-         lowWater: Double = CoreConfig.defaultCondenseTo) throws(WispError) {
+         lowWater: Double = CoreConfig.defaultCondenseTo,
+         sessionHeader: String? = CoreConfig.defaultSessionHeader) throws(WispError) {
         var text = endpoint.trimmingCharacters(in: .whitespaces)
         while text.hasSuffix("/") { text.removeLast() }
         if text.hasSuffix("/chat/completions") { text.removeLast("/chat/completions".count) }
@@ -86,11 +93,23 @@ final class OpenAIServer: Sendable {
         self.apiKey = apiKey
         self.keepAlive = keepAlive
         self.lowWater = lowWater
+        self.sessionHeader = sessionHeader
         if let slots, slots > 0 { facts.withLock { $0.slots = SlotPool(count: slots) } }
     }
 
     /// For messages: the base URL, never with credentials.
-    var endpointDescription: String { base.absoluteString }
+    var endpointDescription: String {
+        guard var shown = URLComponents(url: base, resolvingAgainstBaseURL: false) else { return hostPort }
+        (shown.user, shown.password) = (nil, nil)
+        return shown.url?.absoluteString ?? hostPort
+    }
+
+    /// For a result's `usage`: the host and port, never credentials.
+    var hostPort: String {
+        let port = base.port ?? (base.scheme?.lowercased() == "https" ? 443 : 80)
+        let host = base.host ?? ""
+        return host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+    }
 
     var modelName: String { configuredModel ?? facts.withLock { $0.model } ?? "default" }
 
@@ -135,6 +154,7 @@ final class OpenAIServer: Sendable {
 
     private func learnModels(_ data: Data) {
         let list = OpenAIReplies.models(data)
+        if !list.isEmpty { facts.withLock { $0.served = list.compactMap(\.id) } }
         guard let mine = list.first(where: { $0.id == configuredModel }) ?? list.first else { return }
         facts.withLock { f in
             if f.model == nil { f.model = mine.id }
@@ -291,10 +311,12 @@ final class OpenAIServer: Sendable {
 
     // MARK: HTTP
 
+    /// `session`: the thread the request is for, named in `sessionHeader` (probes carry none).
     func makeRequest(_ method: String, _ url: URL, body: Data?, timeout: TimeInterval,
-                     streaming: Bool = false) -> HTTPRequest {
+                     streaming: Bool = false, session: String? = nil) -> HTTPRequest {
         var r = HTTPRequest(method: method, url: url, body: body, idleTimeout: timeout)
         if body != nil { r.headers.append(("Content-Type", "application/json")) }
+        if let sessionHeader, let session { r.headers.append((sessionHeader, session)) }
         r.headers.append(("Accept", streaming ? "text/event-stream" : "application/json"))
         if let apiKey { r.headers.append(("Authorization", "Bearer \(apiKey)")) }
         return r

@@ -14,12 +14,18 @@ final class OpenAISession: ModelSession {
     private(set) var messages: [ChatMessage]
     private var readCheck = ReadCheck()
 
-    init(server: OpenAIServer, instructions: String?, tools: [ModelTool], history: [Turn],
-         affinity: SessionAffinity? = nil) {
+    convenience init(server: OpenAIServer, instructions: String?, tools: [ModelTool], history: [Turn],
+                     affinity: SessionAffinity? = nil) {
+        self.init(server: server, tools: tools,
+                  messages: Self.messages(instructions: instructions, history: history[...]), affinity: affinity)
+    }
+
+    /// A session that goes on from `messages` (another endpoint's session's, after a move).
+    init(server: OpenAIServer, tools: [ModelTool], messages: [ChatMessage], affinity: SessionAffinity?) {
         self.server = server
         self.tools = tools
         self.affinity = affinity
-        messages = Self.messages(instructions: instructions, history: history[...])
+        self.messages = messages
     }
 
     /// The `messages` a session rebuilt from `history` starts with. A turn's reasoning is not sent
@@ -122,7 +128,8 @@ final class OpenAISession: ModelSession {
         // A thread of its own that found no free slot waits for the server to free one.
         let noFreeSlot = pool != nil && affinity != nil && slot == nil
         onPartial?(PartialReply(waiting: noFreeSlot ? .slot : .prompt(tokens: floor.count)))
-        let reply = try await server.streamChat(body: body, reasoning: settings.reasoning) { partial in
+        let reply = try await server.streamChat(body: body, reasoning: settings.reasoning,
+                                                session: affinity?.key) { partial in
             onPartial?(PartialReply(text: partial.text, tokens: tokensBefore.addingClamped(partial.tokens)))
         }
         if let read = reply.readTokens, read < floor.tokens,

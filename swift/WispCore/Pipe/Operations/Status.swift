@@ -31,7 +31,7 @@ public struct Status: AnsweredOperation, Codable {
             max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
             tools: registry.toolNames, state_dir: registry.store?.location, state_error: registry.storeError,
             next_cursor: page.next, usage: await registry.usage.map { UsageBody(totals: $0) },
-            context_note: await backend.contextNote())
+            context_note: await backend.contextNote(), endpoints: await backend.endpoints())
     }
 }
 
@@ -59,6 +59,8 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
     /// Set when the server was found to read less of a prompt than wisp sent (it cut it
     /// silently): the window wisp learnt, and from what.
     public var context_note: String?
+    /// Each model server, where the backend has several.
+    public var endpoints: [EndpointInfo]?
 
     public static let fields = PipeFields<Self>([
         .field("op", \.op),
@@ -76,6 +78,7 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
         .field("next_cursor", \.next_cursor),
         .field("usage", \.usage),
         .field("context_note", \.context_note),
+        .field("endpoints", \.endpoints),
     ])
     public static let blank = StatusResult(backend: "", model: "", available: false, context_size: 0, max_threads: 0,
                                            max_queue: 0, threads: [], tools: [])
@@ -114,4 +117,28 @@ public struct ThreadInfo: PipeMessage, Codable, Sendable, Equatable {
         .field("instructions", \.instructions),
     ])
     public static let blank = ThreadInfo(thread_id: "", turns: 0, pending: 0)
+}
+
+/// One model server of several, as `--check` lists it (host:port only: never credentials).
+public struct EndpointInfo: PipeMessage, Codable, Sendable, Equatable {
+    public var endpoint: String
+    public var up: Bool
+    /// Why it is down or left out.
+    public var reason: String?
+    public var model: String?
+    public var context_size: Int?
+    public var slots: Int?
+    /// Live threads pinned to it.
+    public var pinned: Int
+
+    public static let fields = PipeFields<Self>([
+        .field("endpoint", \.endpoint),
+        .field("up", \.up),
+        .field("reason", \.reason),
+        .field("model", \.model),
+        .field("context_size", \.context_size),
+        .field("slots", \.slots),
+        .field("pinned", \.pinned),
+    ])
+    public static let blank = EndpointInfo(endpoint: "", up: false, pinned: 0)
 }

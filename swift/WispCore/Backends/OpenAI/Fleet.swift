@@ -1,0 +1,133 @@
+import WispInfrastructure
+
+/// Several model servers behind one backend (`--endpoint` given more than once): which one a
+/// thread's turns go to, and which are down. A server that holds a thread's context reads only
+/// the new turn; another re-reads all of it, so a thread stays on one endpoint while it is healthy.
+///
+/// The choice is rendezvous (highest random weight) hashing of the thread id over the healthy
+/// endpoints, with bounded load: no endpoint takes a thread while it holds
+/// ceil(1.25 × live threads ÷ healthy endpoints) pins. A pin lives as long as its thread's
+/// `SessionAffinity` (held weakly), so a thread evicted or closed frees it.
+enum Rendezvous {
+    /// A weight stable across processes and machines (FNV-1a 64 then splitmix64's finaliser),
+    /// which Swift's per-process seeded `Hasher` is not.
+    static func weight(key: String, endpoint: String) -> UInt64 {
+        var h: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in key.utf8 { h = (h ^ UInt64(byte)) &* 0x0000_0100_0000_01b3 }
+        h = (h ^ 0xff) &* 0x0000_0100_0000_01b3  // a separator no UTF-8 text holds
+        for byte in endpoint.utf8 { h = (h ^ UInt64(byte)) &* 0x0000_0100_0000_01b3 }
+        h ^= h >> 30; h = h &* 0xbf58_476d_1ce4_e5b9
+        h ^= h >> 27; h = h &* 0x94d0_49bb_1331_11eb
+        return h ^ (h >> 31)
+    }
+
+    /// `candidates` (indices into `names`) best first for `key`; ties by index.
+    static func order(key: String, candidates: [Int], names: [String]) -> [Int] {
+        candidates.map { ($0, weight(key: key, endpoint: names[$0])) }
+            .sorted { $0.1 != $1.1 ? $0.1 > $1.1 : $0.0 < $1.0 }
+            .map(\.0)
+    }
+
+    /// The most pins one endpoint may hold: ceil(1.25 × live ÷ healthy), at least 1.
+    static func bound(live: Int, healthy: Int) -> Int {
+        guard healthy > 0 else { return 0 }
+        let (n, d) = (5 &* max(0, min(live, 1 << 40)), 4 * healthy)
+        return max(1, (n + d - 1) / d)
+    }
+
+    /// Where a thread not yet pinned goes: `prefer` (a fork's source) when the bound allows,
+    /// else the first in `key`'s order below the bound. `loads` counts pins per endpoint
+    /// without this thread; `live` counts every pinned thread with it.
+    static func place(key: String, candidates: [Int], names: [String], loads: [Int], live: Int,
+                      prefer: Int? = nil) -> Int? {
+        let limit = bound(live: live, healthy: candidates.count)
+        if let prefer, candidates.contains(prefer), loads[prefer] < limit { return prefer }
+        let ordered = order(key: key, candidates: candidates, names: names)
+        return ordered.first { loads[$0] < limit } ?? ordered.first
+    }
+}
+
+/// Whether an endpoint may take requests: down after it refused, reset or timed out a
+/// connection or answered 5xx, tried again after 5 s, then 10, 20, up to 60 s while it keeps failing.
+struct EndpointHealth: Sendable {
+    static let firstPause = Duration.seconds(5)
+    static let longestPause = Duration.seconds(60)
+    /// Why it is down, and until when; nil while it is up.
+    var down: (reason: String, until: ContinuousClock.Instant, pause: Duration)?
+    /// Why it is left out for good (it does not serve `--model`); nil while it is in.
+    var leftOut: String?
+
+    func usable(at now: ContinuousClock.Instant) -> Bool {
+        leftOut == nil && (down.map { now >= $0.until } ?? true)
+    }
+
+    mutating func failed(_ reason: String, at now: ContinuousClock.Instant) {
+        let pause = down.map { min($0.pause * 2, Self.longestPause) } ?? Self.firstPause
+        down = (reason, now + pause, pause)
+    }
+
+    mutating func answered() { down = nil }
+}
+
+/// Which endpoint each live thread is pinned to.
+final class FleetPins: Sendable {
+    private struct Pin {
+        weak var owner: SessionAffinity?
+        var endpoint: Int
+    }
+
+    private let names: [String]
+    private let pins = Locked([Pin]())
+
+    init(names: [String]) { self.names = names }
+
+    /// The endpoint for `affinity`'s next turn among `usable` (by index): its pin while that
+    /// endpoint is usable, else a new pin by the rule. `prefer`: a fork's source endpoint.
+    func endpoint(for affinity: SessionAffinity, usable: [Bool], prefer: Int? = nil) -> Int? {
+        pins.withLock { all in
+            all.removeAll { $0.owner == nil }
+            let mine = all.firstIndex { $0.owner === affinity }
+            if let mine, usable[all[mine].endpoint] { return all[mine].endpoint }
+            if let mine { all.remove(at: mine) }
+            var loads = Array(repeating: 0, count: names.count)
+            for p in all { loads[p.endpoint] += 1 }
+            let candidates = names.indices.filter { usable[$0] }
+            guard let pick = Rendezvous.place(key: affinity.key ?? "", candidates: candidates, names: names,
+                                              loads: loads, live: all.count + 1, prefer: prefer) else { return nil }
+            all.append(Pin(owner: affinity, endpoint: pick))
+            return pick
+        }
+    }
+
+    /// Pinned threads per endpoint, by index.
+    var loads: [Int] {
+        pins.withLock { all in
+            all.removeAll { $0.owner == nil }
+            var loads = Array(repeating: 0, count: names.count)
+            for p in all { loads[p.endpoint] += 1 }
+            return loads
+        }
+    }
+}
+
+extension OpenAIServer {
+    /// This endpoint as `--check` shows it. `judgeModel` (in a fleet): one that does not list
+    /// `--model` is left out, and one that cannot be reached is marked down.
+    func state(pinned: Int, judgeModel: Bool) async -> EndpointInfo {
+        let said = await availability()
+        let served = facts.withLock { $0.served }
+        health.withLock { h in
+            if judgeModel, let model = configuredModel, let served, !served.contains(model) {
+                h.leftOut = "it does not serve --model '\(model.preview)' (it serves "
+                    + served.prefix(8).map { "'\($0.preview)'" }.joined(separator: ", ") + ")"
+            }
+            if judgeModel, !said.available, h.usable(at: .now) { h.failed(said.reason ?? "not available", at: .now) }
+        }
+        let h = health.withLock { $0 }
+        let up = said.available && h.usable(at: .now)
+        return EndpointInfo(endpoint: hostPort, up: up,
+                            reason: h.leftOut ?? (up ? nil : said.reason ?? h.down?.reason),
+                            model: up ? await requestModel() : nil, context_size: up ? await contextSize() : nil,
+                            slots: up ? await slotPool()?.count : nil, pinned: pinned)
+    }
+}

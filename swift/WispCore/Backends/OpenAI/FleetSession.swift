@@ -1,0 +1,74 @@
+import WispInfrastructure
+
+/// One conversation over a fleet of endpoints (`Fleet.swift`): each turn goes to the thread's
+/// pinned endpoint; one that fails before the caller saw any of the answer is marked down and the
+/// turn is tried once more on the next endpoint by the hash, which re-reads the whole thread.
+/// With one endpoint it is that endpoint's session, as before: no retry, its own errors.
+final class FleetSession: ModelSession {
+    private let servers: [OpenAIServer]
+    private let pins: FleetPins
+    private let tools: [ModelTool]
+    private let affinity: SessionAffinity
+    /// The thread as the last endpoint's session holds it, to go on from elsewhere.
+    private var messages: [ChatMessage]
+    private var current: (endpoint: Int, session: OpenAISession)?
+
+    init(servers: [OpenAIServer], pins: FleetPins, instructions: String?, tools: [ModelTool], history: [Turn],
+         affinity: SessionAffinity) {
+        self.servers = servers
+        self.pins = pins
+        self.tools = tools
+        self.affinity = affinity
+        messages = OpenAISession.messages(instructions: instructions, history: history[...])
+    }
+
+    nonisolated(nonsending)
+    func respond(to prompt: String, settings: GenerationSettings,
+                 onPartial: PartialHandler?) async throws -> Generation {
+        var failed: Set<Int> = []
+        while true {
+            let now = ContinuousClock.now
+            let usable = servers.indices.map { i in
+                !failed.contains(i) && servers[i].health.withLock { $0.usable(at: now) }
+            }
+            guard let endpoint = servers.count == 1 ? 0 : pins.endpoint(for: affinity, usable: usable) else {
+                throw allDown()
+            }
+            let moved = current.map { $0.endpoint != endpoint } ?? false
+            let session = current?.endpoint == endpoint ? current!.session
+                : OpenAISession(server: servers[endpoint], tools: tools, messages: messages, affinity: affinity)
+            let seen = Locked(false)
+            do {
+                var generation = try await session.respond(to: prompt, settings: settings) { partial in
+                    if !partial.text.isEmpty || partial.tokens > 0 { seen.withLock { $0 = true } }
+                    onPartial?(partial)
+                }
+                current = (endpoint, session)
+                messages = session.messages
+                generation.usage.endpoint = servers[endpoint].hostPort
+                // The whole thread was read again there: nothing of it came from a cache.
+                if moved, generation.usage.cachedTokens != nil { generation.usage.cachedTokens = 0 }
+                return generation
+            } catch {
+                // A turn the caller saw any of is never run again; nor is one failed for another reason.
+                let down = !servers[endpoint].health.withLock { $0.usable(at: .now) }
+                guard servers.count > 1, down, !seen.withLock({ $0 }) else { throw error }
+                guard failed.isEmpty else { throw allDown() }
+                current = nil
+                failed.insert(endpoint)
+                LogSink.shared.post("wisp-core warning: \(servers[endpoint].hostPort) is down; the turn goes to "
+                                    + "the next endpoint, which reads the thread again")
+            }
+        }
+    }
+
+    /// Every endpoint, and why it cannot take the turn.
+    private func allDown() -> WispError {
+        let each = servers.map { s in
+            let h = s.health.withLock { $0 }
+            return "\(s.hostPort): \(h.leftOut ?? h.down?.reason ?? "it failed this turn")"
+        }
+        return WispError(.modelUnavailable, "no model server could take the turn (the thread is unchanged): "
+                         + each.joined(separator: "; "))
+    }
+}

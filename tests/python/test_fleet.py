@@ -1,0 +1,156 @@
+"""Several model servers (`--endpoint` repeated) through a real MCP client, shim and core,
+against scripted OpenAI-compatible servers (openai_stub.py): a thread stays on one, the load
+bound holds, a server that goes away mid-conversation has its threads answered elsewhere,
+the thread id reaches a router in a header, and no credential shows."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+
+from harness import error_text, ok, shim_env, wisp
+from openai_stub import OpenAIStub, StubConfig
+
+
+def fleet(stubs, *args: str, **env: str):
+    flags = [x for s in stubs for x in ("--endpoint", s if isinstance(s, str) else s.endpoint)]
+    return wisp(*flags, *args, backend="openai", env=shim_env(**env))
+
+
+def host_port(stub: OpenAIStub) -> str:
+    return f"127.0.0.1:{stub.port}"
+
+
+def chats_by_thread(stub: OpenAIStub) -> dict[str, int]:
+    seen: dict[str, int] = {}
+    for r in stub.requests:
+        if r.path == "/v1/chat/completions":
+            key = r.headers.get("x-session-id", "")
+            seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+async def test_threads_stay_on_one_endpoint_and_name_it():
+    with OpenAIStub() as a, OpenAIStub() as b:
+        async with fleet([a, b]) as c:
+            threads = []
+            for i in range(6):
+                threads.append(ok(await c.call_tool("respond", {"prompt": f"thread {i}"})))
+            for turn in range(3):
+                for t in threads:
+                    r = ok(await c.call_tool("respond", {"prompt": f"turn {turn}", "thread_id": t["thread_id"]}))
+                    assert r["usage"]["endpoint"] == t["usage"]["endpoint"]
+        by_a, by_b = chats_by_thread(a), chats_by_thread(b)
+        ids = {t["thread_id"] for t in threads}
+        assert set(by_a) | set(by_b) == ids and not set(by_a) & set(by_b)  # every request named its thread
+        for t in threads:
+            home = a if t["usage"]["endpoint"] == host_port(a) else b
+            assert (by_a if home is a else by_b)[t["thread_id"]] == 4
+
+
+async def test_load_bound_over_32_threads_and_3_endpoints():
+    with OpenAIStub() as a, OpenAIStub() as b, OpenAIStub() as d:
+        async with fleet([a, b, d], "--max-threads", "64") as c:
+            for i in range(32):
+                ok(await c.call_tool("respond", {"prompt": f"t{i}"}))
+        loads = [len(chats_by_thread(s)) for s in (a, b, d)]
+        assert sum(loads) == 32 and max(loads) <= math.ceil(1.25 * 32 / 3), loads
+
+
+async def test_failover_mid_conversation_rereads_the_thread_once():
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(OpenAIStub(StubConfig(cache=True)))
+        b = stack.enter_context(OpenAIStub(StubConfig(cache=True)))
+        async with fleet([a, b]) as c:
+            first = ok(await c.call_tool("respond", {"prompt": "My name is Alice."}))
+            tid = first["thread_id"]
+            ok(await c.call_tool("respond", {"prompt": "Second.", "thread_id": tid}))
+            home, other = (a, b) if first["usage"]["endpoint"] == host_port(a) else (b, a)
+            home.__exit__(None, None, None)  # refused from now on
+            moved = ok(await c.call_tool("respond", {"prompt": "What is my name?", "thread_id": tid}))
+            assert moved["usage"]["endpoint"] == host_port(other) and moved["turns"] == 3
+            assert moved["usage"].get("cached_tokens", 0) == 0
+            again = ok(await c.call_tool("respond", {"prompt": "And now?", "thread_id": tid}))
+            assert again["usage"]["endpoint"] == host_port(other)
+        assert chats_by_thread(home) == {tid: 2}  # the moved turn never ran there
+        reread = other.chats()[0]["messages"]
+        assert [m["content"] for m in reread if m["role"] == "user"] == ["My name is Alice.", "Second.",
+                                                                        "What is my name?"]
+
+
+async def test_every_endpoint_down_names_each_and_keeps_the_thread():
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(OpenAIStub())
+        b = stack.enter_context(OpenAIStub())
+        async with fleet([a, b]) as c:
+            t = ok(await c.call_tool("respond", {"prompt": "hello"}))
+            a.__exit__(None, None, None)
+            b.__exit__(None, None, None)
+            r = await c.call_tool("respond", {"prompt": "anyone?", "thread_id": t["thread_id"]})
+            text = error_text(r)
+            assert "model_unavailable" in text and host_port(a) in text and host_port(b) in text, text
+            listed = ok(await c.call_tool("list_threads", {}))
+            assert [x["turns"] for x in listed["threads"] if x["thread_id"] == t["thread_id"]] == [1]
+
+
+async def test_session_header_renamed_or_off():
+    with OpenAIStub() as a, OpenAIStub() as b:
+        async with fleet([a, b], "--session-header", "X-Conversation") as c:
+            t = ok(await c.call_tool("respond", {"prompt": "hi"}))
+        async with fleet([a, b], "--session-header", "") as c:
+            ok(await c.call_tool("respond", {"prompt": "hi"}))
+        chats = [r for s in (a, b) for r in s.requests if r.path == "/v1/chat/completions"]
+        assert [r.headers.get("x-conversation") for r in chats if "x-conversation" in r.headers] == [t["thread_id"]]
+        assert sum("x-session-id" in r.headers or "x-conversation" in r.headers for r in chats) == 1
+
+
+async def test_one_endpoint_carries_the_header_too():
+    with OpenAIStub() as a:
+        async with fleet([a]) as c:
+            t = ok(await c.call_tool("respond", {"prompt": "hi"}))
+        assert chats_by_thread(a) == {t["thread_id"]: 1}
+
+
+async def test_no_credentials_anywhere():
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(OpenAIStub())
+        b = stack.enter_context(OpenAIStub())
+        secret_url = f"http://wispuser:hunter2pass@127.0.0.1:{a.port}/v1"
+        outputs = []
+        async with fleet([secret_url, b], WISP_API_KEY="sk-topsecret", WISP_LOG_LEVEL="debug") as c:
+            for i in range(4):
+                outputs.append(await c.call_tool("respond", {"prompt": f"q{i}"}))
+            outputs.append(await c.call_tool("list_threads", {}))
+            b.__exit__(None, None, None)
+            a.__exit__(None, None, None)
+            outputs.append(await c.call_tool("respond", {"prompt": "down"}))
+        said = json.dumps([o.model_dump(mode="json") for o in outputs])
+        for secret in ("hunter2pass", "wispuser", "sk-topsecret"):
+            assert secret not in said
+        assert host_port(a) in said  # the endpoint is named, its credentials are not
+
+
+def test_check_lists_every_endpoint_and_no_credentials():
+    import os
+    import subprocess
+    import sys
+
+    from harness import core_path
+    from openai_stub import closed_port
+
+    with OpenAIStub() as a, OpenAIStub(StubConfig(model="other-model")) as b:
+        down = closed_port()
+        env = dict(os.environ, WISP_API_KEY="sk-topsecret", WISP_CORE=core_path(), WISP_LOG_LEVEL="debug")
+        r = subprocess.run([sys.executable, "-m", "wisp_shim", "--check", "--backend", "openai", "--model", "stub-model",
+                            "--endpoint", a.endpoint, "--endpoint", b.endpoint,
+                            "--endpoint", f"http://wispuser:hunter2pass@127.0.0.1:{down}/v1"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.splitlines() if x.startswith("endpoint:")]
+    assert len(lines) == 3
+    assert f"{host_port(a)}: up, model stub-model" in lines[0]
+    assert f"127.0.0.1:{b.port}: down (it does not serve --model 'stub-model'" in lines[1]
+    assert f"127.0.0.1:{down}: down (" in lines[2]
+    for secret in ("hunter2pass", "wispuser", "sk-topsecret"):
+        assert secret not in r.stdout + r.stderr

@@ -1,0 +1,55 @@
+import Testing
+@testable import WispCore
+
+@Suite struct FleetTests {
+    @Test func weightIsStableAcrossProcesses() {
+        // A fixed value (computed apart, in Python): Swift's seeded Hasher would differ from run to run.
+        #expect(Rendezvous.weight(key: "t1", endpoint: "127.0.0.1:8080") == 0x6643fd3f4e18c3a2)
+        #expect(Rendezvous.weight(key: "t1", endpoint: "a:1") != Rendezvous.weight(key: "t1", endpoint: "a:2"))
+    }
+
+    @Test func boundIsCeilingOfAQuarterOver() {
+        #expect(Rendezvous.bound(live: 32, healthy: 3) == 14)
+        #expect(Rendezvous.bound(live: 1, healthy: 3) == 1)
+        #expect(Rendezvous.bound(live: 4, healthy: 2) == 3)
+        #expect(Rendezvous.bound(live: 5, healthy: 0) == 0)
+        #expect(Rendezvous.bound(live: Int.max, healthy: 1) > 0)  // no trap on a huge count
+    }
+
+    @Test func placementHoldsTheBoundOver32Threads() {
+        let names = ["a:1", "b:1", "c:1"]
+        var loads = [0, 0, 0]
+        for t in 0..<32 {
+            let pick = Rendezvous.place(key: "thread-\(t)", candidates: [0, 1, 2], names: names, loads: loads,
+                                        live: t + 1)!
+            loads[pick] += 1
+            #expect(loads.max()! <= Rendezvous.bound(live: t + 1, healthy: 3))
+        }
+        #expect(Double(loads.max()!) / Double(loads.min()!) <= 1.5)
+    }
+
+    @Test func downEndpointBacksOffTo60Seconds() {
+        var h = EndpointHealth()
+        let t0 = ContinuousClock.now
+        h.failed("refused", at: t0)
+        #expect(!h.usable(at: t0 + .seconds(4)) && h.usable(at: t0 + .seconds(5)))
+        for _ in 0..<10 { h.failed("refused", at: t0) }
+        #expect(h.down?.pause == .seconds(60))
+        h.answered()
+        #expect(h.usable(at: t0))
+    }
+
+    @Test func aPinFollowsItsThreadAndIsFreedWithIt() {
+        let pins = FleetPins(names: ["a:1", "b:1"])
+        var thread: SessionAffinity? = SessionAffinity(key: "x")
+        let first = pins.endpoint(for: thread!, usable: [true, true])!
+        #expect(pins.endpoint(for: thread!, usable: [true, true]) == first)
+        var moved = [true, true]
+        moved[first] = false
+        let other = pins.endpoint(for: thread!, usable: moved)!
+        #expect(other != first)
+        #expect(pins.endpoint(for: thread!, usable: [true, true]) == other)  // back, but it stays
+        thread = nil
+        #expect(pins.loads == [0, 0])
+    }
+}
