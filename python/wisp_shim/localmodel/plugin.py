@@ -42,7 +42,9 @@ class LocalModelUse:
 
     def __init__(self, ns: argparse.Namespace, launch: CoreLaunch, platform: str = sys.platform) -> None:
         self.launch = launch
-        self.plan = local_model.plan(ns.backend, ns.endpoint, llama_server=ns.llama_server,
+        # --endpoint may be given more than once; the plan asks only whether one was, as WISP_ENDPOINT says it.
+        endpoints = ",".join(ns.endpoint) if ns.endpoint else None
+        self.plan = local_model.plan(ns.backend, endpoints, llama_server=ns.llama_server,
                                      model_path=ns.model_path, context_size=ns.context_size,
                                      max_threads=config.max_threads(ns), platform=platform)
         self.lm = self.plan.lm
