@@ -94,6 +94,32 @@ async def test_every_endpoint_down_names_each_and_keeps_the_thread():
             assert [x["turns"] for x in listed["threads"] if x["thread_id"] == t["thread_id"]] == [1]
 
 
+async def test_an_endpoint_back_takes_new_threads_and_moved_ones_stay():
+    import anyio
+
+    with OpenAIStub() as a, OpenAIStub() as b:
+        a.config.status = 503  # every chat on a fails: the first thread hashed there moves to b
+        async with fleet([a, b], "--max-threads", "64") as c:
+            moved = None
+            for _ in range(32):  # a thread hashed to a, among 32 on two endpoints, but for 2**-32
+                t = ok(await c.call_tool("respond", {"prompt": "who takes me?"}))
+                assert t["usage"]["endpoint"] == host_port(b)
+                if chats_by_thread(a):
+                    moved = t
+                    break
+            assert moved is not None and list(chats_by_thread(a)) == [moved["thread_id"]]
+            a.config.status = 200
+            # docs/backends.md promises a recheck after 5 s; 30 s leaves room on a loaded machine.
+            back = None
+            with anyio.fail_after(30):
+                while back is None:
+                    t = ok(await c.call_tool("respond", {"prompt": "a new thread"}))
+                    back = t if t["usage"]["endpoint"] == host_port(a) else None
+                    await anyio.sleep(0.25)
+            r = ok(await c.call_tool("respond", {"prompt": "still here?", "thread_id": moved["thread_id"]}))
+            assert r["usage"]["endpoint"] == host_port(b)  # no second re-read
+
+
 async def test_session_header_renamed_or_off():
     with OpenAIStub() as a, OpenAIStub() as b:
         async with fleet([a, b], "--session-header", "X-Conversation") as c:
