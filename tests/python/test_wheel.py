@@ -1,0 +1,88 @@
+"""The built wheel (`make wheel`), installed into a fresh venv with no checkout on PYTHONPATH and
+no swift on PATH: the bundled static core alone must serve --version, --check, an MCP respond call
+over stdio (echo backend), the shared server (--http) and a durable thread (--state-dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELS = sorted((REPO / "dist").glob("wisp_mcp-*-py3-none-manylinux*.whl"))
+
+pytestmark = pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make wheel` builds it (Linux only)")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The venv's bin directory, with the newest wheel installed into it."""
+    venv = tmp_path_factory.mktemp("wheel-venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    str(WHEELS[-1])], check=True)
+    return venv / "bin"
+
+
+def clean_env(bindir: Path, cwd: Path) -> dict[str, str]:
+    """No checkout on PYTHONPATH, no swift on PATH, no core named from outside."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "WISP_CORE", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bindir}:/usr/bin:/bin"
+    env["HOME"] = str(cwd)
+    return env
+
+
+def run(bindir: Path, cwd: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(bindir / "wisp-mcp"), *args], cwd=cwd, env=clean_env(bindir, cwd), input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def rpc_session(*calls: dict) -> str:
+    """An MCP stdio session: initialize, initialized, then the calls, one JSON message a line."""
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    msgs = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"}, *calls]
+    return "".join(json.dumps(m) + "\n" for m in msgs)
+
+
+def respond(i: int, prompt: str, thread: str) -> dict:
+    return {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+            "params": {"name": "respond", "arguments": {"prompt": prompt, "thread_id": thread}}}
+
+
+def replies(stdout: str) -> dict[int, dict]:
+    out = {}
+    for line in stdout.splitlines():
+        m = json.loads(line)
+        if "id" in m:
+            out[m["id"]] = m
+    return out
+
+
+def test_version_and_check_use_the_bundled_core(installed, tmp_path):
+    v = run(installed, tmp_path, "--version")
+    assert v.returncode == 0 and "0." in v.stdout, v
+    c = run(installed, tmp_path, "--check", "--backend", "echo")
+    assert c.returncode == 0, c.stderr
+    assert "site-packages/wisp_shim/bin/wisp-core" in c.stdout + c.stderr
+
+
+def test_respond_over_stdio_and_a_durable_thread(installed, tmp_path):
+    state = tmp_path / "state"
+    first = run(installed, tmp_path, "--backend", "echo", "--state-dir", str(state), stdin=rpc_session(respond(1, "hi", "t1")))
+    r1 = replies(first.stdout)[1]
+    assert not r1["result"].get("isError"), r1
+    assert r1["result"]["structuredContent"]["text"].startswith("echo 1:"), r1
+    # A second server on the same state dir continues the thread with its history.
+    second = run(installed, tmp_path, "--backend", "echo", "--state-dir", str(state), stdin=rpc_session(respond(1, "again", "t1")))
+    r2 = replies(second.stdout)[1]
+    assert r2["result"]["structuredContent"]["text"].startswith("echo 2:"), r2
+
+
+def test_http_check(installed, tmp_path):
+    c = run(installed, tmp_path, "--check", "--backend", "echo", "--http", "127.0.0.1:0")
+    assert c.returncode == 0, c.stderr
