@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Synchronization
 import WispInfrastructure
 
@@ -60,7 +64,7 @@ final class OpenAIServer: Sendable {
     init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
          keepAlive: OllamaKeepAlive? = OllamaKeepAlive(CoreConfig.defaultKeepAlive),
          lowWater: Double = CoreConfig.defaultCondenseTo) throws(WispError) {
-        var text = endpoint.trimmingCharacters(in: .whitespaces)
+        var text = endpoint.trimmingSpaces()
         while text.hasSuffix("/") { text.removeLast() }
         if text.hasSuffix("/chat/completions") { text.removeLast("/chat/completions".count) }
         guard var components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
@@ -256,7 +260,7 @@ final class OpenAIServer: Sendable {
         let body: [String: Any] = ["content": text, "add_special": false,
                                    "prompt": text, "add_special_tokens": false, "model": await requestModel()]
         return try await count(root.appendingPathComponent("tokenize"),
-                               body: try JSONSerialization.data(withJSONObject: body),
+                               body: try JSONObjects.data(body),
                                offered: \.tokenize, read: OpenAIReplies.tokenCount)
     }
 
@@ -304,7 +308,7 @@ final class OpenAIServer: Sendable {
     nonisolated(nonsending)
     func fetch(_ method: String, _ url: URL, json: [String: Any]? = nil,
                timeout: TimeInterval, deadline: Duration = probeDeadline) async throws -> (Int, Data) {
-        try await fetch(method, url, body: try json.map { try JSONSerialization.data(withJSONObject: $0) },
+        try await fetch(method, url, body: try json.map { try JSONObjects.data($0) },
                         timeout: timeout, deadline: deadline)
     }
 
