@@ -15,6 +15,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 WHEELS = sorted((REPO / "dist").glob("wisp_mcp-*-py3-none-manylinux*.whl"))
 
+# CI builds the wheel first (`make test` on Linux) and sets WISP_REQUIRE_WHEEL=1: a missing wheel
+# there is a failure, not a skip.
+if not WHEELS and os.environ.get("WISP_REQUIRE_WHEEL") == "1":
+    raise RuntimeError("WISP_REQUIRE_WHEEL=1 but dist/ holds no wheel: `make wheel` builds it")
 pytestmark = pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make wheel` builds it (Linux only)")
 
 
@@ -54,15 +58,6 @@ def respond(i: int, prompt: str, thread: str) -> dict:
             "params": {"name": "respond", "arguments": {"prompt": prompt, "thread_id": thread}}}
 
 
-def replies(stdout: str) -> dict[int, dict]:
-    out = {}
-    for line in stdout.splitlines():
-        m = json.loads(line)
-        if "id" in m:
-            out[m["id"]] = m
-    return out
-
-
 def test_version_and_check_use_the_bundled_core(installed, tmp_path):
     v = run(installed, tmp_path, "--version")
     assert v.returncode == 0 and "0." in v.stdout, v
@@ -71,18 +66,70 @@ def test_version_and_check_use_the_bundled_core(installed, tmp_path):
     assert "site-packages/wisp_shim/bin/wisp-core" in c.stdout + c.stderr
 
 
+def session(bindir: Path, cwd: Path, state: Path, prompt: str) -> dict:
+    """One respond call over stdio; stdin stays open until its reply (the server stops at EOF)."""
+    proc = subprocess.Popen([str(bindir / "wisp-mcp"), "--backend", "echo", "--state-dir", str(state)], cwd=cwd,
+                            env=clean_env(bindir, cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write(rpc_session(respond(1, prompt, "t1")))
+        proc.stdin.flush()
+        for line in proc.stdout:
+            m = json.loads(line)
+            if m.get("id") == 1:
+                return m
+        raise AssertionError("the server closed stdout before replying")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
 def test_respond_over_stdio_and_a_durable_thread(installed, tmp_path):
     state = tmp_path / "state"
-    first = run(installed, tmp_path, "--backend", "echo", "--state-dir", str(state), stdin=rpc_session(respond(1, "hi", "t1")))
-    r1 = replies(first.stdout)[1]
+    r1 = session(installed, tmp_path, state, "hi")
     assert not r1["result"].get("isError"), r1
     assert r1["result"]["structuredContent"]["text"].startswith("echo 1:"), r1
     # A second server on the same state dir continues the thread with its history.
-    second = run(installed, tmp_path, "--backend", "echo", "--state-dir", str(state), stdin=rpc_session(respond(1, "again", "t1")))
-    r2 = replies(second.stdout)[1]
+    r2 = session(installed, tmp_path, state, "again")
     assert r2["result"]["structuredContent"]["text"].startswith("echo 2:"), r2
 
 
 def test_http_check(installed, tmp_path):
     c = run(installed, tmp_path, "--check", "--backend", "echo", "--http", "127.0.0.1:0")
     assert c.returncode == 0, c.stderr
+
+
+def test_http_serves_a_respond_call(installed, tmp_path):
+    """The installed wheel's shared server answers a 2026-07-28 respond call over HTTP."""
+    import re
+    import secrets
+    import signal
+
+    import httpx
+
+    from harness.http import MODERN_HEADERS, modern_call
+
+    token = secrets.token_urlsafe(32)
+    env = {**clean_env(installed, tmp_path), "WISP_HTTP_TOKEN": token}
+    proc = subprocess.Popen([str(installed / "wisp-mcp"), "--backend", "echo", "--http", "127.0.0.1:0"], cwd=tmp_path,
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:  # ends at EOF if the server exits before serving
+            if m := re.search(r"serving MCP at (http://\S+/mcp)", line):
+                url = m.group(1)
+                break
+        assert url, f"wisp-mcp --http exited with {proc.wait(10)} before serving"
+        r = httpx.post(url, json=modern_call("respond", {"prompt": "hi", "thread_id": "h1"}), timeout=60,
+                       headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+                                **MODERN_HEADERS})
+        assert r.status_code == 200, r.text
+        body = r.text if r.text.startswith("{") else next(l[5:] for l in r.text.splitlines() if l.startswith("data:"))
+        result = json.loads(body)["result"]
+        assert result["structuredContent"]["text"].startswith("echo 1:"), result
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
