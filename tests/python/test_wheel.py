@@ -104,7 +104,7 @@ def test_http_serves_a_respond_call(installed, tmp_path):
     import secrets
     import signal
 
-    import httpx
+    import urllib.request
 
     from harness.http import MODERN_HEADERS, modern_call
 
@@ -119,11 +119,13 @@ def test_http_serves_a_respond_call(installed, tmp_path):
                 url = m.group(1)
                 break
         assert url, f"wisp-mcp --http exited with {proc.wait(10)} before serving"
-        r = httpx.post(url, json=modern_call("respond", {"prompt": "hi", "thread_id": "h1"}), timeout=60,
-                       headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
-                                **MODERN_HEADERS})
-        assert r.status_code == 200, r.text
-        body = r.text if r.text.startswith("{") else next(l[5:] for l in r.text.splitlines() if l.startswith("data:"))
+        request = urllib.request.Request(
+            url, data=json.dumps(modern_call("respond", {"prompt": "hi", "thread_id": "h1"})).encode(), method="POST",
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+                     "Content-Type": "application/json", **MODERN_HEADERS})
+        with urllib.request.urlopen(request, timeout=60) as r:  # a status other than 2xx raises
+            text = r.read().decode()
+        body = text if text.startswith("{") else next(l[5:] for l in text.splitlines() if l.startswith("data:"))
         result = json.loads(body)["result"]
         assert result["structuredContent"]["text"].startswith("echo 1:"), result
     finally:
