@@ -1,7 +1,11 @@
 // Apple's systems only; `make check-apple` typechecks it on Linux (-D WISP_CHECK_APPLE) against
 // swift-corelibs-foundation's URLSession, whose API is the same.
 #if canImport(Darwin) || WISP_CHECK_APPLE
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
