@@ -2,7 +2,7 @@
 // logs on stderr. It exits 64 on bad flags; once running, every end is `Lifecycle`'s (0 at
 // stdin EOF after stopping the calls in flight, 65 on a frame it cannot decode, 70 on the echo
 // `!crash`).
-#if canImport(FoundationEssentials)
+#if canImport(FoundationEssentials) && !canImport(Darwin)
 import FoundationEssentials
 #else
 import Foundation

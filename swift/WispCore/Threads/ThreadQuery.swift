@@ -1,4 +1,4 @@
-#if canImport(FoundationEssentials)
+#if canImport(FoundationEssentials) && !canImport(Darwin)
 import FoundationEssentials
 #else
 import Foundation
@@ -23,7 +23,7 @@ public enum SearchWords {
     /// Unicode's canonical composition (NFC): FoundationEssentials has no
     /// `precomposedStringWithCanonicalMapping`; the standard library's normalizer is the same table.
     static func composed(_ text: String) -> String {
-        #if canImport(FoundationEssentials)
+        #if canImport(FoundationEssentials) && !canImport(Darwin)
         String(decoding: Array(text._nfcCodeUnits), as: UTF8.self)
         #else
         text.precomposedStringWithCanonicalMapping

@@ -1,5 +1,5 @@
 #if os(Linux)
-#if canImport(FoundationEssentials)
+#if canImport(FoundationEssentials) && !canImport(Darwin)
 import FoundationEssentials
 #else
 import Foundation

@@ -1,5 +1,5 @@
 import Dispatch
-#if canImport(FoundationEssentials)
+#if canImport(FoundationEssentials) && !canImport(Darwin)
 import FoundationEssentials
 #else
 import Foundation
