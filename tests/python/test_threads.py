@@ -28,7 +28,7 @@ async def test_tools_are_described_and_declare_output_schemas():
         assert respond.input_schema["properties"]["reasoning"]["enum"] == ["light", "moderate", "deep"]
         assert {"thread_id", "created", "condensed", "usage"} <= set(respond.output_schema["required"])
         assert set(respond.output_schema["properties"]["usage"]["properties"]) == {
-            "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "first_token_ms", "output_tokens_per_s"}
+            "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "first_token_ms", "output_tokens_per_s", "endpoint"}
         desc = respond.description.lower()
         assert "least recently used" in desc and "memory" in desc and "restart" in desc
         a = respond.annotations

@@ -116,14 +116,14 @@ class RespondArgs(Arguments):
 
 class UsageOutput(BaseModel):
     input_tokens: int | None = Field(
-        None, description="Tokens read, all model requests (tool rounds too).")
+        None, description="Tokens read (tool rounds too).")
     output_tokens: int | None = Field(None, description="Tokens written, reasoning included.")
     reasoning_tokens: int | None = Field(None, description="Of output_tokens, those spent reasoning.")
     cached_tokens: int | None = Field(None, description="Of input_tokens, those from the prompt cache.")
-    first_token_ms: int | None = Field(None, description="Milliseconds to the first token (wisp's measure).")
+    first_token_ms: int | None = Field(None, description="Time to the first token (ms).")
     output_tokens_per_s: float | None = Field(
-        None, description="Output tokens a second while writing (wisp's measure).")
-    endpoint: str | None = Field(None, description="With several model servers: the one that answered (host:port).")
+        None, description="Output tokens a second while writing.")
+    endpoint: str | None = Field(None, description="The model server that answered (host:port).")
 
 
 class RespondOutput(BaseModel):
@@ -136,7 +136,7 @@ class RespondOutput(BaseModel):
     # May be JSON null, when the schema allows it: present whenever the call had a schema.
     output: Any = Field(None, description="With `schema`: the reply's JSON value.")
     store_error: str | None = Field(
-        None, description="With --state-dir: why this turn was not stored (kept in memory only).")
+        None, description="Why this turn was not stored (kept in memory only).")
     usage: UsageOutput = Field(description="This call's cost as the backend reported it; a count not reported is "
                                            "absent, never guessed.")
     reasoning: str | None = Field(None, description="With `reasoning`: the level used.")
