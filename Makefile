@@ -11,7 +11,7 @@ BACKEND ?= auto
 ARGS    ?=
 
 .PHONY: build core facts venv local-model local-model-native run serve check test test-swift test-python check-apple \
-	check-portable lint bench bench-smoke stress fuzz sanitize clean core-static wheel
+	check-portable lint bench bench-smoke stress fuzz sanitize clean core-static wheel test-wheel
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
 # first install the default local model (see local-model), which the shim then starts itself.
@@ -90,7 +90,13 @@ check:
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
 ## test: Swift unit tests, the end-to-end Python suite against the release core, a smoke of the echo bench sections
-test: lint check-apple check-portable test-swift test-python bench-smoke
+# On Linux it also builds the wheel (a static core, about a minute) and runs it from a fresh venv.
+WHEEL_TEST := $(if $(filter Linux,$(shell uname -s)),test-wheel)
+test: lint check-apple check-portable test-swift test-python bench-smoke $(WHEEL_TEST)
+
+## test-wheel: build the wheel and run it installed in a fresh venv, no checkout or swift on PATH
+test-wheel: wheel
+	WISP_REQUIRE_WHEEL=1 $(VPY) -m pytest tests/python/test_wheel.py
 
 # In parallel, as plain `swift test` runs: the tests prove overlap and order by meeting points
 # and recorded sequences, not by the clock, so a loaded machine slows them but fails none.

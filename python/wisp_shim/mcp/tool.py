@@ -42,8 +42,8 @@ class ToolContext:
             return (f"threads are kept in memory only, at most {self.max_threads} (the least recently used dropped "
                     "first), all lost when wisp restarts")
         return (
-            f"threads are stored on disk (--state-dir), so they survive wisp restarts and crashes; at most "
-            f"{self.max_threads} in memory (the least recently used unloaded, resumed from disk when next called); "
+            f"threads are stored on disk (--state-dir) and survive restarts and crashes; at most "
+            f"{self.max_threads} in memory (the least recently used unloaded, resumed when next called); "
             "past --max-stored-threads the least recently written is deleted. list_threads says if the state dir is "
             "unusable"
         )
