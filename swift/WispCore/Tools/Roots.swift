@@ -1,8 +1,4 @@
-#if canImport(FoundationEssentials) && !canImport(Darwin)
-import FoundationEssentials
-#else
 import Foundation
-#endif
 import WispInfrastructure
 
 #if canImport(Glibc)

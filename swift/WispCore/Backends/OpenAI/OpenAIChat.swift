@@ -1,8 +1,4 @@
-#if canImport(FoundationEssentials) && !canImport(Darwin)
-import FoundationEssentials
-#else
 import Foundation
-#endif
 import WispInfrastructure
 
 /// What one streamed completion produced.
@@ -82,7 +78,7 @@ extension OpenAIServer {
         }
         if !tools.isEmpty {
             body["tools"] = tools.map { tool -> [String: Any] in
-                let parsed = JSONObjects.object(Data(tool.parametersSchema.utf8))
+                let parsed = try? JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))
                 let schema = parsed ?? ["type": "object"]
                 return ["type": "function",
                         "function": ["name": tool.name, "description": tool.description,
@@ -90,7 +86,7 @@ extension OpenAIServer {
             }
             if let toolChoice { body["tool_choice"] = toolChoice }
         }
-        let data = try JSONObjects.data(body)
+        let data = try JSONSerialization.data(withJSONObject: body)
         guard let schema = settings.schema, data.last == UInt8(ascii: "}") else { return data }
         // Spliced in as text: JSONSerialization would lose the schema's property order, which is
         // the order llama-server's grammar generates them in. `strict` is what OpenAI itself needs.
@@ -230,7 +226,7 @@ struct StreamEnd {
     mutating func see(_ line: String) {
         guard line.hasPrefix("data:") else { return }
         sse = true
-        if line.dropFirst(5).trimmingSpaces() == "[DONE]" { done = true }
+        if line.dropFirst(5).trimmingCharacters(in: .whitespaces) == "[DONE]" { done = true }
     }
 
     /// Throws unless the answer ended whole; `received`: the bytes it brought.

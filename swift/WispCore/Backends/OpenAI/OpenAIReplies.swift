@@ -1,8 +1,4 @@
-#if canImport(FoundationEssentials) && !canImport(Darwin)
-import FoundationEssentials
-#else
 import Foundation
-#endif
 import WispInfrastructure
 
 /// What an OpenAI-compatible server answers, decoded. The server is a neighbour, not a part of
@@ -87,7 +83,7 @@ enum OpenAIReplies {
         } else {
             return nil
         }
-        let text = payload.trimmingSpaces()
+        let text = payload.trimmingCharacters(in: .whitespaces)
         if text == "[DONE]" || text.isEmpty { return nil }
         guard let object = object(Data(text.utf8)) else { return nil }
         var chunk = Chunk()
@@ -127,6 +123,6 @@ enum OpenAIReplies {
     }
 
     private static func object(_ data: Data) -> [String: Any]? {
-        JSONObjects.object(data) as? [String: Any]
+        (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
     }
 }

@@ -1,8 +1,4 @@
-#if canImport(FoundationEssentials) && !canImport(Darwin)
-import FoundationEssentials
-#else
 import Foundation
-#endif
 import WispInfrastructure
 
 /// A tool call a model wrote as JSON in its reply instead of as an OpenAI `tool_calls` entry.
@@ -49,7 +45,7 @@ enum TextToolCall {
     /// The JSON text inside the reply's one wrapper, if it has one: a ```/```json fence or
     /// `<tool_call>` tags, with nothing outside them but whitespace.
     private static func unwrapped(_ reply: String) -> Substring? {
-        var text = reply.trimmingWhitespace()[...]
+        var text = reply.trimmingCharacters(in: .whitespacesAndNewlines)[...]
         if text.hasPrefix("```") {
             guard text.count >= 6, text.hasSuffix("```") else { return nil }
             text = text.dropFirst(3).dropLast(3)
@@ -69,7 +65,7 @@ enum TextToolCall {
     private static func value(_ text: Substring) -> JSONValue? {
         if let v = try? JSONValue.parse(String(text)) { return v }
         guard text.contains("{{") else { return nil }
-        let undoubled = String(text).replacing("{{", with: "{").replacing("}}", with: "}")
+        let undoubled = text.replacingOccurrences(of: "{{", with: "{").replacingOccurrences(of: "}}", with: "}")
         return try? JSONValue.parse(undoubled)
     }
 
