@@ -19,6 +19,7 @@ class Place:
 
     def __init__(self, line: Arrivals | None, key: str | None, ahead: asyncio.Future[None] | None) -> None:
         self._line, self._key, self._ahead = line, key, ahead
+        self._leaving = line is None  # a call on no thread holds no one back: nothing to leave
         self.left: asyncio.Future[None] | None = None if line is None else asyncio.get_running_loop().create_future()
 
     @property
@@ -28,20 +29,23 @@ class Place:
 
     async def turn(self) -> None:
         """Returns when every call that arrived before this one on its thread has left."""
-        if self._ahead is not None and not self._ahead.done():
+        if self._ahead is not None and self.behind:
             await asyncio.shield(self._ahead)  # this call's cancel must not cancel the one ahead
 
     def leave(self) -> None:
-        left = self.left
-        if left is None or left.done():
+        if self._leaving:
             return
-        ahead = self._ahead
-        if ahead is None or ahead.done():
-            left.set_result(None)
-        else:  # a call that gives up early still holds back those behind it until the ones ahead left
-            ahead.add_done_callback(lambda _: _settle(left))
-        assert self._line is not None and self._key is not None
-        self._line.forget(self._key, left)
+        self._leaving = True
+        if self._ahead is not None and self.behind:
+            # A call that gives up early still holds back those behind it until the ones ahead left.
+            self._ahead.add_done_callback(lambda _: self._left())
+        else:
+            self._left()
+
+    def _left(self) -> None:
+        assert self.left is not None and self._line is not None and self._key is not None
+        self.left.set_result(None)
+        self._line.forget(self._key, self.left)
 
 
 class Arrivals:
@@ -62,15 +66,8 @@ class Arrivals:
 
     def forget(self, thread_id: str, left: asyncio.Future[None]) -> None:
         """Drops the thread's line once its last call has left (the dict holds only live lines)."""
-        if self._last.get(thread_id) is left and left.done():
+        if self._last.get(thread_id) is left:
             del self._last[thread_id]
-        elif self._last.get(thread_id) is left:
-            left.add_done_callback(lambda _: self.forget(thread_id, left))
 
     def __len__(self) -> int:
         return len(self._last)
-
-
-def _settle(left: asyncio.Future[None]) -> None:
-    if not left.done():
-        left.set_result(None)

@@ -104,7 +104,7 @@ def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = 
                 prepare=lambda: _as_result(params.name, steps.prepare(tc, ctx, args)),
                 run=lambda call, send, stop, on_sent: _as_result(params.name, steps.run(tc, call, send, stop, on_sent)),
                 thread_id=steps.thread_id,
-                abandon=lambda call: None if isinstance(call, CallToolResult) else steps.abandon(call),
+                abandon=steps.abandon,
                 plain_progress=progress_of(ctx),
             )
             return await tasks.call(ctx, params, generation, job)

@@ -155,7 +155,8 @@ class Tasks:
             ttl = params.task.ttl if generation == LEGACY and params.task is not None else None
             task = self._create(owner(ctx), generation, ttl)
         except BaseException:
-            job.abandon(prepared)  # refused, or cancelled while deciding: it holds no place on its thread
+            if not isinstance(prepared, CallToolResult):
+                job.abandon(prepared)  # refused, or cancelled while deciding: it holds no place on its thread
             raise
         # The handle shows the task as created (a task begins `working`), however soon it ends.
         seed = fields(task, generation, detail=False)
