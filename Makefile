@@ -11,7 +11,7 @@ BACKEND ?= auto
 ARGS    ?=
 
 .PHONY: build core facts venv local-model local-model-native run serve check test test-swift test-python check-apple \
-	check-portable lint bench bench-smoke stress fuzz sanitize clean
+	check-portable lint bench bench-smoke stress fuzz sanitize clean core-static wheel test-wheel
 
 # On Linux there is no Apple model: with BACKEND=auto and no endpoint, `make run` and `make check`
 # first install the default local model (see local-model), which the shim then starts itself.
@@ -90,7 +90,13 @@ check:
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
 ## test: Swift unit tests, the end-to-end Python suite against the release core, a smoke of the echo bench sections
-test: lint check-apple check-portable test-swift test-python bench-smoke
+# On Linux it also builds the wheel (a static core, about a minute) and runs it from a fresh venv.
+WHEEL_TEST := $(if $(filter Linux,$(shell uname -s)),test-wheel)
+test: lint check-apple check-portable test-swift test-python bench-smoke $(WHEEL_TEST)
+
+## test-wheel: build the wheel and run it installed in a fresh venv, no checkout or swift on PATH
+test-wheel: wheel
+	WISP_REQUIRE_WHEEL=1 $(VPY) -m pytest tests/python/test_wheel.py
 
 # In parallel, as plain `swift test` runs: the tests prove overlap and order by meeting points
 # and recorded sequences, not by the clock, so a loaded machine slows them but fails none.
@@ -169,5 +175,25 @@ sanitize:
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/swift/lsan-suppressions.txt \
 		swift test --sanitize=address --scratch-path .build/sanitize-address
 
+## core-static: the release core with Swift's runtime and SQLite linked in (Linux; Debian's
+# libsqlite3.a from libsqlite3-dev), in its own build directory so that .build/release stays the
+# dynamic one the tests use. A directory holding only libsqlite3.a, searched first, makes the
+# module map's `-lsqlite3` pick the archive.
+STATIC_CORE := .build/static/release/wisp-core
+SQLITE_A    ?= $(firstword $(wildcard /usr/lib/$(shell uname -m)-linux-gnu/libsqlite3.a /usr/lib/libsqlite3.a))
+core-static:
+	@[ -n "$(SQLITE_A)" ] || { echo "core-static: no libsqlite3.a (Debian: apt-get install libsqlite3-dev)" >&2; exit 1; }
+	mkdir -p .build/static-libs && ln -sf $(SQLITE_A) .build/static-libs/libsqlite3.a
+	swift build -c release --product wisp-core --scratch-path .build/static --static-swift-stdlib \
+		-Xlinker -L$(CURDIR)/.build/static-libs
+
+## wheel: dist/wisp_mcp-<version>-py3-none-<manylinux tag>.whl with the static core inside (Linux only)
+WHEEL_VENV := $(VENV)/.wheel-tools
+$(WHEEL_VENV): $(VENV)/.installed
+	$(VPY) -m pip install --quiet --disable-pip-version-check wheel auditwheel
+	touch $@
+wheel: core-static $(WHEEL_VENV)
+	scripts/build-wheel.sh $(STATIC_CORE) $(VPY)
+
 clean:
-	rm -rf .build $(VENV)
+	rm -rf .build $(VENV) dist

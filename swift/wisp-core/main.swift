@@ -2,7 +2,12 @@
 // logs on stderr. It exits 64 on bad flags; once running, every end is `Lifecycle`'s (0 at
 // stdin EOF after stopping the calls in flight, 65 on a frame it cannot decode, 70 on the echo
 // `!crash`).
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Dispatch
 import Synchronization
 import WispCore
 import WispInfrastructure
@@ -16,9 +21,15 @@ import Darwin
 // A shim that went away must not kill us with SIGPIPE mid-write; EPIPE ends the process cleanly instead.
 signal(SIGPIPE, SIG_IGN)
 
+/// Before the log sink runs (usage, a bad flag): one blocking write to fd 2.
+func toStderr(_ text: String) {
+    var bytes = Array(text.utf8)
+    _ = write(2, &bytes, bytes.count)
+}
+
 let arguments = Array(CommandLine.arguments.dropFirst())
 if arguments.contains("--help") || arguments.contains("-h") {
-    FileHandle.standardError.write(Data((CoreConfig.usage + "\n").utf8))
+    toStderr(CoreConfig.usage + "\n")
     exit(0)
 }
 if arguments == ["--version"] {
@@ -39,7 +50,7 @@ let config: CoreConfig
 do {
     config = try CoreConfig.parse(arguments: arguments, environment: ProcessInfo.processInfo.environment)
 } catch {
-    FileHandle.standardError.write(Data("wisp-core: \(error.message)\n\(CoreConfig.usage)\n".utf8))
+    toStderr("wisp-core: \(error.message)\n\(CoreConfig.usage)\n")
     exit(64)
 }
 let log = Log(level: config.logLevel)

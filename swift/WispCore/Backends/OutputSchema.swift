@@ -204,7 +204,7 @@ public struct OutputSchema: Sendable, Equatable {
         }
 
         static func escape(_ key: String) -> String {
-            key.replacingOccurrences(of: "~", with: "~0").replacingOccurrences(of: "/", with: "~1")
+            key.replacing("~", with: "~0").replacing("/", with: "~1")
         }
 
         private static let cap = Int.max / 4

@@ -1,4 +1,9 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
+import Dispatch
 import WispInfrastructure
 
 #if canImport(Glibc)
@@ -103,9 +108,12 @@ public final class Lifecycle: Sendable {
     /// How long `atExit`'s work gets before the process exits anyway.
     public static let cleanUpTime = Duration.seconds(3)
 
+    /// The C library's `exit`, named apart from the initializer's parameter that shadows it.
+    public static func exitProcess(_ status: Int32) -> Never { exit(status) }
+
     /// `exit`: how the process exits (tests record the status instead).
     public init(log: Log, escalation: Escalation = .core,
-                exit: @escaping @Sendable (Int32) -> Never = { Foundation.exit($0) }) {
+                exit: @escaping @Sendable (Int32) -> Never = { Lifecycle.exitProcess($0) }) {
         self.log = log
         self.escalation = escalation
         self.exitProcess = exit
@@ -114,7 +122,7 @@ public final class Lifecycle: Sendable {
     /// Starts the lifecycle's OS thread: it watches `input` for its hang-up (without reading it)
     /// and, once the pipe loop reports the end (`inputEnded`), runs the escalation on `server`.
     public func start(server: PipeServer, input: Int32) {
-        Thread.detachNewThread { [self] in run(server, input) }
+        OSThread.detach { [self] in run(server, input) }
     }
 
     /// `work` runs once, before the process exits (on every end but a played crash), for at most
@@ -149,7 +157,7 @@ public final class Lifecycle: Sendable {
         let work = cleanUp.withLock { w in defer { w = [] }; return w }
         guard !work.isEmpty else { return }
         let done = DispatchSemaphore(value: 0)
-        Thread.detachNewThread {
+        OSThread.detach {
             for w in work { w() }
             done.signal()
         }

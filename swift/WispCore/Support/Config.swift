@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// The model backends `--backend` chooses from; the raw values are the words of the flag and
@@ -128,7 +132,7 @@ public struct CoreConfig: Sendable, Equatable {
         case "max-queue": maxQueue = try Self.int("max-queue", value)
         case "context-size": contextSize = try Self.int("context-size", value)
         case "echo-delay-ms": echoDelayMs = try Self.int("echo-delay-ms", value)
-        case "endpoint": endpoints = value.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+        case "endpoint": endpoints = value.split(separator: ",").map { String($0).trimmingSpaces() }
                                           .filter { !$0.isEmpty }
         case "session-header":
             // RFC 9110's token characters: anything else would break the request's head.

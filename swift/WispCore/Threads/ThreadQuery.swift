@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// What a word is and how its case folds, for `list_threads`' search: one judgement, made here in
@@ -16,8 +20,18 @@ public enum SearchWords {
     ///   since those scripts put no spaces between words. Anything else separates: spaces,
     ///   punctuation, symbols, emoji; so does a character holding any ASCII byte but a letter or
     ///   digit, so that no word holds one (the SQLite index splits on them).
+    /// Unicode's canonical composition (NFC): FoundationEssentials has no
+    /// `precomposedStringWithCanonicalMapping`; the standard library's normalizer is the same table.
+    static func composed(_ text: String) -> String {
+        #if canImport(FoundationEssentials) && !canImport(Darwin)
+        String(decoding: Array(text._nfcCodeUnits), as: UTF8.self)
+        #else
+        text.precomposedStringWithCanonicalMapping
+        #endif
+    }
+
     public static func of(_ text: String) -> [String] {
-        let folded = text.uppercased().lowercased().precomposedStringWithCanonicalMapping
+        let folded = Self.composed(text.uppercased().lowercased())
         var words: [String] = []
         var start: String.Index?
         var i = folded.startIndex

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// Thread semantics, in one place (docs/threads.md says them to users):
@@ -115,10 +119,15 @@ public actor ThreadRegistry {
         }
     }
 
+    private static func hex16(_ n: UInt64) -> String {
+        let digits = String(n, radix: 16)
+        return String(repeating: "0", count: 16 - digits.count) + digits
+    }
+
     /// 128 random bits as 32 hex characters: well inside the id alphabet.
     public static func generateID() -> String {
         var g = SystemRandomNumberGenerator()
-        return String(format: "%016llx%016llx", g.next() as UInt64, g.next() as UInt64)
+        return hex16(g.next()) + hex16(g.next())
     }
 
     // MARK: calls

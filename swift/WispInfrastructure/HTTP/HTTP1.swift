@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// A connection's bytes, plain or through TLS: what the HTTP/1.1 exchange writes and reads.
 /// Every failure is an `HTTPError`.
@@ -137,7 +141,7 @@ struct ResponseReader {
                 if field.isEmpty { break }
                 guard let colon = field.firstIndex(of: ":") else { continue }
                 let name = field[..<colon].lowercased()
-                let value = field[field.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+                let value = field[field.index(after: colon)...].trimmingSpaces()
                 if name == "transfer-encoding" && value.lowercased().contains("chunked") { chunked = true }
                 if name == "content-length" {
                     // A length that is not one (or a second, different one) makes the body's end unknowable.
@@ -169,7 +173,7 @@ struct ResponseReader {
         case .chunked:
             while true {
                 let sizeLine = try line(or: "the body ended before its last chunk")
-                let digits = sizeLine.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) ?? ""
+                let digits = sizeLine.split(separator: ";").first?.trimmingSpaces() ?? ""
                 // Hex digits only: Int(_:radix:) would also take a sign.
                 guard digits.allSatisfy(\.isHexDigit),
                       let size = OutsideNumber.int(digits, radix: 16, in: Self.lengths) else {

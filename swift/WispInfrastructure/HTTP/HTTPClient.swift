@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// wisp's one HTTP client for every model server: `open` sends a request and streams its answer
 /// as events. Ending the stream early (Task cancellation, or the consumer leaving) cancels the

@@ -1,5 +1,9 @@
 #if os(Linux)
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Glibc
 import Synchronization
 
@@ -28,7 +32,7 @@ final class HTTPConnection: Sendable {
         let connection = HTTPConnection()
         continuation.onTermination = { _ in connection.cancel() }
         // Blocking reads belong on an OS thread of their own, not the cooperative pool.
-        Thread.detachNewThread { connection.run(request, continuation) }
+        OSThread.detach { connection.run(request, continuation) }
         return stream
     }
 

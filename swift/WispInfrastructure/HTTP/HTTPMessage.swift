@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// One request to a model server, as wisp's own HTTP client takes it: no Foundation networking
 /// type crosses this module's API, so the core links no HTTP stack but its own.

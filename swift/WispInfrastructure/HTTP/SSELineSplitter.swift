@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Splits a byte stream into lines (LF or CRLF), decoding each complete line as UTF-8,
 /// so a multi-byte character split across chunks is never broken.

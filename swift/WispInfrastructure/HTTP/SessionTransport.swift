@@ -1,7 +1,7 @@
 // Apple's systems only; `make check-apple` typechecks it on Linux (-D WISP_CHECK_APPLE) against
 // swift-corelibs-foundation's URLSession, whose API is the same.
 #if canImport(Darwin) || WISP_CHECK_APPLE
-import Foundation
+import Foundation  // URLSession's delegate is an NSObject: full Foundation, which only Apple's systems load
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif

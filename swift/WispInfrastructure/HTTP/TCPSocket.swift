@@ -1,5 +1,9 @@
 #if os(Linux)
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Glibc
 
 /// A connected TCP socket whose every wait is bounded: `SO_RCVTIMEO` and `SO_SNDTIMEO` at the

@@ -1,5 +1,9 @@
 import Dispatch
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 /// Whose blocking work a job is, for `BlockingPool`'s fairness: set for a call's task with
 /// `BlockingPool.$owner.withValue`.
@@ -172,7 +176,7 @@ public final class BlockingPool: TaskExecutor, Sendable {
         // All at first use: the workers and one for the dispatcher's job, each running at most one
         // admitted job at a time (plus the short hops of its task), so no job waits for a thread.
         if first {
-            for _ in 0...workers { Thread.detachNewThread { self.serve() } }
+            for _ in 0...workers { OSThread.detach { self.serve() } }
         }
         ready.signal()
     }

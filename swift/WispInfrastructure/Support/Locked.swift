@@ -1,14 +1,18 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Synchronization
 
 /// A lock around a value. The value lives in a `Mutex`, so the compiler checks that this is
-/// Sendable; every access also takes an `NSLock` (a pthread mutex) first, because on Linux the
+/// Sendable; every access also takes a `PlainLock` (a pthread mutex) first, because on Linux the
 /// toolchain's `Synchronization.Mutex` locks with uninstrumented atomics and futexes, which
 /// ThreadSanitizer cannot see: guarded by the Mutex alone, every access was reported as a race
 /// (`make sanitize` did, once the pipe server's calls were raced in tests). The Mutex is never
-/// contended, since the NSLock is always held around it.
+/// contended, since the PlainLock is always held around it.
 public final class Locked<Value: Sendable>: Sendable {
-    private let order = NSLock()
+    private let order = PlainLock()
     private let value: Mutex<Value>
 
     public init(_ value: Value) { self.value = Mutex(value) }
@@ -23,7 +27,7 @@ public final class Locked<Value: Sendable>: Sendable {
 /// A lock around a value that is not Sendable (a database connection): the value never leaves
 /// the lock, only what a body returns does. Locked as `Locked` is, for the same reason.
 public final class Exclusive<Value>: Sendable {
-    private let order = NSLock()
+    private let order = PlainLock()
     private let value: Mutex<Value>
 
     public init(_ value: consuming sending Value) { self.value = Mutex(value) }

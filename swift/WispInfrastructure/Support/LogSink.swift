@@ -1,5 +1,9 @@
 import Dispatch
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 
 #if canImport(Glibc)
 import Glibc
@@ -41,7 +45,7 @@ public final class LogSink: Sendable {
     init(fd: Int32, capacity: Int = maxQueuedBytes) {
         self.fd = fd
         self.capacity = capacity
-        Thread.detachNewThread { [self] in run() }
+        OSThread.detach { [self] in run() }
     }
 
     public func post(_ text: String) {
@@ -76,7 +80,7 @@ public final class LogSink: Sendable {
         let end = ContinuousClock.now.advanced(by: within)
         while ContinuousClock.now < end {
             if state.withLock({ $0.lines.isEmpty && $0.writing == 0 }) { return true }
-            Thread.sleep(forTimeInterval: 0.005)
+            OSThread.sleep(seconds: 0.005)
         }
         return false
     }

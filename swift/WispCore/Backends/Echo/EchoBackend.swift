@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// The `echo` backend: no model, fully deterministic. Its behaviour is a public contract

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// What one streamed completion produced.
@@ -78,7 +82,7 @@ extension OpenAIServer {
         }
         if !tools.isEmpty {
             body["tools"] = tools.map { tool -> [String: Any] in
-                let parsed = try? JSONSerialization.jsonObject(with: Data(tool.parametersSchema.utf8))
+                let parsed = JSONObjects.object(Data(tool.parametersSchema.utf8))
                 let schema = parsed ?? ["type": "object"]
                 return ["type": "function",
                         "function": ["name": tool.name, "description": tool.description,
@@ -86,7 +90,7 @@ extension OpenAIServer {
             }
             if let toolChoice { body["tool_choice"] = toolChoice }
         }
-        let data = try JSONSerialization.data(withJSONObject: body)
+        let data = try JSONObjects.data(body)
         guard let schema = settings.schema, data.last == UInt8(ascii: "}") else { return data }
         // Spliced in as text: JSONSerialization would lose the schema's property order, which is
         // the order llama-server's grammar generates them in. `strict` is what OpenAI itself needs.
@@ -226,7 +230,7 @@ struct StreamEnd {
     mutating func see(_ line: String) {
         guard line.hasPrefix("data:") else { return }
         sse = true
-        if line.dropFirst(5).trimmingCharacters(in: .whitespaces) == "[DONE]" { done = true }
+        if line.dropFirst(5).trimmingSpaces() == "[DONE]" { done = true }
     }
 
     /// Throws unless the answer ended whole; `received`: the bytes it brought.

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// The model servers wisp knows by name, each in one place: what it says about itself (its
@@ -52,7 +56,7 @@ struct OllamaKeepAlive: Sendable, Equatable {
 
     /// Accepts what Ollama's `api.Duration` does in a string, by the few forms above.
     init?(_ text: String) {
-        let t = text.trimmingCharacters(in: .whitespaces)
+        let t = text.trimmingSpaces()
         var digits = Substring(t)
         if digits.hasPrefix("-") { digits = digits.dropFirst() }
         if let unit = digits.last, "smh".contains(unit) { digits = digits.dropLast() }
@@ -133,7 +137,7 @@ extension OpenAIServer {
     /// A JSON object answered with 200 that is not an error (LM Studio answers unknown paths so).
     func probeJSON(_ method: String, _ url: URL, json: [String: Any]? = nil) async -> [String: Any]? {
         guard let (status, data) = try? await fetch(method, url, json: json, timeout: Self.probeTimeout), status == 200,
-              let object = try? JSONSerialization.jsonObject(with: data) as? [String: Any], object["error"] == nil
+              let object = JSONObjects.object(data) as? [String: Any], object["error"] == nil
         else { return nil }
         return object
     }

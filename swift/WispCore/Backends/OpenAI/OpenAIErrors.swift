@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// The error dialects of OpenAI-compatible servers and their transports, as `WispError`s.
@@ -44,7 +48,7 @@ extension OpenAIServer {
     /// vLLM and others: "maximum context length" in the message; LM Studio: "Trying to keep the
     /// first N tokens when context the overflows" (its words).
     static func isOverflow(_ body: Data) -> Bool {
-        if let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] {
+        if let object = JSONObjects.object(body) as? [String: Any] {
             let error = object["error"] as? [String: Any] ?? object
             if (error["type"] as? String) == "exceed_context_size_error" { return true }
             if (error["code"] as? String) == "context_length_exceeded" { return true }
@@ -58,8 +62,8 @@ extension OpenAIServer {
     }
 
     static func errorMessage(_ body: Data) -> String? {
-        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any] else {
-            let text = String(decoding: body.prefix(300), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard let object = JSONObjects.object(body) as? [String: Any] else {
+            let text = String(decoding: body.prefix(300), as: UTF8.self).trimmingWhitespace()
             return text.isEmpty ? nil : text
         }
         if let error = object["error"] as? [String: Any], let m = error["message"] as? String { return m }

@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// What an OpenAI-compatible server answers, decoded. The server is a neighbour, not a part of
@@ -83,7 +87,7 @@ enum OpenAIReplies {
         } else {
             return nil
         }
-        let text = payload.trimmingCharacters(in: .whitespaces)
+        let text = payload.trimmingSpaces()
         if text == "[DONE]" || text.isEmpty { return nil }
         guard let object = object(Data(text.utf8)) else { return nil }
         var chunk = Chunk()
@@ -123,6 +127,6 @@ enum OpenAIReplies {
     }
 
     private static func object(_ data: Data) -> [String: Any]? {
-        (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
+        JSONObjects.object(data) as? [String: Any]
     }
 }

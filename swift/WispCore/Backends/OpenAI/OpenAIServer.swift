@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import Synchronization
 import WispInfrastructure
 
@@ -67,7 +71,7 @@ final class OpenAIServer: Sendable {
          keepAlive: OllamaKeepAlive? = OllamaKeepAlive(CoreConfig.defaultKeepAlive),
          lowWater: Double = CoreConfig.defaultCondenseTo,
          sessionHeader: String? = CoreConfig.defaultSessionHeader) throws(WispError) {
-        var text = endpoint.trimmingCharacters(in: .whitespaces)
+        var text = endpoint.trimmingSpaces()
         while text.hasSuffix("/") { text.removeLast() }
         if text.hasSuffix("/chat/completions") { text.removeLast("/chat/completions".count) }
         guard var components = URLComponents(string: text), let scheme = components.scheme?.lowercased(),
@@ -276,7 +280,7 @@ final class OpenAIServer: Sendable {
         let body: [String: Any] = ["content": text, "add_special": false,
                                    "prompt": text, "add_special_tokens": false, "model": await requestModel()]
         return try await count(root.appendingPathComponent("tokenize"),
-                               body: try JSONSerialization.data(withJSONObject: body),
+                               body: try JSONObjects.data(body),
                                offered: \.tokenize, read: OpenAIReplies.tokenCount)
     }
 
@@ -326,7 +330,7 @@ final class OpenAIServer: Sendable {
     nonisolated(nonsending)
     func fetch(_ method: String, _ url: URL, json: [String: Any]? = nil,
                timeout: TimeInterval, deadline: Duration = probeDeadline) async throws -> (Int, Data) {
-        try await fetch(method, url, body: try json.map { try JSONSerialization.data(withJSONObject: $0) },
+        try await fetch(method, url, body: try json.map { try JSONObjects.data($0) },
                         timeout: timeout, deadline: deadline)
     }
 

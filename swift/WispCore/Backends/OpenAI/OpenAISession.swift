@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// One conversation: the OpenAI `messages` array (system = instructions, then per turn the
@@ -185,7 +189,7 @@ final class OpenAISession: ModelSession {
 
     nonisolated(nonsending)
     private func run(_ call: ToolCall) async -> ToolExchange {
-        let arguments = call.arguments.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty ? "{}" : call.arguments
+        let arguments = call.arguments.trimmingWhitespace().isEmpty ? "{}" : call.arguments
         return await ToolRun.exchange(tools.first(where: { $0.name == call.name }), name: call.name,
                                       arguments: arguments) {
             "There is no tool named '\(call.name)'. Available tools: \(tools.map(\.name).joined(separator: ", "))."

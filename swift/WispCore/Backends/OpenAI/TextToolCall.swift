@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 /// A tool call a model wrote as JSON in its reply instead of as an OpenAI `tool_calls` entry.
@@ -45,7 +49,7 @@ enum TextToolCall {
     /// The JSON text inside the reply's one wrapper, if it has one: a ```/```json fence or
     /// `<tool_call>` tags, with nothing outside them but whitespace.
     private static func unwrapped(_ reply: String) -> Substring? {
-        var text = reply.trimmingCharacters(in: .whitespacesAndNewlines)[...]
+        var text = reply.trimmingWhitespace()[...]
         if text.hasPrefix("```") {
             guard text.count >= 6, text.hasSuffix("```") else { return nil }
             text = text.dropFirst(3).dropLast(3)
@@ -65,7 +69,7 @@ enum TextToolCall {
     private static func value(_ text: Substring) -> JSONValue? {
         if let v = try? JSONValue.parse(String(text)) { return v }
         guard text.contains("{{") else { return nil }
-        let undoubled = text.replacingOccurrences(of: "{{", with: "{").replacingOccurrences(of: "}}", with: "}")
+        let undoubled = String(text).replacing("{{", with: "{").replacing("}}", with: "}")
         return try? JSONValue.parse(undoubled)
     }
 

@@ -1,5 +1,15 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
 
 /// Durable threads (`--state-dir`) in one SQLite database, `threads.db` (schema: `StoreSchema`).
 ///

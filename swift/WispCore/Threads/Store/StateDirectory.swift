@@ -1,4 +1,8 @@
+#if canImport(FoundationEssentials) && !canImport(Darwin)
+import FoundationEssentials
+#else
 import Foundation
+#endif
 import WispInfrastructure
 
 #if canImport(Glibc)
@@ -33,7 +37,7 @@ final class StateDirectory: Sendable {
                 try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
                                                         attributes: [.posixPermissions: 0o700])
             } catch {
-                throw Self.unusable(dir, "cannot create it: \(error.localizedDescription)")
+                throw Self.unusable(dir, "cannot create it: \(error)")
             }
         }
         let fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)

@@ -1,0 +1,137 @@
+"""The built wheel (`make wheel`), installed into a fresh venv with no checkout on PYTHONPATH and
+no swift on PATH: the bundled static core alone must serve --version, --check, an MCP respond call
+over stdio (echo backend), the shared server (--http) and a durable thread (--state-dir)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELS = sorted((REPO / "dist").glob("wisp_mcp-*-py3-none-manylinux*.whl"))
+
+# CI builds the wheel first (`make test` on Linux) and sets WISP_REQUIRE_WHEEL=1: a missing wheel
+# there is a failure, not a skip.
+if not WHEELS and os.environ.get("WISP_REQUIRE_WHEEL") == "1":
+    raise RuntimeError("WISP_REQUIRE_WHEEL=1 but dist/ holds no wheel: `make wheel` builds it")
+pytestmark = pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make wheel` builds it (Linux only)")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The venv's bin directory, with the newest wheel installed into it."""
+    venv = tmp_path_factory.mktemp("wheel-venv")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    str(WHEELS[-1])], check=True)
+    return venv / "bin"
+
+
+def clean_env(bindir: Path, cwd: Path) -> dict[str, str]:
+    """No checkout on PYTHONPATH, no swift on PATH, no core named from outside."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "WISP_CORE", "VIRTUAL_ENV")}
+    env["PATH"] = f"{bindir}:/usr/bin:/bin"
+    env["HOME"] = str(cwd)
+    return env
+
+
+def run(bindir: Path, cwd: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(bindir / "wisp-mcp"), *args], cwd=cwd, env=clean_env(bindir, cwd), input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def rpc_session(*calls: dict) -> str:
+    """An MCP stdio session: initialize, initialized, then the calls, one JSON message a line."""
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    msgs = [init, {"jsonrpc": "2.0", "method": "notifications/initialized"}, *calls]
+    return "".join(json.dumps(m) + "\n" for m in msgs)
+
+
+def respond(i: int, prompt: str, thread: str) -> dict:
+    return {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+            "params": {"name": "respond", "arguments": {"prompt": prompt, "thread_id": thread}}}
+
+
+def test_version_and_check_use_the_bundled_core(installed, tmp_path):
+    v = run(installed, tmp_path, "--version")
+    assert v.returncode == 0 and "0." in v.stdout, v
+    c = run(installed, tmp_path, "--check", "--backend", "echo")
+    assert c.returncode == 0, c.stderr
+    assert "site-packages/wisp_shim/bin/wisp-core" in c.stdout + c.stderr
+
+
+def session(bindir: Path, cwd: Path, state: Path, prompt: str) -> dict:
+    """One respond call over stdio; stdin stays open until its reply (the server stops at EOF)."""
+    proc = subprocess.Popen([str(bindir / "wisp-mcp"), "--backend", "echo", "--state-dir", str(state)], cwd=cwd,
+                            env=clean_env(bindir, cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write(rpc_session(respond(1, prompt, "t1")))
+        proc.stdin.flush()
+        for line in proc.stdout:
+            m = json.loads(line)
+            if m.get("id") == 1:
+                return m
+        raise AssertionError("the server closed stdout before replying")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+def test_respond_over_stdio_and_a_durable_thread(installed, tmp_path):
+    state = tmp_path / "state"
+    r1 = session(installed, tmp_path, state, "hi")
+    assert not r1["result"].get("isError"), r1
+    assert r1["result"]["structuredContent"]["text"].startswith("echo 1:"), r1
+    # A second server on the same state dir continues the thread with its history.
+    r2 = session(installed, tmp_path, state, "again")
+    assert r2["result"]["structuredContent"]["text"].startswith("echo 2:"), r2
+
+
+def test_http_check(installed, tmp_path):
+    c = run(installed, tmp_path, "--check", "--backend", "echo", "--http", "127.0.0.1:0")
+    assert c.returncode == 0, c.stderr
+
+
+def test_http_serves_a_respond_call(installed, tmp_path):
+    """The installed wheel's shared server answers a 2026-07-28 respond call over HTTP."""
+    import re
+    import secrets
+    import signal
+
+    import urllib.request
+
+    from harness.http import MODERN_HEADERS, modern_call
+
+    token = secrets.token_urlsafe(32)
+    env = {**clean_env(installed, tmp_path), "WISP_HTTP_TOKEN": token}
+    proc = subprocess.Popen([str(installed / "wisp-mcp"), "--backend", "echo", "--http", "127.0.0.1:0"], cwd=tmp_path,
+                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in proc.stderr:  # ends at EOF if the server exits before serving
+            if m := re.search(r"serving MCP at (http://\S+/mcp)", line):
+                url = m.group(1)
+                break
+        assert url, f"wisp-mcp --http exited with {proc.wait(10)} before serving"
+        request = urllib.request.Request(
+            url, data=json.dumps(modern_call("respond", {"prompt": "hi", "thread_id": "h1"})).encode(), method="POST",
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream",
+                     "Content-Type": "application/json", **MODERN_HEADERS})
+        with urllib.request.urlopen(request, timeout=60) as r:  # a status other than 2xx raises
+            text = r.read().decode()
+        body = text if text.startswith("{") else next(l[5:] for l in text.splitlines() if l.startswith("data:"))
+        result = json.loads(body)["result"]
+        assert result["structuredContent"]["text"].startswith("echo 1:"), result
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
