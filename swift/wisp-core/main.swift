@@ -129,15 +129,7 @@ Task(executorPreference: loop) { [server, incoming] in
 lifecycle.start(server: server, input: 0)
 // Every end but a played crash folds the store's log into its database first (Lifecycle.end).
 if let store { lifecycle.atExit { store.close() } }
-// SIGTERM and SIGINT (the shim's last resort, or a terminal's ^C reaching the whole group) end the
-// core as stdin's end does: calls stopped, the store closed, then the exit.
-let stopSignals = [SIGTERM, SIGINT].map { sig in
-    signal(sig, SIG_IGN)
-    let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-    source.setEventHandler { log(.info, "signal \(sig): stopping as at stdin's end"); lifecycle.inputEnded() }
-    source.resume()
-    return source
-}
+let stopSignals = lifecycle.endOn(signals: [SIGTERM, SIGINT])
 
 func protocolError(_ error: any Error) -> Never {
     lifecycle.end(.protocolError, .error, "protocol error: \(error); exiting so the shim restarts a clean core")

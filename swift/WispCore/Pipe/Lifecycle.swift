@@ -129,6 +129,24 @@ public final class Lifecycle: Sendable {
     /// `cleanUpTime` with the rest of that work.
     public func atExit(_ work: @escaping @Sendable () -> Void) { cleanUp.withLock { $0.append(work) } }
 
+    /// `signals` (SIGTERM and SIGINT: the shim's last resort, or a terminal's ^C reaching the
+    /// whole group) end the core as stdin's end does: calls stopped, the store closed, then the
+    /// exit. Keep the sources it returns: a source let go stops watching. The handler is set up
+    /// here, not in main.swift, where a closure would inherit the main actor's isolation and
+    /// trap when Dispatch runs it on its own queue.
+    public func endOn(signals: [Int32]) -> [any DispatchSourceSignal] {
+        signals.map { sig in
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { [self] in
+                log(.info, "signal \(sig): stopping as at stdin's end")
+                inputEnded()
+            }
+            source.resume()
+            return source
+        }
+    }
+
     /// The pipe loop has read the end of stdin (after its last whole frame).
     public func inputEnded() {
         state.withLock { $0.inputEnded = true }
