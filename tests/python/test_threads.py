@@ -220,7 +220,7 @@ async def test_the_retention_the_caller_reads_follows_the_configuration(tmp_path
     durable = [await told("--state-dir", str(tmp_path / "a")), await told(env=shim_env(WISP_STATE_DIR=str(tmp_path / "b")))]
     for instructions, description in durable:
         for text in (instructions, description):
-            assert "stored on disk (--state-dir), so they survive wisp restarts" in text, text
+            assert "stored on disk (--state-dir) and survive restarts" in text, text
             assert "lost when wisp restarts" not in text and "32" in text, text
             assert len(text) < 2048
     # An empty --state-dir means none, for the core as for what the caller is told.

@@ -46,7 +46,13 @@ public enum OSThread {
     /// serve: it stops with the reason rather than dropping the work unseen.
     public static func detach(_ body: @escaping @Sendable () -> Void) {
         let context = Unmanaged.passRetained(Body(body)).toOpaque()
+        // Darwin's pthread_t is a pointer (its pthread_create fills a `pthread_t?` and passes the
+        // context non-optional); Glibc's is an integer.
+        #if canImport(Darwin)
+        var thread: pthread_t?
+        #else
         var thread = pthread_t()
+        #endif
         let started = pthread_create(&thread, nil, { context in
             #if canImport(Darwin)
             let body = Unmanaged<Body>.fromOpaque(context).takeRetainedValue()
@@ -57,7 +63,11 @@ public enum OSThread {
             return nil
         }, context)
         guard started == 0 else { fatalError("wisp-core: cannot start a thread (error \(started))") }
+        #if canImport(Darwin)
+        if let thread { pthread_detach(thread) }
+        #else
         pthread_detach(thread)
+        #endif
     }
 
     /// Blocks this thread for `seconds` (not a task: the callers are threads of their own).

@@ -37,7 +37,12 @@ final class StateDirectory: Sendable {
                 try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
                                                         attributes: [.posixPermissions: 0o700])
             } catch {
+                #if canImport(Darwin)
+                // Interpolated, Foundation's NSError prints its domain, user info and addresses.
+                throw Self.unusable(dir, "cannot create it: \(error.localizedDescription)")
+                #else
                 throw Self.unusable(dir, "cannot create it: \(error)")
+                #endif
             }
         }
         let fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
