@@ -92,7 +92,7 @@ check:
 ## test: Swift unit tests, the end-to-end Python suite against the release core, a smoke of the echo bench sections
 # On Linux it also builds the wheel (a static core, about a minute) and runs it from a fresh venv.
 WHEEL_TEST := $(if $(filter Linux,$(shell uname -s)),test-wheel)
-test: lint check-apple check-portable test-swift test-python bench-smoke $(WHEEL_TEST)
+test: lint check-apple check-portable test-swift test-python $(WHEEL_TEST) bench-smoke
 
 ## test-wheel: build the wheel and run it installed in a fresh venv, no checkout or swift on PATH
 test-wheel: wheel
@@ -122,14 +122,17 @@ check-apple:
 	scripts/check-apple.sh
 
 ## bench: wisp's cost next to a bare SDK server, measured in one run (about 5 min, plus about 30 for the long-thread sections when the local model is installed; `bench/run.py --only SECTION ...` for a part); writes bench/results/latest.json
-bench: build $(TEST_VENV)
+# On Linux it builds the wheel first, for the `wheel` section (the installed wheel's start and its
+# static core's round trip, next to the checkout's).
+bench: build $(TEST_VENV) $(if $(filter Linux,$(UNAME)),wheel)
 	$(VPY) bench/run.py
 
 ## bench-smoke: every bench section that needs no model (echo, or a scripted server) once with tiny counts (`bench/run.py --quick`, about
 # 1 min on 2 vCPUs): it must run to the end without an error; its figures are too rough to keep, so
 # they go to .build, not bench/results. The local model's sections are left out: even --quick they
-# take about 1.5 min, and the long-thread ones about 17 (`make bench` runs them).
-SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops progress
+# take about 1.5 min, and the long-thread ones about 17 (`make bench` runs them). `wheel` measures
+# the wheel in dist/ (`make test` builds it first) and says it skipped when there is none.
+SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops progress wheel
 bench-smoke: build $(TEST_VENV)
 	$(VPY) bench/run.py --quick --only $(SMOKE_SECTIONS) --out .build/bench-smoke.json
 

@@ -126,10 +126,11 @@ class RawClient:
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
-    async def spawn(cls, argv: list[str]) -> "RawClient":
+    async def spawn(cls, argv: list[str], env: dict[str, str] | None = None, cwd: Path = REPO) -> "RawClient":
+        """`env`: the whole environment (default: this one without WISP_* settings)."""
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, env=child_env(), cwd=str(REPO), limit=1 << 24,
+            stderr=asyncio.subprocess.DEVNULL, env=child_env() if env is None else env, cwd=str(cwd), limit=1 << 24,
         )
         return cls(proc)
 

@@ -961,6 +961,8 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"  (4 threads at once: {res['real_concurrency_reason']})")
     if res.get("precount_error_tokens_max") is None and res.get("precount_reason"):
         lines.append(f"  (pre-count: {res['precount_reason']})")
+    if res.get("wheel_reason"):
+        lines.append(f"  (wheel: {res['wheel_reason']})")
     if res.get("long_reason"):
         lines.append(f"  (long threads: {res['long_reason']})")
     return "\n".join(lines)
@@ -978,17 +980,20 @@ async def _long(section: Callable[[bool], Any], quick: bool) -> dict[str, Any]:
     return await section(quick)
 
 # Sections declared in modules of their own: each one's targets, report rows and run (given --quick):
-# the shared server, a progress token's cost, fork and search, the pre-count, the local model's start.
+# the shared server, a progress token's cost, fork and search, the pre-count, the local model's start,
+# the installed wheel.
 from http_bench import HTTP_ROWS, HTTP_TARGETS, http_section  # noqa: E402
 from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
 from precount_bench import PRECOUNT_ROWS, PRECOUNT_TARGETS, precount_section  # noqa: E402
 from progress_bench import PROGRESS_ROWS, PROGRESS_TARGETS, progress_section  # noqa: E402
 from threadops_bench import THREADOPS_ROWS, THREADOPS_TARGETS, threadops_section  # noqa: E402
+from wheel_bench import WHEEL_ROWS, WHEEL_TARGETS, wheel_section  # noqa: E402
 
 OWN_SECTIONS = {"threadops": (THREADOPS_TARGETS, THREADOPS_ROWS, threadops_section),
     "http": (HTTP_TARGETS, HTTP_ROWS, http_section), "progress": (PROGRESS_TARGETS, PROGRESS_ROWS, progress_section),
     "precount": (PRECOUNT_TARGETS, PRECOUNT_ROWS, lambda q: precount_section(q, _local_model())),
-    "first_answer": (FIRST_ANSWER_TARGETS, FIRST_ANSWER_ROWS, lambda q: first_answer(repeats=1 if q else 3))}
+    "first_answer": (FIRST_ANSWER_TARGETS, FIRST_ANSWER_ROWS, lambda q: first_answer(repeats=1 if q else 3)),
+    "wheel": (WHEEL_TARGETS, WHEEL_ROWS, wheel_section)}
 TARGETS.update({k: t for targets, _, _ in OWN_SECTIONS.values() for k, t in targets.items()})
 ROWS += [row for _, rows, _ in OWN_SECTIONS.values() for row in rows]
 SECTIONS += tuple(OWN_SECTIONS)

@@ -1,11 +1,13 @@
 """The built wheel (`make wheel`), installed into a fresh venv with no checkout on PYTHONPATH and
 no swift on PATH: the bundled static core alone must serve --version, --check, an MCP respond call
-over stdio (echo backend), the shared server (--http) and a durable thread (--state-dir)."""
+over stdio (echo backend), the shared server (--http), a durable thread (--state-dir) and an https
+model server; and `uvx --from <wheel> wisp-mcp` must run it as a client's config would."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,10 +68,12 @@ def test_version_and_check_use_the_bundled_core(installed, tmp_path):
     assert "site-packages/wisp_shim/bin/wisp-core" in c.stdout + c.stderr
 
 
-def session(bindir: Path, cwd: Path, state: Path, prompt: str) -> dict:
-    """One respond call over stdio; stdin stays open until its reply (the server stops at EOF)."""
-    proc = subprocess.Popen([str(bindir / "wisp-mcp"), "--backend", "echo", "--state-dir", str(state)], cwd=cwd,
-                            env=clean_env(bindir, cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def session(bindir: Path, cwd: Path, state: Path | None, prompt: str, *flags: str, **env: str) -> dict:
+    """One respond call over stdio (echo, unless `flags` say otherwise); stdin stays open until
+    its reply (the server stops at EOF)."""
+    argv = [str(bindir / "wisp-mcp"), *(flags or ("--backend", "echo"))] + (["--state-dir", str(state)] if state else [])
+    proc = subprocess.Popen(argv, cwd=cwd, env={**clean_env(bindir, cwd), **env}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         proc.stdin.write(rpc_session(respond(1, prompt, "t1")))
         proc.stdin.flush()
@@ -91,6 +95,37 @@ def test_respond_over_stdio_and_a_durable_thread(installed, tmp_path):
     # A second server on the same state dir continues the thread with its history.
     r2 = session(installed, tmp_path, state, "again")
     assert r2["result"]["structuredContent"]["text"].startswith("echo 2:"), r2
+
+
+def test_an_https_model_server_from_the_wheel(installed, tmp_path):
+    """The wheel's core makes TLS itself, with the system's OpenSSL loaded at run time: a turn
+    from the scripted OpenAI-compatible server behind a CA trusted through SSL_CERT_FILE; without
+    it the system's store refuses the certificate, and the call says so."""
+    from openai_stub import OpenAIStub
+    from tls_stub import certificates, served_over_tls
+
+    certs = certificates(tmp_path / "certs")
+    with served_over_tls(OpenAIStub(), certs["localhost"]) as stub:
+        flags = ("--backend", "openai", "--endpoint", stub.endpoint)
+        good = session(installed, tmp_path, None, "over TLS", *flags, SSL_CERT_FILE=str(certs["ca"].cert))
+        refused = session(installed, tmp_path, None, "untrusted", *flags)
+    assert good["result"]["structuredContent"]["text"] == "reply 1: over TLS", good
+    assert refused["result"]["isError"], refused
+    assert "unable to get local issuer certificate" in refused["result"]["content"][0]["text"].lower(), refused
+    assert len(stub.chats()) == 1, "the refused call reached the model server"
+
+
+def test_uvx_runs_the_wheel(installed, tmp_path):
+    """What a user's MCP client config says: `uvx --from <wheel> wisp-mcp`, uv resolving the
+    wheel's dependencies from the index itself."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is None:
+        pytest.skip("no uv beside this Python (the test extra installs it)")
+    env = {**clean_env(installed, tmp_path), "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
+    c = subprocess.run([uv, "tool", "run", "--from", str(WHEELS[-1]), "wisp-mcp", "--backend", "echo", "--check"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert c.returncode == 0, c.stderr[-2000:]
+    assert "wisp_shim/bin/wisp-core" in c.stdout + c.stderr, c.stdout + c.stderr
 
 
 def test_http_check(installed, tmp_path):
