@@ -8,8 +8,8 @@ venv outside the checkout (no PYTHONPATH, no swift on PATH), as a user of `pip i
                                 in turn, medians: what Codex's 10 s start limit sees
   static_core_roundtrip_ratio   respond p50 through the checkout's shim, with the wheel's static
                                 core / with the dynamic .build/release core, both connected at
-                                once and called in turn: what the static link and wisp's own
-                                HTTP client cost per call
+                                once and called in turn: what the static link costs per call
+                                (echo: no model server, so wisp's HTTP client is not in it)
 """
 
 from __future__ import annotations
