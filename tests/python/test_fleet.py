@@ -58,6 +58,38 @@ async def test_load_bound_over_32_threads_and_3_endpoints():
         assert sum(loads) == 32 and max(loads) <= math.ceil(1.25 * 32 / 3), loads
 
 
+def rendezvous_first(key: str, endpoints: list[str]) -> str:
+    """The endpoint the hash alone picks for `key` (the core's Rendezvous.weight, ported)."""
+    mask = (1 << 64) - 1
+
+    def weight(endpoint: str) -> int:
+        h = 0xCBF29CE484222325
+        for byte in [*key.encode(), 0xFF, *endpoint.encode()]:
+            h = ((h ^ byte) * 0x100000001B3) & mask
+        h ^= h >> 30
+        h = (h * 0xBF58476D1CE4E5B9) & mask
+        h ^= h >> 27
+        h = (h * 0x94D049BB133111EB) & mask
+        return h ^ (h >> 31)
+
+    return max(endpoints, key=lambda e: (weight(e), -endpoints.index(e)))
+
+
+async def test_a_fork_starts_on_its_sources_endpoint():
+    """Its source's server holds the context the two share, so the fork's first turn reads only
+    what is new there, even where the hash alone would send the fork to the other endpoint."""
+    with OpenAIStub(StubConfig(cache=True)) as a, OpenAIStub(StubConfig(cache=True)) as b:
+        names = [host_port(a), host_port(b)]
+        async with fleet([a, b]) as c:
+            source = ok(await c.call_tool("respond", {"prompt": "My name is Alice.", "thread_id": "source"}))
+            home = source["usage"]["endpoint"]
+            fork_id = next(f"fork-{i}" for i in range(64) if rendezvous_first(f"fork-{i}", names) != home)
+            fork = ok(await c.call_tool("respond", {"prompt": "And mine?", "fork_from": "source",
+                                                    "thread_id": fork_id}))
+            assert fork["thread_id"] == fork_id and fork["usage"]["endpoint"] == home, fork
+            assert rendezvous_first("source", names) == home  # the port agrees with the core's hash
+
+
 async def test_failover_mid_conversation_rereads_the_thread_once():
     with contextlib.ExitStack() as stack:
         a = stack.enter_context(OpenAIStub(StubConfig(cache=True)))

@@ -233,9 +233,22 @@ public enum Condensing: Sendable, Equatable {
 /// thread id; nil for a conversation of no thread) lets a thread that comes back under the same id
 /// (resumed from the store) find what it left.
 public final class SessionAffinity: Sendable {
-    public let key: String?
+    private struct Weak: Sendable { weak var affinity: SessionAffinity? }
 
-    public init(key: String?) { self.key = key }
+    public let key: String?
+    /// A fork's source, weakly: a backend with several endpoints starts the fork where its source
+    /// is pinned, whose server already holds the context the two share.
+    private let source: Locked<Weak>
+
+    public init(key: String?, source: SessionAffinity? = nil) {
+        self.key = key
+        self.source = Locked(Weak(affinity: source))
+    }
+
+    /// The source, once: asked at the fork's first placement, forgotten after it.
+    func takeSource() -> SessionAffinity? {
+        source.withLock { s in defer { s.affinity = nil }; return s.affinity }
+    }
 }
 
 /// One live conversation with the model. It runs on the owning thread's actor

@@ -26,10 +26,13 @@ public actor ConversationThread {
         public let binding: Binding
         public let history: [Turn]
         public let condensed: Int
-        public init(binding: Binding, history: [Turn], condensed: Int = 0) {
+        /// The live source's affinity (nil for a stored one): a fleet starts the fork beside it.
+        public let source: SessionAffinity?
+        public init(binding: Binding, history: [Turn], condensed: Int = 0, source: SessionAffinity? = nil) {
             self.binding = binding
             self.history = history
             self.condensed = condensed
+            self.source = source
         }
     }
 
@@ -45,10 +48,10 @@ public actor ConversationThread {
 
         /// A stored thread as a live one starts from, its tools resolved again: the one way from
         /// stored to live (a fork of a stored thread, a resume, a reload).
-        func live(_ stored: StoredThread) throws(WispError) -> Copy {
+        func live(_ stored: StoredThread, source: SessionAffinity? = nil) throws(WispError) -> Copy {
             Copy(binding: Binding(instructions: stored.instructions, tools: try resolve(stored.tools, stored.roots),
                                   roots: stored.roots),
-                 history: stored.history)
+                 history: stored.history, source: source)
         }
     }
 
@@ -100,7 +103,7 @@ public actor ConversationThread {
                 roots: [String] = [], durability: Durability? = nil, copy: Copy? = nil) {
         self.id = id
         self.backend = backend
-        self.affinity = SessionAffinity(key: id)
+        self.affinity = SessionAffinity(key: id, source: copy?.source)
         if let copy {
             self.conversation = Conversation(backend: backend, instructions: copy.binding.instructions,
                                              tools: copy.binding.tools,
@@ -128,9 +131,11 @@ public actor ConversationThread {
     /// in them (its turn is staged, not committed). A durable thread another process stored since
     /// this one last looked is read from the store.
     public func copy() async throws(WispError) -> Copy {
-        if let durability, case .loaded(let stored, _) = try await newerStored() { return try durability.live(stored) }
+        if let durability, case .loaded(let stored, _) = try await newerStored() {
+            return try durability.live(stored, source: affinity)
+        }
         return Copy(binding: Binding(instructions: conversation.instructions, tools: conversation.tools, roots: roots),
-                    history: conversation.history, condensed: conversation.condensedAway)
+                    history: conversation.history, condensed: conversation.condensedAway, source: affinity)
     }
 
     /// This thread in a listing, or nil when it does not match `query`.

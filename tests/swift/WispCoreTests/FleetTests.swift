@@ -52,4 +52,23 @@ import Testing
         thread = nil
         #expect(pins.loads == [0, 0])
     }
+
+    @Test func aForkStartsOnItsSourcesEndpointWhileTheBoundAllows() {
+        let names = ["a:1", "b:1"]
+        let pins = FleetPins(names: names)
+        let source = SessionAffinity(key: "source")
+        let home = pins.endpoint(for: source, usable: [true, true])!
+        // Fork ids the hash alone would send elsewhere: the source's pin must win.
+        let away = (0..<64).map { "fork-\($0)" }.filter {
+            Rendezvous.order(key: $0, candidates: [0, 1], names: names).first != home
+        }
+        #expect(away.count >= 2)
+        let fork = SessionAffinity(key: away[0], source: source)
+        #expect(pins.endpoint(for: fork, usable: [true, true]) == home)
+        #expect(fork.takeSource() == nil)  // asked once, at the first pin
+        // Two pins there and three live: the bound (ceil(1.25 × 3 ÷ 2) = 2) sends the next fork by the hash.
+        let full = SessionAffinity(key: away[1], source: source)
+        #expect(pins.endpoint(for: full, usable: [true, true]) != home)
+        withExtendedLifetime((source, fork, full)) {}
+    }
 }

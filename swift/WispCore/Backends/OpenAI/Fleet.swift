@@ -82,13 +82,17 @@ final class FleetPins: Sendable {
     init(names: [String]) { self.names = names }
 
     /// The endpoint for `affinity`'s next turn among `usable` (by index): its pin while that
-    /// endpoint is usable, else a new pin by the rule. `prefer`: a fork's source endpoint.
-    func endpoint(for affinity: SessionAffinity, usable: [Bool], prefer: Int? = nil) -> Int? {
+    /// endpoint is usable, else a new pin by the rule; a fork's first pin is its source's
+    /// endpoint when the bound allows.
+    func endpoint(for affinity: SessionAffinity, usable: [Bool]) -> Int? {
         pins.withLock { all in
             all.removeAll { $0.owner == nil }
             let mine = all.firstIndex { $0.owner === affinity }
             if let mine, usable[all[mine].endpoint] { return all[mine].endpoint }
             if let mine { all.remove(at: mine) }
+            let prefer = mine != nil ? nil : affinity.takeSource().flatMap { source in
+                all.first { $0.owner === source }?.endpoint
+            }
             var loads = Array(repeating: 0, count: names.count)
             for p in all { loads[p.endpoint] += 1 }
             let candidates = names.indices.filter { usable[$0] }
