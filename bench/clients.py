@@ -7,6 +7,8 @@
   blur the figure (cold start), and where the server's pid is needed (RSS).
 - `all_threads`: every thread `list_threads` lists, page after page, through either client.
 - `rss_kb`: resident memory of a process and all its descendants, from /proc.
+- `interleaved_times`: the round-trip loop every ratio of two servers is measured by.
+- `log`, `median`, `pct`: the figures' arithmetic and the bench's stderr lines.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,6 +29,40 @@ CORE = Path(os.environ.get("WISP_CORE") or REPO / ".build" / "release" / "wisp-c
 PY = sys.executable
 # Large enough that no benchmark thread is ever condensed: every turn stays in memory.
 BIG_CONTEXT = "100000000"
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def median(xs: list[float]) -> float | None:
+    """None when nothing was measured (a section that skipped a part)."""
+    return float(statistics.median(xs)) if xs else None
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * q))]
+
+
+async def interleaved_times(clients: dict[str, Any], args: dict[str, dict[str, Any]], calls: int) -> dict[str, list[float]]:
+    """Each client's `respond` call (with its own `args`) timed `calls` times, the clients taking
+    turns and rotating who goes first, so that no one always follows the same neighbour and a
+    change in the machine's load falls on all of them alike. Warmed first: imports, caches, allocator."""
+    names = list(clients)
+    for _ in range(max(20, calls // 10)):
+        for name in names:
+            res = await clients[name].call_tool("respond", args[name])
+            assert not res.is_error, res
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for i in range(calls):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            t = time.perf_counter()
+            res = await clients[name].call_tool("respond", args[name])
+            times[name].append(time.perf_counter() - t)
+            assert not res.is_error, res
+    return times
 
 
 def wisp_argv(*extra: str, backend: str = "echo") -> list[str]:

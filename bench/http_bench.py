@@ -19,13 +19,12 @@ import contextlib
 import re
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
-from clients import PY, REPO, RawClient, child_env, rss_kb, wisp_argv
+from clients import PY, REPO, RawClient, child_env, interleaved_times, log, median, pct, rss_kb, wisp_argv
 
 HTTP_TARGETS: dict[str, tuple[float, str]] = {
     "http_roundtrip_ratio_p50": (1.2, "max"),
@@ -41,21 +40,6 @@ HTTP_ROWS = [
     ("http_rss_8_clients_mb", "RSS, one --http wisp with 8 clients (MB)", "{:.1f}"),
     ("stdio_rss_8_wisps_mb", "  8 stdio wisps, the same calls (MB)", "{:.1f}"),
 ]
-
-
-def _log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(len(s) * q))]
 
 
 class _Served:
@@ -134,31 +118,22 @@ async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
                     assert not first.is_error, first
                     args = {"prompt": "ping", "thread_id": first.structured_content["thread_id"]}
                     clients = {"wisp": w, "baseline": b}
-                    for _ in range(max(20, calls // 10)):
-                        for c in clients.values():
-                            await _call(c, args)
-                    times: dict[str, list[float]] = {k: [] for k in clients}
-                    names = list(clients)
-                    for i in range(calls):
-                        for name in names[i % 2:] + names[: i % 2]:
-                            t = time.perf_counter()
-                            await _call(clients[name], args)
-                            times[name].append(time.perf_counter() - t)
+                    times = await interleaved_times(clients, dict.fromkeys(clients, args), calls)
                 for k, v in times.items():
-                    run[f"{k}{suffix}_p50_us"] = _pct(v, 0.5) * 1e6
-                    run[f"{k}{suffix}_p99_us"] = _pct(v, 0.99) * 1e6
+                    run[f"{k}{suffix}_p50_us"] = pct(v, 0.5) * 1e6
+                    run[f"{k}{suffix}_p99_us"] = pct(v, 0.99) * 1e6
                 run[f"ratio{suffix}"] = run[f"wisp{suffix}_p50_us"] / run[f"baseline{suffix}_p50_us"]
         runs.append(run)
-        _log(f"http roundtrip {r + 1}/{repeats}: p50 wisp {run['wisp_p50_us']:.0f} us, baseline {run['baseline_p50_us']:.0f} us, "
+        log(f"http roundtrip {r + 1}/{repeats}: p50 wisp {run['wisp_p50_us']:.0f} us, baseline {run['baseline_p50_us']:.0f} us, "
              f"ratio {run['ratio']:.2f}; 2026-07-28 {run['wisp_2026_p50_us']:.0f} / {run['baseline_2026_p50_us']:.0f} us, "
              f"ratio {run['ratio_2026']:.2f}")
     out = {
-        "http_roundtrip_ratio_p50": _median([x["ratio"] for x in runs]),
-        "http_roundtrip_ratio_p50_2026": _median([x["ratio_2026"] for x in runs]),
+        "http_roundtrip_ratio_p50": median([x["ratio"] for x in runs]),
+        "http_roundtrip_ratio_p50_2026": median([x["ratio_2026"] for x in runs]),
     }
     for k in ("wisp", "baseline", "wisp_2026", "baseline_2026"):
         for q in ("p50", "p99"):
-            out[f"http_roundtrip_{k}_{q}_us"] = _median([x[f"{k}_{q}_us"] for x in runs])
+            out[f"http_roundtrip_{k}_{q}_us"] = median([x[f"{k}_{q}_us"] for x in runs])
     out["_runs"] = {"http_roundtrip": runs}
     return out
 
@@ -184,11 +159,11 @@ async def clients_8(repeats: int, sleep_ms: int = 500) -> dict[str, Any]:
             one = await wall([(clients[0], {"prompt": f"!sleep {sleep_ms}", "thread_id": f"one-{r}"})])
             eight = await wall([(c, {"prompt": f"!sleep {sleep_ms}", "thread_id": f"eight-{r}-{i}"}) for i, c in enumerate(clients)])
             runs.append({"one_s": one, "eight_s": eight, "ratio": eight / one})
-            _log(f"http 8 clients {r + 1}/{repeats}: one {one * 1e3:.1f} ms, 8 at once {eight * 1e3:.1f} ms")
+            log(f"http 8 clients {r + 1}/{repeats}: one {one * 1e3:.1f} ms, 8 at once {eight * 1e3:.1f} ms")
     return {
-        "http_clients_8_ratio": _median([x["ratio"] for x in runs]),
-        "http_clients_8_one_call_ms": _median([x["one_s"] for x in runs]) * 1e3,
-        "http_clients_8_at_once_ms": _median([x["eight_s"] for x in runs]) * 1e3,
+        "http_clients_8_ratio": median([x["ratio"] for x in runs]),
+        "http_clients_8_one_call_ms": median([x["one_s"] for x in runs]) * 1e3,
+        "http_clients_8_at_once_ms": median([x["eight_s"] for x in runs]) * 1e3,
         "_runs": {"http_clients_8": runs},
     }
 
@@ -228,10 +203,10 @@ async def memory(repeats: int, calls: int = 50) -> dict[str, Any]:
             for w in wisps:
                 await w.close()
         runs.append({"shared_mb": shared / 1024, "stdio_mb": stdio / 1024})
-        _log(f"http memory {r + 1}/{repeats}: one --http wisp with 8 clients {shared / 1024:.1f} MB, 8 stdio wisps {stdio / 1024:.1f} MB")
+        log(f"http memory {r + 1}/{repeats}: one --http wisp with 8 clients {shared / 1024:.1f} MB, 8 stdio wisps {stdio / 1024:.1f} MB")
     return {
-        "http_rss_8_clients_mb": _median([x["shared_mb"] for x in runs]),
-        "stdio_rss_8_wisps_mb": _median([x["stdio_mb"] for x in runs]),
+        "http_rss_8_clients_mb": median([x["shared_mb"] for x in runs]),
+        "stdio_rss_8_wisps_mb": median([x["stdio_mb"] for x in runs]),
         "_runs": {"http_memory": runs},
     }
 

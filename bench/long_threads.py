@@ -42,7 +42,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from clients import REPO, mcp_client, rss_kb, wisp_argv
+from clients import REPO, log, mcp_client, median, rss_kb, wisp_argv
 
 sys.path.insert(0, str(REPO / "tests" / "python"))
 from openai_stub import RecordingProxy  # noqa: E402
@@ -61,14 +61,6 @@ CONDENSE_TO_DEFAULT = 0.5
 def note(thread: str, i: int) -> str:
     r = random.Random(f"{thread}-{i}")
     return f"Note {i} of {thread}: " + " ".join(r.choice(WORDS) for _ in range(TURN_WORDS)) + ". Reply with OK."
-
-
-def log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-def median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 def _local() -> tuple[Path, Path] | str:

@@ -48,7 +48,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,7 +56,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from clients import CORE, REPO, RawClient, all_threads, baseline_argv, mcp_client, rss_kb, wisp_argv  # noqa: E402
+from clients import (CORE, REPO, RawClient, all_threads, baseline_argv, interleaved_times, log, mcp_client,  # noqa: E402
+                     median, pct, rss_kb, wisp_argv)
 import long_threads  # noqa: E402
 
 # key: (target, "max" | "min": whether the figure must stay below or above it)
@@ -86,18 +86,6 @@ TARGETS: dict[str, tuple[float, str]] = {
 }
 
 
-def median(xs: list[float]) -> float:
-    return float(statistics.median(xs))
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(len(s) * q))]
-
-
-def log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
 
 # --- roundtrip ----------------------------------------------------------------------------
 
@@ -116,18 +104,7 @@ async def roundtrip(calls: int, repeats: int) -> dict[str, Any]:
             assert not first.is_error, first
             args = {"prompt": "ping", "thread_id": first.structured_content["thread_id"]}
             clients = {"baseline": base, "same_transport": same, "wisp": wisp}
-            for _ in range(max(20, calls // 10)):  # warm all: imports, caches, allocator
-                for c in clients.values():
-                    await c.call_tool("respond", args)
-            times: dict[str, list[float]] = {k: [] for k in clients}
-            names = list(clients)
-            for i in range(calls):
-                # Rotate who goes first, so no one always follows the same neighbour.
-                for name in names[i % 3:] + names[: i % 3]:
-                    t = time.perf_counter()
-                    res = await clients[name].call_tool("respond", args)
-                    times[name].append(time.perf_counter() - t)
-                    assert not res.is_error, res
+            times = await interleaved_times(clients, dict.fromkeys(clients, args), calls)
         run = {f"{k}_{q}_us": pct(v, f) * 1e6 for k, v in times.items() for q, f in (("p50", 0.5), ("p99", 0.99))}
         run["ratio_p50"] = run["wisp_p50_us"] / run["baseline_p50_us"]
         run["ratio_p50_same_transport"] = run["wisp_p50_us"] / run["same_transport_p50_us"]

@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Any
 
-from clients import REPO, mcp_client, wisp_argv
+from clients import REPO, mcp_client, median, wisp_argv
 
 THREADOPS_TARGETS: dict[str, tuple[float, str]] = {}
 
@@ -22,11 +22,6 @@ THREADOPS_ROWS = [
     ("fork_ms", "fork a 50-turn thread (ms)", "{:.2f}"),
     ("list_query_1000_ms", "list_threads query, 1,000 stored threads (ms)", "{:.1f}"),
 ]
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
 
 
 async def _fork(repeats: int) -> list[float]:
@@ -71,7 +66,7 @@ async def threadops_section(quick: bool) -> dict[str, Any]:
     forks = await _fork(repeats=5 if quick else 21)
     queries = await _list_query(1000, repeats=3 if quick else 9)
     return {
-        "fork_ms": _median(forks),
-        "list_query_1000_ms": _median(queries),
+        "fork_ms": median(forks),
+        "list_query_1000_ms": median(queries),
         "_runs": {"fork_ms": forks, "list_query_1000_ms": queries},
     }

@@ -15,9 +15,7 @@ venv outside the checkout (no PYTHONPATH, no swift on PATH), as a user of `pip i
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clients import BIG_CONTEXT, CORE, PY, REPO, RawClient, mcp_client, wisp_argv
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+from harness.wheel import built_wheel, clean_env  # noqa: E402
+
+from clients import BIG_CONTEXT, CORE, PY, REPO, RawClient, interleaved_times, log, mcp_client, median, wisp_argv
 
 WHEEL_TARGETS = {
     "wheel_bytes": (15_000_000, "max"),
@@ -44,23 +45,6 @@ WHEEL_ROWS = [
 ]
 
 
-def _log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
-
-
-def _newest_wheel() -> Path | None:
-    wheels = sorted((REPO / "dist").glob("wisp_mcp-*-py3-none-manylinux*.whl"), key=lambda p: p.stat().st_mtime)
-    return wheels[-1] if wheels else None
-
-
-def _clean_env(home: Path, bindir: Path) -> dict[str, str]:
-    """The user's shell after `pip install`: the venv's bin first, no checkout, no swift."""
-    drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WISP_") and k not in drop}
-    env.update(PATH=f"{bindir}:/usr/bin:/bin", HOME=str(home))
-    return env
-
-
 def _install(wheel: Path, root: Path) -> tuple[Path, Path]:
     """A fresh venv with the wheel in it: (its bin directory, the core it installed)."""
     venv = root / "venv"
@@ -68,7 +52,7 @@ def _install(wheel: Path, root: Path) -> tuple[Path, Path]:
     py = venv / "bin" / "python"
     subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)], check=True)
     found = subprocess.run([str(py), "-c", "import wisp_shim, pathlib; print(pathlib.Path(wisp_shim.__file__).parent)"],
-                           check=True, capture_output=True, text=True, cwd=root, env=_clean_env(root, venv / "bin"))
+                           check=True, capture_output=True, text=True, cwd=root, env=clean_env(venv / "bin", root))
     core = Path(found.stdout.strip()) / "bin" / "wisp-core"
     if not core.is_file():
         raise RuntimeError(f"the installed wheel has no core at {core}")
@@ -92,7 +76,7 @@ async def _starts(bindir: Path, home: Path, repeats: int) -> dict[str, Any]:
     compileall.compile_dir(str(REPO / "python" / "wisp_shim"), quiet=1)
     wheel_argv = [str(bindir / "wisp-mcp"), "--backend", "echo", "--context-size", BIG_CONTEXT]
     checkout_argv = wisp_argv()
-    wheel_env, checkout_env = _clean_env(home, bindir), None
+    wheel_env, checkout_env = clean_env(bindir, home), None
     await _start(wheel_argv, wheel_env, home)  # page cache and .pyc files warm for both
     await _start(checkout_argv, checkout_env, REPO)
     runs = []
@@ -100,11 +84,11 @@ async def _starts(bindir: Path, home: Path, repeats: int) -> dict[str, Any]:
         w = await _start(wheel_argv, wheel_env, home)
         c = await _start(checkout_argv, checkout_env, REPO)
         runs.append({"wheel_ms": w * 1e3, "checkout_ms": c * 1e3, "ratio": w / c})
-    _log("wheel start: " + ", ".join(f"{x['wheel_ms']:.0f}/{x['checkout_ms']:.0f} ms" for x in runs))
+    log("wheel start: " + ", ".join(f"{x['wheel_ms']:.0f}/{x['checkout_ms']:.0f} ms" for x in runs))
     return {
-        "wheel_start_ratio": statistics.median(x["ratio"] for x in runs),
-        "wheel_start_ms": statistics.median(x["wheel_ms"] for x in runs),
-        "checkout_start_ms": statistics.median(x["checkout_ms"] for x in runs),
+        "wheel_start_ratio": median(x["ratio"] for x in runs),
+        "wheel_start_ms": median(x["wheel_ms"] for x in runs),
+        "checkout_start_ms": median(x["checkout_ms"] for x in runs),
         "_runs": {"wheel_start": runs},
     }
 
@@ -120,35 +104,25 @@ async def _roundtrips(static_core: Path, calls: int, repeats: int) -> dict[str, 
                 first = await c.call_tool("respond", {"prompt": "hello"})
                 assert not first.is_error, first
                 args[name] = {"prompt": "ping", "thread_id": first.structured_content["thread_id"]}
-            for _ in range(max(20, calls // 10)):  # warm both: imports, caches, allocator
-                for name, c in clients.items():
-                    await c.call_tool("respond", args[name])
-            times: dict[str, list[float]] = {k: [] for k in clients}
-            names = list(clients)
-            for i in range(calls):
-                for name in names[i % 2:] + names[: i % 2]:  # who goes first alternates
-                    t = time.perf_counter()
-                    res = await clients[name].call_tool("respond", args[name])
-                    times[name].append(time.perf_counter() - t)
-                    assert not res.is_error, res
-        run = {f"{k}_p50_us": statistics.median(v) * 1e6 for k, v in times.items()}
+            times = await interleaved_times(clients, args, calls)
+        run = {f"{k}_p50_us": median(v) * 1e6 for k, v in times.items()}
         run["ratio"] = run["static_p50_us"] / run["dynamic_p50_us"]
         runs.append(run)
-        _log(f"static core {r + 1}/{repeats}: p50 static {run['static_p50_us']:.0f} us, "
+        log(f"static core {r + 1}/{repeats}: p50 static {run['static_p50_us']:.0f} us, "
              f"dynamic {run['dynamic_p50_us']:.0f} us; ratio {run['ratio']:.3f}")
     return {
-        "static_core_roundtrip_ratio": statistics.median(x["ratio"] for x in runs),
-        "static_core_p50_us": statistics.median(x["static_p50_us"] for x in runs),
-        "dynamic_core_p50_us": statistics.median(x["dynamic_p50_us"] for x in runs),
+        "static_core_roundtrip_ratio": median(x["ratio"] for x in runs),
+        "static_core_p50_us": median(x["static_p50_us"] for x in runs),
+        "dynamic_core_p50_us": median(x["dynamic_p50_us"] for x in runs),
         "_runs": {"static_core": runs},
     }
 
 
 async def wheel_section(quick: bool) -> dict[str, Any]:
-    wheel = _newest_wheel()
+    wheel = built_wheel()
     if wheel is None:
         why = "no wheel in dist/ (`make wheel` builds it, on Linux)"
-        _log(f"wheel: skipped: {why}")
+        log(f"wheel: skipped: {why}")
         return {"wheel_reason": why}
     if not CORE.is_file():
         return {"wheel_reason": f"no dynamic core at {CORE} to compare with (`make build`)"}

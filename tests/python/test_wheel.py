@@ -13,15 +13,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness.wheel import built_wheel, clean_env
 
-REPO = Path(__file__).resolve().parents[2]
-WHEELS = sorted((REPO / "dist").glob("wisp_mcp-*-py3-none-manylinux*.whl"))
+WHEEL = built_wheel()
 
 # CI builds the wheel first (`make test` on Linux) and sets WISP_REQUIRE_WHEEL=1: a missing wheel
 # there is a failure, not a skip.
-if not WHEELS and os.environ.get("WISP_REQUIRE_WHEEL") == "1":
+if WHEEL is None and os.environ.get("WISP_REQUIRE_WHEEL") == "1":
     raise RuntimeError("WISP_REQUIRE_WHEEL=1 but dist/ holds no wheel: `make wheel` builds it")
-pytestmark = pytest.mark.skipif(not WHEELS, reason="no wheel in dist/: `make wheel` builds it (Linux only)")
+pytestmark = pytest.mark.skipif(WHEEL is None, reason="no wheel in dist/: `make wheel` builds it (Linux only)")
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +30,8 @@ def installed(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("wheel-venv")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    str(WHEELS[-1])], check=True)
+                    str(WHEEL)], check=True)
     return venv / "bin"
-
-
-def clean_env(bindir: Path, cwd: Path) -> dict[str, str]:
-    """No checkout on PYTHONPATH, no swift on PATH, no core named from outside."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "WISP_CORE", "VIRTUAL_ENV")}
-    env["PATH"] = f"{bindir}:/usr/bin:/bin"
-    env["HOME"] = str(cwd)
-    return env
 
 
 def run(bindir: Path, cwd: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -122,7 +114,7 @@ def test_uvx_runs_the_wheel(installed, tmp_path):
     if uv is None:
         pytest.skip("no uv beside this Python (the test extra installs it)")
     env = {**clean_env(installed, tmp_path), "UV_CACHE_DIR": str(tmp_path / "uv-cache")}
-    c = subprocess.run([uv, "tool", "run", "--from", str(WHEELS[-1]), "wisp-mcp", "--backend", "echo", "--check"],
+    c = subprocess.run([uv, "tool", "run", "--from", str(WHEEL), "wisp-mcp", "--backend", "echo", "--check"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert c.returncode == 0, c.stderr[-2000:]
     assert "wisp_shim/bin/wisp-core" in c.stdout + c.stderr, c.stdout + c.stderr
