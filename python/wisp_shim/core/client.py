@@ -302,33 +302,12 @@ class Core:
         among its thread's arrivals (`arrive`), left here once its frame is written; the caller leaves
         it if the call fails before."""
         place = place if place is not None else Place(None, None, None)
-        if fork_from is not None and fork_from in self.lost:
-            raise ShimError(
-                errors.THREAD_LOST,
-                f"thread {fork_from!r}'s history was lost when the wisp core crashed and restarted, so there is "
-                "nothing to fork. Nothing was sent to the model.",
-            )
-        if thread_id is not None and thread_id in self.lost:
-            del self.lost[thread_id]
-            raise ShimError(
-                errors.THREAD_LOST,
-                f"thread {thread_id!r}'s history was lost when the wisp core crashed and restarted. "
-                "Nothing was sent to the model. Call respond again (with the same thread_id or none) to start "
-                "a new thread, and resend whatever context it needs.",
-            )
+        self._refuse_lost(thread_id, fork_from)
         limit = self.launch.timeout_s
         # The limit counts from the call's arrival, the wait behind its thread's earlier arrivals too.
         arrived = protocol.monotonic_now()
-        try:
-            if place.behind:  # most calls are: asyncio.wait_for costs a task on the round trip
-                await asyncio.wait_for(place.turn(), limit)
-        except TimeoutError:
-            raise ShimError(
-                errors.TIMEOUT,
-                f"no reply within {limit:g} s: the calls that arrived before it on thread {thread_id!r} were "
-                "still waiting to be sent (for the MCP client's roots), so nothing reached the model and the "
-                "thread is unchanged. (--timeout / WISP_TIMEOUT sets the limit for respond.)",
-            ) from None
+        if place.behind:  # most calls are not: asyncio.wait_for costs a task on the round trip
+            await _wait_for_place(place, limit, thread_id)
         run = await self._supervisor.running()
         call_id = self.next_id()
         deadline = arrived + limit
@@ -337,36 +316,17 @@ class Core:
         # nor commits a call past it, even one it reads late (stopped, or busy, while it queued).
         options = protocol.RespondOptions(temperature=temperature, max_output_tokens=max_output_tokens, timeout_s=limit,
                                    deadline=deadline, reasoning=reasoning)
-        msg = protocol.Respond(
+        # The request's bytes are not held while the call runs (the box is emptied as it is sent):
+        # with 128 calls of megabytes in flight, the copies would add up.
+        box = [_framed(protocol.Respond(
             id=call_id, prompt=prompt, thread_id=thread_id, instructions=instructions, tools=tools,
             options=options, progress=True if on_progress is not None else None, roots=roots or None,
-            files=files or None,
-            schema=schema, fork_from=fork_from, rewind=rewind,
-        )
-        payload = protocol.encode_payload(msg)
-        if len(payload) > protocol.MAX_FRAME_BYTES:
-            raise ShimError(
-                errors.INVALID_ARGUMENT,
-                f"the request is {len(payload)} bytes, over wisp's {protocol.MAX_FRAME_BYTES // (1024 * 1024)} MiB "
-                "limit; "
-                "send a shorter prompt (or split the work across several calls).",
-            )
-
-        def timed_out() -> ShimError:
-            left = f"thread {thread_id!r} is unchanged" if thread_id is not None else "no thread was created"
-            return ShimError(
-                errors.TIMEOUT,
-                f"no reply within {limit:g} s; the call was stopped and {left}. "
-                "(--timeout / WISP_TIMEOUT sets the limit for respond.)",
-            )
-
+            files=files or None, schema=schema, fork_from=fork_from, rewind=rewind,
+        ))]
+        timed_out = _respond_timeout(limit, thread_id)
         call = PendingCall(call_id, thread_id, on_progress is not None, protocol.RespondResult)
         call.in_task = stop is not None  # only a task's call has a stop signal of its own
         started = time.monotonic()
-        # The request's bytes are not held while the call runs (the box is emptied as it is sent):
-        # with 128 calls of megabytes in flight, the copies would add up.
-        box = [protocol.frame(payload)]
-        del payload, msg
         if stop is not None and stop.done():
             raise ShimError(errors.CANCELLED, "the call was cancelled before it started; nothing reached the model.")
         def sent() -> None:
@@ -385,6 +345,23 @@ class Core:
             raise error
         assert isinstance(reply.result, protocol.RespondResult)
         return reply.result
+
+    def _refuse_lost(self, thread_id: str | None, fork_from: str | None) -> None:
+        """A thread the core lost in a crash is refused once, by name (docs/threads.md), not started afresh."""
+        if fork_from is not None and fork_from in self.lost:
+            raise ShimError(
+                errors.THREAD_LOST,
+                f"thread {fork_from!r}'s history was lost when the wisp core crashed and restarted, so there is "
+                "nothing to fork. Nothing was sent to the model.",
+            )
+        if thread_id is not None and thread_id in self.lost:
+            del self.lost[thread_id]
+            raise ShimError(
+                errors.THREAD_LOST,
+                f"thread {thread_id!r}'s history was lost when the wisp core crashed and restarted. "
+                "Nothing was sent to the model. Call respond again (with the same thread_id or none) to start "
+                "a new thread, and resend whatever context it needs.",
+            )
 
     async def close_thread(self, thread_id: str) -> protocol.CloseThreadResult:
         # Closing a lost thread is what the caller would do anyway: no notice needed.
@@ -429,6 +406,41 @@ def _expire(call: PendingCall) -> None:
         # Before the waiter wakes: a reply arriving in between must find somewhere to land.
         call.late = asyncio.get_running_loop().create_future()
         call.future.set_exception(_Expired())
+
+
+async def _wait_for_place(place: Place, limit: float, thread_id: str | None) -> None:
+    try:
+        await asyncio.wait_for(place.turn(), limit)
+    except TimeoutError:
+        raise ShimError(
+            errors.TIMEOUT,
+            f"no reply within {limit:g} s: the calls that arrived before it on thread {thread_id!r} were "
+            "still waiting to be sent (for the MCP client's roots), so nothing reached the model and the "
+            "thread is unchanged. (--timeout / WISP_TIMEOUT sets the limit for respond.)",
+        ) from None
+
+
+def _framed(msg: protocol.Respond) -> bytes:
+    """The call's frame, refused before anything is sent when it is over the pipe's limit."""
+    payload = protocol.encode_payload(msg)
+    if len(payload) > protocol.MAX_FRAME_BYTES:
+        raise ShimError(
+            errors.INVALID_ARGUMENT,
+            f"the request is {len(payload)} bytes, over wisp's {protocol.MAX_FRAME_BYTES // (1024 * 1024)} MiB "
+            "limit; send a shorter prompt (or split the work across several calls).",
+        )
+    return protocol.frame(payload)
+
+
+def _respond_timeout(limit: float, thread_id: str | None) -> Callable[[], ShimError]:
+    def timed_out() -> ShimError:
+        left = f"thread {thread_id!r} is unchanged" if thread_id is not None else "no thread was created"
+        return ShimError(
+            errors.TIMEOUT,
+            f"no reply within {limit:g} s; the call was stopped and {left}. "
+            "(--timeout / WISP_TIMEOUT sets the limit for respond.)",
+        )
+    return timed_out
 
 
 def _quick_timeout(op: str) -> Callable[[], ShimError]:

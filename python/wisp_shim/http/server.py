@@ -264,9 +264,40 @@ def listen(bind: Bind) -> socket.socket:
     return sock
 
 
-async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit_now: Callable[[], Any]) -> None:
+def _core_starter(core: Core, eager: bool) -> Callable[[], None]:
+    """Starts the core once: at once with `eager`, else on the first request that needs it."""
+    if eager:
+        core.start()
+    started = eager
+
+    def start_core() -> None:
+        nonlocal started
+        if not started:
+            started = True
+            core.start()
+
+    return start_core
+
+
+def _uvicorn(app: Any, guard: Any) -> Any:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        # wisp handles the stop signals itself (serve): uvicorn's own handler would re-raise
+        # the signal once it is done, after the core has been left to stop by itself.
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return Server(uvicorn.Config(
+        app, http=guard.protocol(), log_config=None, access_log=False, lifespan="on",
+        # uvicorn waits any number of seconds; its annotation says int.
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,  # type: ignore[arg-type]
+        server_header=False,
+    ))
+
+
+async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit_now: Callable[[], Any]) -> None:
     from ..mcp.server import build_server
 
     sock = listen(options.bind)
@@ -275,35 +306,13 @@ async def serve(config: CoreLaunch, max_threads: int, options: HttpOptions, exit
         # uvicorn's start and stop lines at info say nothing wisp's own do not.
         logging.getLogger("uvicorn").setLevel(logging.WARNING)
     core = Core(config)
-    if options.eager:
-        core.start()
-    started = False
-
-    def start_core() -> None:
-        nonlocal started
-        if not started:
-            started = True
-            core.start()
+    start_core = _core_starter(core, options.eager)
 
     from .guards import BodyBudgets, ConnectionGuard
     from .token import Credentials
 
     app = build_app(build_server(core, max_threads), start_core, options, port, BodyBudgets())
-    guard = ConnectionGuard(Credentials(options.token.value))
-
-    class Server(uvicorn.Server):
-        # wisp handles the stop signals itself (below): uvicorn's own handler would re-raise
-        # the signal once it is done, after the core has been left to stop by itself.
-        @contextlib.contextmanager
-        def capture_signals(self):
-            yield
-
-    http = Server(uvicorn.Config(
-        app, http=guard.protocol(), log_config=None, access_log=False, lifespan="on",
-        # uvicorn waits any number of seconds; its annotation says int.
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,  # type: ignore[arg-type]
-        server_header=False,
-    ))
+    http = _uvicorn(app, ConnectionGuard(Credentials(options.token.value)))
     done = anyio.Event()
 
     async def stop(reason: str) -> None:
