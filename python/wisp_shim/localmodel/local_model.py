@@ -39,6 +39,7 @@ executes them.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import mmap
@@ -313,9 +314,13 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
 NOT_FOUND = 3
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+def _say(line: str) -> None:
+    """The command's report, for a person: stderr (stdout is `serve`'s two lines for scripts)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m wisp_shim.localmodel.local_model",
                                  description="wisp's default local model (llama.cpp's server + SmolLM2)")
     ap.add_argument("command", nargs="?", choices=("check", "serve", "verify"), default="check")
@@ -326,46 +331,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-size", type=int, default=DEFAULT_CONTEXT, help="per thread (per slot)")
     ap.add_argument("--max-threads", type=int, default=32, help="threads to serve at once; slots follow slot_count()")
     ap.add_argument("--port", type=int, default=0)
-    ns = ap.parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level="INFO", format="wisp %(levelname)s %(name)s: %(message)s")
-    if ns.command != "serve":  # the server's own log: its last lines come with any error about it
-        logging.getLogger("wisp.llama").setLevel(logging.WARNING)
-    try:
-        if ns.server == XLLAMACPP:
-            wheel = find_xllamacpp()
-            server = ServerProgram(XLLAMACPP, wheel) if wheel else None
-        elif ns.server == NATIVE:
-            binary = find_llama_server(ns.llama_server)
-            server = ServerProgram(NATIVE, binary) if binary else None
-        else:
-            server = find_server(ns.llama_server)
-        model = find_model(ns.model_path)
-    except LocalModelError as exc:
-        print(f"wisp: {exc}", file=sys.stderr)
-        return NOT_FOUND
-    print(f"server:       {server or 'not found'}", file=sys.stderr)
-    print(f"model:        {model or 'not found'}", file=sys.stderr)
-    gomp = libgomp_missing() if server is not None and server.kind == XLLAMACPP else None
-    if server is None or model is None or gomp:
-        print(f"wisp: {gomp or INSTALL_HINT}", file=sys.stderr)
-        return NOT_FOUND
-    slots = slot_count(ns.max_threads, ns.context_size, kv_bytes_per_token(model), physical_memory(), available_cpus())
-    print(f"slots:        {slots} x {ns.context_size} tokens", file=sys.stderr)
-    if ns.command == "check":
-        return 0
-    if ns.command == "verify":
-        why = verify(server.path, model, kind=server.kind)
-        if why:
-            print(f"wisp: {why}", file=sys.stderr)
-            return 1
-        print(f"{server} decoded {VERIFY_TOKENS} tokens on this machine", file=sys.stderr)
-        return 0
-    lm = LocalModel.of(server, model, context_size=ns.context_size, port=ns.port, slots=slots)
+    return ap
 
+
+def _chosen_server(which: str, llama_server: str | None) -> ServerProgram | None:
+    if which == XLLAMACPP:
+        wheel = find_xllamacpp()
+        return ServerProgram(XLLAMACPP, wheel) if wheel else None
+    if which == NATIVE:
+        binary = find_llama_server(llama_server)
+        return ServerProgram(NATIVE, binary) if binary else None
+    return find_server(llama_server)
+
+
+def _serve(lm: LocalModel) -> int:
     async def serve() -> None:
         await lm.ensure_running()
         # The two lines on stdout, for scripts: where it listens and the key it requires.
-        print(lm.endpoint, lm.api_key, sep="\n", flush=True)
+        sys.stdout.write(f"{lm.endpoint}\n{lm.api_key}\n")
+        sys.stdout.flush()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -375,11 +359,42 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(serve())
     except LocalModelError as exc:
-        print(f"wisp: {exc}", file=sys.stderr)
+        _say(f"wisp: {exc}")
         return 1
     finally:
         lm.stop()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level="INFO", format="wisp %(levelname)s %(name)s: %(message)s")
+    if ns.command != "serve":  # the server's own log: its last lines come with any error about it
+        logging.getLogger("wisp.llama").setLevel(logging.WARNING)
+    try:
+        server = _chosen_server(ns.server, ns.llama_server)
+        model = find_model(ns.model_path)
+    except LocalModelError as exc:
+        _say(f"wisp: {exc}")
+        return NOT_FOUND
+    _say(f"server:       {server or 'not found'}")
+    _say(f"model:        {model or 'not found'}")
+    gomp = libgomp_missing() if server is not None and server.kind == XLLAMACPP else None
+    if server is None or model is None or gomp:
+        _say(f"wisp: {gomp or INSTALL_HINT}")
+        return NOT_FOUND
+    slots = slot_count(ns.max_threads, ns.context_size, kv_bytes_per_token(model), physical_memory(), available_cpus())
+    _say(f"slots:        {slots} x {ns.context_size} tokens")
+    if ns.command == "check":
+        return 0
+    if ns.command == "verify":
+        why = verify(server.path, model, kind=server.kind)
+        if why:
+            _say(f"wisp: {why}")
+            return 1
+        _say(f"{server} decoded {VERIFY_TOKENS} tokens on this machine")
+        return 0
+    return _serve(LocalModel.of(server, model, context_size=ns.context_size, port=ns.port, slots=slots))
 
 
 if __name__ == "__main__":

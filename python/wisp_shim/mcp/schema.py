@@ -191,6 +191,29 @@ def _implied(node: dict[str, Any], path: str) -> tuple[int, str]:
 
 
 def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
+    kind, choice, fixed = _check_keywords(node, path, depth, root)
+    if choice:
+        for k, branch in enumerate(node[choice]):
+            _check_node(branch, f"{path}/{choice}/{k}", depth + 1)
+    elif fixed:
+        _check_fixed(node, path, fixed, kind)
+    elif kind == "object":
+        _check_object(node, path, depth)
+    elif kind == "array":
+        _check_array(node, path, depth)
+    elif kind == "string" and "pattern" in node:
+        # llama-server's grammar compiler refuses any other pattern, and anchored, a pattern means
+        # the same whole-string match on every backend.
+        pattern = node["pattern"]
+        if not (len(pattern) >= 2 and pattern.startswith("^") and pattern.endswith("$")):
+            raise SchemaError(f"`pattern` at {path} must match the whole string: start it with ^ and end it with $ "
+                              "(e.g. ^[a-z_]+$).")
+    elif kind in ("integer", "number"):
+        _check_bounds(node, path, kind)
+
+
+def _check_keywords(node: Any, path: str, depth: int, root: bool) -> tuple[str | None, str | None, str | None]:
+    """The node's own keywords judged: (its type, its anyOf/oneOf, its const/enum)."""
     if not isinstance(node, dict):
         raise SchemaError(f"schema at {path} must be an object (a schema), got {_kind(node)}.")
     if depth > MAX_DEPTH:
@@ -225,59 +248,53 @@ def _check_node(node: Any, path: str, depth: int, root: bool = False) -> None:
         keyword = extra[0]
         raise SchemaError(f"schema keyword `{keyword}` at {path} is not supported{_why(keyword, kind, choice, fixed)}. "
                           f"Supported: {SUPPORTED}.")
+    return kind, choice, fixed
 
-    if choice:
-        branches = node[choice]
-        for k, branch in enumerate(branches):
-            _check_node(branch, f"{path}/{choice}/{k}", depth + 1)
-        return
-    if fixed:
-        members = [node["const"]] if fixed == "const" else node["enum"]
-        if not members:
-            raise SchemaError(f"`enum` at {path} is empty: list at least one value.")
-        for k, m in enumerate(members):
-            where = f"{path}/const" if fixed == "const" else f"{path}/enum/{k}"
-            if not (m is None or isinstance(m, str) or (isinstance(m, (int, float)) and not isinstance(m, bool))):
-                raise SchemaError(f"`{fixed}` value at {where} is {_kind(m)}; wisp's {fixed} holds strings, numbers "
-                                  "and null only.")
-            if kind is not None and not _fits(m, kind):
-                raise SchemaError(f"`{fixed}` value {json.dumps(m)} at {where} is not of the schema's type {kind}.")
-        return
 
-    if kind == "object":
-        properties = node.get("properties", {})
-        for name, sub in properties.items():
-            _check_node(sub, f"{path}/properties/{_escape(name)}", depth + 1)
-        for name in node.get("required", []):
-            if name not in properties:
-                raise SchemaError(f"`required` at {path} names {name!r}, which is not in `properties`.")
-        if node.get("additionalProperties", False) is not False:
-            raise SchemaError(f"`additionalProperties` at {path} must be false (or left out): wisp generates only the "
-                              "listed properties.")
-    elif kind == "array":
-        if "items" not in node:
-            raise SchemaError(f"schema at {path} is an array without `items`: say what each item is.")
-        _check_node(node["items"], f"{path}/items", depth + 1)
-        lo, hi = node.get("minItems"), node.get("maxItems")
-        if lo is not None and lo > MAX_MIN_ITEMS:
-            raise SchemaError(f"`minItems` at {path} is {lo}, over wisp's bound of {MAX_MIN_ITEMS} items; use a "
-                              "smaller minItems.")
-        if lo is not None and hi is not None and lo > hi:
-            raise SchemaError(f"`minItems` ({lo}) is above `maxItems` ({hi}) at {path}.")
-    elif kind == "string" and "pattern" in node:
-        # llama-server's grammar compiler refuses any other pattern, and anchored, a pattern means
-        # the same whole-string match on every backend.
-        pattern = node["pattern"]
-        if not (len(pattern) >= 2 and pattern.startswith("^") and pattern.endswith("$")):
-            raise SchemaError(f"`pattern` at {path} must match the whole string: start it with ^ and end it with $ "
-                              "(e.g. ^[a-z_]+$).")
-    elif kind in ("integer", "number"):
-        lo, hi = node.get("minimum"), node.get("maximum")
-        for name, bound in (("minimum", lo), ("maximum", hi)):
-            if kind == "integer" and bound is not None and bound != int(bound):
-                raise SchemaError(f"`{name}` at {path} is {bound}, but the schema is an integer: use a whole number.")
-        if lo is not None and hi is not None and lo > hi:
-            raise SchemaError(f"`minimum` ({lo}) is above `maximum` ({hi}) at {path}.")
+def _check_fixed(node: dict, path: str, fixed: str, kind: str | None) -> None:
+    members = [node["const"]] if fixed == "const" else node["enum"]
+    if not members:
+        raise SchemaError(f"`enum` at {path} is empty: list at least one value.")
+    for k, m in enumerate(members):
+        where = f"{path}/const" if fixed == "const" else f"{path}/enum/{k}"
+        if not (m is None or isinstance(m, str) or (isinstance(m, (int, float)) and not isinstance(m, bool))):
+            raise SchemaError(f"`{fixed}` value at {where} is {_kind(m)}; wisp's {fixed} holds strings, numbers "
+                              "and null only.")
+        if kind is not None and not _fits(m, kind):
+            raise SchemaError(f"`{fixed}` value {json.dumps(m)} at {where} is not of the schema's type {kind}.")
+
+
+def _check_object(node: dict, path: str, depth: int) -> None:
+    properties = node.get("properties", {})
+    for name, sub in properties.items():
+        _check_node(sub, f"{path}/properties/{_escape(name)}", depth + 1)
+    for name in node.get("required", []):
+        if name not in properties:
+            raise SchemaError(f"`required` at {path} names {name!r}, which is not in `properties`.")
+    if node.get("additionalProperties", False) is not False:
+        raise SchemaError(f"`additionalProperties` at {path} must be false (or left out): wisp generates only the "
+                          "listed properties.")
+
+
+def _check_array(node: dict, path: str, depth: int) -> None:
+    if "items" not in node:
+        raise SchemaError(f"schema at {path} is an array without `items`: say what each item is.")
+    _check_node(node["items"], f"{path}/items", depth + 1)
+    lo, hi = node.get("minItems"), node.get("maxItems")
+    if lo is not None and lo > MAX_MIN_ITEMS:
+        raise SchemaError(f"`minItems` at {path} is {lo}, over wisp's bound of {MAX_MIN_ITEMS} items; use a "
+                          "smaller minItems.")
+    if lo is not None and hi is not None and lo > hi:
+        raise SchemaError(f"`minItems` ({lo}) is above `maxItems` ({hi}) at {path}.")
+
+
+def _check_bounds(node: dict, path: str, kind: str) -> None:
+    lo, hi = node.get("minimum"), node.get("maximum")
+    for name, bound in (("minimum", lo), ("maximum", hi)):
+        if kind == "integer" and bound is not None and bound != int(bound):
+            raise SchemaError(f"`{name}` at {path} is {bound}, but the schema is an integer: use a whole number.")
+    if lo is not None and hi is not None and lo > hi:
+        raise SchemaError(f"`minimum` ({lo}) is above `maximum` ({hi}) at {path}.")
 
 
 def _why(keyword: str, kind: str | None, choice: str | None, fixed: str | None) -> str:
