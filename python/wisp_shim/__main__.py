@@ -97,8 +97,8 @@ async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
         said = (f"up, model {e.model}, context {e.context_size}, slots {e.slots if e.slots is not None else 'none'}"
                 if e.up else f"down ({e.reason})" if e.reason else "down")
         lines.append(f"endpoint:     {e.endpoint}: {said}, {e.pinned} threads pinned")
-    if st.state_dir or st.state_error:
-        lines.append(f"state dir:    {st.state_dir or 'not in use: ' + (st.state_error or '')}")
+    if st.store_location or st.store_error:
+        lines.append(f"state dir:    {st.store_location or 'not in use: ' + (st.store_error or '')}")
     if apple is not None:
         why = f" ({apple.reason})" if apple.reason else ""
         lines.append(f"apple model:  {'available' if apple.available else 'not available'}{why}")

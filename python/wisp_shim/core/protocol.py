@@ -248,8 +248,9 @@ class StatusResult(PipeResult, tag="status"):
     threads: list[ThreadInfo]
     reason: str | None = None
     tools: list[str] = []
-    state_dir: str | None = None
-    state_error: str | None = None
+    # Where threads are stored (a state dir), when durable; why the store asked for is not in use.
+    store_location: str | None = None
+    store_error: str | None = None
     # For the next page, when there is one.
     next_cursor: str | None = None
     # What the core's committed calls cost since it started.

@@ -103,7 +103,7 @@ async def handle(tc: ToolContext, ctx: ServerRequestContext[Any], args: dict[str
             for t in s.threads
         ],
         # An empty state_dir or reason says nothing: left out, as when absent.
-        state_dir=s.state_dir or None, not_stored=_not_stored(s), reason=s.reason or None,
+        state_dir=s.store_location or None, not_stored=_not_stored(s), reason=s.reason or None,
         next_cursor=s.next_cursor,
         context_note=s.context_note, usage=_total(s.usage),
     ).model_dump(exclude_none=True)
@@ -114,7 +114,7 @@ def _text(a: ListThreadsArgs, s: protocol.StatusResult, not_stored: str | None) 
     health = "available" if s.available else f"unavailable: {s.reason or 'unknown reason'}"
     lines = [f"backend {s.backend}, model {s.model}, {health}"]
     found = f"{len(s.threads)} thread(s) matching {a.query!r}" if a.query else f"{len(s.threads)} thread(s)"
-    where = f" (threads are stored in {s.state_dir})" if s.state_dir else ""
+    where = f" (threads are stored in {s.store_location})" if s.store_location else ""
     lines.append(found + where + (":" if s.threads else "."))
     if not_stored:
         lines.append(f"threads are not stored: {not_stored}")
@@ -164,9 +164,9 @@ def _usage_text(u: protocol.UsageBody | None) -> str:
 
 def _not_stored(s: protocol.StatusResult) -> str | None:
     """Why threads are not stored: the store the core could not use, or none configured."""
-    if s.state_error:
-        return s.state_error
-    return None if s.state_dir else NO_STATE_DIR
+    if s.store_error:
+        return s.store_error
+    return None if s.store_location else NO_STATE_DIR
 
 
 TOOL = McpTool("list_threads", declare, handle)

@@ -29,7 +29,7 @@ public struct Status: AnsweredOperation, Codable {
             backend: backend.name, model: backend.model, available: availability.available,
             reason: availability.reason, context_size: await backend.contextSize(),
             max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
-            tools: registry.toolNames, state_dir: registry.store?.location, state_error: registry.storeError,
+            tools: registry.toolNames, store_location: registry.store?.location, store_error: registry.storeError,
             next_cursor: page.next, usage: await registry.usage.map { UsageBody(totals: $0) },
             context_note: await backend.contextNote(), endpoints: await backend.endpoints())
     }
@@ -48,10 +48,10 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
     public var threads: [ThreadInfo]
     /// The model-tool catalogue, by name.
     public var tools: [String]
-    /// The state dir threads are stored in, when durable.
-    public var state_dir: String?
-    /// Why a `--state-dir` that was given is not in use.
-    public var state_error: String?
+    /// Where threads are stored (the store's location: a state dir), when durable.
+    public var store_location: String?
+    /// Why the store that was asked for is not in use.
+    public var store_error: String?
     /// For the next page of `threads`, when there is one.
     public var next_cursor: String?
     /// What this core's committed calls cost since it started, summed.
@@ -73,8 +73,8 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
         .field("max_queue", \.max_queue),
         .field("threads", \.threads),
         .field("tools", \.tools),
-        .field("state_dir", \.state_dir),
-        .field("state_error", \.state_error),
+        .field("store_location", \.store_location),
+        .field("store_error", \.store_error),
         .field("next_cursor", \.next_cursor),
         .field("usage", \.usage),
         .field("context_note", \.context_note),
