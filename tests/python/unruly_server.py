@@ -2,7 +2,7 @@
 well-formed server cannot: it trickles an answer a byte at a time, cuts a stream or a body
 short of its end, or refuses every chat with one status; or streams an answer given to it,
 whole and in one write. On 127.0.0.1, in a thread of the test process; every request is
-recorded (path, when it came)."""
+recorded (path, when it came). `Silent`: a server that takes connections and never answers."""
 
 from __future__ import annotations
 
@@ -96,6 +96,20 @@ class Unruly:
         body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
                                         "message": {"role": "assistant", "content": "Hello there"}}]}).encode()
         return _response(200, body, length=len(body) + 100)
+
+
+class Silent:
+    """Takes connections (the kernel completes them: it listens) and never answers: it never
+    accepts, so every request waits on it for good."""
+
+    def __enter__(self) -> "Silent":
+        self._sock = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.port = self._sock.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}/v1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
 
 
 def _read_request(conn: socket.socket) -> str:
