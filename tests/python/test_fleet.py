@@ -1,7 +1,7 @@
 """Several model servers (`--endpoint` repeated) through a real MCP client, shim and core,
-against scripted OpenAI-compatible servers (openai_stub.py, unruly_server.py's Silent): every endpoint
+against scripted OpenAI-compatible servers (openai_stub.py, unruly_server.py): every endpoint
 is checked at start, a thread stays on one, the load bound holds, a server that goes away,
-or never answers has its threads answered elsewhere, the thread
+never answers or cuts a stream mid-conversation has its threads answered elsewhere, the thread
 id reaches a router in a header, and no credential shows."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import sys
 import time
 
 import anyio
+import pytest
 from harness import core_path, error_text, ok, shim_env, wisp
 from openai_stub import OpenAIStub, StubConfig, closed_port
-from unruly_server import Silent
+from unruly_server import Silent, Unruly
 
 # docs/backends.md: an endpoint's check has 3 s in all; the waits below leave room for a loaded machine.
 CHECK_BOUND_S = 3
@@ -264,3 +265,28 @@ def test_check_names_an_endpoint_that_never_answers_within_the_bound():
     assert f"{host_port(wedged)}: down (no answer within {CHECK_BOUND_S} s)" in lines[0], lines
     assert f"{host_port(a)}: up, model stub-model" in lines[1], lines
     assert took < ROOM_S, took  # over 30 s before: each probe's 5 s idle wait, one after another
+
+
+@pytest.mark.parametrize("cut_after", [0, 2])
+async def test_a_stream_cut_cleanly_is_a_failure(cut_after):
+    """The server closes the stream mid-answer with no finish_reason and no [DONE]: before the
+    caller saw any of it the turn goes to the next endpoint, which reads the thread again; after,
+    the call fails naming the cut, and the thread is as it was."""
+    with Unruly() as u, OpenAIStub() as a:
+        async with fleet([u.endpoint, a]) as c:
+            tid = thread_hashed_to(u, a)
+            first = ok(await c.call_tool("respond", {"prompt": "one", "thread_id": tid}))
+            assert first["usage"]["endpoint"] == host_port(u) and first["text"] == "Hello there, friend"
+            u.chat, u.cut_after = "cut_close", cut_after
+            r = await c.call_tool("respond", {"prompt": "two", "thread_id": tid})
+            listed = ok(await c.call_tool("list_threads", {}))
+        turns = [x["turns"] for x in listed["threads"] if x["thread_id"] == tid]
+        assert u.paths().count("/v1/chat/completions") == 2  # the cut turn was not sent there again
+        if cut_after == 0:
+            moved = ok(r)
+            assert moved["usage"]["endpoint"] == host_port(a) and turns == [2], (moved, turns)
+            assert [m["content"] for m in a.chats()[0]["messages"] if m["role"] == "user"] == ["one", "two"]
+        else:
+            text = error_text(r)
+            assert "ended its answer unfinished (no finish_reason and no [DONE]" in text and u.endpoint in text, text
+            assert turns == [1] and not a.chats()

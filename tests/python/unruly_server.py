@@ -20,14 +20,15 @@ PIECES = ["Hello", " there", ",", " friend"]
 @dataclass
 class Unruly:
     # How the chat answers: whole (a proper SSE stream), no_done (finish_reason but no [DONE]),
-    # cut_chunked (a few deltas, then the chunked body ends properly: no finish_reason, no [DONE]),
-    # cut_close (no length: a few deltas, then the connection closes), short_length (a JSON
+    # cut_chunked (`cut_after` deltas, then the chunked body ends properly: no finish_reason, no
+    # [DONE]), cut_close (no length: `cut_after` deltas, then the connection closes), short_length (a JSON
     # answer shorter than its Content-Length), or an HTTP status it always answers with.
     chat: str | int = "whole"
     # What a whole answer streams, a delta each, and how it ends: PIECES and "stop" unless given
     # (a large answer written at once, at the wire's speed; "length": stopped at the output cap).
     pieces: list[str] | None = None
     finish: str = "stop"
+    cut_after: int = 2  # the deltas a cut stream sends before it ends
     trickle: set[str] = field(default_factory=set)  # paths answered a byte every trickle_s
     trickle_s: float = 0.2
     requests: list[tuple[str, float]] = field(default_factory=list)
@@ -88,10 +89,10 @@ class Unruly:
         if self.chat == "no_done":
             return _chunked(deltas + [finish, usage])
         if self.chat == "cut_chunked":
-            return _chunked(deltas[:2])
+            return _chunked(deltas[: self.cut_after])
         if self.chat == "cut_close":
             head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-            return head + b"".join(deltas[:2])
+            return head + b"".join(deltas[: self.cut_after])
         assert self.chat == "short_length", self.chat
         body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
                                         "message": {"role": "assistant", "content": "Hello there"}}]}).encode()
