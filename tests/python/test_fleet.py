@@ -1,16 +1,28 @@
 """Several model servers (`--endpoint` repeated) through a real MCP client, shim and core,
-against scripted OpenAI-compatible servers (openai_stub.py): a thread stays on one, the load
-bound holds, a server that goes away mid-conversation has its threads answered elsewhere,
-the thread id reaches a router in a header, and no credential shows."""
+against scripted OpenAI-compatible servers (openai_stub.py, unruly_server.py): every endpoint
+is checked at start, a thread stays on one, the load bound holds, a server that goes away,
+never answers or cuts a stream mid-conversation has its threads answered elsewhere, the thread
+id reaches a router in a header, and no credential shows."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import os
+import subprocess
+import sys
+import time
 
-from harness import error_text, ok, shim_env, wisp
-from openai_stub import OpenAIStub, StubConfig
+import anyio
+import pytest
+from harness import core_path, error_text, ok, shim_env, wisp
+from openai_stub import OpenAIStub, StubConfig, closed_port
+from unruly_server import Silent, Unruly
+
+# docs/backends.md: an endpoint's check has 3 s in all; the waits below leave room for a loaded machine.
+CHECK_BOUND_S = 3
+ROOM_S = 20
 
 
 def fleet(stubs, *args: str, **env: str):
@@ -18,7 +30,7 @@ def fleet(stubs, *args: str, **env: str):
     return wisp(*flags, *args, backend="openai", env=shim_env(**env))
 
 
-def host_port(stub: OpenAIStub) -> str:
+def host_port(stub) -> str:
     return f"127.0.0.1:{stub.port}"
 
 
@@ -127,8 +139,6 @@ async def test_every_endpoint_down_names_each_and_keeps_the_thread():
 
 
 async def test_an_endpoint_back_takes_new_threads_and_moved_ones_stay():
-    import anyio
-
     with OpenAIStub() as a, OpenAIStub() as b:
         a.config.status = 503  # every chat on a fails: the first thread hashed there moves to b
         async with fleet([a, b], "--max-threads", "64") as c:
@@ -189,21 +199,19 @@ async def test_no_credentials_anywhere():
         assert host_port(a) in said  # the endpoint is named, its credentials are not
 
 
+def check(*endpoints: str, **env: str) -> subprocess.CompletedProcess:
+    """`wisp --check` over `endpoints`, with `--model stub-model`."""
+    flags = [x for e in endpoints for x in ("--endpoint", e)]
+    return subprocess.run([sys.executable, "-m", "wisp_shim", "--check", "--backend", "openai", "--model", "stub-model",
+                           *flags], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, WISP_CORE=core_path(), **env))
+
+
 def test_check_lists_every_endpoint_and_no_credentials():
-    import os
-    import subprocess
-    import sys
-
-    from harness import core_path
-    from openai_stub import closed_port
-
     with OpenAIStub() as a, OpenAIStub(StubConfig(model="other-model")) as b:
         down = closed_port()
-        env = dict(os.environ, WISP_API_KEY="sk-topsecret", WISP_CORE=core_path(), WISP_LOG_LEVEL="debug")
-        r = subprocess.run([sys.executable, "-m", "wisp_shim", "--check", "--backend", "openai", "--model", "stub-model",
-                            "--endpoint", a.endpoint, "--endpoint", b.endpoint,
-                            "--endpoint", f"http://wispuser:hunter2pass@127.0.0.1:{down}/v1"],
-                           capture_output=True, text=True, env=env, timeout=60)
+        r = check(a.endpoint, b.endpoint, f"http://wispuser:hunter2pass@127.0.0.1:{down}/v1",
+                  WISP_API_KEY="sk-topsecret", WISP_LOG_LEVEL="debug")
     assert r.returncode == 0, r.stderr
     lines = [x for x in r.stdout.splitlines() if x.startswith("endpoint:")]
     assert len(lines) == 3
@@ -212,3 +220,73 @@ def test_check_lists_every_endpoint_and_no_credentials():
     assert f"127.0.0.1:{down}: down (" in lines[2]
     for secret in ("hunter2pass", "wispuser", "sk-topsecret"):
         assert secret not in r.stdout + r.stderr
+
+
+async def test_every_endpoint_is_checked_at_start_and_one_without_the_model_takes_no_thread():
+    with OpenAIStub() as a, OpenAIStub(StubConfig(model="other-model")) as b:
+        async with fleet([a, b], "--model", "stub-model") as c:
+            await c.list_tools()  # the core starts after this, no call made
+            with anyio.fail_after(ROOM_S):
+                while not all(any(r.path == "/v1/models" for r in s.requests) for s in (a, b)):
+                    await anyio.sleep(0.05)
+            for i in range(8):  # about half of them the hash alone would send to b
+                r = ok(await c.call_tool("respond", {"prompt": "hi", "thread_id": f"t{i}"}))
+                assert r["usage"]["endpoint"] == host_port(a), r
+        assert not [r for r in b.requests if r.path == "/v1/chat/completions"]
+
+
+def thread_hashed_to(stub, other) -> str:
+    names = [host_port(stub), host_port(other)]
+    return next(f"t{i}" for i in range(64) if rendezvous_first(f"t{i}", names) == host_port(stub))
+
+
+async def test_no_call_waits_on_an_endpoint_that_never_answers():
+    """It takes connections and never answers: its check (at start) gives up at its bound, and
+    a thread the hash sends there is answered by the other endpoint."""
+    with Silent() as wedged, OpenAIStub() as a:
+        async with fleet([wedged.endpoint, a]) as c:
+            tid = thread_hashed_to(wedged, a)
+            start = time.monotonic()
+            with anyio.fail_after(ROOM_S):  # without the bound: the chat's 600 s idle time-out
+                r = ok(await c.call_tool("respond", {"prompt": "hi", "thread_id": tid}))
+            assert r["usage"]["endpoint"] == host_port(a) and time.monotonic() - start < ROOM_S
+            again = ok(await c.call_tool("respond", {"prompt": "and again", "thread_id": tid}))
+            assert again["usage"]["endpoint"] == host_port(a) and again["turns"] == 2
+        assert [m["content"] for m in a.chats()[-1]["messages"] if m["role"] == "user"] == ["hi", "and again"]
+
+
+def test_check_names_an_endpoint_that_never_answers_within_the_bound():
+    with Silent() as wedged, OpenAIStub() as a:
+        start = time.monotonic()
+        r = check(wedged.endpoint, a.endpoint)
+        took = time.monotonic() - start
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.splitlines() if x.startswith("endpoint:")]
+    assert f"{host_port(wedged)}: down (no answer within {CHECK_BOUND_S} s)" in lines[0], lines
+    assert f"{host_port(a)}: up, model stub-model" in lines[1], lines
+    assert took < ROOM_S, took  # over 30 s before: each probe's 5 s idle wait, one after another
+
+
+@pytest.mark.parametrize("cut_after", [0, 2])
+async def test_a_stream_cut_cleanly_is_a_failure(cut_after):
+    """The server closes the stream mid-answer with no finish_reason and no [DONE]: before the
+    caller saw any of it the turn goes to the next endpoint, which reads the thread again; after,
+    the call fails naming the cut, and the thread is as it was."""
+    with Unruly() as u, OpenAIStub() as a:
+        async with fleet([u.endpoint, a]) as c:
+            tid = thread_hashed_to(u, a)
+            first = ok(await c.call_tool("respond", {"prompt": "one", "thread_id": tid}))
+            assert first["usage"]["endpoint"] == host_port(u) and first["text"] == "Hello there, friend"
+            u.chat, u.cut_after = "cut_close", cut_after
+            r = await c.call_tool("respond", {"prompt": "two", "thread_id": tid})
+            listed = ok(await c.call_tool("list_threads", {}))
+        turns = [x["turns"] for x in listed["threads"] if x["thread_id"] == tid]
+        assert u.paths().count("/v1/chat/completions") == 2  # the cut turn was not sent there again
+        if cut_after == 0:
+            moved = ok(r)
+            assert moved["usage"]["endpoint"] == host_port(a) and turns == [2], (moved, turns)
+            assert [m["content"] for m in a.chats()[0]["messages"] if m["role"] == "user"] == ["one", "two"]
+        else:
+            text = error_text(r)
+            assert "ended its answer unfinished (no finish_reason and no [DONE]" in text and u.endpoint in text, text
+            assert turns == [1] and not a.chats()

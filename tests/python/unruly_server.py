@@ -2,7 +2,7 @@
 well-formed server cannot: it trickles an answer a byte at a time, cuts a stream or a body
 short of its end, or refuses every chat with one status; or streams an answer given to it,
 whole and in one write. On 127.0.0.1, in a thread of the test process; every request is
-recorded (path, when it came)."""
+recorded (path, when it came). `Silent`: a server that takes connections and never answers."""
 
 from __future__ import annotations
 
@@ -20,14 +20,15 @@ PIECES = ["Hello", " there", ",", " friend"]
 @dataclass
 class Unruly:
     # How the chat answers: whole (a proper SSE stream), no_done (finish_reason but no [DONE]),
-    # cut_chunked (a few deltas, then the chunked body ends properly: no finish_reason, no [DONE]),
-    # cut_close (no length: a few deltas, then the connection closes), short_length (a JSON
+    # cut_chunked (`cut_after` deltas, then the chunked body ends properly: no finish_reason, no
+    # [DONE]), cut_close (no length: `cut_after` deltas, then the connection closes), short_length (a JSON
     # answer shorter than its Content-Length), or an HTTP status it always answers with.
     chat: str | int = "whole"
     # What a whole answer streams, a delta each, and how it ends: PIECES and "stop" unless given
     # (a large answer written at once, at the wire's speed; "length": stopped at the output cap).
     pieces: list[str] | None = None
     finish: str = "stop"
+    cut_after: int = 2  # the deltas a cut stream sends before it ends
     trickle: set[str] = field(default_factory=set)  # paths answered a byte every trickle_s
     trickle_s: float = 0.2
     requests: list[tuple[str, float]] = field(default_factory=list)
@@ -88,14 +89,28 @@ class Unruly:
         if self.chat == "no_done":
             return _chunked(deltas + [finish, usage])
         if self.chat == "cut_chunked":
-            return _chunked(deltas[:2])
+            return _chunked(deltas[: self.cut_after])
         if self.chat == "cut_close":
             head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
-            return head + b"".join(deltas[:2])
+            return head + b"".join(deltas[: self.cut_after])
         assert self.chat == "short_length", self.chat
         body = json.dumps({"choices": [{"index": 0, "finish_reason": "stop",
                                         "message": {"role": "assistant", "content": "Hello there"}}]}).encode()
         return _response(200, body, length=len(body) + 100)
+
+
+class Silent:
+    """Takes connections (the kernel completes them: it listens) and never answers: it never
+    accepts, so every request waits on it for good."""
+
+    def __enter__(self) -> "Silent":
+        self._sock = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self.port = self._sock.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}/v1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._sock.close()
 
 
 def _read_request(conn: socket.socket) -> str:

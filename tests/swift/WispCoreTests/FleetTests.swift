@@ -28,15 +28,20 @@ import Testing
         #expect(Double(loads.max()!) / Double(loads.min()!) <= 1.5)
     }
 
-    @Test func downEndpointBacksOffTo60Seconds() {
+    @Test func anEndpointTakesTurnsOnlyOnceJudgedUpAndBacksOffTo60Seconds() {
         var h = EndpointHealth()
         let t0 = ContinuousClock.now
+        #expect(!h.usable && h.due(at: t0))  // never judged: checked first, takes nothing meanwhile
+        h.answered()
+        #expect(h.usable && !h.due(at: t0))
         h.failed("refused", at: t0)
-        #expect(!h.usable(at: t0 + .seconds(4)) && h.usable(at: t0 + .seconds(5)))
+        #expect(!h.usable && !h.due(at: t0 + .seconds(4)) && h.due(at: t0 + .seconds(5)))
         for _ in 0..<10 { h.failed("refused", at: t0) }
         #expect(h.down?.pause == .seconds(60))
         h.answered()
-        #expect(h.usable(at: t0))
+        #expect(h.usable)
+        h.leftOut = "it does not serve --model"
+        #expect(!h.usable && !h.due(at: t0 + .seconds(600)))
     }
 
     @Test func aPinFollowsItsThreadAndIsFreedWithIt() {

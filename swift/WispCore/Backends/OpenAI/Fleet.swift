@@ -47,26 +47,40 @@ enum Rendezvous {
     }
 }
 
-/// Whether an endpoint may take requests: down after it refused, reset or timed out a
-/// connection or answered 5xx, tried again after 5 s, then 10, 20, up to 60 s while it keeps failing.
+/// Whether an endpoint may take requests: up once a check (`FleetChecks`) or an answer showed it
+/// answering; down after it refused, reset or timed out a connection, answered 5xx, cut a stream
+/// or did not answer a check, and checked again after 5 s, then 10, 20, up to 60 s while it keeps
+/// failing. Only an endpoint shown up takes a new pin or the backend's questions, so nothing
+/// waits on one that was never judged, or on one down, in its pause or between.
 struct EndpointHealth: Sendable {
     static let firstPause = Duration.seconds(5)
     static let longestPause = Duration.seconds(60)
-    /// Why it is down, and until when; nil while it is up.
+    /// Why it is down, and until when it is not checked again; nil while it is up or never judged.
     var down: (reason: String, until: ContinuousClock.Instant, pause: Duration)?
     /// Why it is left out for good (it does not serve `--model`); nil while it is in.
     var leftOut: String?
+    /// A check or an answer showed it answering since it was last down.
+    var up = false
+    /// The check under way, which every asker joins.
+    var checking: Task<EndpointInfo, Never>?
 
-    func usable(at now: ContinuousClock.Instant) -> Bool {
-        leftOut == nil && (down.map { now >= $0.until } ?? true)
+    var usable: Bool { leftOut == nil && up }
+
+    /// Whether it is time to check it: never judged, or down past its pause.
+    func due(at now: ContinuousClock.Instant) -> Bool {
+        leftOut == nil && !up && checking == nil && (down.map { now >= $0.until } ?? true)
     }
 
     mutating func failed(_ reason: String, at now: ContinuousClock.Instant) {
         let pause = down.map { min($0.pause * 2, Self.longestPause) } ?? Self.firstPause
         down = (reason, now + pause, pause)
+        up = false
     }
 
-    mutating func answered() { down = nil }
+    mutating func answered() {
+        down = nil
+        up = true
+    }
 }
 
 /// Which endpoint each live thread is pinned to.
@@ -111,27 +125,5 @@ final class FleetPins: Sendable {
             for p in all { loads[p.endpoint] += 1 }
             return loads
         }
-    }
-}
-
-extension OpenAIServer {
-    /// This endpoint as `--check` shows it. `judgeModel` (in a fleet): one that does not list
-    /// `--model` is left out, and one that cannot be reached is marked down.
-    func state(pinned: Int, judgeModel: Bool) async -> EndpointInfo {
-        let said = await availability()
-        let served = facts.withLock { $0.served }
-        health.withLock { h in
-            if judgeModel, let model = configuredModel, let served, !served.contains(model) {
-                h.leftOut = "it does not serve --model '\(model.preview)' (it serves "
-                    + served.prefix(8).map { "'\($0.preview)'" }.joined(separator: ", ") + ")"
-            }
-            if judgeModel, !said.available, h.usable(at: .now) { h.failed(said.reason ?? "not available", at: .now) }
-        }
-        let h = health.withLock { $0 }
-        let up = said.available && h.usable(at: .now)
-        return EndpointInfo(endpoint: hostPort, up: up,
-                            reason: h.leftOut ?? (up ? nil : said.reason ?? h.down?.reason),
-                            model: up ? await requestModel() : nil, context_size: up ? await contextSize() : nil,
-                            slots: up ? await slotPool()?.count : nil, pinned: pinned)
     }
 }

@@ -3,20 +3,17 @@ import WispInfrastructure
 /// One conversation over a fleet of endpoints (`Fleet.swift`): each turn goes to the thread's
 /// pinned endpoint; one that fails before the caller saw any of the answer is marked down and the
 /// turn is tried once more on the next endpoint by the hash, which re-reads the whole thread.
-/// With one endpoint it is that endpoint's session, as before: no retry, its own errors.
+/// A stream cut short counts as a failure like a reset. (One endpoint has `OpenAISession` alone.)
 final class FleetSession: ModelSession {
-    private let servers: [OpenAIServer]
-    private let pins: FleetPins
+    private let fleet: FleetChecks
     private let tools: [ModelTool]
     private let affinity: SessionAffinity
     /// The thread as the last endpoint's session holds it, to go on from elsewhere.
     private var messages: [ChatMessage]
     private var current: (endpoint: Int, session: OpenAISession)?
 
-    init(servers: [OpenAIServer], pins: FleetPins, instructions: String?, tools: [ModelTool], history: [Turn],
-         affinity: SessionAffinity) {
-        self.servers = servers
-        self.pins = pins
+    init(fleet: FleetChecks, instructions: String?, tools: [ModelTool], history: [Turn], affinity: SessionAffinity) {
+        self.fleet = fleet
         self.tools = tools
         self.affinity = affinity
         messages = OpenAISession.messages(instructions: instructions, history: history[...])
@@ -25,14 +22,19 @@ final class FleetSession: ModelSession {
     nonisolated(nonsending)
     func respond(to prompt: String, settings: GenerationSettings,
                  onPartial: PartialHandler?) async throws -> Generation {
+        let servers = fleet.servers
         var failed: Set<Int> = []
         while true {
-            let now = ContinuousClock.now
-            let usable = servers.indices.map { i in
-                !failed.contains(i) && servers[i].health.withLock { $0.usable(at: now) }
+            fleet.startDue()
+            var open = fleet.open(skipping: failed)
+            if !open.contains(true) {
+                await fleet.settle(skipping: failed)
+                open = fleet.open(skipping: failed)
             }
-            guard let endpoint = servers.count == 1 ? 0 : pins.endpoint(for: affinity, usable: usable) else {
-                throw allDown()
+            guard let endpoint = fleet.pins.endpoint(for: affinity, usable: open) else { throw allDown() }
+            if !servers[endpoint].health.withLock({ $0.usable }) {
+                _ = await fleet.check(endpoint)  // its first check: then it is up, or the pin moves
+                continue
             }
             let moved = current.map { $0.endpoint != endpoint } ?? false
             let session = current?.endpoint == endpoint ? current!.session
@@ -51,8 +53,8 @@ final class FleetSession: ModelSession {
                 return generation
             } catch {
                 // A turn the caller saw any of is never run again; nor is one failed for another reason.
-                let down = !servers[endpoint].health.withLock { $0.usable(at: .now) }
-                guard servers.count > 1, down, !seen.withLock({ $0 }) else { throw error }
+                let down = !servers[endpoint].health.withLock { $0.usable }
+                guard down, !seen.withLock({ $0 }) else { throw error }
                 guard failed.isEmpty else { throw allDown() }
                 current = nil
                 failed.insert(endpoint)
@@ -64,7 +66,7 @@ final class FleetSession: ModelSession {
 
     /// Every endpoint, and why it cannot take the turn.
     private func allDown() -> WispError {
-        let each = servers.map { s in
+        let each = fleet.servers.map { s in
             let h = s.health.withLock { $0 }
             return "\(s.hostPort): \(h.leftOut ?? h.down?.reason ?? "it failed this turn")"
         }

@@ -31,15 +31,25 @@ import Foundation
 /// error dialects `OpenAIErrors.swift`, and the HTTP underneath WispInfrastructure's `HTTP/`.
 ///
 /// Several endpoints make a fleet (`Fleet.swift`, `FleetSession.swift`): each thread pinned to
-/// one, moved when it fails. What the backend says of the model (its window, counts, condensing)
-/// is the first endpoint's that is in: the fleet serves one model.
+/// one, moved when it fails, every endpoint checked from the start (`FleetChecks.swift`). What
+/// the backend says of the model (its window, counts, condensing) is the first endpoint's that
+/// is up: the fleet serves one model, and no turn waits on an endpoint that is not answering.
 public struct OpenAIBackend: ModelBackend {
     public let name = "openai"
-    let servers: [OpenAIServer]
-    let pins: FleetPins
-    /// The endpoint asked about the model: the first one not left out.
+    let fleet: FleetChecks
+    var servers: [OpenAIServer] { fleet.servers }
+    /// The endpoint named for the model: the first one up, else the first not left out.
     var server: OpenAIServer {
-        servers.first { $0.health.withLock { $0.leftOut == nil } } ?? servers[0]
+        servers.first { $0.health.withLock { $0.usable } }
+            ?? servers.first { $0.health.withLock { $0.leftOut == nil } } ?? servers[0]
+    }
+
+    /// The endpoint asked about the model: the only one, or the first one up (once one is); nil
+    /// while none is, so that nothing waits on a server that is not answering.
+    func asked() async -> OpenAIServer? {
+        guard servers.count > 1 else { return servers[0] }
+        await fleet.settle()
+        return servers.first { $0.health.withLock { $0.usable } }
     }
 
     /// Throws when an endpoint is not an http(s) URL.
@@ -58,8 +68,9 @@ public struct OpenAIBackend: ModelBackend {
                                          slots: slots, keepAlive: keepAlive.flatMap(OllamaKeepAlive.init),
                                          lowWater: condenseTo, sessionHeader: sessionHeader))
         }
-        servers = made
-        pins = FleetPins(names: made.map(\.hostPort))
+        fleet = FleetChecks(servers: made)
+        // In the background: the core's start is not delayed, and the first call finds them judged.
+        if made.count > 1 { fleet.startDue() }
     }
 
     public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
@@ -77,40 +88,37 @@ public struct OpenAIBackend: ModelBackend {
 
     public var model: String { server.modelName }
 
+    /// In a fleet: ready while an endpoint is up, as its checks judged it (`FleetChecks`).
     public func availability() async -> Availability {
-        guard servers.count > 1 else { return await servers[0].availability() }
-        let states = await endpointStates()
-        if states.contains(where: { $0.up }) { return .ready }
-        return .unavailable("no model server can answer: "
-                            + states.map { "\($0.endpoint): \($0.reason ?? "")" }.joined(separator: "; "))
-    }
-
-    /// Each endpoint as `--check` shows it; asking also leaves out one that does not serve `--model`.
-    public func endpoints() async -> [EndpointInfo]? { await endpointStates() }
-
-    func endpointStates() async -> [EndpointInfo] {
-        let loads = pins.loads
-        return await withTaskGroup(of: (Int, EndpointInfo).self) { group in
-            for (i, s) in servers.enumerated() {
-                group.addTask { (i, await s.state(pinned: loads[i], judgeModel: servers.count > 1)) }
-            }
-            var all: [(Int, EndpointInfo)] = []
-            for await one in group { all.append(one) }
-            return all.sorted { $0.0 < $1.0 }.map(\.1)
+        guard let server = await asked() else {
+            return .unavailable("no model server can answer: " + servers.map { s in
+                let h = s.health.withLock { $0 }
+                return "\(s.hostPort): \(h.leftOut ?? h.down?.reason ?? "not judged yet")"
+            }.joined(separator: "; "))
         }
+        return servers.count > 1 ? .ready : await server.availability()
     }
 
-    public func contextSize() async -> Int { await server.contextSize() }
+    /// Each endpoint as `--check` shows it; in a fleet, checked now, in parallel and bounded.
+    public func endpoints() async -> [EndpointInfo]? {
+        guard servers.count > 1 else { return [await servers[0].state(pinned: 0, judge: false)] }
+        return await fleet.checkAll()
+    }
+
+    public func contextSize() async -> Int {
+        await asked()?.contextSize() ?? servers[0].configuredContextSize ?? OpenAIServer.fallbackContextSize
+    }
 
     public func contextNote() async -> String? { server.contextNote }
 
     public func condensing() async -> Condensing {
+        guard let server = await asked() else { return .justEnough }
         let slots = await server.slotPool() != nil
         let dialect = server.facts.withLock { $0.dialect } ?? .generic
         return dialect.shiftsCache(slots: slots) ? .justEnough : .steps(lowWater: server.lowWater)
     }
 
-    public func tokenCount(_ text: String) async throws -> Int? { try await server.tokenCount(text) }
+    public func tokenCount(_ text: String) async throws -> Int? { try await asked()?.tokenCount(text) ?? nil }
 
     /// The request the session would send for `prompt` (its first round), counted by the server.
     public func promptTokens(instructions: String?, tools: [ModelTool], history: ArraySlice<Turn>, prompt: String,
@@ -118,7 +126,7 @@ public struct OpenAIBackend: ModelBackend {
         let messages = OpenAISession.messages(instructions: instructions, history: history) + [.text("user", prompt)]
         // Sampling and output settings do not change the prompt; the template's inputs do.
         let counted = GenerationSettings(reasoning: settings.reasoning)
-        let server = self.server
+        guard let server = await asked() else { return nil }
         let body = try OpenAIServer.chatBody(model: await server.requestModel(), messages: messages,
                                              tools: OpenAISession.offered(tools, settings), toolChoice: nil,
                                              settings: counted)
@@ -139,7 +147,7 @@ public struct OpenAIBackend: ModelBackend {
             return OpenAISession(server: servers[0], instructions: instructions, tools: tools, history: history,
                                  affinity: affinity)
         }
-        return FleetSession(servers: servers, pins: pins, instructions: instructions, tools: tools, history: history,
+        return FleetSession(fleet: fleet, instructions: instructions, tools: tools, history: history,
                             affinity: affinity)
     }
 }

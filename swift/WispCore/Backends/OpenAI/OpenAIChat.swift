@@ -175,7 +175,13 @@ extension OpenAIServer {
             if status >= 500 { health.withLock { $0.failed(error.message, at: .now) } }
             throw error
         }
-        try end.check(reply.finishReason, received: received, from: endpointDescription)
+        do {
+            try end.check(reply.finishReason, received: received, from: endpointDescription)
+        } catch {
+            // Cut as a reset would cut it, only cleanly: the endpoint is down as it would be then.
+            health.withLock { $0.failed(error.message, at: .now) }
+            throw error
+        }
         facts.withLock { $0.lastReachable = .now }
         health.withLock { $0.answered() }
         reply.time(sent: sentAt, first: firstAt)
