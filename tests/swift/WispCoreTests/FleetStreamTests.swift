@@ -152,4 +152,30 @@ final class CutServer: Sendable {
         let answer = try await again.respond(to: "hi", settings: GenerationSettings(), onPartial: nil)
         #expect(answer.text == "w0 " && cut.chats == 2)
     }
+
+    /// A turn moves once: failed on its endpoint and on the next, it fails naming those two, not
+    /// "every endpoint down" while a third is up (and the third is not tried).
+    @Test func aTurnThatFailsTwiceSaysSoWhileAnotherEndpointIsUp() async throws {
+        let a = try CutServer(deltas: 0, cut: true), b = try CutServer(deltas: 0, cut: true)
+        let c = try CutServer(deltas: 1, cut: false)
+        let names = [a.hostPort, b.hostPort, c.hostPort]
+        let key = (0..<256).map { "t\($0)" }.first {
+            Rendezvous.order(key: $0, candidates: [0, 1, 2], names: names) == [0, 1, 2]
+        }!
+        let backend = try OpenAIBackend(endpoints: [a.endpoint, b.endpoint, c.endpoint], model: "m", apiKey: nil,
+                                        contextSize: 4096)
+        let session = backend.makeSession(instructions: nil, tools: [], history: [], affinity: SessionAffinity(key: key))
+        do {
+            _ = try await session.respond(to: "hi", settings: GenerationSettings(), onPartial: nil)
+            Issue.record("the turn was answered")
+        } catch let error as WispError {
+            #expect(error.code == .modelUnavailable)
+            #expect(error.message.contains("on the one it moved to") && error.message.contains(a.hostPort)
+                    && error.message.contains(b.hostPort) && !error.message.contains(c.hostPort), "\(error.message)")
+        }
+        #expect(a.chats == 1 && b.chats == 1 && c.chats == 0)
+        let next = backend.makeSession(instructions: nil, tools: [], history: [], affinity: SessionAffinity(key: key))
+        let answer = try await next.respond(to: "hi", settings: GenerationSettings(), onPartial: nil)
+        #expect(answer.text == "w0 " && answer.usage.endpoint == c.hostPort)
+    }
 }

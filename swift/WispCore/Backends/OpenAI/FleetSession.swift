@@ -55,13 +55,28 @@ final class FleetSession: ModelSession {
                 // A turn the caller saw any of is never run again; nor is one failed for another reason.
                 let down = !servers[endpoint].health.withLock { $0.usable }
                 guard down, !seen.withLock({ $0 }) else { throw error }
-                guard failed.isEmpty else { throw allDown() }
+                guard failed.isEmpty else {
+                    // A turn moves once: with another endpoint still up, "every one is down" would be false.
+                    let others = fleet.open(skipping: failed.union([endpoint]))
+                    throw others.contains(true) ? movedAndFailed([failed.first!, endpoint]) : allDown()
+                }
                 current = nil
                 failed.insert(endpoint)
                 LogSink.shared.post("wisp-core warning: \(servers[endpoint].hostPort) is down; the turn goes to "
                                     + "the next endpoint, which reads the thread again")
             }
         }
+    }
+
+    /// The turn failed on its endpoint and again on the one it moved to, while another is up.
+    private func movedAndFailed(_ tried: [Int]) -> WispError {
+        let each = tried.map { i in
+            let s = fleet.servers[i]
+            return "\(s.hostPort): \(s.health.withLock { $0.down?.reason } ?? "it failed this turn")"
+        }
+        return WispError(.modelUnavailable, "the turn failed on its model server and on the one it moved to (a turn "
+                         + "moves once; the thread is unchanged, and the next call goes to an endpoint that is up): "
+                         + each.joined(separator: "; "))
     }
 
     /// Every endpoint, and why it cannot take the turn.
