@@ -103,6 +103,9 @@ if let dir = config.stateDir {
         storeError = error.message
     }
 }
+if let url = config.store {
+    storeError = postgreSQLStoreNotYet(url, log: log)
+}
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
                               tools: ToolCatalogue.tools(roots: roots),
                               toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots, adding: extra) },
