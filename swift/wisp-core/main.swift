@@ -92,7 +92,7 @@ let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPa
 if roots.paths.count < max(1, config.roots.count) {
     log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)")
 }
-var store: SQLiteThreadStore?
+var store: (any ThreadStore)?
 var storeError: String?
 if let dir = config.stateDir {
     do {
@@ -104,7 +104,12 @@ if let dir = config.stateDir {
     }
 }
 if let url = config.store {
-    storeError = postgreSQLStoreNotYet(url, log: log)
+    do {
+        store = try openPostgreSQLStore(url, maxStored: config.maxStoredThreads, log: log)
+    } catch {
+        log(.error, error.message)
+        storeError = error.message
+    }
 }
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
                               tools: ToolCatalogue.tools(roots: roots),

@@ -40,7 +40,26 @@ final class PostgreSQLServer: Sendable {
                 "-l", root + "/log", "-w", "start")
     }
 
-    var url: String { "postgresql://wisp@/postgres?host=\(root)&port=\(port)" }
+    var url: String { url(database: "postgres") }
+
+    func url(database: String) -> String { "postgresql://wisp@/\(database)?host=\(root)&port=\(port)" }
+
+    /// One cluster for a whole run's store contract, stopped when the test process exits; nil
+    /// where `absent` says why.
+    static let shared: PostgreSQLServer? = {
+        guard absent == nil, let server = try? PostgreSQLServer() else { return nil }
+        atexit { PostgreSQLServer.shared?.stop() }
+        return server
+    }()
+
+    /// A new, empty database on this cluster, for one test.
+    func freshDatabase() throws -> String {
+        let name = "w_\(UUID().uuidString.prefix(8).lowercased())"
+        let db = try PostgreSQLConnection(url)
+        defer { db.close() }
+        try db.query("CREATE DATABASE \(name)")
+        return url(database: name)
+    }
 
     func stop() {
         try? run("pg_ctl", "-D", root + "/data", "-m", "immediate", "-w", "stop")

@@ -24,7 +24,7 @@ enum PostgreSQLLease {
             try db.query("SELECT pg_advisory_lock($1, hashtext($2))", [String(leaseSpace), id])
             return .held
         } catch where error.sqlState == "55P03" {
-            return .busy("thread \(id) is in use by another wisp on this database (waited \(ms) ms for its lease)")
+            return .busy("thread \(id) is in use by another call, in this wisp or another wisp on this database (waited \(ms) ms for its lease)")
         }
     }
 

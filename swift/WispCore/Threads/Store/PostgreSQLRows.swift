@@ -47,7 +47,7 @@ enum PostgreSQLRows {
         if old == nil { try beforeInsert() }
         // Only the turns after `kept` are written when the stored thread is the one the holder saw.
         let from = old.map { $0.version == seen?.value && kept >= 0 && Int64(kept) <= $0.turns } == true ? kept : 0
-        let version = try db.query("SELECT nextval('wisp_clock')").first?.first??.flatMap { Int64($0) } ?? 0
+        let version = try scalar(db.query("SELECT nextval('wisp_clock')")).flatMap { Int64($0) } ?? 0
         let totals = old.map { $0.usage + usage } ?? usage
         func count(_ n: Int?) -> String? { n.map { String($0) } }
         try db.query("""
@@ -70,6 +70,9 @@ enum PostgreSQLRows {
         }
         return (version, old == nil)
     }
+
+    /// The first column of the first row, or nil.
+    static func scalar(_ rows: [[String?]]) -> String? { rows.first?.first ?? nil }
 
     static func usageOf(_ r: [String?], from at: Int) -> Usage {
         func count(_ i: Int) -> Int? { (i < r.count ? r[i] : nil).flatMap { Int($0) }.flatMap { $0 >= 0 ? $0 : nil } }

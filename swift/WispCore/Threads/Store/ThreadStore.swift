@@ -22,6 +22,8 @@ public protocol ThreadStore: AnyObject, Sendable {
     var location: String { get }
     /// Why the store cannot be written now (it failed under this running wisp); nil while it can.
     var trouble: String? { get }
+    /// What serving is like while `trouble` lasts, for `status` and `--check`.
+    var whileFailing: String { get }
     /// At most this many threads are kept; storing one more deletes the least recently updated.
     var maxStored: Int { get }
     /// Takes the lease on thread `id`, waiting a while for another holder (then `busy`).
@@ -44,6 +46,8 @@ public protocol ThreadStore: AnyObject, Sendable {
 }
 
 extension ThreadStore {
+    public var whileFailing: String { "threads are served in memory until it works again" }
+
     /// Thread `id` as committed now.
     public func read(_ id: String) async throws(WispError) -> Loaded { try await read(id, unlessAt: nil) }
 
