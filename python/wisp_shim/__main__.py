@@ -98,7 +98,8 @@ async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
                 if e.up else f"down ({e.reason})" if e.reason else "down")
         lines.append(f"endpoint:     {e.endpoint}: {said}, {e.pinned} threads pinned")
     if st.state_dir or st.state_error:
-        lines.append(f"state dir:    {st.state_dir or 'not in use: ' + (st.state_error or '')}")
+        trouble = f" (not usable now: {st.state_error})" if st.state_dir and st.state_error else ""
+        lines.append(f"state dir:    {st.state_dir or 'not in use: ' + (st.state_error or '')}{trouble}")
     if apple is not None:
         why = f" ({apple.reason})" if apple.reason else ""
         lines.append(f"apple model:  {'available' if apple.available else 'not available'}{why}")
