@@ -49,7 +49,11 @@ public final class PostgreSQLThreadStore: ThreadStore {
             log(.error, "database \(shown) failed: \(why); calls that need it fail until it works again")
         }
         do {
-            put(try connect())
+            let db = try connect()
+            let version = db.withLock { $0.serverVersion }
+            log(.info, "database \(shown) reached: PostgreSQL server \(version / 10000).\(version % 10000), "
+                + "wisp schema \(PostgreSQLSchema.version)")
+            put(db)
             health.worked()
         } catch {
             if let why = refused.withLock({ $0 }) { throw WispError(.internal, why) }
@@ -314,6 +318,11 @@ public final class PostgreSQLThreadStore: ThreadStore {
                 })
             } catch where error.isTimeout && !error.connectionLost {
                 throw .commitPastDeadline
+            } catch where !error.connectionLost {
+                // Whatever stopped it, the turn is not stored, so it is kept nowhere (a replica
+                // must not hold turns the database lacks): the code that reverts it.
+                throw WispError(.storeUnavailable, "\(store.location) could not store this turn "
+                                + "(\(error.message.preview)); the thread is as it was and the turn was not kept")
             } catch {
                 throw store.failed(error)
             }
