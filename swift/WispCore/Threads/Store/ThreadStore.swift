@@ -1,9 +1,9 @@
 import WispInfrastructure
 
 /// Durable threads' one seam: what a thread needs from wherever threads are kept. The thread
-/// actor sees only this; `SQLiteThreadStore` keeps threads in `--state-dir`, `MemoryThreadStore`
-/// serves the tests (and injects their faults). ARCHITECTURE.md says how a store on a database
-/// server would implement the same protocol.
+/// actor sees only this; `SQLiteThreadStore` keeps threads in `--state-dir`,
+/// `PostgreSQLThreadStore` in a database several wisps share (`--store`), `MemoryThreadStore`
+/// serves the tests (and injects their faults).
 ///
 /// - A live thread holds a **lease** on its id while a call runs on it (`lease`): no other holder,
 ///   in this process or another sharing the store, gets one meanwhile, so two processes never
