@@ -4,7 +4,8 @@
 // written by hand rather than taken from packages because no Swift package registry is
 // reachable from the build machines: nothing outside the toolchain is depended on but the
 // system's SQLite (durable threads): the SDK's SQLite3 module on macOS, libsqlite3 on Linux; and,
-// on Linux for https only, OpenSSL 3, loaded at run time (dlopen), never linked.
+// on Linux for https only, OpenSSL 3, and for `--store` only, libpq 5, both loaded at run time
+// (dlopen), never linked.
 import PackageDescription
 
 let package = Package(

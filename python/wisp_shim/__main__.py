@@ -98,7 +98,8 @@ async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
                 if e.up else f"down ({e.reason})" if e.reason else "down")
         lines.append(f"endpoint:     {e.endpoint}: {said}, {e.pinned} threads pinned")
     if st.store_location or st.store_error:
-        lines.append(f"state dir:    {st.store_location or 'not in use: ' + (st.store_error or '')}")
+        trouble = f" (not usable now: {st.store_error})" if st.store_location and st.store_error else ""
+        lines.append(f"store:        {st.store_location or 'not in use: ' + (st.store_error or '')}{trouble}")
     if apple is not None:
         why = f" ({apple.reason})" if apple.reason else ""
         lines.append(f"apple model:  {'available' if apple.available else 'not available'}{why}")

@@ -53,7 +53,9 @@ class Setting:
     """One setting: its flag (and other spellings), its variable, what it does (`text`) and the
     rest of --help's note after the variable (`note`). `core`: the core takes it as the same
     flag. `group`: the --help section it is listed in. A setting with no flag is read from its
-    variable only (and listed in --help's epilog)."""
+    variable only (and listed in --help's epilog). `secret`: a core setting that may carry a
+    password, handed to the core in its variable (`core_env`), never on its command line, which
+    the shim logs and any process listing shows."""
 
     flags: tuple[str, ...]
     env: str | None
@@ -64,6 +66,7 @@ class Setting:
     choices: tuple[str, ...] = ()
     core: bool = False
     group: str | None = None
+    secret: bool = False
 
     @property
     def dest(self) -> str:
@@ -111,6 +114,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(("--state-dir",), "WISP_STATE_DIR",
             "durable threads: store every thread in DIR (created, mode 0700) so a crash or restart loses none",
             "default: memory only", metavar="DIR", core=True),
+    Setting(("--store",), "WISP_STORE",
+            "durable threads in PostgreSQL, shared by every wisp on the database: a postgresql:// URL (libpq's "
+            "URI; give the password by PGPASSWORD or ~/.pgpass); not with --state-dir", metavar="URL", core=True,
+            secret=True),
     Setting(("--max-stored-threads",), "WISP_MAX_STORED_THREADS",
             "stored threads kept before the least recently used is deleted", kind=CORE_COUNT, metavar="N", core=True),
     Setting(("--echo-delay-ms",), "WISP_ECHO_DELAY_MS", "echo backend: extra delay per reply",
@@ -312,7 +319,7 @@ def core_args(ns: argparse.Namespace) -> list[str]:
     here, since they reach it through the inherited environment."""
     args: list[str] = []
     for s in SETTINGS:
-        if not s.core:
+        if not s.core or s.secret:
             continue
         if s.kind == CORE_COUNT and s.env and (raw := env(s.env)):
             try:
@@ -328,6 +335,13 @@ def core_args(ns: argparse.Namespace) -> list[str]:
         elif value is not None:
             args += [s.flags[0], str(value)]
     return args
+
+
+def core_env(ns: argparse.Namespace) -> dict[str, str] | None:
+    """The secret core settings given as flags, as the variables the core reads (a flag wins over
+    the inherited variable, as on the command line)."""
+    given = {s.env: getattr(ns, s.dest) for s in SETTINGS if s.secret and s.env and getattr(ns, s.dest) is not None}
+    return given or None
 
 
 def core_path(ns: argparse.Namespace) -> str | None:

@@ -92,13 +92,21 @@ let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPa
 if roots.paths.count < max(1, config.roots.count) {
     log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)")
 }
-var store: SQLiteThreadStore?
+var store: (any ThreadStore)?
 var storeError: String?
 if let dir = config.stateDir {
     do {
         store = try SQLiteThreadStore(directory: dir, maxStored: config.maxStoredThreads, log: log)
     } catch {
         // Serving in memory beats not serving; the shim is told (Ready.durable false) and says so.
+        log(.error, error.message)
+        storeError = error.message
+    }
+}
+if let url = config.store {
+    do {
+        store = try openPostgreSQLStore(url, maxStored: config.maxStoredThreads, log: log)
+    } catch {
         log(.error, error.message)
         storeError = error.message
     }

@@ -84,7 +84,8 @@ class CoreLaunch:
     @classmethod
     def from_flags(cls, ns: argparse.Namespace) -> CoreLaunch:
         """The launch the shim's flags and variables configure (config.py judges each)."""
-        return cls(core=config.core_path(ns), args=config.core_args(ns), timeout_s=config.timeout_s(ns),
+        return cls(core=config.core_path(ns), args=config.core_args(ns), env=config.core_env(ns),
+                   timeout_s=config.timeout_s(ns),
                    state_dir=config.state_dir(ns), progress_every_s=config.progress_every_s())
 
     def with_backend(self, backend: str) -> CoreLaunch:

@@ -51,6 +51,8 @@ public struct CoreConfig: Sendable, Equatable {
     public var allowHardLinks = false
     /// Durable threads: the directory they are stored in; nil keeps them in memory only.
     public var stateDir: String?
+    /// Durable threads in PostgreSQL, shared by every wisp on the database; never with `stateDir`.
+    public var store: StoreURL?
     public var maxStoredThreads = defaultMaxStoredThreads
     /// What the counting flags take. Each thread and each queued call holds memory, so their
     /// bounds are far above any use and far below what could be allocated or added without overflow.
@@ -91,6 +93,8 @@ public struct CoreConfig: Sendable, Equatable {
       --root DIR           directory model tools may read; repeat   (WISP_ROOTS, ':'-separated)
       --allow-hardlinks    read files with several hard links       (WISP_ALLOW_HARDLINKS=1; default: refused)
       --state-dir DIR      store threads there (durable threads)    (WISP_STATE_DIR; default: memory only)
+      --store URL          store threads in PostgreSQL, shared by every wisp on it (WISP_STORE;
+                           postgresql://…, libpq's URI; PGPASSWORD or ~/.pgpass for the password)
       --max-stored-threads N  stored threads before LRU deletion    (WISP_MAX_STORED_THREADS,
                                                                      default \(defaultMaxStoredThreads))
       --keep-alive D       Ollama: keep the model loaded this long   (WISP_KEEP_ALIVE, default \(defaultKeepAlive);
@@ -108,6 +112,10 @@ public struct CoreConfig: Sendable, Equatable {
         var c = CoreConfig()
         try c.read(environment: environment)
         try c.read(arguments: arguments)
+        if let dir = c.stateDir, let store = c.store {
+            throw WispError(.invalidArgument, "--state-dir (\(dir)) and --store (\(store)) are both given: "
+                            + "use one, --state-dir for threads in SQLite on this machine, --store for PostgreSQL")
+        }
         return c
     }
 
@@ -146,6 +154,7 @@ public struct CoreConfig: Sendable, Equatable {
         case "slots": slots = try Self.int("slots", value)
         case "root": roots.append(value)
         case "state-dir": stateDir = value.isEmpty ? nil : value
+        case "store": store = value.isEmpty ? nil : try StoreURL(value)
         case "max-stored-threads": maxStoredThreads = try Self.int("max-stored-threads", value)
         case "keep-alive":
             guard OllamaKeepAlive(value) != nil else {
@@ -176,7 +185,7 @@ public struct CoreConfig: Sendable, Equatable {
             ("WISP_CONTEXT_SIZE", "context-size"), ("WISP_ECHO_DELAY_MS", "echo-delay-ms"),
             ("WISP_ENDPOINT", "endpoint"), ("WISP_MODEL", "model"), ("WISP_SLOTS", "slots"),
             ("WISP_LOG_LEVEL", "log-level"),
-            ("WISP_STATE_DIR", "state-dir"), ("WISP_MAX_STORED_THREADS", "max-stored-threads"),
+            ("WISP_STATE_DIR", "state-dir"), ("WISP_STORE", "store"), ("WISP_MAX_STORED_THREADS", "max-stored-threads"),
             ("WISP_KEEP_ALIVE", "keep-alive"), ("WISP_CONDENSE_TO", "condense-to"),
         ]
         for (variable, key) in env {

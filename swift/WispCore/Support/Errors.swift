@@ -16,6 +16,8 @@ public struct WispError: Error, Sendable, Equatable, CustomStringConvertible {
         case cancelled
         case timeout
         case busy
+        /// The shared store (`--store`) cannot be reached: nothing of the call was kept anywhere.
+        case storeUnavailable = "store_unavailable"
         case `internal`
     }
 

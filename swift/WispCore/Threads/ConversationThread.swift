@@ -307,8 +307,9 @@ public actor ConversationThread {
             let written = try await lease.commit(thread, kept: kept, after: before.state.version,
                                                  usage: outcome.usage, by: deadline)
             state.settle(.inStep(written))
-        } catch where error == .commitPastDeadline {
-            // Nothing was stored, so nothing is kept: the call reports its time limit.
+        } catch where error == .commitPastDeadline || error.code == .storeUnavailable {
+            // Nothing was stored, so nothing is kept: the call reports its time limit, or a shared
+            // store that failed (replicas must not hold turns the database lacks).
             conversation.revert(before.undo)
             (usage, createdAt, updatedAt) = (before.usage, before.createdAt, before.updatedAt)
             state.settle(before.state)

@@ -65,7 +65,7 @@ public actor ThreadRegistry {
     /// Why `--state-dir` was given but is not in use: from the start, or since it failed (for now).
     public nonisolated var storeError: String? {
         startError ?? store?.trouble.map {
-            "\(store?.location ?? ""): \($0); threads are served in memory until it works again"
+            "\(store?.location ?? ""): \($0); \(store?.whileFailing ?? "")"
         }
     }
     /// A task storing threads that hold turns the store missed, while one runs.

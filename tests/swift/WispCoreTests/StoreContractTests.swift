@@ -35,7 +35,39 @@ struct StoreUnderTest: Sendable, CustomTestStringConvertible {
             }
             return (try open(), open)
         },
-    ]
+    ] + postgreSQL
+
+    /// The PostgreSQL store on a database of its own, where a cluster can be started here
+    /// (`PostgreSQLContractRuns` says why not, where not).
+    static var postgreSQL: [StoreUnderTest] {
+        #if os(Linux)
+        guard PostgreSQLServer.shared != nil else { return [] }
+        return [StoreUnderTest(name: "postgresql") { max in
+            guard let server = PostgreSQLServer.shared else { throw PostgreSQLError("no PostgreSQL server") }
+            let url = try StoreURL(try server.freshDatabase())
+            let open = { @Sendable () throws -> any ThreadStore in
+                try PostgreSQLThreadStore(url: url, maxStored: max, log: Log(level: .error))
+            }
+            return (try open(), open)
+        }]
+        #else
+        return []
+        #endif
+    }
+}
+
+/// Says, as a skip with its reason, when the contract does not run against PostgreSQL here.
+@Suite struct PostgreSQLContractRuns {
+    #if os(Linux)
+    static let why = PostgreSQLServer.absent ?? (PostgreSQLServer.shared == nil ? "its cluster did not start" : nil)
+    #else
+    static let why: String? = "the PostgreSQL store is built on Linux only"
+    #endif
+
+    @Test(.enabled(if: why == nil, "\(why ?? "")"))
+    func theContractRunsAgainstPostgreSQL() {
+        #expect(StoreUnderTest.all.contains { $0.name == "postgresql" })
+    }
 }
 
 private func leased<T>(_ s: any ThreadStore, _ id: String,

@@ -1,9 +1,9 @@
 import WispInfrastructure
 
 /// Durable threads' one seam: what a thread needs from wherever threads are kept. The thread
-/// actor sees only this; `SQLiteThreadStore` keeps threads in `--state-dir`, `MemoryThreadStore`
-/// serves the tests (and injects their faults). ARCHITECTURE.md says how a store on a database
-/// server would implement the same protocol.
+/// actor sees only this; `SQLiteThreadStore` keeps threads in `--state-dir`,
+/// `PostgreSQLThreadStore` in a database several wisps share (`--store`), `MemoryThreadStore`
+/// serves the tests (and injects their faults).
 ///
 /// - A live thread holds a **lease** on its id while a call runs on it (`lease`): no other holder,
 ///   in this process or another sharing the store, gets one meanwhile, so two processes never
@@ -22,6 +22,8 @@ public protocol ThreadStore: AnyObject, Sendable {
     var location: String { get }
     /// Why the store cannot be written now (it failed under this running wisp); nil while it can.
     var trouble: String? { get }
+    /// What serving is like while `trouble` lasts, for `status` and `--check`.
+    var whileFailing: String { get }
     /// At most this many threads are kept; storing one more deletes the least recently updated.
     var maxStored: Int { get }
     /// Takes the lease on thread `id`, waiting a while for another holder (then `busy`).
@@ -44,6 +46,8 @@ public protocol ThreadStore: AnyObject, Sendable {
 }
 
 extension ThreadStore {
+    public var whileFailing: String { "threads are served in memory until it works again" }
+
     /// Thread `id` as committed now.
     public func read(_ id: String) async throws(WispError) -> Loaded { try await read(id, unlessAt: nil) }
 

@@ -1,0 +1,13 @@
+import WispInfrastructure
+
+/// The PostgreSQL store for `--store`, where this system has it (Linux: libpq loaded at run time).
+/// A database that cannot be reached now is not an error here: the store starts and its calls
+/// fail closed until it can be (`PostgreSQLThreadStore`).
+public func openPostgreSQLStore(_ url: StoreURL, maxStored: Int, log: Log) throws(WispError) -> any ThreadStore {
+    #if os(Linux)
+    return try PostgreSQLThreadStore(url: url, maxStored: maxStored, log: log)
+    #else
+    throw WispError(.invalidArgument, "--store \(url.shown): PostgreSQL is supported on Linux only for now; "
+                    + "use --state-dir on this system")
+    #endif
+}
