@@ -11,7 +11,7 @@ struct PostgreSQLStoreTests {
     static let password = "pw-never-shown-4d1"
 
     private func store(_ url: String, max: Int = 1000) throws -> PostgreSQLThreadStore {
-        try PostgreSQLThreadStore(url: try StoreURL(url), maxStored: max, log: Log(level: .error))
+        PostgreSQLThreadStore(url: try StoreURL(url), maxStored: max, log: Log(level: .error))
     }
 
     private func thread(_ prompts: String...) -> StoredThread {
@@ -34,6 +34,27 @@ struct PostgreSQLStoreTests {
         await held.release()
         let after = try await two.lease("t")
         await after.release()
+    }
+
+    @Test func aNewerWispsDatabaseFailsEveryCallClosedSayingSo() async throws {
+        let server = try PostgreSQLServer()
+        defer { server.stop() }
+        let first = try store(server.url)
+        let lease = try await first.lease("t")
+        _ = try await lease.commit(thread("one"), kept: 0, after: nil, usage: Usage())
+        await lease.release()
+        let db = try PostgreSQLConnection(server.url)
+        try db.query("UPDATE wisp_schema SET version = $1", [String(PostgreSQLSchema.version + 1)])
+        db.close()
+        let later = try store(server.url)  // a replica started after a newer wisp migrated
+        #expect(later.trouble?.contains("newer wisp") == true, "\(later.trouble ?? "nil")")
+        await #expect { _ = try await later.lease("t") } throws: { error in
+            let e = error as? WispError
+            return e?.code == .storeUnavailable && e?.message.contains("newer wisp") == true
+        }
+        await #expect { _ = try await later.read("t") } throws: { error in
+            (error as? WispError)?.code == .storeUnavailable
+        }
     }
 
     @Test func aCommitPastItsDeadlineAndATextPostgreSQLCannotHoldAreKeptNowhere() async throws {

@@ -5,7 +5,7 @@ import WispInfrastructure
 /// fail closed until it can be (`PostgreSQLThreadStore`).
 public func openPostgreSQLStore(_ url: StoreURL, maxStored: Int, log: Log) throws(WispError) -> any ThreadStore {
     #if os(Linux)
-    return try PostgreSQLThreadStore(url: url, maxStored: maxStored, log: log)
+    return PostgreSQLThreadStore(url: url, maxStored: maxStored, log: log)
     #else
     throw WispError(.invalidArgument, "--store \(url.shown): PostgreSQL is supported on Linux only for now; "
                     + "use --state-dir on this system")

@@ -39,8 +39,9 @@ public final class PostgreSQLThreadStore: ThreadStore {
     private let prepared = Locked(false)
 
     /// Reaches the database and prepares its schema; a database that cannot be reached now is
-    /// tried again by the next call (`trouble` says why meanwhile). Throws for a newer wisp's.
-    public init(url: StoreURL, maxStored: Int, log: Log) throws(WispError) {
+    /// tried again by the next call (`trouble` says why meanwhile); a newer wisp's is refused by
+    /// every call (`store_unavailable`, saying so).
+    public init(url: StoreURL, maxStored: Int, log: Log) {
         self.url = url
         self.maxStored = max(1, maxStored)
         self.log = log
@@ -56,8 +57,9 @@ public final class PostgreSQLThreadStore: ThreadStore {
             put(db)
             health.worked()
         } catch {
-            if let why = refused.withLock({ $0 }) { throw WispError(.internal, why) }
-            health.failed(error.message)
+            // A newer wisp's database fails closed as an unreachable one does, for good: served in
+            // memory, this replica's threads would be turns the database lacks.
+            if let why = refused.withLock({ $0 }) { log(.error, why) } else { health.failed(error.message) }
         }
     }
 
