@@ -362,6 +362,14 @@ def state_dir(ns: argparse.Namespace) -> str | None:
     return (ns.state_dir if ns.state_dir is not None else env("WISP_STATE_DIR")) or None
 
 
+def store_kind(ns: argparse.Namespace) -> str | None:
+    """Which store threads are configured to live in, for what wisp tells callers about retention:
+    "state_dir", "postgresql" or None (the core judges whether it can use it)."""
+    if state_dir(ns):
+        return "state_dir"
+    return "postgresql" if (ns.store if ns.store is not None else env("WISP_STORE")) else None
+
+
 def max_threads(ns: argparse.Namespace) -> int:
     return ns.max_threads or _env_number("WISP_MAX_THREADS", int, "an integer") or DEFAULT_MAX_THREADS
 

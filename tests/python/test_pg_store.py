@@ -108,6 +108,10 @@ async def test_two_wisps_on_one_database_share_threads():
             assert echo_n(await say(b, "shared", "afresh")) == 1
             for c in (a, b):
                 assert PASSWORD not in errlog_of(c)
+            # What the tools say of retention is this store's, not the memory-only wording.
+            respond = next(t for t in (await a.list_tools()).tools if t.name == "respond")
+            assert "in PostgreSQL (--store)" in (respond.description or ""), respond.description
+            assert "lost when wisp restarts" not in (respond.description or "")
 
 
 async def test_a_killed_wisp_frees_its_threads_within_5_s():

@@ -73,9 +73,9 @@ class CoreLaunch:
     args: list[str] = field(default_factory=list)
     timeout_s: float = config.DEFAULT_TIMEOUT_S
     env: dict[str, str] | None = None
-    # The state dir configured (--state-dir / WISP_STATE_DIR), for what wisp tells callers about
-    # retention; whether the core could use it, its Ready (durable) and status say.
-    state_dir: str | None = None
+    # The store configured (config.store_kind: "state_dir", "postgresql"), for what wisp tells
+    # callers about retention; whether the core could use it, its Ready (durable) and status say.
+    store: str | None = None
     # A model server run beside the core, the local model (localmodel/plugin.py); None: none.
     companion: ModelCompanion | None = None
     # A call that asked for progress hears from wisp at least this often (core/client.py).
@@ -86,7 +86,7 @@ class CoreLaunch:
         """The launch the shim's flags and variables configure (config.py judges each)."""
         return cls(core=config.core_path(ns), args=config.core_args(ns), env=config.core_env(ns),
                    timeout_s=config.timeout_s(ns),
-                   state_dir=config.state_dir(ns), progress_every_s=config.progress_every_s())
+                   store=config.store_kind(ns), progress_every_s=config.progress_every_s())
 
     def with_backend(self, backend: str) -> CoreLaunch:
         """A launch of the same core with any --backend replaced by this one, and no companion."""

@@ -43,7 +43,7 @@ LISTED_START_DELAY_S = 0.02
 
 
 def _instructions(tc: ToolContext) -> str:
-    gone = "closed, deleted or lost" if tc.state_dir is not None else "evicted, closed or lost"
+    gone = "closed, deleted or lost" if tc.store is not None else "evicted, closed or lost"
     return (
         "wisp hands work to a local language model and keeps conversation threads with it. "
         "Call `respond` with a prompt; it returns a thread_id. Pass that thread_id back to continue "
@@ -77,7 +77,7 @@ async def _as_result(name: str, work: Awaitable[Any]) -> Any:
 
 
 def build_server(core: Core, max_threads: int, task_limits: TaskLimits | None = None) -> Server[Any]:
-    tc = ToolContext(core, max_threads, core.launch.state_dir)
+    tc = ToolContext(core, max_threads, core.launch.store)
     by_name = {t.name: t for t in TOOLS}
     tasks = Tasks(task_limits or TaskLimits.from_env(), core.placement,
                   frozenset(t.name for t in TOOLS if t.task is not None))

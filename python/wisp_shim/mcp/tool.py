@@ -29,22 +29,24 @@ SendProgress = Callable[[float, str], Awaitable[None]]
 @dataclass(frozen=True)
 class ToolContext:
     """What a tool's declaration and handler may use: the one core every session shares, and
-    the live-thread cap and state dir wisp was started with (what retention means)."""
+    the live-thread cap and store wisp was started with (what retention means)."""
 
     core: Core
     max_threads: int
-    state_dir: str | None
+    store: str | None  # CoreLaunch.store
 
     def retention(self) -> str:
         """Where threads live and for how long, as configured (one wording for the server's
         instructions and the respond tool's description)."""
-        if self.state_dir is None:
+        if self.store is None:
             return (f"threads are kept in memory only, at most {self.max_threads} (the least recently used dropped "
                     "first), all lost when wisp restarts")
+        where = ("in PostgreSQL (--store), shared by every wisp on the database," if self.store == "postgresql"
+                 else "on disk (--state-dir)")
         return (
-            f"threads are stored on disk (--state-dir) and survive restarts and crashes; at most "
+            f"threads are stored {where} and survive restarts and crashes; at most "
             f"{self.max_threads} in memory (the least recently used unloaded, resumed when next called); "
-            "past --max-stored-threads the least recently written is deleted. list_threads says if the state dir is "
+            "past --max-stored-threads the least recently written is deleted. list_threads says if the store is "
             "unusable"
         )
 

@@ -17,8 +17,8 @@ from ..tool import McpTool, ToolContext, result
 # The page size when the caller names none, and the most it may name.
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
-# not_stored when wisp runs without a state dir.
-NO_STATE_DIR = "no --state-dir was given: threads are kept in memory only and lost when wisp restarts"
+# not_stored when wisp runs without a store.
+NO_STATE_DIR = "no --state-dir or --store was given: threads are kept in memory only and lost when wisp restarts"
 
 
 class ListThreadsArgs(Arguments):
@@ -47,7 +47,7 @@ class ThreadEntry(BaseModel):
     turns: int
     pending: int = Field(description="Calls running or waiting on it.")
     live: bool = Field(description="In memory now.")
-    stored: bool = Field(description="In the state dir (--state-dir).")
+    stored: bool = Field(description="In the store (--state-dir or --store).")
     created_at: str | None = Field(None, description="ISO 8601, UTC; where known.")
     updated_at: str | None = Field(None, description="ISO 8601, UTC; its last turn.")
     first_prompt: str | None = Field(None, description="The start of its first prompt.")
@@ -65,7 +65,7 @@ class ListThreadsOutput(BaseModel):
     max_threads: int = Field(description="Live threads kept at most.")
     state_dir: str | None = Field(None, description="Where threads are stored, when they are.")
     not_stored: str | None = Field(
-        None, description="Why threads are not stored: no --state-dir, or why it is unusable.")
+        None, description="Why threads are not stored: no store given, or why it is unusable.")
     context_note: str | None = Field(
         None, description="When the server was found to cut prompts: the window wisp now uses.")
     usage: UsageTotal | None = Field(None, description="Every call's usage since wisp started, summed.")
@@ -78,7 +78,7 @@ def declare(tc: ToolContext) -> Tool:
         name="list_threads",
         title="Find threads",
         description=(
-            "List or search threads (live, and stored with --state-dir): most recently used first, or best match "
+            "List or search threads (live, and stored with --state-dir or --store): most recently used first, or best match "
             "first with query; each with a preview. Also says wisp's backend and model."
         ),
         input_schema=tool_schema(ListThreadsArgs),
