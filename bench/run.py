@@ -958,9 +958,10 @@ async def _long(section: Callable[[bool], Any], quick: bool) -> dict[str, Any]:
 
 # Sections declared in modules of their own: each one's targets, report rows and run (given --quick):
 # the shared server, a progress token's cost, fork and search, the pre-count, the local model's start,
-# the installed wheel.
+# the installed wheel, threads in PostgreSQL.
 from http_bench import HTTP_ROWS, HTTP_TARGETS, http_section  # noqa: E402
 from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
+from pg_bench import POSTGRES_ROWS, POSTGRES_TARGETS, postgres_section  # noqa: E402
 from precount_bench import PRECOUNT_ROWS, PRECOUNT_TARGETS, precount_section  # noqa: E402
 from progress_bench import PROGRESS_ROWS, PROGRESS_TARGETS, progress_section  # noqa: E402
 from threadops_bench import THREADOPS_ROWS, THREADOPS_TARGETS, threadops_section  # noqa: E402
@@ -970,7 +971,8 @@ OWN_SECTIONS = {"threadops": (THREADOPS_TARGETS, THREADOPS_ROWS, threadops_secti
     "http": (HTTP_TARGETS, HTTP_ROWS, http_section), "progress": (PROGRESS_TARGETS, PROGRESS_ROWS, progress_section),
     "precount": (PRECOUNT_TARGETS, PRECOUNT_ROWS, lambda q: precount_section(q, _local_model())),
     "first_answer": (FIRST_ANSWER_TARGETS, FIRST_ANSWER_ROWS, lambda q: first_answer(repeats=1 if q else 3)),
-    "wheel": (WHEEL_TARGETS, WHEEL_ROWS, wheel_section)}
+    "wheel": (WHEEL_TARGETS, WHEEL_ROWS, wheel_section),
+    "postgres": (POSTGRES_TARGETS, POSTGRES_ROWS, postgres_section)}
 TARGETS.update({k: t for targets, _, _ in OWN_SECTIONS.values() for k, t in targets.items()})
 ROWS += [row for _, rows, _ in OWN_SECTIONS.values() for row in rows]
 SECTIONS += tuple(OWN_SECTIONS)

@@ -44,8 +44,8 @@ class Postgres:
     """One running cluster: `url(password)` names it for `--store`; `stop()` and `start()` take
     it down and bring it back on the same socket and port."""
 
-    def __init__(self, bindir: Path, root: Path, as_user: list[str]):
-        self.bindir, self.root, self.as_user = bindir, root, as_user
+    def __init__(self, bindir: Path, root: Path, as_user: list[str], fsync: bool = False):
+        self.bindir, self.root, self.as_user, self.fsync = bindir, root, as_user, fsync
         self.data, self.port = root / "data", _free_port()
 
     def _run(self, tool: str, *args: str) -> None:
@@ -56,7 +56,8 @@ class Postgres:
         self._run("initdb", "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync")
 
     def start(self) -> None:
-        opts = f"-k {self.root} -c listen_addresses= -p {self.port} -c fsync=off"
+        # The tests' cluster skips fsync (its durability is not what they test); the bench's keeps it.
+        opts = f"-k {self.root} -c listen_addresses= -p {self.port} -c fsync={'on' if self.fsync else 'off'}"
         self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l", str(self.root / "log"), "-w", "start")
 
     def stop(self) -> None:
@@ -68,7 +69,7 @@ class Postgres:
 
 
 @contextlib.contextmanager
-def postgres():
+def postgres(fsync: bool = False):
     bindir = _bin_dir()
     if bindir is None:
         pytest.skip("PostgreSQL's initdb is not installed (Debian: apt-get install postgresql); .ci/run installs it")
@@ -83,7 +84,7 @@ def postgres():
         if as_user:
             shutil.chown(root, user="nobody")
         root.chmod(0o755)
-        pg = Postgres(bindir, root, as_user)
+        pg = Postgres(bindir, root, as_user, fsync)
         pg.init()
         pg.start()
         try:

@@ -17,11 +17,14 @@ enum PostgreSQLLease {
 
     /// Takes `id`'s lease on `db` (re-entrant on one connection, as PostgreSQL's advisory locks are).
     static func take(_ id: String, on db: PostgreSQLConnection) throws(PostgreSQLError) -> Outcome {
+        let key = [String(leaseSpace), id]
+        // Most leases are free: one round trip; only a held one waits, with the server's timeout.
+        if try db.query("SELECT pg_try_advisory_lock($1, hashtext($2))", key).first?.first == "t" { return .held }
         let ms = wait.components.seconds * 1000
         try db.query("SET lock_timeout = \(ms)")
         defer { _ = try? db.query("SET lock_timeout = 0") }
         do {
-            try db.query("SELECT pg_advisory_lock($1, hashtext($2))", [String(leaseSpace), id])
+            try db.query("SELECT pg_advisory_lock($1, hashtext($2))", key)
             return .held
         } catch where error.sqlState == "55P03" {
             return .busy("thread \(id) is in use by another call, in this wisp or another wisp on this database (waited \(ms) ms for its lease)")

@@ -60,7 +60,9 @@ enum PostgreSQLRows {
                   ThreadSummary.preview(thread.history.first?.prompt ?? ""),
                   ThreadSummary.preview(thread.history.last?.response ?? ""),
                   count(totals.inputTokens), count(totals.outputTokens), count(totals.reasoningTokens)])
-        try db.query("DELETE FROM turns WHERE thread_id = $1 AND seq >= $2", [id, String(from)])
+        if old.map({ Int64(from) < $0.turns }) ?? true {  // appending after what is stored deletes nothing
+            try db.query("DELETE FROM turns WHERE thread_id = $1 AND seq >= $2", [id, String(from)])
+        }
         for (seq, turn) in thread.history.enumerated().dropFirst(from) {
             try db.query("INSERT INTO turns VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)", [
                 id, String(seq), turn.prompt, turn.response, turn.reasoning, String(turn.tokens),

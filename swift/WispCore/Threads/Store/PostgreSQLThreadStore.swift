@@ -220,13 +220,15 @@ public final class PostgreSQLThreadStore: ThreadStore {
                 usage: Usage, by deadline: Double?) throws(PostgreSQLError) -> Int64 {
         let lastStart = deadline.map { $0 - Self.commitTime }
         if let lastStart, lastStart <= monotonicSeconds() { throw PostgreSQLError("past", sqlState: "57014") }
-        try db.query("BEGIN")
         do throws(PostgreSQLError) {
-            try db.query("SET LOCAL synchronous_commit = on")
-            if let lastStart {
-                let ms = max(1, Int(((lastStart - monotonicSeconds()) * 1000).rounded(.down)))
-                try db.query("SET LOCAL statement_timeout = \(ms)")
+            // One round trip for the transaction's settings (a turn's commit is on every call's path).
+            // The deadline came through the pipe: no value of it (NaN, huge) may trap the conversion.
+            let limit = lastStart.map { last -> Int in
+                let ms = (last - monotonicSeconds()) * 1000
+                return ms > 1 ? (ms < 86_400_000 ? Int(ms) : 86_400_000) : 1
             }
+            try db.query("BEGIN; SET LOCAL synchronous_commit = on"
+                         + (limit.map { "; SET LOCAL statement_timeout = \($0)" } ?? ""))
             let written = try PostgreSQLRows.write(db, id, thread, kept: kept, after: seen, usage: usage,
                                                    at: Date().timeIntervalSince1970) { () throws(PostgreSQLError) in
                 try db.query("SELECT pg_advisory_xact_lock($1)", [String(Self.capKey)])
