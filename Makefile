@@ -131,8 +131,9 @@ bench: build $(TEST_VENV) $(if $(filter Linux,$(UNAME)),wheel)
 # 1 min on 2 vCPUs): it must run to the end without an error; its figures are too rough to keep, so
 # they go to .build, not bench/results. The local model's sections are left out: even --quick they
 # take about 1.5 min, and the long-thread ones about 17 (`make bench` runs them). `wheel` measures
-# the wheel in dist/ (`make test` builds it first) and says it skipped when there is none.
-SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops progress wheel
+# the wheel in dist/ (`make test` builds it first) and says it skipped when there is none; `postgres`
+# skips, naming why, where PostgreSQL is not installed.
+SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops progress wheel postgres
 bench-smoke: build $(TEST_VENV)
 	$(VPY) bench/run.py --quick --only $(SMOKE_SECTIONS) --out .build/bench-smoke.json
 
