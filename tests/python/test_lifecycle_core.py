@@ -15,14 +15,11 @@ import time
 
 import pytest
 
-from harness import error_text, held, ok, release, wisp
+from harness import error_text, errlog_text, held, ok, release, wisp
 
 
 def _core_pid(client) -> int:
-    client.errlog.flush()
-    client.errlog.seek(0)
-    pids = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
-    client.errlog.seek(0, os.SEEK_END)
+    pids = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", errlog_text(client.errlog))]
     assert pids, "the core never said it was ready"
     return pids[-1]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import error_text, ok, shim_env, wisp
+from harness import error_text, errlog_text, ok, shim_env, wisp
 from openai_stub import OpenAIStub, StubConfig
 from unruly_server import Unruly
 from wisp_shim.localmodel import llama_server, xllamacpp_server
@@ -108,9 +108,7 @@ def test_the_local_server_caps_an_answer_at_a_share_of_a_threads_context(tmp_pat
 
 
 def stderr_of(c) -> str:
-    c.errlog.flush()
-    c.errlog.seek(0)
-    return c.errlog.read()
+    return errlog_text(c.errlog)
 
 
 async def test_a_probe_trickled_a_byte_at_a_time_fails_on_its_own_and_holds_no_later_call():

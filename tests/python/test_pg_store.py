@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from harness import core_pids, error_text, held, ok, shim_command, shim_env, wisp
+from harness import core_pids, error_text, errlog_text, held, ok, shim_command, shim_env, wisp
 from harness.postgres import postgres
 
 PASSWORD = "pw-7f3c9e-never-shown"
@@ -41,14 +41,6 @@ def echo_n(r: dict) -> int:
 
 async def say(c, tid: str, prompt: str) -> dict:
     return ok(await c.call_tool("respond", {"prompt": prompt, "thread_id": tid}))
-
-
-def errlog_of(c) -> str:
-    c.errlog.flush()
-    c.errlog.seek(0)
-    text = c.errlog.read()
-    c.errlog.seek(0, os.SEEK_END)
-    return text
 
 
 def test_state_dir_and_store_together_refused_naming_both(tmp_path):
@@ -107,7 +99,7 @@ async def test_two_wisps_on_one_database_share_threads():
             ok(await a.call_tool("close_thread", {"thread_id": "shared"}))
             assert echo_n(await say(b, "shared", "afresh")) == 1
             for c in (a, b):
-                assert PASSWORD not in errlog_of(c)
+                assert PASSWORD not in errlog_text(c.errlog)
             # What the tools say of retention is this store's, not the memory-only wording.
             respond = next(t for t in (await a.list_tools()).tools if t.name == "respond")
             assert "in PostgreSQL (--store)" in (respond.description or ""), respond.description
@@ -155,4 +147,4 @@ async def test_the_database_gone_fails_closed_and_comes_back_without_restart():
             assert echo_n(ok(r)) == 2
             read = ok(await c.call_tool("read_thread", {"thread_id": "t"}))
             assert [t["prompt"] for t in read["items"]] == ["one", "two"], read
-            assert PASSWORD not in errlog_of(c)
+            assert PASSWORD not in errlog_text(c.errlog)

@@ -196,6 +196,15 @@ def spawn_initialized(*args: str, argv: list[str] | None = None) -> subprocess.P
 FAKE_CORE = Path(__file__).parents[1] / "fake_core.py"
 
 
+def errlog_text(errlog) -> str:
+    """What a process has written to its stderr file so far; the file is left at its end, for it to go on writing."""
+    errlog.flush()
+    errlog.seek(0)
+    text = errlog.read()
+    errlog.seek(0, os.SEEK_END)
+    return text
+
+
 def core_pids(client, wait: float = 5.0) -> list[int]:
     """The pids of the cores the shim has started, from its log. The shim's log is written by a
     thread of its own, so a line can land after the reply that followed it: wait (up to `wait`
@@ -203,10 +212,7 @@ def core_pids(client, wait: float = 5.0) -> list[int]:
     pids: list[int] = []
 
     def logged() -> bool:
-        client.errlog.flush()
-        client.errlog.seek(0)
-        pids[:] = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", client.errlog.read())]
-        client.errlog.seek(0, os.SEEK_END)
+        pids[:] = [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", errlog_text(client.errlog))]
         return bool(pids)
 
     wait_until(logged, wait)

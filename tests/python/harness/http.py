@@ -5,7 +5,6 @@ own client in either protocol generation; raw 2025-11-25 sessions and 2026-07-28
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import signal
@@ -19,7 +18,7 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from harness import REPO, ok, shim_command, shim_env
+from harness import REPO, errlog_text, ok, shim_command, shim_env
 
 MODES = ("legacy", "2026-07-28")  # 2025-11-25 with a session; 2026-07-28 without
 ACCEPT = "application/json, text/event-stream"
@@ -31,11 +30,7 @@ class HttpWisp:
         self.port = int(re.search(r":(\d+)/mcp", url).group(1))
 
     def log(self) -> str:
-        self.errlog.flush()
-        self.errlog.seek(0)
-        text = self.errlog.read()
-        self.errlog.seek(0, os.SEEK_END)
-        return text
+        return errlog_text(self.errlog)
 
     def core_pids(self) -> list[int]:
         return [int(m) for m in re.findall(r"wisp-core ready: pid (\d+)", self.log())]
