@@ -16,6 +16,7 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -68,16 +69,23 @@ class Postgres:
         return f"postgresql://{auth}@/{database}?host={self.root}&port={self.port}"
 
 
+def _absent(why: str) -> NoReturn:
+    """A skip naming why; a failure where CI installed PostgreSQL and said so (WISP_REQUIRE_POSTGRES=1)."""
+    if os.environ.get("WISP_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"WISP_REQUIRE_POSTGRES=1, but {why}")
+    pytest.skip(why)
+
+
 @contextlib.contextmanager
 def postgres(fsync: bool = False):
     bindir = _bin_dir()
     if bindir is None:
-        pytest.skip("PostgreSQL's initdb is not installed (Debian: apt-get install postgresql); .ci/run installs it")
+        _absent("PostgreSQL's initdb is not installed (Debian: apt-get install postgresql); .ci/run installs it")
     as_user: list[str] = []
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         runuser = shutil.which("runuser")
         if runuser is None:
-            pytest.skip("running as root, where PostgreSQL will not start, and no runuser to start it as nobody")
+            _absent("running as root, where PostgreSQL will not start, and no runuser to start it as nobody")
         as_user = [runuser, "-u", "nobody", "--"]
     root = Path(tempfile.mkdtemp(prefix="wisp-pg-"))
     try:

@@ -46,7 +46,7 @@ struct StoreUnderTest: Sendable, CustomTestStringConvertible {
             guard let server = PostgreSQLServer.shared else { throw PostgreSQLError("no PostgreSQL server") }
             let url = try StoreURL(try server.freshDatabase())
             let open = { @Sendable () throws -> any ThreadStore in
-                try PostgreSQLThreadStore(url: url, maxStored: max, log: Log(level: .error))
+                PostgreSQLThreadStore(url: url, maxStored: max, log: Log(level: .error))
             }
             return (try open(), open)
         }]
@@ -67,6 +67,12 @@ struct StoreUnderTest: Sendable, CustomTestStringConvertible {
     @Test(.enabled(if: why == nil, "\(why ?? "")"))
     func theContractRunsAgainstPostgreSQL() {
         #expect(StoreUnderTest.all.contains { $0.name == "postgresql" })
+    }
+
+    /// CI installs PostgreSQL and sets WISP_REQUIRE_POSTGRES=1 (.ci/run): there a skip is a failure.
+    @Test(.enabled(if: ProcessInfo.processInfo.environment["WISP_REQUIRE_POSTGRES"] == "1"))
+    func postgreSQLIsHereWhereItIsRequired() {
+        #expect(Self.why == nil, "WISP_REQUIRE_POSTGRES=1, but the PostgreSQL tests cannot run: \(Self.why ?? "")")
     }
 }
 
