@@ -154,7 +154,10 @@ def file_url(pin: Pin, index: str) -> str:
     if listed != pin.sha256:
         raise InstallError(f"{page} lists {pin.filename} with sha256 {listed}, not the {pin.sha256} wisp pins: "
                            "refused (the file on the index is not the one wisp was tested with)")
-    url = urljoin(page, str(entry.get("url") or ""))
+    given = entry.get("url")
+    if not isinstance(given, str) or not given:
+        raise InstallError(f"{page} gives no URL for {pin.filename}")
+    url = urljoin(page, given)
     if urlsplit(url).scheme not in ("https", "http"):
         raise InstallError(f"{page} gives {pin.filename} the URL {url!r}, which is not http(s)")
     return url
