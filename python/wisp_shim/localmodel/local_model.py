@@ -52,9 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
-from .llama_install import (INSTALL_HINT, MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError,
-                            ServerProgram, cached_llama_server, find_llama_server, find_model, find_server,
-                            find_xllamacpp, libgomp_missing)
+from .llama_install import (MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError, ServerProgram,
+                            cached_llama_server, find_llama_server, find_model, find_server, find_xllamacpp,
+                            install_hint, libgomp_missing, local_model_dir)
 from .llama_server import DEFAULT_CONTEXT, MODEL_ALIAS, VERIFY_TOKENS, LocalModel, available_cpus, verify
 
 log = logging.getLogger("wisp.local_model")
@@ -276,8 +276,8 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     try:
         server = find_server(llama_server)
         if server is None:
-            missing.append(f"no llama.cpp server (looked for the xllamacpp package, --llama-server/WISP_LLAMA_SERVER, "
-                           f"{cached_llama_server()}, and PATH)")
+            missing.append(f"no llama.cpp server (looked for --llama-server/WISP_LLAMA_SERVER, {cached_llama_server()}, "
+                           f"PATH, and the xllamacpp package here and in {local_model_dir()})")
         elif server.kind == XLLAMACPP and (why := libgomp_missing()):
             missing.append(why)
     except LocalModelError as exc:
@@ -285,12 +285,13 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
     try:
         model = find_model(model_path)
         if model is None:
-            missing.append(f"no model (--model-path/WISP_MODEL_PATH, or the {MODEL_PACKAGE} package)")
+            missing.append(f"no model (--model-path/WISP_MODEL_PATH, or the {MODEL_PACKAGE} package here or in "
+                           f"{local_model_dir()})")
     except LocalModelError as exc:
         missing.append(str(exc))
     decision = decide(platform, backend, endpoint, switch, installed=not missing)
     if missing:
-        return Plan(decision, None, "the local model is not installed: " + " and ".join(missing) + f"; {INSTALL_HINT}")
+        return Plan(decision, None, "the local model is not installed: " + " and ".join(missing) + f"; {install_hint()}")
     assert server is not None and model is not None
     if context_size is None:
         env = config.env("WISP_CONTEXT_SIZE")
@@ -381,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"model:        {model or 'not found'}")
     gomp = libgomp_missing() if server is not None and server.kind == XLLAMACPP else None
     if server is None or model is None or gomp:
-        _say(f"wisp: {gomp or INSTALL_HINT}")
+        _say(f"wisp: {gomp or install_hint()}")
         return NOT_FOUND
     slots = slot_count(ns.max_threads, ns.context_size, kv_bytes_per_token(model), physical_memory(), available_cpus())
     _say(f"slots:        {slots} x {ns.context_size} tokens")

@@ -14,15 +14,16 @@ from .. import config, errors
 from ..core.probe import probe_status
 from ..core.process import CoreLaunch
 from ..errors import ShimError
-from . import llama_server, local_model
+from . import llama_install, llama_server, local_model
 
 log = logging.getLogger("wisp")
 
-APPLE_ALTERNATIVES = (
-    "Without Apple's model, wisp can use its own local model: run `make local-model` in the wisp repository "
-    "(then `--backend auto` starts it whenever Apple's model is unavailable), or point --endpoint at an "
-    "OpenAI-compatible server."
-)
+def apple_alternatives() -> str:
+    return (f"Without Apple's model, wisp can use its own local model: {llama_install.install_hint()} (then "
+            "`--backend auto` starts it whenever Apple's model is unavailable), or point --endpoint at an "
+            "OpenAI-compatible server.")
+
+
 # The decisions under which the server may run beside the core (started, and stopped after it).
 RUNS = (local_model.LOCAL, local_model.PROBE_APPLE)
 
@@ -95,7 +96,7 @@ class LocalModelUse:
             other = "" if "--endpoint" in error.message else "; or point --endpoint at an OpenAI-compatible server"
             return ShimError(error.code, f"{error.message.rstrip('.')}. {self.plan.missing}{other}")
         if self.plan.decision in (local_model.APPLE_ONLY, local_model.PROBE_APPLE):
-            return ShimError(error.code, f"{error.message} {APPLE_ALTERNATIVES}")
+            return ShimError(error.code, f"{error.message} {apple_alternatives()}")
         return error
 
     async def check(self) -> str | None:

@@ -2,7 +2,7 @@
 command line (the part wisp uses), so that the shim starts, watches and stops either server
 the same way (llama_server.LocalModel).
 
-    python -m wisp_shim.localmodel.xllamacpp_server -m MODEL.gguf --port N [-c N] [-np N] [-t N] [-tb N] ...
+    python -m wisp_shim.localmodel.xllamacpp_server [--import-path DIR] -m MODEL.gguf --port N [-c N] [-np N] [-t N] [-tb N] ...
 
 The wheel compiles llama.cpp's `tools/server` into a Python extension: `xllamacpp.Server(params)`
 listens in threads of its own, so this process only fills the parameters, starts it and waits
@@ -28,6 +28,9 @@ API_KEY_ENV = "LLAMA_API_KEY"
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m wisp_shim.localmodel.xllamacpp_server", description=__doc__.split("\n\n")[0])
+    # Where the shim found xllamacpp: a venv's site-packages, or the data dir of
+    # `--install-local-model`, which is on no Python's path.
+    ap.add_argument("--import-path")
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--alias")
     ap.add_argument("--host", default="127.0.0.1")
@@ -45,6 +48,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     ns = parse(sys.argv[1:] if argv is None else argv)
+    if ns.import_path:
+        sys.path.insert(0, ns.import_path)
     try:
         import xllamacpp
     except ImportError as exc:  # an OSError from dlopen reaches Python as an ImportError

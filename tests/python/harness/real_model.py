@@ -20,7 +20,7 @@ def installed() -> tuple[local_model.ServerProgram, Path] | str:
         return str(exc)
     if server is None or model is None:
         what = " and ".join(x for x, v in (("llama.cpp's server", server), ("the SmolLM2 model", model)) if v is None)
-        return f"the local model is not installed ({what} missing): {local_model.INSTALL_HINT}"
+        return f"the local model is not installed ({what} missing): {local_model.install_hint()}"
     return server, model
 
 
