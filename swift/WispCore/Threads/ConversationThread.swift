@@ -166,6 +166,13 @@ public actor ConversationThread {
         }
     }
 
+    /// Whether another process closed this stored thread since this memory last saw it: the store's
+    /// listing lacks it, and only the store can tell that from the store being unreachable.
+    public func isClosedElsewhere() async -> Bool {
+        guard state.version != nil, case .some(Loaded.none) = try? await newerStored() else { return false }
+        return true
+    }
+
     /// Whether the store holds another version than this memory last saw (another process wrote it
     /// since) while no call runs here: a listing then shows what is stored.
     public func isBehind(_ stored: StoreVersion?) -> Bool {

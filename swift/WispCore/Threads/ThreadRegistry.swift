@@ -331,7 +331,9 @@ public actor ThreadRegistry {
         // Live threads another process stored since are listed (and searched) as stored.
         var liveIDs = Set<String>()
         for (id, entry) in entries {
-            if let version = storedVersions[id], await entry.thread.isBehind(version) { continue }
+            if let version = storedVersions[id] {
+                if await entry.thread.isBehind(version) { continue }
+            } else if store != nil, await entry.thread.isClosedElsewhere() { continue }
             liveIDs.insert(id)
             if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight,
                                                              stored: storedVersions[id] != nil) {
