@@ -336,11 +336,11 @@ def grandchildren_named(pid: int, suffix: str, module: str | None = None) -> set
         except psutil.NoSuchProcess:
             continue
         for k in kids:
-            try:
-                argv0 = (k.cmdline() or [""])[0]
+            try:  # one read of its command line: a child can exit (a zombie) between two
+                argv = k.cmdline() or [""]
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            if (argv0.endswith(suffix) or (module is not None and module in k.cmdline()[1:3])) and _alive(k):
+            if (argv[0].endswith(suffix) or (module is not None and module in argv[1:3])) and _alive(k):
                 found.add(k.pid)
     return found
 
