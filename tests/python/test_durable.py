@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 
-from harness import REPO, core_path, core_pids, error_text, held, ok, shim_env, text_of, wait_for, wisp
+from harness import echo_n, REPO, core_path, core_pids, error_text, held, ok, shim_env, text_of, wait_for, wisp
 
 sys.path.insert(0, str(REPO / "python"))
 from wisp_shim.core import protocol  # noqa: E402
@@ -53,10 +53,6 @@ def write_thread_file(state: Path, tid: str, turns: int, instructions: str | Non
 
 async def say(c, tid: str, prompt: str) -> dict:
     return ok(await c.call_tool("respond", {"prompt": prompt, "thread_id": tid}))
-
-
-def echo_n(r: dict) -> int:
-    return int(r["text"].split(":", 1)[0].removeprefix("echo "))
 
 
 async def test_a_restarted_server_continues_every_thread_with_its_binding(tmp_path):

@@ -5,7 +5,8 @@
   or a reply, whether the database is reachable or not.
 - Two wisps on one database share threads: each continues, reads, lists and searches what the
   other wrote, and a thread closed on one starts afresh on the other.
-- A wisp killed with SIGKILL while it holds a thread's lease frees it within 5 s.
+- A wisp killed with SIGKILL while it holds a thread's lease frees it within 5 s, and its turn is kept
+  nowhere.
 - Fail closed: the database stopped, a call fails `store_unavailable` naming it, and its turn is
   kept nowhere; calls work again within 10 s of the database's return, with no restart.
 """
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,7 +22,7 @@ import time
 
 import pytest
 
-from harness import core_pids, error_text, errlog_text, held, ok, shim_command, shim_env, wisp
+from harness import echo_n, core_pids, error_text, errlog_text, held, ok, shim_command, shim_env, wisp
 from harness.postgres import postgres
 
 PASSWORD = "pw-7f3c9e-never-shown"
@@ -33,10 +35,6 @@ def run_check(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def assert_hidden(p: subprocess.CompletedProcess) -> None:
     assert PASSWORD not in p.stdout and PASSWORD not in p.stderr, (p.stdout, p.stderr)
-
-
-def echo_n(r: dict) -> int:
-    return int(r["text"].split(":", 1)[0].removeprefix("echo "))
 
 
 async def say(c, tid: str, prompt: str) -> dict:
@@ -123,9 +121,14 @@ async def test_a_killed_wisp_frees_its_threads_within_5_s():
                 r = await b.call_tool("respond", {"prompt": "after", "thread_id": "t"})
                 if not r.is_error:
                     break
-                assert time.monotonic() - killed < 5, error_text(r)
+                assert error_text(r).startswith("busy") and time.monotonic() - killed < 5, error_text(r)
             assert echo_n(ok(r)) == 2
+            # The killed turn is kept nowhere: the thread is its first turn and the one after.
+            read = ok(await b.call_tool("read_thread", {"thread_id": "t"}))
+            assert [t["prompt"] for t in read["items"]] == ["one", "after"], read
             parked.cancel()
+            with contextlib.suppress(BaseException):
+                await parked
 
 
 async def test_the_database_gone_fails_closed_and_comes_back_without_restart():

@@ -23,16 +23,13 @@ from pathlib import Path
 import pytest
 
 from harness import (
+    echo_n,
     INITIALIZE, INITIALIZED, REPO, call, close_shim, core_path, error_text, held, ok, read_until, release, shim_env, spawn,
     wisp,
 )
 
 sys.path.insert(0, str(REPO / "python"))
 from wisp_shim.core import protocol  # noqa: E402
-
-
-def echo_n(r: dict) -> int:
-    return int(r["text"].split(":", 1)[0].removeprefix("echo "))
 
 
 async def say(c, tid: str, prompt: str) -> dict:

@@ -111,6 +111,11 @@ def ok(result) -> dict:
     return result.structured_content
 
 
+def echo_n(r: dict) -> int:
+    """The turn number an echo reply starts with ("echo N: ..."; docs/echo.md)."""
+    return int(r["text"].split(":", 1)[0].removeprefix("echo "))
+
+
 def error_text(result) -> str:
     assert result.is_error, f"expected a tool error, got {result.structured_content}"
     return text_of(result)
