@@ -146,8 +146,15 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// `body` in a read-only snapshot of its own.
     static func snapshot<T>(_ db: PostgreSQLConnection,
                             _ body: () throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
-        try db.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try transaction(db, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
+    }
+
+    /// `body` in a transaction `begin` opens (with its settings), committed when `body` returns and
+    /// rolled back when anything in it throws, the opening statements' own settings included.
+    static func transaction<T>(_ db: PostgreSQLConnection, _ begin: String,
+                               _ body: () throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
         do throws(PostgreSQLError) {
+            try db.query(begin)
             let value = try body()
             try db.query("COMMIT")
             return value
@@ -220,26 +227,22 @@ public final class PostgreSQLThreadStore: ThreadStore {
                 usage: Usage, by deadline: Double?) throws(PostgreSQLError) -> Int64 {
         let lastStart = deadline.map { $0 - Self.commitTime }
         if let lastStart, lastStart <= monotonicSeconds() { throw PostgreSQLError("past", sqlState: "57014") }
-        do throws(PostgreSQLError) {
-            // One round trip for the transaction's settings (a turn's commit is on every call's path).
-            // The deadline came through the pipe: no value of it (NaN, huge) may trap the conversion.
-            let limit = lastStart.map { last -> Int in
-                let ms = (last - monotonicSeconds()) * 1000
-                return ms > 1 ? (ms < 86_400_000 ? Int(ms) : 86_400_000) : 1
-            }
-            try db.query("BEGIN; SET LOCAL synchronous_commit = on"
-                         + (limit.map { "; SET LOCAL statement_timeout = \($0)" } ?? ""))
+        // One round trip for the transaction's settings (a turn's commit is on every call's path).
+        // The deadline came through the pipe: no value of it (NaN, huge) may trap the conversion.
+        let limit = lastStart.map { last -> Int in
+            let ms = (last - monotonicSeconds()) * 1000
+            return ms > 1 ? (ms < 86_400_000 ? Int(ms) : 86_400_000) : 1
+        }
+        let begin = "BEGIN; SET LOCAL synchronous_commit = on"
+            + (limit.map { "; SET LOCAL statement_timeout = \($0)" } ?? "")
+        return try Self.transaction(db, begin) { () throws(PostgreSQLError) -> Int64 in
             let written = try PostgreSQLRows.write(db, id, thread, kept: kept, after: seen, usage: usage,
                                                    at: Date().timeIntervalSince1970) { () throws(PostgreSQLError) in
                 try db.query("SELECT pg_advisory_xact_lock($1)", [String(Self.capKey)])
             }
             if written.new { try enforceCap(db, keeping: id) }
             if let lastStart, monotonicSeconds() >= lastStart { throw PostgreSQLError("past", sqlState: "57014") }
-            try db.query("COMMIT")
             return written.version
-        } catch {
-            if db.isUp { _ = try? db.query("ROLLBACK") }
-            throw error
         }
     }
 
