@@ -210,7 +210,8 @@ examples:
 """
 
 CLOSING = """\
-wisp-core not found? Run `make build` in the wisp repository.
+wisp-core not found? In a wisp checkout run `make build`; an installed wisp-mcp carries its own
+(reinstall it); or give one with --core.
 stdout carries only MCP messages; logs go to stderr. SIGTERM, SIGINT, SIGHUP and SIGQUIT
 stop running calls and the core, and wisp exits.
 

@@ -222,7 +222,7 @@ def test_cpu_threads_take_the_old_variable_name_too(tmp_path, monkeypatch):
 def test_describe_exit_names_the_signal_and_the_fix():
     text = llama_server.describe_exit(Path("/x/llama-server"), -signal.SIGILL, "while starting")
     assert text.startswith("the local model server (/x/llama-server) was killed by SIGILL while starting: ")
-    assert SIGILL_FIX in text
+    assert SIGILL_FIX in text and "GGML_NATIVE=OFF" in text
     assert "exited with status 3" in llama_server.describe_exit(Path("/x/llama-server"), 3)
 
 
@@ -622,7 +622,8 @@ def test_describe_exit_for_the_wheel_names_its_fixes():
     wheel = llama_install.ServerProgram(llama_install.XLLAMACPP, Path("/v/xllamacpp"))
     sigill = llama_server.describe_exit(wheel, -signal.SIGILL, "during a decode")
     assert sigill.startswith("the local model server (xllamacpp at /v/xllamacpp) was killed by SIGILL during a decode")
-    assert "make local-model-native" in sigill
+    # A wheel user has no checkout: the flag that takes a llama-server of their own is named too.
+    assert "make local-model-native" in sigill and "--llama-server PATH" in sigill
     from wisp_shim.localmodel.xllamacpp_server import CANNOT_LOAD
 
     tail = ["wisp: cannot load xllamacpp: libgomp.so.1: x"]

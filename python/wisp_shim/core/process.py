@@ -27,8 +27,8 @@ log = logging.getLogger("wisp.core")
 
 CORE_NAME = "wisp-core"
 BUILD_HINT = (
-    "Build it with `make build` in the wisp repository (or `swift build -c release --product wisp-core`), "
-    "or point --core / WISP_CORE at an existing wisp-core binary."
+    "In a wisp checkout, build it with `make build` (or `swift build -c release --product wisp-core`); "
+    "an installed wisp-mcp carries its own (reinstall it); or point --core / WISP_CORE at a wisp-core binary."
 )
 
 

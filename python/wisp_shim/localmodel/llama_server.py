@@ -55,14 +55,16 @@ MAX_CPU_THREADS = 1024
 _SIGNAL_ADVICE = {
     NATIVE: {
         signal.SIGILL: "it uses a CPU instruction this machine does not allow (a VM can advertise AVX-512 or AMX "
-                       "and trap it); rebuild it portable: `WISP_LLAMA_NATIVE=0 make local-model-native`",
+                       "and trap it); rebuild it portable: `WISP_LLAMA_NATIVE=0 make local-model-native` in a wisp checkout, "
+                       "or, for a llama-server of your own, llama.cpp's build with `-DGGML_NATIVE=OFF`",
         signal.SIGBUS: "its binary or the model file changed under it; run `make local-model-native` again",
         signal.SIGSEGV: "it crashed; run `make local-model-native` again, and if it persists rebuild it portable "
                         "with `WISP_LLAMA_NATIVE=0 make local-model-native`",
     },
     XLLAMACPP: {
         signal.SIGILL: "the xllamacpp wheel needs AVX2, which this CPU lacks or does not allow; build llama-server "
-                       "for this CPU instead: `make local-model-native`",
+                       "for this CPU instead (`make local-model-native` in a wisp checkout, or llama.cpp's own "
+                       "build) and give it with `--llama-server PATH`",
         signal.SIGBUS: "the model file changed under it; restart wisp",
     },
 }
