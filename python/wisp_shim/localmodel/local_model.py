@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
+from ..logs import say
 from .llama_install import (MODEL_FILE, MODEL_PACKAGE, NATIVE, XLLAMACPP, LocalModelError, ServerProgram,
                             cached_llama_server, find_llama_server, find_model, find_server, find_xllamacpp,
                             install_hint, libgomp_missing, local_model_dir)
@@ -315,12 +316,6 @@ def plan(backend: str | None, endpoint: str | None, *, llama_server: str | None 
 NOT_FOUND = 3
 
 
-def _say(line: str) -> None:
-    """The command's report, for a person: stderr (stdout is `serve`'s two lines for scripts)."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m wisp_shim.localmodel.local_model",
                                  description="wisp's default local model (llama.cpp's server + SmolLM2)")
@@ -360,7 +355,7 @@ def _serve(lm: LocalModel) -> int:
     try:
         asyncio.run(serve())
     except LocalModelError as exc:
-        _say(f"wisp: {exc}")
+        say(f"wisp: {exc}")
         return 1
     finally:
         lm.stop()
@@ -376,24 +371,24 @@ def main(argv: list[str] | None = None) -> int:
         server = _chosen_server(ns.server, ns.llama_server)
         model = find_model(ns.model_path)
     except LocalModelError as exc:
-        _say(f"wisp: {exc}")
+        say(f"wisp: {exc}")
         return NOT_FOUND
-    _say(f"server:       {server or 'not found'}")
-    _say(f"model:        {model or 'not found'}")
+    say(f"server:       {server or 'not found'}")
+    say(f"model:        {model or 'not found'}")
     gomp = libgomp_missing() if server is not None and server.kind == XLLAMACPP else None
     if server is None or model is None or gomp:
-        _say(f"wisp: {gomp or install_hint()}")
+        say(f"wisp: {gomp or install_hint()}")
         return NOT_FOUND
     slots = slot_count(ns.max_threads, ns.context_size, kv_bytes_per_token(model), physical_memory(), available_cpus())
-    _say(f"slots:        {slots} x {ns.context_size} tokens")
+    say(f"slots:        {slots} x {ns.context_size} tokens")
     if ns.command == "check":
         return 0
     if ns.command == "verify":
         why = verify(server.path, model, kind=server.kind)
         if why:
-            _say(f"wisp: {why}")
+            say(f"wisp: {why}")
             return 1
-        _say(f"{server} decoded {VERIFY_TOKENS} tokens on this machine")
+        say(f"{server} decoded {VERIFY_TOKENS} tokens on this machine")
         return 0
     return _serve(LocalModel.of(server, model, context_size=ns.context_size, port=ns.port, slots=slots))
 
