@@ -114,7 +114,7 @@ if let url = config.store {
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
                               tools: ToolCatalogue.tools(roots: roots),
                               toolsWithRoots: { extra in ToolCatalogue.tools(roots: roots, adding: extra) },
-                              fileRoots: roots, store: store, storeError: storeError)
+                              fileRoots: roots, store: store ?? NoThreadStore(), storeError: storeError)
 let loop = PipeLoop()
 let server = PipeServer(registry: registry, backend: backend, log: log, executor: loop, send: writeFrame)
 server.ready(version: wispVersion)

@@ -48,7 +48,7 @@ public final class PipeServer: Sendable {
     /// The first frame, before any model loads. `version` is the executable's (built from pyproject.toml).
     public func ready(version: String) {
         write(Ready(backend: backend.name, model: backend.model, pid: ProcessInfo.processInfo.processIdentifier,
-                    version: version, durable: registry.store != nil))
+                    version: version, durable: registry.store.durable))
     }
 
     /// Serves one request. Call in arrival order and await each: that is what keeps calls on

@@ -58,15 +58,13 @@ public actor ThreadRegistry {
     public nonisolated let fileRoots: Roots
     private var entries: [String: Entry] = [:]
     private var clock: UInt64 = 0
-    /// Durable threads, when `--state-dir` is given and usable.
-    public nonisolated let store: (any ThreadStore)?
+    /// Where threads are kept: `NoThreadStore` unless `--state-dir` or `--store` is given and usable.
+    public nonisolated let store: any ThreadStore
     /// Why `--state-dir` was given but could not be used from the start.
     private nonisolated let startError: String?
     /// Why `--state-dir` was given but is not in use: from the start, or since it failed (for now).
     public nonisolated var storeError: String? {
-        startError ?? store?.trouble.map {
-            "\(store?.location ?? ""): \($0); \(store?.whileFailing ?? "")"
-        }
+        startError ?? store.trouble.map { "\(store.location): \($0); \(store.whileFailing)" }
     }
     /// A task storing threads that hold turns the store missed, while one runs.
     private var storing: Task<Void, Never>?
@@ -74,7 +72,7 @@ public actor ThreadRegistry {
     public init(backend: any ModelBackend, capacity: Int = CoreConfig.defaultMaxThreads,
                 maxQueue: Int = CoreConfig.defaultMaxQueue, tools: [ModelTool] = [],
                 toolsWithRoots: (@Sendable ([String]) -> [ModelTool])? = nil, fileRoots: Roots = Roots([]),
-                store: (any ThreadStore)? = nil, storeError: String? = nil) {
+                store: any ThreadStore = NoThreadStore(), storeError: String? = nil) {
         self.store = store
         self.startError = storeError
         self.fileRoots = fileRoots
@@ -146,8 +144,7 @@ public actor ThreadRegistry {
         if let forkFrom { return try await fork(forkFrom, into: threadID, binds: binds) }
         if rewinding, let threadID, entries[threadID] == nil, try await !isStored(threadID) {
             throw WispError(.invalidArgument,
-                    "rewind: no thread '\(threadID)' (not " +
-                    "live\(store != nil ? " or stored" : "")); nothing to take back")
+                    "rewind: no thread '\(threadID)' (\(notFound)); nothing to take back")
         }
 
         clock += 1
@@ -235,14 +232,13 @@ public actor ThreadRegistry {
         }
         if let durability, let thread = try await stored(id) { return try durability.live(thread) }
         throw WispError(.invalidArgument,
-                "fork_from: no thread '\(id)' (not live\(store != nil ? " or stored" : "")); " +
+                "fork_from: no thread '\(id)' (\(notFound)); " +
                 "list_threads shows the threads there are")
     }
 
     /// The stored thread `id` as committed, if there is one, read without its lease (the store
     /// reads off the pipe loop, beside any writer).
     private func stored(_ id: String) async throws(WispError) -> StoredThread? {
-        guard let store else { return nil }
         switch try await store.read(id) {
         case .loaded(let thread, _): return thread
         case .unavailable(let why): throw WispError(.internal, "the store could not be read: \(why)")
@@ -251,7 +247,7 @@ public actor ThreadRegistry {
     }
 
     private func isStored(_ id: String) async throws(WispError) -> Bool {
-        try await store?.contains(id) ?? false
+        try await store.contains(id)
     }
 
     /// What the committed calls cost since this core started, summed; nil before any.
@@ -283,7 +279,7 @@ public actor ThreadRegistry {
     }
 
     private var durability: ConversationThread.Durability? {
-        guard let store else { return nil }
+        guard store.durable else { return nil }
         return ConversationThread.Durability(store: store, resolve: tools.tools)
     }
 
@@ -302,7 +298,7 @@ public actor ThreadRegistry {
     public func close(_ threadID: String) async throws(WispError) -> Bool {
         try Self.validate(threadID)
         let live = entries.removeValue(forKey: threadID)
-        guard let store else { return live != nil }
+        guard store.durable else { return live != nil }
         if let live, await live.thread.close() != .leftToTheCaller { return true }
         // The dispatcher's own job (close is answered in order): it waits behind no call's work.
         let stored = try await offPipeLoop(as: .dispatcher) { () async throws(WispError) -> Bool in
@@ -325,7 +321,7 @@ public actor ThreadRegistry {
         let query = try query.map { text throws(WispError) in try ThreadQuery(text) }
         let after = try cursor.map { text throws(WispError) in try ListPlace(cursor: text) }
         let size = min(max(1, limit ?? ThreadViews.maxPage), ThreadViews.maxPage)
-        let all = await store?.summaries(matching: nil, limit: store?.maxStored ?? 0) ?? []
+        let all = await store.summaries(matching: nil, limit: store.maxStored)
         let storedVersions = Dictionary(all.map { ($0.id, $0.version) }, uniquingKeysWith: { a, _ in a })
         var rows: [(place: ListPlace, info: ThreadInfo)] = []
         // Live threads another process stored since are listed (and searched) as stored.
@@ -333,14 +329,14 @@ public actor ThreadRegistry {
         for (id, entry) in entries {
             if let version = storedVersions[id] {
                 if await entry.thread.isBehind(version) { continue }
-            } else if store != nil, await entry.thread.isClosedElsewhere() { continue }
+            } else if store.durable, await entry.thread.isClosedElsewhere() { continue }
             liveIDs.insert(id)
             if let (info, place) = await entry.thread.listed(query: query, pending: entry.inFlight,
                                                              stored: storedVersions[id] != nil) {
                 rows.append((place, info))
             }
         }
-        if let query, let store {
+        if let query, store.durable {
             // The store finds the threads that hold every word (its index of each turn's words); each
             // found is read to rank it as a live thread is ranked.
             let found = await store.summaries(matching: query, limit: store.maxStored)
@@ -395,8 +391,11 @@ public actor ThreadRegistry {
 
     private func noThread(_ id: String) -> WispError {
         WispError(.invalidArgument,
-                "no thread '\(id)' (not live\(store != nil ? " or stored" : "")); list_threads shows the threads there are")
+                "no thread '\(id)' (\(notFound)); list_threads shows the threads there are")
     }
+
+    /// Where a thread that is not found was looked for.
+    private var notFound: String { store.durable ? "not live or stored" : "not live" }
 
     /// Stores, in the background, the threads holding turns the store missed (one task at a time;
     /// the store says at once while it is not to be tried yet).

@@ -25,6 +25,27 @@ private func prompts(_ registry: ThreadRegistry, _ id: String) async throws -> [
 }
 
 @Suite struct ThreadOps {
+    /// A missing thread's error says where it was looked for: a wisp without a store has nothing
+    /// stored to look in (`NoThreadStore`), one with a store looked there too.
+    @Test(arguments: [false, true])
+    func aMissingThreadIsLookedForWhereThreadsAreKept(durable: Bool) async throws {
+        let registry = durable ? ThreadRegistry(backend: EchoBackend(), store: MemoryThreadStore())
+                               : ThreadRegistry(backend: EchoBackend())
+        #expect(registry.store.durable == durable)
+        let whereLooked = durable ? "(not live or stored)" : "(not live)"
+        for attempt in [{ try await op(registry, "new", "x", forkFrom: "nowhere") },
+                        { try await op(registry, "nowhere", "x", rewind: 1) }] {
+            do {
+                try await attempt()
+                Issue.record("a fork or rewind of a missing thread was accepted")
+            } catch let error as WispError {
+                #expect(error.message.contains("no thread 'nowhere' \(whereLooked)"), "\(error.message)")
+            }
+        }
+        #expect(try await registry.list().threads.isEmpty)
+        #expect(try await registry.close("nowhere") == false)
+    }
+
     @Test func aRewindIsOneCommitAndAStoppedOneChangesNothing() async throws {
         let registry = ThreadRegistry(backend: EchoBackend())
         for p in ["a", "b", "c"] { try await call(registry, "t", p) }

@@ -29,7 +29,7 @@ public struct Status: AnsweredOperation, Codable {
             backend: backend.name, model: backend.model, available: availability.available,
             reason: availability.reason, context_size: await backend.contextSize(),
             max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
-            tools: registry.toolNames, store_location: registry.store?.location, store_error: registry.storeError,
+            tools: registry.toolNames, store_location: registry.store.durable ? registry.store.location : nil, store_error: registry.storeError,
             next_cursor: page.next, usage: await registry.usage.map { UsageBody(totals: $0) },
             context_note: await backend.contextNote(), endpoints: await backend.endpoints())
     }

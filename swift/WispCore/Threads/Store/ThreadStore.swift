@@ -18,6 +18,8 @@ import WispInfrastructure
 ///   prompts and replies hold every word of a query (words as `SearchWords` judges them, the
 ///   judgement live threads are searched by); each with what a listing previews.
 public protocol ThreadStore: AnyObject, Sendable {
+    /// Whether threads outlive this process here (false for `NoThreadStore` alone).
+    var durable: Bool { get }
     /// Where threads are kept, as a person would name it (the state dir).
     var location: String { get }
     /// Why the store cannot be written now (it failed under this running wisp); nil while it can.
@@ -46,6 +48,7 @@ public protocol ThreadStore: AnyObject, Sendable {
 }
 
 extension ThreadStore {
+    public var durable: Bool { true }
     public var whileFailing: String { "threads are served in memory until it works again" }
 
     /// Thread `id` as committed now.
