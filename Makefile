@@ -93,8 +93,8 @@ check:
 	$(VPY) -m wisp_shim --backend $(BACKEND) --check $(ARGS)
 
 ## test: Swift unit tests, the end-to-end Python suite against the release core, a smoke of the echo bench sections
-# On Linux it also builds the wheel (a static core, about a minute) and runs it from a fresh venv.
-WHEEL_TEST := $(if $(filter Linux,$(shell uname -s)),test-wheel)
+# It also builds the wheel (on Linux a static core, about a minute) and runs it from a fresh venv.
+WHEEL_TEST := $(if $(filter Linux Darwin,$(UNAME)),test-wheel)
 test: lint check-apple check-portable test-swift test-python $(WHEEL_TEST) bench-smoke
 
 ## test-wheel: build the wheel and run it installed in a fresh venv, no checkout or swift on PATH
@@ -196,13 +196,16 @@ core-static:
 	swift build -c release --product wisp-core --scratch-path .build/static --static-swift-stdlib \
 		-Xlinker -L$(CURDIR)/.build/static-libs
 
-## wheel: dist/wisp_mcp-<version>-py3-none-<manylinux tag>.whl with the static core inside (Linux only)
+## wheel: dist/wisp_mcp-<version>-py3-none-<platform>.whl with the release core inside: on Linux the
+# static core, tagged with the manylinux platform auditwheel gives it; on macOS the release core
+# (the system's Foundation and SQLite), tagged for the macOS floor Package.swift names
 WHEEL_VENV := $(VENV)/.wheel-tools
 $(WHEEL_VENV): $(VENV)/.installed
-	$(VPY) -m pip install --quiet --disable-pip-version-check wheel auditwheel
+	$(VPY) -m pip install --quiet --disable-pip-version-check wheel $(if $(filter Linux,$(UNAME)),auditwheel)
 	touch $@
-wheel: core-static $(WHEEL_VENV)
-	scripts/build-wheel.sh $(STATIC_CORE) $(VPY)
+WHEEL_CORE := $(if $(filter Darwin,$(UNAME)),$(CORE),$(STATIC_CORE))
+wheel: $(if $(filter Darwin,$(UNAME)),core,core-static) $(WHEEL_VENV)
+	scripts/build-wheel.sh $(WHEEL_CORE) $(VPY)
 
 clean:
 	rm -rf .build $(VENV) dist

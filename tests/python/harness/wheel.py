@@ -10,7 +10,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 def built_wheel() -> Path | None:
     """The wheel `make wheel` wrote last to dist/ (the newest by time: names sort 0.10 before 0.9)."""
-    wheels = sorted((REPO / "dist").glob("wisp_mcp-*-py3-none-manylinux*.whl"), key=lambda p: p.stat().st_mtime)
+    found = [*(REPO / "dist").glob("wisp_mcp-*-py3-none-manylinux*.whl"), *(REPO / "dist").glob("wisp_mcp-*-py3-none-macosx*.whl")]
+    wheels = sorted(found, key=lambda p: p.stat().st_mtime)
     return wheels[-1] if wheels else None
 
 
