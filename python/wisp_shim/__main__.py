@@ -99,7 +99,8 @@ async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
         lines.append(f"endpoint:     {e.endpoint}: {said}, {e.pinned} threads pinned")
     if st.store_location or st.store_error:
         trouble = f" (not usable now: {st.store_error})" if st.store_location and st.store_error else ""
-        lines.append(f"store:        {st.store_location or 'not in use: ' + (st.store_error or '')}{trouble}")
+        about = f"{st.store_about}, " if st.store_about else ""
+        lines.append(f"store:        {about}{st.store_location or 'not in use: ' + (st.store_error or '')}{trouble}")
     if apple is not None:
         why = f" ({apple.reason})" if apple.reason else ""
         lines.append(f"apple model:  {'available' if apple.available else 'not available'}{why}")

@@ -37,6 +37,8 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// Why this database is refused for good (a newer wisp's), or nil.
     private let refused = Locked<String?>(nil)
     private let prepared = Locked(false)
+    /// The server's version (`PQserverVersion`), from the last connection opened.
+    private let serverVersion = Locked<Int?>(nil)
 
     /// Reaches the database and prepares its schema; a database that cannot be reached now is
     /// tried again by the next call (`trouble` says why meanwhile); a newer wisp's is refused by
@@ -51,9 +53,7 @@ public final class PostgreSQLThreadStore: ThreadStore {
         }
         do {
             let db = try connect()
-            let version = db.withLock { $0.serverVersion }
-            log(.info, "database \(shown) reached: PostgreSQL server \(version / 10000).\(version % 10000), "
-                + "wisp schema \(PostgreSQLSchema.version)")
+            log(.info, "database \(shown) reached: \(about ?? "")")
             put(db)
             health.worked()
         } catch {
@@ -67,6 +67,11 @@ public final class PostgreSQLThreadStore: ThreadStore {
 
     public var trouble: String? { refused.withLock { $0 } ?? health.trouble }
 
+    public var about: String? {
+        guard let v = serverVersion.withLock({ $0 }) else { return "postgresql" }
+        return "postgresql, server \(v / 10000).\(v % 10000), wisp schema \(PostgreSQLSchema.version)"
+    }
+
     /// What the calls that need the database fail with while it cannot be used.
     func unavailable(_ why: String) -> WispError {
         WispError(.storeUnavailable, "\(location) cannot be used now (\(why)); the thread is as it was "
@@ -76,6 +81,7 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// A connection with the schema ready (prepared once per store; a newer wisp's is refused).
     private func connect() throws(PostgreSQLError) -> Exclusive<PostgreSQLConnection> {
         let db = try PostgreSQLConnection(url.url)
+        serverVersion.withLock { $0 = db.serverVersion }
         if !prepared.withLock({ $0 }) {
             if case .newer(let found) = try PostgreSQLSchema.prepare(db) {
                 let why = PostgreSQLSchema.newerRefusal(url.shown, found)

@@ -24,6 +24,9 @@ public protocol ThreadStore: AnyObject, Sendable {
     var trouble: String? { get }
     /// What serving is like while `trouble` lasts, for `status` and `--check`.
     var whileFailing: String { get }
+    /// The store's engine and, once reached, its server's and schema's versions, for `status` and
+    /// `--check`; nil where the location says it all.
+    var about: String? { get }
     /// At most this many threads are kept; storing one more deletes the least recently updated.
     var maxStored: Int { get }
     /// Takes the lease on thread `id`, waiting a while for another holder (then `busy`).
@@ -47,6 +50,8 @@ public protocol ThreadStore: AnyObject, Sendable {
 
 extension ThreadStore {
     public var whileFailing: String { "threads are served in memory until it works again" }
+
+    public var about: String? { nil }
 
     /// Thread `id` as committed now.
     public func read(_ id: String) async throws(WispError) -> Loaded { try await read(id, unlessAt: nil) }
