@@ -63,6 +63,12 @@ public final class PostgreSQLConnection {
     /// The server's version as libpq reports it (e.g. 150018 for 15.18); 0 when not connected.
     public var serverVersion: Int { handle.map { Int(pq.PQserverVersion($0)) } ?? 0 }
 
+    /// `serverVersion` as the server writes it: 150018 is "15.18", and before 10 (two numbers for
+    /// the major version) 90605 is "9.6.5".
+    public static func versionText(_ v: Int) -> String {
+        v >= 100_000 ? "\(v / 10000).\(v % 10000)" : "\(v / 10000).\(v / 100 % 100).\(v % 100)"
+    }
+
     /// The backend process serving this connection (its id in `pg_locks`).
     public var backendPID: Int32 { handle.map { pq.PQbackendPID($0) } ?? 0 }
 

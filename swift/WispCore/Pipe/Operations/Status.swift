@@ -30,7 +30,7 @@ public struct Status: AnsweredOperation, Codable {
             reason: availability.reason, context_size: await backend.contextSize(),
             max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
             tools: registry.toolNames, store_location: registry.store?.location,
-            store_about: registry.store?.about, store_error: registry.storeError,
+            store_about: (registry.store?.about ?? .memory).text, store_error: registry.storeError,
             next_cursor: page.next, usage: await registry.usage.map { UsageBody(totals: $0) },
             context_note: await backend.contextNote(), endpoints: await backend.endpoints())
     }
@@ -51,7 +51,7 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
     public var tools: [String]
     /// Where threads are stored (the store's location: a state dir), when durable.
     public var store_location: String?
-    /// The store's engine and versions (`ThreadStore.about`), where it states them.
+    /// The store's engine and versions, or why they are not known (`StoreAbout`); `memory` without one.
     public var store_about: String?
     /// Why the store that was asked for is not in use.
     public var store_error: String?

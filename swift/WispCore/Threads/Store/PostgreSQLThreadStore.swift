@@ -37,8 +37,10 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// Why this database is refused for good (a newer wisp's), or nil.
     private let refused = Locked<String?>(nil)
     private let prepared = Locked(false)
-    /// The server's version (`PQserverVersion`), from the last connection opened.
+    /// The server's version (`PQserverVersion`), from the last connection opened, and the schema's
+    /// that the database was found at.
     private let serverVersion = Locked<Int?>(nil)
+    private let schemaVersion = Locked<Int?>(nil)
 
     /// Reaches the database and prepares its schema; a database that cannot be reached now is
     /// tried again by the next call (`trouble` says why meanwhile); a newer wisp's is refused by
@@ -53,7 +55,7 @@ public final class PostgreSQLThreadStore: ThreadStore {
         }
         do {
             let db = try connect()
-            log(.info, "database \(shown) reached: \(about ?? "")")
+            log(.info, "database \(shown) reached: \(about.text)")
             put(db)
             health.worked()
         } catch {
@@ -67,9 +69,16 @@ public final class PostgreSQLThreadStore: ThreadStore {
 
     public var trouble: String? { refused.withLock { $0 } ?? health.trouble }
 
-    public var about: String? {
-        guard let v = serverVersion.withLock({ $0 }) else { return "postgresql" }
-        return "postgresql, server \(v / 10000).\(v % 10000), wisp schema \(PostgreSQLSchema.version)"
+    public var about: StoreAbout {
+        guard let server = serverVersion.withLock({ $0 }) else {
+            let why = PostgreSQLConnection.unavailable != nil ? "libpq is not installed" : "the server was not reached"
+            return StoreAbout(engine: "postgresql", note: why)
+        }
+        let schema = schemaVersion.withLock { $0 }
+        let newer = schema.map { $0 > PostgreSQLSchema.version } == true
+            ? "a newer wisp's schema: this wisp reads up to \(PostgreSQLSchema.version)" : nil
+        return StoreAbout(engine: "postgresql", version: PostgreSQLConnection.versionText(server), schema: schema,
+                          note: newer)
     }
 
     /// What the calls that need the database fail with while it cannot be used.
@@ -84,10 +93,12 @@ public final class PostgreSQLThreadStore: ThreadStore {
         serverVersion.withLock { $0 = db.serverVersion }
         if !prepared.withLock({ $0 }) {
             if case .newer(let found) = try PostgreSQLSchema.prepare(db) {
+                schemaVersion.withLock { $0 = found }
                 let why = PostgreSQLSchema.newerRefusal(url.shown, found)
                 refused.withLock { $0 = why }
                 throw PostgreSQLError(why)
             }
+            schemaVersion.withLock { $0 = PostgreSQLSchema.version }
             prepared.withLock { $0 = true }
         }
         return Exclusive(db)

@@ -24,9 +24,8 @@ public protocol ThreadStore: AnyObject, Sendable {
     var trouble: String? { get }
     /// What serving is like while `trouble` lasts, for `status` and `--check`.
     var whileFailing: String { get }
-    /// The store's engine and, once reached, its server's and schema's versions, for `status` and
-    /// `--check`; nil where the location says it all.
-    var about: String? { get }
+    /// The store's engine and its versions, or why they are not known, for `status` and `--check`.
+    var about: StoreAbout { get }
     /// At most this many threads are kept; storing one more deletes the least recently updated.
     var maxStored: Int { get }
     /// Takes the lease on thread `id`, waiting a while for another holder (then `busy`).
@@ -50,8 +49,6 @@ public protocol ThreadStore: AnyObject, Sendable {
 
 extension ThreadStore {
     public var whileFailing: String { "threads are served in memory until it works again" }
-
-    public var about: String? { nil }
 
     /// Thread `id` as committed now.
     public func read(_ id: String) async throws(WispError) -> Loaded { try await read(id, unlessAt: nil) }
@@ -108,6 +105,34 @@ extension ThreadLease {
     public func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
                        usage: Usage) async throws(WispError) -> StoreVersion {
         try await commit(thread, kept: kept, after: seen, usage: usage, by: nil)
+    }
+}
+
+/// What a store says of itself (`status`'s `store_about`, `--check`'s store line), the same
+/// question for every store: its engine, that engine's version (the server's, or the library's)
+/// and the version of wisp's schema the data is at; where those are not known, why.
+public struct StoreAbout: Sendable, Equatable {
+    public let engine: String
+    public let version: String?
+    public let schema: Int?
+    /// A word on the schema (a newer wisp's), or why the versions are not known.
+    public let note: String?
+
+    public init(engine: String, version: String? = nil, schema: Int? = nil, note: String? = nil) {
+        self.engine = engine
+        self.version = version
+        self.schema = schema
+        self.note = note
+    }
+
+    /// Threads in this process's memory: no store (no `--state-dir` or `--store`, or one that could
+    /// not be used from the start), or the tests' `MemoryThreadStore`.
+    public static let memory = StoreAbout(engine: "memory", note: "threads end with this process")
+
+    /// As `status` and `--check` show it: "postgresql 15.4, wisp schema 1".
+    public var text: String {
+        let versions = [version.map { "\(engine) \($0)" } ?? engine] + (schema.map { ["wisp schema \($0)"] } ?? [])
+        return versions.joined(separator: ", ") + (note.map { " (\($0))" } ?? "")
     }
 }
 
