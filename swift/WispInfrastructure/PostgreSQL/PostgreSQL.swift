@@ -94,6 +94,21 @@ public final class PostgreSQLConnection {
         return rows(result)
     }
 
+    /// `body` in a transaction `begin` opens (with its settings), committed when `body` returns and
+    /// rolled back when anything in it throws, the opening statements' own settings included.
+    public func transaction<T>(_ begin: String = "BEGIN",
+                               _ body: () throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
+        do throws(PostgreSQLError) {
+            try query(begin)
+            let value = try body()
+            try query("COMMIT")
+            return value
+        } catch {
+            if isUp { _ = try? query("ROLLBACK") }
+            throw error
+        }
+    }
+
     private func rows(_ result: OpaquePointer) -> [[String?]] {
         let rows = max(0, pq.PQntuples(result)), columns = max(0, pq.PQnfields(result))
         var out: [[String?]] = []

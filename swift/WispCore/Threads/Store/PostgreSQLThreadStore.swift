@@ -163,22 +163,7 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// `body` in a read-only snapshot of its own.
     static func snapshot<T>(_ db: PostgreSQLConnection,
                             _ body: () throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
-        try transaction(db, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
-    }
-
-    /// `body` in a transaction `begin` opens (with its settings), committed when `body` returns and
-    /// rolled back when anything in it throws, the opening statements' own settings included.
-    static func transaction<T>(_ db: PostgreSQLConnection, _ begin: String,
-                               _ body: () throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
-        do throws(PostgreSQLError) {
-            try db.query(begin)
-            let value = try body()
-            try db.query("COMMIT")
-            return value
-        } catch {
-            if db.isUp { _ = try? db.query("ROLLBACK") }
-            throw error
-        }
+        try db.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
     }
 
     // MARK: the seam
@@ -252,7 +237,7 @@ public final class PostgreSQLThreadStore: ThreadStore {
         }
         let begin = "BEGIN; SET LOCAL synchronous_commit = on"
             + (limit.map { "; SET LOCAL statement_timeout = \($0)" } ?? "")
-        return try Self.transaction(db, begin) { () throws(PostgreSQLError) -> Int64 in
+        return try db.transaction(begin) { () throws(PostgreSQLError) -> Int64 in
             let written = try PostgreSQLRows.write(db, id, thread, kept: kept, after: seen, usage: usage,
                                                    at: Date().timeIntervalSince1970) { () throws(PostgreSQLError) in
                 try db.query("SELECT pg_advisory_xact_lock($1)", [String(Self.capKey)])
