@@ -47,7 +47,7 @@ enum PostgreSQLSchema {
     /// a newer wisp's database is found before anything is written, and that transaction commits
     /// nothing (`wisp_schema` is there already).
     static func prepare(_ db: PostgreSQLConnection) throws(PostgreSQLError) -> Prepared {
-        try db.transaction { () throws(PostgreSQLError) -> Prepared in
+        try db.transaction { _ throws(PostgreSQLError) -> Prepared in
             try db.query("SELECT pg_advisory_xact_lock($1)", [String(lockKey)])
             try db.query(tables[0])
             let at = try db.query("SELECT version FROM wisp_schema").first.flatMap { $0.first ?? nil }.flatMap { Int($0) } ?? 0

@@ -163,7 +163,7 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// `body` in a read-only snapshot of its own.
     static func snapshot<T>(_ db: PostgreSQLConnection,
                             _ body: () throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
-        try db.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
+        try db.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") { _ throws(PostgreSQLError) in try body() }
     }
 
     // MARK: the seam
@@ -189,6 +189,49 @@ public final class PostgreSQLThreadStore: ThreadStore {
             guard case .busy(let why) = taken.1 else { return Lease(id: id, store: self, db: taken.0) }
             self.put(taken.0)
             throw WispError(.busy, "\(why); try again when that call has finished, or use another thread")
+        }
+    }
+
+    /// A free lease and the thread under it in one round trip (`PostgreSQLRows.leaseAndRead`); a
+    /// lease held elsewhere is waited for as `lease` waits, then the thread loaded.
+    public func leaseLoading(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError)
+        -> (any ThreadLease, Loaded) {
+        guard let literal = PostgreSQLConnection.literal(id) else { return try await leaseThenLoad(id, unlessAt: seen) }
+        let sql = PostgreSQLRows.leaseAndRead(PostgreSQLLease.tryTake(literal: literal), literal, unlessAt: seen)
+        let taken = try await offPipeLoop { () throws(WispError) -> (Lease, Result<Loaded, PostgreSQLRows.Unreadable>)? in
+            let (db, results): (Exclusive<PostgreSQLConnection>, [[[String?]]])
+            do throws(PostgreSQLError) {
+                (db, results) = try self.withTaken { db throws(PostgreSQLError) in
+                    do throws(PostgreSQLError) {
+                        return (db, try db.withLock { (c: inout sending PostgreSQLConnection) throws(PostgreSQLError) in
+                            try c.batch(sql)
+                        })
+                    } catch {
+                        // The lease may have been taken before a later statement failed: closing frees it.
+                        db.withLock { $0.close() }
+                        throw error
+                    }
+                }
+            } catch {
+                throw self.failed(error)
+            }
+            if self.health.worked() { self.log(.info, "\(self.location) is usable again") }
+            let held = results.first?.first?.first == "t"
+            guard held, results.count == 3 else {
+                if held { db.withLock { $0.close() } } else { self.put(db) }
+                return nil
+            }
+            let head = results[1]
+            return (Lease(id: id, store: self, db: db),
+                    PostgreSQLRows.unlessAt(head, seen).map { .success($0) } ?? PostgreSQLRows.loaded(head, results[2]))
+        }
+        guard let (lease, found) = taken else { return try await leaseThenLoad(id, unlessAt: seen) }
+        switch found {
+        case .success(let loaded): return (lease, loaded)
+        case .failure(let e):
+            let error = await lease.setAside(e.why)
+            await lease.release()
+            throw error
         }
     }
 
@@ -229,16 +272,19 @@ public final class PostgreSQLThreadStore: ThreadStore {
                 usage: Usage, by deadline: Double?) throws(PostgreSQLError) -> Int64 {
         let lastStart = deadline.map { $0 - Self.commitTime }
         if let lastStart, lastStart <= monotonicSeconds() { throw PostgreSQLError("past", sqlState: "57014") }
-        // One round trip for the transaction's settings (a turn's commit is on every call's path).
+        // A turn's commit is on every call's path: its transaction's settings and its first read go
+        // in one round trip, the write in a second, COMMIT in a third.
         // The deadline came through the pipe: no value of it (NaN, huge) may trap the conversion.
         let limit = lastStart.map { last -> Int in
             let ms = (last - monotonicSeconds()) * 1000
             return ms > 1 ? (ms < 86_400_000 ? Int(ms) : 86_400_000) : 1
         }
+        guard let literal = PostgreSQLConnection.literal(id) else { throw PostgreSQLError("a thread id holds NUL") }
         let begin = "BEGIN; SET LOCAL synchronous_commit = on"
-            + (limit.map { "; SET LOCAL statement_timeout = \($0)" } ?? "")
-        return try db.transaction(begin) { () throws(PostgreSQLError) -> Int64 in
-            let written = try PostgreSQLRows.write(db, id, thread, kept: kept, after: seen, usage: usage,
+            + (limit.map { "; SET LOCAL statement_timeout = \($0)" } ?? "") + "; " + PostgreSQLRows.commitHead(literal)
+        return try db.transaction(begin) { opened throws(PostgreSQLError) -> Int64 in
+            let head = opened.last?.first ?? []
+            let written = try PostgreSQLRows.write(db, id, thread, head: head, kept: kept, after: seen, usage: usage,
                                                    at: Date().timeIntervalSince1970) { () throws(PostgreSQLError) in
                 try db.query("SELECT pg_advisory_xact_lock($1)", [String(Self.capKey)])
             }

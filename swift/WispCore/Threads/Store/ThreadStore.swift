@@ -30,6 +30,9 @@ public protocol ThreadStore: AnyObject, Sendable {
     var maxStored: Int { get }
     /// Takes the lease on thread `id`, waiting a while for another holder (then `busy`).
     func lease(_ id: String) async throws(WispError) -> any ThreadLease
+    /// `lease`, then under it `ThreadLease.load(unlessAt: seen)` (a thread that does not read is set
+    /// aside and its error thrown, the lease let go): in one trip where the store can make it one.
+    func leaseLoading(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError) -> (any ThreadLease, Loaded)
     /// Thread `id` as committed now, unless at version `seen`, read without its lease and beside
     /// any write (a fork's source, a listing's or a reading's thread): a reader never waits for a
     /// writer. A stored thread that does not read is an error saying so (it is set aside by the
@@ -52,6 +55,23 @@ extension ThreadStore {
 
     /// Thread `id` as committed now.
     public func read(_ id: String) async throws(WispError) -> Loaded { try await read(id, unlessAt: nil) }
+
+    public func leaseLoading(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError)
+        -> (any ThreadLease, Loaded) {
+        try await leaseThenLoad(id, unlessAt: seen)
+    }
+
+    /// `leaseLoading` as two steps, for any store.
+    public func leaseThenLoad(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError)
+        -> (any ThreadLease, Loaded) {
+        let lease = try await self.lease(id)
+        do throws(WispError) {
+            return (lease, try await lease.load(unlessAt: seen))
+        } catch {
+            await lease.release()
+            throw error
+        }
+    }
 
     /// Deletes a stored thread, under a lease of its own; true when one was stored.
     public func delete(_ id: String) async throws(WispError) -> Bool {
