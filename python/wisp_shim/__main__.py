@@ -97,9 +97,10 @@ async def _check(config: CoreLaunch, use: ModelCompanion | None = None,
         said = (f"up, model {e.model}, context {e.context_size}, slots {e.slots if e.slots is not None else 'none'}"
                 if e.up else f"down ({e.reason})" if e.reason else "down")
         lines.append(f"endpoint:     {e.endpoint}: {said}, {e.pinned} threads pinned")
-    if st.store_location or st.store_error:
-        trouble = f" (not usable now: {st.store_error})" if st.store_location and st.store_error else ""
-        lines.append(f"store:        {st.store_location or 'not in use: ' + (st.store_error or '')}{trouble}")
+    # The core says what the store is (engine and versions, or why not known); this says where and what ails it.
+    where = st.store_location or (f"not in use: {st.store_error}" if st.store_error else "")
+    trouble = f" (not usable now: {st.store_error})" if st.store_location and st.store_error else ""
+    lines.append("store:        " + ", ".join(p for p in (st.store_about, where) if p) + trouble)
     if apple is not None:
         why = f" ({apple.reason})" if apple.reason else ""
         lines.append(f"apple model:  {'available' if apple.available else 'not available'}{why}")

@@ -1,7 +1,7 @@
 // wisp-core: the child process the shim starts. Frames in on stdin, frames out on stdout,
-// logs on stderr. It exits 64 on bad flags; once running, every end is `Lifecycle`'s (0 at
-// stdin EOF after stopping the calls in flight, 65 on a frame it cannot decode, 70 on the echo
-// `!crash`).
+// logs on stderr. It exits 64 on bad flags and on a --store this build cannot serve; once
+// running, every end is `Lifecycle`'s (0 at stdin EOF after stopping the calls in flight, 65 on
+// a frame it cannot decode, 70 on the echo `!crash`).
 #if canImport(FoundationEssentials) && !canImport(Darwin)
 import FoundationEssentials
 #else
@@ -92,24 +92,13 @@ let roots = Roots(config.roots.isEmpty ? [FileManager.default.currentDirectoryPa
 if roots.paths.count < max(1, config.roots.count) {
     log(.warning, "some --root directories do not exist; model tools read only: \(roots.paths)")
 }
-var store: (any ThreadStore)?
-var storeError: String?
-if let dir = config.stateDir {
-    do {
-        store = try SQLiteThreadStore(directory: dir, maxStored: config.maxStoredThreads, log: log)
-    } catch {
-        // Serving in memory beats not serving; the shim is told (Ready.durable false) and says so.
-        log(.error, error.message)
-        storeError = error.message
-    }
-}
-if let url = config.store {
-    do {
-        store = try openPostgreSQLStore(url, maxStored: config.maxStoredThreads, log: log)
-    } catch {
-        log(.error, error.message)
-        storeError = error.message
-    }
+let store: (any ThreadStore)?, storeError: String?
+do {
+    (store, storeError) = try openStore(config, log: log)
+} catch {
+    // A --store this build cannot serve: refused at start, as a bad flag is (openStore says why).
+    toStderr("wisp-core: \(error.message)\n")
+    exit(64)
 }
 let registry = ThreadRegistry(backend: backend, capacity: config.maxThreads, maxQueue: config.maxQueue,
                               tools: ToolCatalogue.tools(roots: roots),

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -75,6 +77,40 @@ def test_password_never_shown_reachable_or_not():
         assert "not usable now" in p.stdout and str(pg.root) in p.stdout, p.stdout
         assert_hidden(p)
         pg.start()
+
+
+def store_line(p: subprocess.CompletedProcess) -> str:
+    return next(line for line in p.stdout.splitlines() if line.startswith("store:"))
+
+
+def test_check_states_the_engine_the_servers_version_and_the_schemas():
+    with postgres() as pg:
+        p = run_check("--store", pg.url(PASSWORD))
+        assert p.returncode == 0, p.stderr
+        # Asked of the server itself: "15.14 (Debian 15.14-0+deb12u1)" is version 15.14.
+        server = pg.sql("SHOW server_version").split()[0]
+        schema = pg.sql("SELECT version FROM wisp_schema")
+        assert f"store:        postgresql {server}, wisp schema {schema}, database postgresql://wisp:***@" \
+            in p.stdout, p.stdout
+        assert_hidden(p)
+
+
+def test_check_against_an_unreachable_port_says_why_and_never_the_password(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # no server listens on it, nor on a socket in tmp_path
+    p = run_check("--store", f"postgresql://wisp:{PASSWORD}@/postgres?host={tmp_path}&port={port}")
+    assert p.returncode == 0, p.stderr
+    line = store_line(p)
+    try:
+        ctypes.CDLL("libpq.so.5")
+    except OSError:
+        # No libpq here: what --check says instead is what to install.
+        assert "postgresql (libpq is not installed)" in line and "libpq5" in p.stdout, p.stdout
+    else:
+        assert line.startswith("store:        postgresql (the server was not reached), database "), line
+        assert f"port={port}" in line and "not usable now" in line and "connection to server" in p.stdout, p.stdout
+    assert_hidden(p)
 
 
 async def test_two_wisps_on_one_database_share_threads():

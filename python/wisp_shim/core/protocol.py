@@ -251,6 +251,8 @@ class StatusResult(PipeResult, tag="status"):
     # Where threads are stored (a state dir), when durable; why the store asked for is not in use.
     store_location: str | None = None
     store_error: str | None = None
+    # The store's engine and versions, or why they are not known ("memory" without a store).
+    store_about: str | None = None
     # For the next page, when there is one.
     next_cursor: str | None = None
     # What the core's committed calls cost since it started.

@@ -241,14 +241,8 @@ public actor ConversationThread {
             let store = durability.store, id = self.id, seen = state.version, load = state.isInStep
             let (lease, found) = try await offPipeLoop(ifDropped: WispError.callCancelled) {
                 () async throws(WispError) -> (any ThreadLease, Loaded) in
-                let lease = try await store.lease(id)
-                guard load else { return (lease, .unchanged) }
-                do throws(WispError) {
-                    return (lease, try await lease.load(unlessAt: seen))
-                } catch {
-                    await lease.release()
-                    throw error
-                }
+                guard load else { return (try await store.lease(id), .unchanged) }
+                return try await store.leaseLoading(id, unlessAt: seen)
             }
             self.lease = lease
             try await reload(found, durability)

@@ -15,6 +15,8 @@ struct LibPQ: Sendable {
     let PQerrorMessage: @convention(c) (OpaquePointer?) -> UnsafePointer<CChar>?
     let PQfinish: @convention(c) (OpaquePointer?) -> Void
     let PQexec: @convention(c) (OpaquePointer?, UnsafePointer<CChar>?) -> OpaquePointer?
+    let PQsendQuery: @convention(c) (OpaquePointer?, UnsafePointer<CChar>?) -> Int32
+    let PQgetResult: @convention(c) (OpaquePointer?) -> OpaquePointer?
     let PQexecParams: @convention(c) (OpaquePointer?, UnsafePointer<CChar>?, Int32, UnsafePointer<UInt32>?,
                                       UnsafePointer<UnsafePointer<CChar>?>?, UnsafePointer<Int32>?,
                                       UnsafePointer<Int32>?, Int32) -> OpaquePointer?
@@ -75,6 +77,8 @@ struct LibPQ: Sendable {
         PQerrorMessage = try Self.function(find, "PQerrorMessage")
         PQfinish = try Self.function(find, "PQfinish")
         PQexec = try Self.function(find, "PQexec")
+        PQsendQuery = try Self.function(find, "PQsendQuery")
+        PQgetResult = try Self.function(find, "PQgetResult")
         PQexecParams = try Self.function(find, "PQexecParams")
         PQresultStatus = try Self.function(find, "PQresultStatus")
         PQresultErrorMessage = try Self.function(find, "PQresultErrorMessage")

@@ -63,6 +63,12 @@ public final class PostgreSQLConnection {
     /// The server's version as libpq reports it (e.g. 150018 for 15.18); 0 when not connected.
     public var serverVersion: Int { handle.map { Int(pq.PQserverVersion($0)) } ?? 0 }
 
+    /// `serverVersion` as the server writes it: 150018 is "15.18", and before 10 (two numbers for
+    /// the major version) 90605 is "9.6.5".
+    public static func versionText(_ v: Int) -> String {
+        v >= 100_000 ? "\(v / 10000).\(v % 10000)" : "\(v / 10000).\(v / 100 % 100).\(v % 100)"
+    }
+
     /// The backend process serving this connection (its id in `pg_locks`).
     public var backendPID: Int32 { handle.map { pq.PQbackendPID($0) } ?? 0 }
 
@@ -77,6 +83,39 @@ public final class PostgreSQLConnection {
         }
         let result = parameters.isEmpty ? pq.PQexec(handle, sql) : exec(handle, sql, parameters)
         defer { pq.PQclear(result) }
+        return try rows(of: result, handle)
+    }
+
+    /// Runs `sql`, several statements without parameters, in one round trip, and returns each
+    /// statement's rows in order (`query` returns only the last's). The statements run as the
+    /// server runs a simple query's: in one implicit transaction unless they open their own, each
+    /// with a snapshot of its own (READ COMMITTED). Any failure throws; the statements after the
+    /// failing one did not run.
+    public func batch(_ sql: String) throws(PostgreSQLError) -> [[[String?]]] {
+        guard let handle else { throw PostgreSQLError("the connection is closed", connectionLost: true) }
+        guard pq.PQsendQuery(handle, sql) == 1 else {
+            throw PostgreSQLError(Self.text(pq.PQerrorMessage(handle)), connectionLost: pq.PQstatus(handle) != LibPQ.CONNECTION_OK)
+        }
+        // Every result is read, up to libpq's nil, even after a failure: the connection is then ready again.
+        var out: [[[String?]]] = [], failure: PostgreSQLError?
+        while let result = pq.PQgetResult(handle) {
+            defer { pq.PQclear(result) }
+            do throws(PostgreSQLError) {
+                if failure == nil { out.append(try rows(of: result, handle)) }
+            } catch {
+                failure = error
+            }
+        }
+        // Whether the connection is gone is known once every result is read (a FATAL comes first).
+        if let failure {
+            throw PostgreSQLError(failure.message, sqlState: failure.sqlState,
+                                  connectionLost: failure.connectionLost || pq.PQstatus(handle) != LibPQ.CONNECTION_OK)
+        }
+        return out
+    }
+
+    /// A statement's rows, or what it failed with.
+    private func rows(of result: OpaquePointer?, _ handle: OpaquePointer) throws(PostgreSQLError) -> [[String?]] {
         let status = result.map { pq.PQresultStatus($0) } ?? -1
         guard status == LibPQ.PGRES_TUPLES_OK || status == LibPQ.PGRES_COMMAND_OK else {
             let message = result.map { Self.text(pq.PQresultErrorMessage($0)) } ?? ""
@@ -86,6 +125,35 @@ public final class PostgreSQLConnection {
         }
         guard let result, status == LibPQ.PGRES_TUPLES_OK else { return [] }
         return rows(result)
+    }
+
+    /// `text` as a string literal for `batch`, whatever `standard_conforming_strings` is (an escape
+    /// string: backslashes and quotes doubled). Nil for text holding NUL, which no literal holds.
+    public static func literal(_ text: String) -> String? {
+        guard !text.utf8.contains(0) else { return nil }
+        var quoted = "E'"
+        for c in text.unicodeScalars {
+            if c == "'" || c == "\\" { quoted.unicodeScalars.append(c) }
+            quoted.unicodeScalars.append(c)
+        }
+        return quoted + "'"
+    }
+
+    /// `body` in a transaction `begin` opens (with its settings, and any statements of the
+    /// transaction's first round trip: `body` is given their rows, as `batch` returns them),
+    /// committed when `body` returns and rolled back when anything in it throws, the opening
+    /// statements' own settings included.
+    public func transaction<T>(_ begin: String = "BEGIN",
+                               _ body: ([[[String?]]]) throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
+        do throws(PostgreSQLError) {
+            let opened = try batch(begin)
+            let value = try body(opened)
+            try query("COMMIT")
+            return value
+        } catch {
+            if isUp { _ = try? query("ROLLBACK") }
+            throw error
+        }
     }
 
     private func rows(_ result: OpaquePointer) -> [[String?]] {

@@ -114,6 +114,9 @@ public final class SQLiteDatabase {
     /// SQLITE_OPEN_NOFOLLOW (3.31); the macOS SDK and Debian 12 both have it.
     private static let noFollow: Int32 = 0x0100_0000
 
+    /// The library's version as it states it, e.g. "3.40.1" (the one loaded, not the one built against).
+    public static var libraryVersion: String { String(cString: sqlite3_libversion()) }
+
     /// The library's compile-time option, e.g. "ENABLE_FTS5".
     public static func hasOption(_ name: String) -> Bool { sqlite3_compileoption_used(name) != 0 }
 

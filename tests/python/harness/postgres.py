@@ -64,6 +64,12 @@ class Postgres:
     def stop(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
 
+    def sql(self, statement: str, database: str = "postgres") -> str:
+        """What the server answers `statement`, as psql prints it unaligned (one value: that value)."""
+        return subprocess.run([str(self.bindir / "psql"), "-XAtq", "-h", str(self.root), "-p", str(self.port), "-U", USER,
+                               "-d", database, "-c", statement],
+                              check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+
     def url(self, password: str | None = None, database: str = "postgres") -> str:
         auth = f"{USER}:{password}" if password else USER
         return f"postgresql://{auth}@/{database}?host={self.root}&port={self.port}"

@@ -55,7 +55,8 @@ import WispInfrastructure
                 threads: [ThreadInfo(thread_id: text, turns: 1, pending: 0), ThreadInfo(thread_id: "b", turns: 0, pending: 2, live: false, stored: true),
                           ThreadInfo(thread_id: "c", turns: 3, pending: 0, usage: UsageBody(input_tokens: 4), created_at: 1764645123.25,
                                      updated_at: 1764645124.5, first_prompt: text, last_reply: text, instructions: text)],
-                tools: ["read_file", text], store_location: text, store_error: nil, next_cursor: text)))
+                tools: ["read_file", text], store_location: text, store_about: text, store_error: nil,
+                next_cursor: text)))
             try sameAsJSONEncoder(Reply.success(6, ReadThreadResult(
                 thread_id: "t", instructions: text, tools: [text], turns: 9, omitted: 7, condensed: 1,
                 items: [TurnItem(prompt: text, reply: text), TurnItem(prompt: "p", reply: "{}", structured: true, cut: true)])))

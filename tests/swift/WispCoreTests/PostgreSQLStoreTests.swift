@@ -48,6 +48,10 @@ struct PostgreSQLStoreTests {
         db.close()
         let later = try store(server.url)  // a replica started after a newer wisp migrated
         #expect(later.trouble?.contains("newer wisp") == true, "\(later.trouble ?? "nil")")
+        // What it says of itself: the schema the database is at, and that it is a newer wisp's.
+        #expect(first.about.schema == PostgreSQLSchema.version && first.about.note == nil)
+        #expect(later.about.schema == PostgreSQLSchema.version + 1 && later.about.version == first.about.version)
+        #expect(later.about.text.contains("newer wisp"), "\(later.about.text)")
         await #expect { _ = try await later.lease("t") } throws: { error in
             let e = error as? WispError
             return e?.code == .storeUnavailable && e?.message.contains("newer wisp") == true

@@ -277,6 +277,33 @@ let trickySearches: [(text: String, query: String, matches: Bool)] = [
 }
 
 @Suite struct SearchWordsJudgement {
+    /// A lease with the load under it (`leaseLoading`: one trip where the store makes it one) finds
+    /// what a lease and then `load` find, and holds the lease for the commit that follows.
+    @Test(arguments: StoreUnderTest.all)
+    func leaseLoadingFindsWhatALoadFindsAndHoldsTheLease(_ under: StoreUnderTest) async throws {
+        let (s, _) = try under.make(1000)
+        defer { s.close() }
+        let thread = { (prompts: [String]) in
+            StoredThread(instructions: "brief", tools: [], roots: [], history: prompts.map { turn($0) })
+        }
+        let (fresh, nothing) = try await s.leaseLoading("t", unlessAt: nil)
+        await fresh.release()
+        #expect(nothing == .none)
+        let v1 = try await append(s, "t", "one")
+        let (a, whole) = try await s.leaseLoading("t", unlessAt: nil)
+        await a.release()
+        #expect(whole == .loaded(thread(["one"]), v1))
+        let (b, same) = try await s.leaseLoading("t", unlessAt: v1)
+        await b.release()
+        #expect(same == .unchanged)
+        let v2 = try await append(s, "t", "two")
+        let (c, moved) = try await s.leaseLoading("t", unlessAt: v1)
+        #expect(moved == .loaded(thread(["one", "two"]), v2))
+        let v3 = try await c.commit(thread(["one", "two", "three"]), kept: 2, after: v2, usage: Usage())
+        await c.release()
+        #expect(try await s.read("t") == .loaded(thread(["one", "two", "three"]), v3))
+    }
+
     @Test func wordsAreFoldedRunsOfLettersAndDigits() {
         #expect(SearchWords.of("Hello, WORLD! 42x") == ["hello", "world", "42x"])
         #expect(SearchWords.of("Straße İz") == ["strasse", "i\u{307}z"])

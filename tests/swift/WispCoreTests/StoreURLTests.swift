@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 @testable import WispCore
 
@@ -45,5 +46,34 @@ import Testing
                                      environment: ["WISP_STORE": "postgresql://b/db"])
         #expect(c.store?.url == "postgresql://a/db")
         #expect(try CoreConfig.parse(arguments: [], environment: ["WISP_STORE": ""]).store == nil)
+    }
+}
+
+/// The store the core starts with (`openStore`): a `--store` this build cannot serve refuses the
+/// start (asked as a build without PostgreSQL support, which the macOS build is), where an
+/// unusable `--state-dir` is served in memory, said.
+@Suite struct OpeningTheStore {
+    private func config(_ arguments: [String]) throws -> CoreConfig {
+        try CoreConfig.parse(arguments: arguments, environment: [:])
+    }
+
+    @Test func aStoreThisBuildCannotServeRefusesTheStartNamingItWithoutThePassword() throws {
+        let c = try config(["--store", "postgresql://u:pw-9c1@h/db"])
+        #expect { _ = try openStore(c, log: Log(level: .error), postgreSQL: false) } throws: { error in
+            let e = error as? WispError
+            return e?.code == .invalidArgument && e?.message.contains("--store postgresql://u:***@h/db") == true
+                && e?.message.contains("Linux only") == true && e?.message.contains("pw-9c1") == false
+        }
+    }
+
+    @Test func anUnusableStateDirIsServedInMemorySaidAndNoStoreIsNone() throws {
+        let file = NSTemporaryDirectory() + "wisp-not-a-dir-\(UInt64.random(in: 0...UInt64.max))"
+        #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let opened = try openStore(try config(["--state-dir", file + "/state"]), log: Log(level: .error),
+                                   postgreSQL: false)
+        #expect(opened.store == nil && opened.error?.contains(file) == true, "\(opened.error ?? "nil")")
+        let none = try openStore(try config([]), log: Log(level: .error), postgreSQL: false)
+        #expect(none.store == nil && none.error == nil)
     }
 }

@@ -247,3 +247,29 @@ private func leased<T>(_ s: any ThreadStore, _ id: String, _ body: (any ThreadLe
         #expect(memory.stored("kept")?.history.count == 6)
     }
 }
+
+/// What each store says of itself (`status`'s `store_about`, `--check`): one question, every store.
+@Suite struct StoreAboutTests {
+    @Test func sqliteSaysTheLibraryItRunsOnAndTheSchemaItsDatabaseIsAt() throws {
+        let dir = freshStateDir()
+        let s = try store(dir)
+        defer { s.close() }
+        // Asked of the database file itself, not of the store's constants.
+        let db = try SQLiteDatabase(path: dir + "/" + SQLiteThreadStore.fileName, create: false, maxLength: 1 << 20,
+                                    busyTimeoutMs: 1000)
+        var library: String?, schema: Int64?
+        try db.query("SELECT sqlite_version()") { library = $0.text(0) }
+        try db.query("PRAGMA user_version") { schema = $0.int(0) }
+        let (v, n) = (try #require(library), try #require(schema))
+        #expect(n > 0)
+        #expect(s.about == StoreAbout(engine: "sqlite", version: v, schema: Int(n)))
+        #expect(s.about.text == "sqlite \(v), wisp schema \(n)")
+    }
+
+    @Test func memoryAndNoStoreAtAllSayThreadsEndWithTheProcess() async throws {
+        #expect(MemoryThreadStore().about.text == "memory (threads end with this process)")
+        let (server, wire) = pipeServer(EchoBackend())
+        await server.handle(Status(id: 1))
+        #expect(await wire.reply(1).body["store_about"] as? String == "memory (threads end with this process)")
+    }
+}

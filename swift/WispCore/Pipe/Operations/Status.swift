@@ -29,7 +29,8 @@ public struct Status: AnsweredOperation, Codable {
             backend: backend.name, model: backend.model, available: availability.available,
             reason: availability.reason, context_size: await backend.contextSize(),
             max_threads: registry.capacity, max_queue: registry.maxQueue, threads: page.threads,
-            tools: registry.toolNames, store_location: registry.store.durable ? registry.store.location : nil, store_error: registry.storeError,
+            tools: registry.toolNames, store_location: registry.store.durable ? registry.store.location : nil,
+            store_about: registry.store.about.text, store_error: registry.storeError,
             next_cursor: page.next, usage: await registry.usage.map { UsageBody(totals: $0) },
             context_note: await backend.contextNote(), endpoints: await backend.endpoints())
     }
@@ -50,6 +51,8 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
     public var tools: [String]
     /// Where threads are stored (the store's location: a state dir), when durable.
     public var store_location: String?
+    /// The store's engine and versions, or why they are not known (`StoreAbout`); `memory` without one.
+    public var store_about: String?
     /// Why the store that was asked for is not in use.
     public var store_error: String?
     /// For the next page of `threads`, when there is one.
@@ -74,6 +77,7 @@ public struct StatusResult: PipeMessage, Codable, Sendable, Equatable {
         .field("threads", \.threads),
         .field("tools", \.tools),
         .field("store_location", \.store_location),
+        .field("store_about", \.store_about),
         .field("store_error", \.store_error),
         .field("next_cursor", \.next_cursor),
         .field("usage", \.usage),

@@ -56,6 +56,7 @@ public final class MemoryThreadStore: ThreadStore {
 
     public let location: String
     public let maxStored: Int
+    public var about: StoreAbout { .memory }
     private let faults: Faults
     private let rows = Locked<[String: Row]>([:])
     private let leases = LeaseTable()

@@ -10,6 +10,7 @@ public final class NoThreadStore: ThreadStore {
     public var location: String { "memory (no --state-dir or --store)" }
     public var trouble: String? { nil }
     public var maxStored: Int { 0 }
+    public var about: StoreAbout { .memory }
     public func lease(_ id: String) async throws(WispError) -> any ThreadLease {
         throw WispError(.internal, "thread \(id): this wisp keeps threads in memory only; nothing is stored")
     }

@@ -15,6 +15,10 @@ enum PostgreSQLLease {
 
     enum Outcome: Equatable { case held, busy(String) }
 
+    /// The statement that takes the lease on the thread `literal` names (`PostgreSQLConnection.literal`)
+    /// if it is free, answering `t`; for a batch that goes on to read the thread under it.
+    static func tryTake(literal: String) -> String { "SELECT pg_try_advisory_lock(\(leaseSpace), hashtext(\(literal)))" }
+
     /// Takes `id`'s lease on `db` (re-entrant on one connection, as PostgreSQL's advisory locks are).
     static func take(_ id: String, on db: PostgreSQLConnection) throws(PostgreSQLError) -> Outcome {
         let key = [String(leaseSpace), id]

@@ -42,27 +42,22 @@ enum PostgreSQLSchema {
 
     enum Prepared: Equatable { case ready, newer(Int) }
 
-    /// Brings the database to `version` in one transaction, or finds a newer wisp's.
+    /// Brings the database to `version` in one transaction, or finds a newer wisp's. It runs on a
+    /// bare connection, before any store has one, so it takes the connection's own transaction;
+    /// a newer wisp's database is found before anything is written, and that transaction commits
+    /// nothing (`wisp_schema` is there already).
     static func prepare(_ db: PostgreSQLConnection) throws(PostgreSQLError) -> Prepared {
-        try db.query("BEGIN")
-        do {
+        try db.transaction { _ throws(PostgreSQLError) -> Prepared in
             try db.query("SELECT pg_advisory_xact_lock($1)", [String(lockKey)])
             try db.query(tables[0])
             let at = try db.query("SELECT version FROM wisp_schema").first.flatMap { $0.first ?? nil }.flatMap { Int($0) } ?? 0
-            if at > version {
-                try db.query("ROLLBACK")
-                return .newer(at)
-            }
+            if at > version { return .newer(at) }
             if at < version {
                 for sql in tables.dropFirst() { try db.query(sql) }
                 try db.query("INSERT INTO wisp_schema VALUES (1, $1) ON CONFLICT (one) DO UPDATE SET version = $1",
                              [String(version)])
             }
-            try db.query("COMMIT")
             return .ready
-        } catch {
-            if db.isUp { _ = try? db.query("ROLLBACK") }
-            throw error
         }
     }
 

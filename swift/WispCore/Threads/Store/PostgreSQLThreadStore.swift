@@ -37,6 +37,10 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// Why this database is refused for good (a newer wisp's), or nil.
     private let refused = Locked<String?>(nil)
     private let prepared = Locked(false)
+    /// The server's version (`PQserverVersion`), from the last connection opened, and the schema's
+    /// that the database was found at.
+    private let serverVersion = Locked<Int?>(nil)
+    private let schemaVersion = Locked<Int?>(nil)
 
     /// Reaches the database and prepares its schema; a database that cannot be reached now is
     /// tried again by the next call (`trouble` says why meanwhile); a newer wisp's is refused by
@@ -51,9 +55,7 @@ public final class PostgreSQLThreadStore: ThreadStore {
         }
         do {
             let db = try connect()
-            let version = db.withLock { $0.serverVersion }
-            log(.info, "database \(shown) reached: PostgreSQL server \(version / 10000).\(version % 10000), "
-                + "wisp schema \(PostgreSQLSchema.version)")
+            log(.info, "database \(shown) reached: \(about.text)")
             put(db)
             health.worked()
         } catch {
@@ -67,6 +69,18 @@ public final class PostgreSQLThreadStore: ThreadStore {
 
     public var trouble: String? { refused.withLock { $0 } ?? health.trouble }
 
+    public var about: StoreAbout {
+        guard let server = serverVersion.withLock({ $0 }) else {
+            let why = PostgreSQLConnection.unavailable != nil ? "libpq is not installed" : "the server was not reached"
+            return StoreAbout(engine: "postgresql", note: why)
+        }
+        let schema = schemaVersion.withLock { $0 }
+        let newer = schema.map { $0 > PostgreSQLSchema.version } == true
+            ? "a newer wisp's schema: this wisp reads up to \(PostgreSQLSchema.version)" : nil
+        return StoreAbout(engine: "postgresql", version: PostgreSQLConnection.versionText(server), schema: schema,
+                          note: newer)
+    }
+
     /// What the calls that need the database fail with while it cannot be used.
     func unavailable(_ why: String) -> WispError {
         WispError(.storeUnavailable, "\(location) cannot be used now (\(why)); the thread is as it was "
@@ -76,12 +90,15 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// A connection with the schema ready (prepared once per store; a newer wisp's is refused).
     private func connect() throws(PostgreSQLError) -> Exclusive<PostgreSQLConnection> {
         let db = try PostgreSQLConnection(url.url)
+        serverVersion.withLock { $0 = db.serverVersion }
         if !prepared.withLock({ $0 }) {
             if case .newer(let found) = try PostgreSQLSchema.prepare(db) {
+                schemaVersion.withLock { $0 = found }
                 let why = PostgreSQLSchema.newerRefusal(url.shown, found)
                 refused.withLock { $0 = why }
                 throw PostgreSQLError(why)
             }
+            schemaVersion.withLock { $0 = PostgreSQLSchema.version }
             prepared.withLock { $0 = true }
         }
         return Exclusive(db)
@@ -146,22 +163,7 @@ public final class PostgreSQLThreadStore: ThreadStore {
     /// `body` in a read-only snapshot of its own.
     static func snapshot<T>(_ db: PostgreSQLConnection,
                             _ body: () throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
-        try transaction(db, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
-    }
-
-    /// `body` in a transaction `begin` opens (with its settings), committed when `body` returns and
-    /// rolled back when anything in it throws, the opening statements' own settings included.
-    static func transaction<T>(_ db: PostgreSQLConnection, _ begin: String,
-                               _ body: () throws(PostgreSQLError) -> T) throws(PostgreSQLError) -> T {
-        do throws(PostgreSQLError) {
-            try db.query(begin)
-            let value = try body()
-            try db.query("COMMIT")
-            return value
-        } catch {
-            if db.isUp { _ = try? db.query("ROLLBACK") }
-            throw error
-        }
+        try db.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") { _ throws(PostgreSQLError) in try body() }
     }
 
     // MARK: the seam
@@ -187,6 +189,49 @@ public final class PostgreSQLThreadStore: ThreadStore {
             guard case .busy(let why) = taken.1 else { return Lease(id: id, store: self, db: taken.0) }
             self.put(taken.0)
             throw WispError(.busy, "\(why); try again when that call has finished, or use another thread")
+        }
+    }
+
+    /// A free lease and the thread under it in one round trip (`PostgreSQLRows.leaseAndRead`); a
+    /// lease held elsewhere is waited for as `lease` waits, then the thread loaded.
+    public func leaseLoading(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError)
+        -> (any ThreadLease, Loaded) {
+        guard let literal = PostgreSQLConnection.literal(id) else { return try await leaseThenLoad(id, unlessAt: seen) }
+        let sql = PostgreSQLRows.leaseAndRead(PostgreSQLLease.tryTake(literal: literal), literal, unlessAt: seen)
+        let taken = try await offPipeLoop { () throws(WispError) -> (Lease, Result<Loaded, PostgreSQLRows.Unreadable>)? in
+            let (db, results): (Exclusive<PostgreSQLConnection>, [[[String?]]])
+            do throws(PostgreSQLError) {
+                (db, results) = try self.withTaken { db throws(PostgreSQLError) in
+                    do throws(PostgreSQLError) {
+                        return (db, try db.withLock { (c: inout sending PostgreSQLConnection) throws(PostgreSQLError) in
+                            try c.batch(sql)
+                        })
+                    } catch {
+                        // The lease may have been taken before a later statement failed: closing frees it.
+                        db.withLock { $0.close() }
+                        throw error
+                    }
+                }
+            } catch {
+                throw self.failed(error)
+            }
+            if self.health.worked() { self.log(.info, "\(self.location) is usable again") }
+            let held = results.first?.first?.first == "t"
+            guard held, results.count == 3 else {
+                if held { db.withLock { $0.close() } } else { self.put(db) }
+                return nil
+            }
+            let head = results[1]
+            return (Lease(id: id, store: self, db: db),
+                    PostgreSQLRows.unlessAt(head, seen).map { .success($0) } ?? PostgreSQLRows.loaded(head, results[2]))
+        }
+        guard let (lease, found) = taken else { return try await leaseThenLoad(id, unlessAt: seen) }
+        switch found {
+        case .success(let loaded): return (lease, loaded)
+        case .failure(let e):
+            let error = await lease.setAside(e.why)
+            await lease.release()
+            throw error
         }
     }
 
@@ -227,16 +272,19 @@ public final class PostgreSQLThreadStore: ThreadStore {
                 usage: Usage, by deadline: Double?) throws(PostgreSQLError) -> Int64 {
         let lastStart = deadline.map { $0 - Self.commitTime }
         if let lastStart, lastStart <= monotonicSeconds() { throw PostgreSQLError("past", sqlState: "57014") }
-        // One round trip for the transaction's settings (a turn's commit is on every call's path).
+        // A turn's commit is on every call's path: its transaction's settings and its first read go
+        // in one round trip, the write in a second, COMMIT in a third.
         // The deadline came through the pipe: no value of it (NaN, huge) may trap the conversion.
         let limit = lastStart.map { last -> Int in
             let ms = (last - monotonicSeconds()) * 1000
             return ms > 1 ? (ms < 86_400_000 ? Int(ms) : 86_400_000) : 1
         }
+        guard let literal = PostgreSQLConnection.literal(id) else { throw PostgreSQLError("a thread id holds NUL") }
         let begin = "BEGIN; SET LOCAL synchronous_commit = on"
-            + (limit.map { "; SET LOCAL statement_timeout = \($0)" } ?? "")
-        return try Self.transaction(db, begin) { () throws(PostgreSQLError) -> Int64 in
-            let written = try PostgreSQLRows.write(db, id, thread, kept: kept, after: seen, usage: usage,
+            + (limit.map { "; SET LOCAL statement_timeout = \($0)" } ?? "") + "; " + PostgreSQLRows.commitHead(literal)
+        return try db.transaction(begin) { opened throws(PostgreSQLError) -> Int64 in
+            let head = opened.last?.first ?? []
+            let written = try PostgreSQLRows.write(db, id, thread, head: head, kept: kept, after: seen, usage: usage,
                                                    at: Date().timeIntervalSince1970) { () throws(PostgreSQLError) in
                 try db.query("SELECT pg_advisory_xact_lock($1)", [String(Self.capKey)])
             }

@@ -48,6 +48,7 @@ public final class SQLiteThreadStore: ThreadStore {
     static let commitTime = 0.1
 
     public var location: String { directory.path }
+    public var about: StoreAbout { StoreSchema.about }
     public let maxStored: Int
     let directory: StateDirectory
     /// Writes (and moving a thread aside); reads have `reader`, so that none queues behind a write.

@@ -22,6 +22,9 @@ import WispInfrastructure
 enum StoreSchema {
     static let version = 3
 
+    /// The SQLite store's answer to `ThreadStore.about`: a database it opened is at `version`.
+    static var about: StoreAbout { StoreAbout(engine: "sqlite", version: SQLiteDatabase.libraryVersion, schema: version) }
+
     /// `migrations[v]` takes a database at version v to v + 1 (0: an empty file).
     static let migrations: [[String]] = [
         [

@@ -26,10 +26,15 @@ public protocol ThreadStore: AnyObject, Sendable {
     var trouble: String? { get }
     /// What serving is like while `trouble` lasts, for `status` and `--check`.
     var whileFailing: String { get }
+    /// The store's engine and its versions, or why they are not known, for `status` and `--check`.
+    var about: StoreAbout { get }
     /// At most this many threads are kept; storing one more deletes the least recently updated.
     var maxStored: Int { get }
     /// Takes the lease on thread `id`, waiting a while for another holder (then `busy`).
     func lease(_ id: String) async throws(WispError) -> any ThreadLease
+    /// `lease`, then under it `ThreadLease.load(unlessAt: seen)` (a thread that does not read is set
+    /// aside and its error thrown, the lease let go): in one trip where the store can make it one.
+    func leaseLoading(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError) -> (any ThreadLease, Loaded)
     /// Thread `id` as committed now, unless at version `seen`, read without its lease and beside
     /// any write (a fork's source, a listing's or a reading's thread): a reader never waits for a
     /// writer. A stored thread that does not read is an error saying so (it is set aside by the
@@ -53,6 +58,23 @@ extension ThreadStore {
 
     /// Thread `id` as committed now.
     public func read(_ id: String) async throws(WispError) -> Loaded { try await read(id, unlessAt: nil) }
+
+    public func leaseLoading(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError)
+        -> (any ThreadLease, Loaded) {
+        try await leaseThenLoad(id, unlessAt: seen)
+    }
+
+    /// `leaseLoading` as two steps, for any store.
+    public func leaseThenLoad(_ id: String, unlessAt seen: StoreVersion?) async throws(WispError)
+        -> (any ThreadLease, Loaded) {
+        let lease = try await self.lease(id)
+        do throws(WispError) {
+            return (lease, try await lease.load(unlessAt: seen))
+        } catch {
+            await lease.release()
+            throw error
+        }
+    }
 
     /// Deletes a stored thread, under a lease of its own; true when one was stored.
     public func delete(_ id: String) async throws(WispError) -> Bool {
@@ -106,6 +128,34 @@ extension ThreadLease {
     public func commit(_ thread: StoredThread, kept: Int, after seen: StoreVersion?,
                        usage: Usage) async throws(WispError) -> StoreVersion {
         try await commit(thread, kept: kept, after: seen, usage: usage, by: nil)
+    }
+}
+
+/// What a store says of itself (`status`'s `store_about`, `--check`'s store line), the same
+/// question for every store: its engine, that engine's version (the server's, or the library's)
+/// and the version of wisp's schema the data is at; where those are not known, why.
+public struct StoreAbout: Sendable, Equatable {
+    public let engine: String
+    public let version: String?
+    public let schema: Int?
+    /// A word on the schema (a newer wisp's), or why the versions are not known.
+    public let note: String?
+
+    public init(engine: String, version: String? = nil, schema: Int? = nil, note: String? = nil) {
+        self.engine = engine
+        self.version = version
+        self.schema = schema
+        self.note = note
+    }
+
+    /// Threads in this process's memory: no store (no `--state-dir` or `--store`, or one that could
+    /// not be used from the start), or the tests' `MemoryThreadStore`.
+    public static let memory = StoreAbout(engine: "memory", note: "threads end with this process")
+
+    /// As `status` and `--check` show it: "postgresql 15.4, wisp schema 1".
+    public var text: String {
+        let versions = [version.map { "\(engine) \($0)" } ?? engine] + (schema.map { ["wisp schema \($0)"] } ?? [])
+        return versions.joined(separator: ", ") + (note.map { " (\($0))" } ?? "")
     }
 }
 
