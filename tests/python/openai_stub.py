@@ -312,9 +312,10 @@ def _overflow(style: str, tokens: int) -> dict:
 
 
 class OpenAIStub:
-    """`with OpenAIStub(cfg) as stub:` serves on stub.endpoint (…/v1); stub.requests records every request."""
+    """`with OpenAIStub(cfg) as stub:` serves on stub.endpoint (…/v1); stub.requests records every request.
+    `port`: that one (an endpoint that was down coming up), else a free one."""
 
-    def __init__(self, config: StubConfig | None = None) -> None:
+    def __init__(self, config: StubConfig | None = None, port: int = 0) -> None:
         self.config = config or StubConfig()
         self.requests: list[Recorded] = []
         self.disconnects = 0
@@ -322,7 +323,7 @@ class OpenAIStub:
         self.previous: list[dict] = []  # the last chat's messages (config.cache)
         self.scripted = 0  # config.replies handed out
         handler = type("Handler", (_Handler,), {"stub": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}/v1"
