@@ -10,7 +10,7 @@ import time
 
 import anyio
 from harness import core_path
-from openai_stub import OpenAIStub, closed_port
+from openai_stub import OpenAIStub, StubConfig, closed_port
 from unruly_server import Silent
 from wisp_shim.core.client import Core
 from wisp_shim.core.process import CoreLaunch
@@ -68,5 +68,34 @@ async def test_an_endpoint_that_never_answers_slows_no_status():
             took = time.monotonic() - start
             assert took < CHECK_BOUND_S, took
             assert st.available, st.reason
+        finally:
+            await core.aclose()
+
+
+async def test_an_endpoint_that_answered_then_went_away_is_asked_again_on_its_recheck():
+    """Its recheck asks the server, rather than taking the answer it gave a few seconds before
+    it went away for a sign that it is up."""
+    with OpenAIStub() as a, OpenAIStub() as b:
+        core = fleet_core(a.endpoint, b.endpoint)
+        core.start()
+        try:
+            await core.status()
+            home = f"127.0.0.1:{a.port}"
+            tid = None
+            for t in (f"t{i}" for i in range(64)):  # about half go there
+                r = await core.respond("hi", thread_id=t)
+                if r.usage is not None and r.usage.endpoint == home:
+                    tid = t
+                    break
+            assert tid is not None
+            a.__exit__(None, None, None)
+            moved = await core.respond("and now?", thread_id=tid)  # refused there: marked down, moved
+            assert moved.usage is not None and moved.usage.endpoint == f"127.0.0.1:{b.port}", moved
+            with OpenAIStub(StubConfig(models_status=503), port=a.port) as loading:
+                with anyio.fail_after(ROOM_S):
+                    while not probes(loading):
+                        await anyio.sleep(0.05)
+                st = await core.status()
+                assert not st.endpoints[0].up and "HTTP 503" in (st.endpoints[0].reason or ""), st.endpoints
         finally:
             await core.aclose()
