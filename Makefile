@@ -137,8 +137,9 @@ bench: build $(TEST_VENV) $(if $(filter Linux,$(UNAME)),wheel)
 # they go to .build, not bench/results. The local model's sections are left out: even --quick they
 # take about 1.5 min, and the long-thread ones about 17 (`make bench` runs them). `wheel` measures
 # the wheel in dist/ (`make test` builds it first) and says it skipped when there is none; `postgres`
-# skips, naming why, where PostgreSQL is not installed.
-SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops progress wheel postgres
+# skips, naming why, where PostgreSQL is not installed; `fleet` runs its follow-up part on the local
+# model with one thread (about 20 s) where it is installed, and skips that part, naming why, where not.
+SMOKE_SECTIONS := roundtrip pipe concurrency cold_start memory bytes durable http threadops progress wheel postgres fleet
 bench-smoke: build $(TEST_VENV)
 	$(VPY) bench/run.py --quick --only $(SMOKE_SECTIONS) --out .build/bench-smoke.json
 

@@ -34,6 +34,9 @@ machine load. Sections (see bench/README.md for what each means):
               llama-server reports, on 20 calls of mixed length; the old count beside it (when
               installed; bench/precount_bench.py)
   progress    a 1 MB streamed answer with a progress token vs without (bench/progress_bench.py)
+  fleet       several model servers: pinned threads on the busiest of 3 endpoints / the least busy
+              (scripted servers), and a follow-up turn on its thread's own endpoint / after a move
+              (two local llama-servers, when installed; bench/fleet_bench.py)
   long, long_interleaved, long_12on8, long_resume, long_no_reuse
               long threads on the local model: time to first token of turn 20 / turn 1 within
               the context (and resent whole), of the turns after condensing / turn 1, one thread
@@ -940,6 +943,8 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"  (pre-count: {res['precount_reason']})")
     if res.get("wheel_reason"):
         lines.append(f"  (wheel: {res['wheel_reason']})")
+    if res.get("fleet_follow_up_ratio") is None and res.get("fleet_follow_up_reason"):
+        lines.append(f"  (fleet follow-up: {res['fleet_follow_up_reason']})")
     if res.get("long_reason"):
         lines.append(f"  (long threads: {res['long_reason']})")
     return "\n".join(lines)
@@ -958,7 +963,8 @@ async def _long(section: Callable[[bool], Any], quick: bool) -> dict[str, Any]:
 
 # Sections declared in modules of their own: each one's targets, report rows and run (given --quick):
 # the shared server, a progress token's cost, fork and search, the pre-count, the local model's start,
-# the installed wheel, threads in PostgreSQL.
+# the installed wheel, threads in PostgreSQL, several model servers.
+from fleet_bench import FLEET_ROWS, FLEET_TARGETS, fleet_section  # noqa: E402
 from http_bench import HTTP_ROWS, HTTP_TARGETS, http_section  # noqa: E402
 from local_server_bench import FIRST_ANSWER_ROWS, FIRST_ANSWER_TARGETS, first_answer  # noqa: E402
 from pg_bench import POSTGRES_ROWS, POSTGRES_TARGETS, postgres_section  # noqa: E402
@@ -972,7 +978,8 @@ OWN_SECTIONS = {"threadops": (THREADOPS_TARGETS, THREADOPS_ROWS, threadops_secti
     "precount": (PRECOUNT_TARGETS, PRECOUNT_ROWS, lambda q: precount_section(q, _local_model())),
     "first_answer": (FIRST_ANSWER_TARGETS, FIRST_ANSWER_ROWS, lambda q: first_answer(repeats=1 if q else 3)),
     "wheel": (WHEEL_TARGETS, WHEEL_ROWS, wheel_section),
-    "postgres": (POSTGRES_TARGETS, POSTGRES_ROWS, postgres_section)}
+    "postgres": (POSTGRES_TARGETS, POSTGRES_ROWS, postgres_section),
+    "fleet": (FLEET_TARGETS, FLEET_ROWS, lambda q: fleet_section(q, _local_model()))}
 TARGETS.update({k: t for targets, _, _ in OWN_SECTIONS.values() for k, t in targets.items()})
 ROWS += [row for _, rows, _ in OWN_SECTIONS.values() for row in rows]
 SECTIONS += tuple(OWN_SECTIONS)

@@ -124,8 +124,10 @@ Task(executorPreference: loop) { [server, incoming] in
 }
 
 lifecycle.start(server: server, input: 0)
-// Every end but a played crash folds the store's log into its database first (Lifecycle.end).
+// Every end but a played crash folds the store's log into its database first (Lifecycle.end),
+// and ends the backend's timers (a fleet's rechecks), which would otherwise start checks as it exits.
 if let store { lifecycle.atExit { store.close() } }
+lifecycle.atExit { backend.stop() }
 let stopSignals = lifecycle.endOn(signals: [SIGTERM, SIGINT])
 
 func protocolError(_ error: any Error) -> Never {

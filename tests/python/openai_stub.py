@@ -48,6 +48,7 @@ class StubConfig:
     overflow_chars: int | None = None # total message chars above this → overflow error
     overflow_style: str = "llama.cpp" # llama.cpp | llama-cpp-python | openai | vllm
     status: int = 200                 # non-200: every chat request fails with this
+    models_status: int = 200          # non-200: GET /v1/models answers with this (503: still loading)
     tool_call: dict | None = None     # first round answers with this tool call
     ignore_stream: bool = False       # answer with one JSON body even when asked to stream
     reply: str | None = None          # stream this text (4 characters a token) instead of "reply N: …";
@@ -99,7 +100,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._record(None)
         cfg = self.stub.config
         loaded = cfg.loaded and cfg.window is not None
-        if self.path == "/v1/models":
+        if self.path == "/v1/models" and cfg.models_status != 200:
+            self._json(cfg.models_status, {"error": {"code": cfg.models_status, "message": "Loading model"}})
+        elif self.path == "/v1/models":
             entry: dict[str, Any] = {"id": cfg.model, "object": "model"}
             if cfg.dialect == "vllm" and cfg.window is not None:
                 entry["max_model_len"] = cfg.window
@@ -312,9 +315,10 @@ def _overflow(style: str, tokens: int) -> dict:
 
 
 class OpenAIStub:
-    """`with OpenAIStub(cfg) as stub:` serves on stub.endpoint (…/v1); stub.requests records every request."""
+    """`with OpenAIStub(cfg) as stub:` serves on stub.endpoint (…/v1); stub.requests records every request.
+    `port`: that one (an endpoint that was down coming up), else a free one."""
 
-    def __init__(self, config: StubConfig | None = None) -> None:
+    def __init__(self, config: StubConfig | None = None, port: int = 0) -> None:
         self.config = config or StubConfig()
         self.requests: list[Recorded] = []
         self.disconnects = 0
@@ -322,7 +326,7 @@ class OpenAIStub:
         self.previous: list[dict] = []  # the last chat's messages (config.cache)
         self.scripted = 0  # config.replies handed out
         handler = type("Handler", (_Handler,), {"stub": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}/v1"

@@ -2,7 +2,8 @@
 against scripted OpenAI-compatible servers (openai_stub.py, unruly_server.py): every endpoint
 is checked at start, a thread stays on one, the load bound holds, a server that goes away,
 never answers or cuts a stream mid-conversation has its threads answered elsewhere, the thread
-id reaches a router in a header, and no credential shows."""
+id reaches a router in a header, no credential shows, and a thread read back from the store
+(after a restart, or evicted and back) is pinned again by the same rule."""
 
 from __future__ import annotations
 
@@ -290,3 +291,44 @@ async def test_a_stream_cut_cleanly_is_a_failure(cut_after):
             text = error_text(r)
             assert "ended its answer unfinished (no finish_reason and no [DONE]" in text and u.endpoint in text, text
             assert turns == [1] and not a.chats()
+
+
+def homes(stubs, thread_id: str) -> list[str]:
+    """The endpoints whose request logs hold chats of `thread_id`."""
+    return [host_port(s) for s in stubs if thread_id in chats_by_thread(s)]
+
+
+async def test_a_thread_resumed_after_a_restart_is_pinned_again_where_it_was(tmp_path):
+    with OpenAIStub() as a, OpenAIStub() as b, OpenAIStub() as d:
+        stubs, ids = [a, b, d], [f"resume-{i}" for i in range(6)]
+        async with fleet(stubs, "--state-dir", str(tmp_path)) as c:
+            before = {t: ok(await c.call_tool("respond", {"prompt": "one", "thread_id": t}))["usage"]["endpoint"]
+                      for t in ids}
+        assert len(set(before.values())) >= 2, before  # the bound spreads them: a pin by anything else shows
+        async with fleet(stubs, "--state-dir", str(tmp_path)) as c:
+            # In the order they were made: the rule (the hash, and the bound over the live pins)
+            # then sees what it saw when each was first placed.
+            for t in ids:
+                r = ok(await c.call_tool("respond", {"prompt": "two", "thread_id": t}))
+                assert (r["turns"], r["usage"]["endpoint"]) == (2, before[t]), (t, r, before)
+        for t in ids:
+            assert homes(stubs, t) == [before[t]] and sum(chats_by_thread(s).get(t, 0) for s in stubs) == 2
+
+
+async def test_a_thread_evicted_and_back_is_pinned_by_the_hash_again(tmp_path):
+    """One live thread at a time (`--max-threads 1`), so the bound never binds: each thread's every
+    turn, before its eviction and after it is read back from the store, goes where the hash alone
+    sends it."""
+    with OpenAIStub() as a, OpenAIStub() as b, OpenAIStub() as d:
+        stubs = [a, b, d]
+        names = [host_port(s) for s in stubs]
+        pool = [f"evicted-{i}" for i in range(64)]
+        ids = [t for e in names for t in [t for t in pool if rendezvous_first(t, names) == e][:2]]
+        assert len(ids) == 6, ids  # two for each endpoint, but for a chance of 3 * (2/3)**63
+        async with fleet(stubs, "--state-dir", str(tmp_path), "--max-threads", "1") as c:
+            for turn in (1, 2, 3):
+                for t in ids:  # each evicts the one before it
+                    r = ok(await c.call_tool("respond", {"prompt": f"turn {turn}", "thread_id": t}))
+                    assert (r["turns"], r["usage"]["endpoint"]) == (turn, rendezvous_first(t, names)), (t, r)
+        for t in ids:
+            assert homes(stubs, t) == [rendezvous_first(t, names)]

@@ -190,12 +190,18 @@ public protocol ModelBackend: Sendable {
 
     /// Each model server of a backend that has several, for `--check`; nil for one. Default: nil.
     func endpoints() async -> [EndpointInfo]?
+
+    /// Ends what the backend runs in the background (a fleet's rechecks), before the process
+    /// exits. Default: nothing.
+    func stop()
 }
 
 extension ModelBackend {
     public func condensing() async -> Condensing { .justEnough }
 
     public func endpoints() async -> [EndpointInfo]? { nil }
+
+    public func stop() {}
 
     public func contextNote() async -> String? { nil }
 

@@ -31,17 +31,22 @@ import Testing
     @Test func anEndpointTakesTurnsOnlyOnceJudgedUpAndBacksOffTo60Seconds() {
         var h = EndpointHealth()
         let t0 = ContinuousClock.now
-        #expect(!h.usable && h.due(at: t0))  // never judged: checked first, takes nothing meanwhile
+        #expect(!h.usable && h.nextCheck(at: t0) == t0)  // never judged: checked at once, takes nothing meanwhile
         h.answered()
-        #expect(h.usable && !h.due(at: t0))
+        #expect(h.usable && h.nextCheck(at: t0) == nil)
         h.failed("refused", at: t0)
-        #expect(!h.usable && !h.due(at: t0 + .seconds(4)) && h.due(at: t0 + .seconds(5)))
-        for _ in 0..<10 { h.failed("refused", at: t0) }
-        #expect(h.down?.pause == .seconds(60))
+        #expect(!h.usable && h.nextCheck(at: t0) == t0 + .seconds(5))
+        h.failed("refused", at: t0)
+        #expect(h.nextCheck(at: t0) == t0 + .seconds(10))
+        for _ in 0..<100 { h.failed("refused", at: t0) }  // no overflow however long it stays down
+        #expect(h.down?.pause == .seconds(60) && h.nextCheck(at: t0) == t0 + .seconds(60))
+        h.recheck = Task {}
+        #expect(h.nextCheck(at: t0) == nil)  // its timer is set: not twice
         h.answered()
-        #expect(h.usable)
+        #expect(h.usable && h.recheck == nil)
         h.leftOut = "it does not serve --model"
-        #expect(!h.usable && !h.due(at: t0 + .seconds(600)))
+        h.up = false
+        #expect(!h.usable && h.nextCheck(at: t0 + .seconds(600)) == nil)
     }
 
     @Test func aPinFollowsItsThreadAndIsFreedWithIt() {

@@ -50,8 +50,9 @@ enum Rendezvous {
 /// Whether an endpoint may take requests: up once a check (`FleetChecks`) or an answer showed it
 /// answering; down after it refused, reset or timed out a connection, answered 5xx, cut a stream
 /// or did not answer a check, and checked again after 5 s, then 10, 20, up to 60 s while it keeps
-/// failing. Only an endpoint shown up takes a new pin or the backend's questions, so nothing
-/// waits on one that was never judged, or on one down, in its pause or between.
+/// failing, by a timer of its own (`recheck`). Only an endpoint shown up takes a new pin or the
+/// backend's questions, so nothing waits on one that was never judged, or on one down, in its
+/// pause or between.
 struct EndpointHealth: Sendable {
     static let firstPause = Duration.seconds(5)
     static let longestPause = Duration.seconds(60)
@@ -63,15 +64,22 @@ struct EndpointHealth: Sendable {
     var up = false
     /// The check under way, which every asker joins.
     var checking: Task<EndpointInfo, Never>?
+    /// The timer that starts its next check once its pause is over, while it is down.
+    var recheck: Task<Void, Never>?
 
     var usable: Bool { leftOut == nil && up }
+    /// A check or an answer has said something of it.
+    var judged: Bool { up || down != nil || leftOut != nil }
 
-    /// Whether it is time to check it: never judged, or down past its pause.
-    func due(at now: ContinuousClock.Instant) -> Bool {
-        leftOut == nil && !up && checking == nil && (down.map { now >= $0.until } ?? true)
+    /// When it is to be checked next: now when never judged, at its pause's end when down; nil
+    /// while it is up or left out, or a check or its timer is already under way.
+    func nextCheck(at now: ContinuousClock.Instant) -> ContinuousClock.Instant? {
+        guard leftOut == nil, !up, checking == nil, recheck == nil else { return nil }
+        return down?.until ?? now
     }
 
     mutating func failed(_ reason: String, at now: ContinuousClock.Instant) {
+        // The pause is at most a minute, so doubling it cannot overflow a Duration.
         let pause = down.map { min($0.pause * 2, Self.longestPause) } ?? Self.firstPause
         down = (reason, now + pause, pause)
         up = false
@@ -80,6 +88,8 @@ struct EndpointHealth: Sendable {
     mutating func answered() {
         down = nil
         up = true
+        recheck?.cancel()  // an answer said it is up: no check is due
+        recheck = nil
     }
 }
 

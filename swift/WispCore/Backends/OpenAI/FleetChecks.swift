@@ -2,10 +2,11 @@ import WispInfrastructure
 
 /// The checks of a fleet's endpoints (`Fleet.swift`): every endpoint is checked when the core
 /// starts, in the background, so that the first call finds them judged; one that is down is
-/// checked again once its pause is over (started by the next turn, which does not wait for it);
-/// `status` checks them all. A check is one endpoint's probes (`OpenAIServer.state`), all
-/// endpoints' in parallel, each bounded whole by `bound`: an endpoint that accepts a connection
-/// and never answers is down "no answer within 3 s", and nothing waits on it longer.
+/// checked again once its pause is over, by a timer of its own, so that neither a call nor
+/// `status` starts a check or waits on one (but for an endpoint's first). A check is one
+/// endpoint's probes (`OpenAIServer.state`), all endpoints' in parallel, each bounded whole by
+/// `bound`: an endpoint that accepts a connection and never answers is down "no answer within
+/// 3 s", and nothing waits on it longer.
 final class FleetChecks: Sendable {
     /// The most one endpoint's check may take, whole: a few round trips to a healthy server.
     static let bound = Duration.seconds(3)
@@ -13,28 +14,61 @@ final class FleetChecks: Sendable {
     let servers: [OpenAIServer]
     let pins: FleetPins
     private let ends = CheckEnds()
+    /// Set at shutdown: no timer is started after it.
+    private let stopped = Locked(false)
 
     init(servers: [OpenAIServer]) {
         self.servers = servers
         pins = FleetPins(names: servers.map(\.hostPort))
     }
 
-    /// Starts a check of every endpoint due one (never judged, or down past its pause); waits for none.
-    func startDue() {
+    deinit { stop() }
+
+    /// The one judgement of when each endpoint is checked next: one never judged at once, one
+    /// down at the end of its pause (a timer, which a check that finds it down again, or a turn
+    /// that marks it down, sets anew); waits for none.
+    func scheduleChecks() {
         let now = ContinuousClock.now
-        for i in servers.indices where servers[i].health.withLock({ $0.due(at: now) }) {
-            _ = begin(i)
+        for i in servers.indices {
+            servers[i].health.withLock { h in
+                guard let at = h.nextCheck(at: now), !stopped.withLock({ $0 }) else { return }
+                guard h.down != nil else {
+                    _ = start(i, &h)  // its first: under way before this returns, for `open`
+                    return
+                }
+                h.recheck = Task { [weak self] in
+                    try? await Task.sleep(until: at)
+                    guard !Task.isCancelled, let self else { return }
+                    self.servers[i].health.withLock { h in
+                        h.recheck = nil
+                        _ = self.start(i, &h)
+                    }
+                }
+            }
         }
     }
 
-    /// Every endpoint as a check finds it now (joining one under way), in order.
-    func checkAll() async -> [EndpointInfo] {
-        await withTaskGroup(of: (Int, EndpointInfo).self) { group in
-            for i in servers.indices { group.addTask { (i, await self.check(i)) } }
-            var all: [(Int, EndpointInfo)] = []
-            for await one in group { all.append(one) }
-            return all.sorted { $0.0 < $1.0 }.map(\.1)
+    /// Ends every timer; a check under way ends within its bound.
+    func stop() {
+        stopped.withLock { $0 = true }
+        for server in servers {
+            server.health.withLock { h in
+                h.recheck?.cancel()
+                h.recheck = nil
+            }
         }
+    }
+
+    /// Every endpoint as it was last found, in order, asking none of them anything; an endpoint
+    /// still in its first check is waited for (at most `bound`), so that `--check` says what it is.
+    func report() async -> [EndpointInfo] {
+        await withTaskGroup(of: Void.self) { group in
+            for i in servers.indices where !servers[i].health.withLock({ $0.judged }) {
+                group.addTask { _ = await self.check(i) }
+            }
+        }
+        let loads = pins.loads
+        return servers.indices.map { servers[$0].lastKnown(pinned: loads[$0]) }
     }
 
     /// Which endpoints (not in `skipping`) a new pin may go to: those up, and those in their first
@@ -42,21 +76,20 @@ final class FleetChecks: Sendable {
     /// probe only, so that every thread is placed by the hash over the endpoints, judged or not yet.
     func open(skipping: Set<Int>) -> [Bool] {
         servers.indices.map { i in
-            !skipping.contains(i) && servers[i].health.withLock { h in
-                h.usable || (h.checking != nil && !h.up && h.down == nil && h.leftOut == nil)
-            }
+            !skipping.contains(i) && servers[i].health.withLock { h in h.usable || (h.checking != nil && !h.judged) }
         }
     }
 
-    /// Returns once an endpoint not in `skipping` is up, or none of them is being checked. A turn
-    /// waits here only while no endpoint is up at all (the core has just started), when it has
-    /// nowhere else to go; every check ends within `bound`, so this wait does too.
+    /// Returns once an endpoint not in `skipping` is up, or none of them is in its first check. A
+    /// turn waits here only while no endpoint is up at all (the core has just started), when it has
+    /// nowhere else to go; every check ends within `bound`, so this wait does too. A recheck of an
+    /// endpoint that was down is waited for by nobody.
     func settle(skipping: Set<Int> = []) async {
-        startDue()
+        scheduleChecks()
         while true {
             let seen = ends.count
             let states = servers.indices.filter { !skipping.contains($0) }.map { i in
-                servers[i].health.withLock { ($0.usable, $0.checking != nil) }
+                servers[i].health.withLock { ($0.usable, $0.checking != nil && !$0.judged) }
             }
             if states.contains(where: \.0) || !states.contains(where: \.1) { return }
             await ends.wait(after: seen)
@@ -64,25 +97,24 @@ final class FleetChecks: Sendable {
     }
 
     /// Endpoint `i`'s check: the one under way, or a new one.
-    func check(_ i: Int) async -> EndpointInfo { await begin(i).value }
+    func check(_ i: Int) async -> EndpointInfo { await servers[i].health.withLock { start(i, &$0) }.value }
 
-    /// The check under way, or a new one, marked under way before this returns (so a turn that
-    /// looks next finds it). Unstructured, so that an asker that stops waiting leaves it to end,
-    /// within its bound, for the others.
-    private func begin(_ i: Int) -> Task<EndpointInfo, Never> {
+    /// The check under way, or a new one, marked under way in `h` (endpoint `i`'s health, locked
+    /// by the caller) before this returns, so that a turn that looks next finds it. Unstructured,
+    /// so that an asker that stops waiting leaves it to end, within its bound, for the others.
+    private func start(_ i: Int, _ h: inout EndpointHealth) -> Task<EndpointInfo, Never> {
+        if let running = h.checking { return running }
         let server = servers[i]
-        return server.health.withLock { h -> Task<EndpointInfo, Never> in
-            if let running = h.checking { return running }
-            // Its end takes this lock again, so it cannot clear `checking` before it is set here.
-            let started = Task { [pins, ends] in
-                let info = await server.boundedState(pinned: pins.loads[i])
-                server.health.withLock { $0.checking = nil }
-                ends.ended()
-                return info
-            }
-            h.checking = started
-            return started
+        // Its end takes the lock again, so it cannot clear `checking` before it is set here.
+        let started = Task { [weak self, pins, ends] in
+            let info = await server.boundedState(pinned: pins.loads[i])
+            server.health.withLock { $0.checking = nil }
+            ends.ended()
+            self?.scheduleChecks()  // found down again: its next check, after a longer pause
+            return info
         }
+        h.checking = started
+        return started
     }
 }
 
@@ -136,9 +168,10 @@ extension OpenAIServer {
     }
 
     /// This endpoint as `--check` shows it. `judge` (in a fleet): one that does not list
-    /// `--model` is left out, one that cannot be reached is down, one that answers is up.
+    /// `--model` is left out, one that cannot be reached is down, one that answers is up; asked
+    /// afresh (not from the last answer's time), since a check is what finds one down.
     func state(pinned: Int, judge: Bool) async -> EndpointInfo {
-        let said = await availability()
+        let said = await availability(fresh: judge)
         // Past the bound: `boundedState` judges it, once.
         guard !Task.isCancelled else { return EndpointInfo(endpoint: hostPort, up: false, pinned: pinned) }
         let served = facts.withLock { $0.served }
@@ -151,9 +184,27 @@ extension OpenAIServer {
             return h
         }
         let up = said.available && h.leftOut == nil
-        return EndpointInfo(endpoint: hostPort, up: up,
-                            reason: h.leftOut ?? (up ? nil : said.reason ?? h.down?.reason),
-                            model: up ? await requestModel() : nil, context_size: up ? await contextSize() : nil,
-                            slots: up ? await slotPool()?.count : nil, pinned: pinned)
+        var window: Int?
+        if up {  // learnt now (the model and slots kept in `facts`)
+            _ = await requestModel()
+            window = await contextSize()
+            _ = await slotPool()
+        }
+        return shown(up: up, reason: h.leftOut ?? (up ? nil : said.reason ?? h.down?.reason), window: window,
+                     pinned: pinned)
+    }
+
+    /// As the last check or answer left it (a fleet's `status`), asking the server nothing.
+    func lastKnown(pinned: Int) -> EndpointInfo {
+        let h = health.withLock { ($0.usable, $0.leftOut ?? $0.down?.reason) }
+        let window = facts.withLock { knownContextSize(in: $0) } ?? configuredContextSize ?? Self.fallbackContextSize
+        return shown(up: h.0, reason: h.0 ? nil : h.1, window: window, pinned: pinned)
+    }
+
+    /// What is known of it, for `--check`: its model, window and slots while it is up.
+    private func shown(up: Bool, reason: String?, window: Int?, pinned: Int) -> EndpointInfo {
+        EndpointInfo(endpoint: hostPort, up: up, reason: reason, model: up ? modelName : nil,
+                     context_size: up ? window : nil, slots: up ? facts.withLock { $0.slots?.count } : nil,
+                     pinned: pinned)
     }
 }

@@ -25,7 +25,6 @@ final class FleetSession: ModelSession {
         let servers = fleet.servers
         var failed: Set<Int> = []
         while true {
-            fleet.startDue()
             var open = fleet.open(skipping: failed)
             if !open.contains(true) {
                 await fleet.settle(skipping: failed)
@@ -54,6 +53,7 @@ final class FleetSession: ModelSession {
             } catch {
                 // A turn the caller saw any of is never run again; nor is one failed for another reason.
                 let down = !servers[endpoint].health.withLock { $0.usable }
+                if down { fleet.scheduleChecks() }  // its recheck, after its pause
                 guard down, !seen.withLock({ $0 }) else { throw error }
                 guard failed.isEmpty else {
                     // A turn moves once: with another endpoint still up, "every one is down" would be false.

@@ -70,7 +70,7 @@ public struct OpenAIBackend: ModelBackend {
         }
         fleet = FleetChecks(servers: made)
         // In the background: the core's start is not delayed, and the first call finds them judged.
-        if made.count > 1 { fleet.startDue() }
+        if made.count > 1 { fleet.scheduleChecks() }
     }
 
     public init(endpoint: String, model: String?, apiKey: String?, contextSize: Int?, slots: Int? = nil,
@@ -99,11 +99,14 @@ public struct OpenAIBackend: ModelBackend {
         return servers.count > 1 ? .ready : await server.availability()
     }
 
-    /// Each endpoint as `--check` shows it; in a fleet, checked now, in parallel and bounded.
+    /// Each endpoint as `--check` shows it; in a fleet, as its checks last found it (its first
+    /// check waited for), so that an endpoint that does not answer slows no `status`.
     public func endpoints() async -> [EndpointInfo]? {
         guard servers.count > 1 else { return [await servers[0].state(pinned: 0, judge: false)] }
-        return await fleet.checkAll()
+        return await fleet.report()
     }
+
+    public func stop() { fleet.stop() }
 
     public func contextSize() async -> Int {
         await asked()?.contextSize() ?? servers[0].configuredContextSize ?? OpenAIServer.fallbackContextSize

@@ -119,8 +119,11 @@ final class OpenAIServer: Sendable {
 
     // MARK: availability, model, context, tokens
 
-    func availability() async -> Availability {
-        if let last = facts.withLock({ $0.lastReachable }), ContinuousClock.now - last < .seconds(10) { return .ready }
+    /// `fresh`: asked now, not taken from an answer in the last 10 s.
+    func availability(fresh: Bool = false) async -> Availability {
+        if !fresh, let last = facts.withLock({ $0.lastReachable }), ContinuousClock.now - last < .seconds(10) {
+            return .ready
+        }
         do {
             let (status, data) = try await fetch("GET", base.appendingPathComponent("models"),
                                                  timeout: Self.probeTimeout)
@@ -174,11 +177,7 @@ final class OpenAIServer: Sendable {
     /// (`learnWindow`). Asked again on every call while the server's model is not loaded yet
     /// (Ollama, LM Studio: it may load with another window than any setting says).
     func contextSize() async -> Int {
-        let known = facts.withLock { f -> Int? in
-            f.learned?.window ?? f.contextSize
-                ?? (f.contextProbed ? (configuredContextSize ?? Self.fallbackContextSize) : nil)
-        }
-        if let known { return known }
+        if let known = facts.withLock({ knownContextSize(in: $0) }) { return known }
         let model = await requestModel()
         var dialect = facts.withLock { $0.dialect }
         var found: Int?
@@ -224,6 +223,11 @@ final class OpenAIServer: Sendable {
             }
         }
         return found ?? configuredContextSize ?? Self.fallbackContextSize
+    }
+
+    /// The window as far as it is known without asking the server; nil until it was asked.
+    func knownContextSize(in f: Facts) -> Int? {
+        f.learned?.window ?? f.contextSize ?? (f.contextProbed ? (configuredContextSize ?? Self.fallbackContextSize) : nil)
     }
 
     /// The server read `read` tokens of a request of at least `sent` (about `estimate`). True
